@@ -1,0 +1,76 @@
+"""The API application: wiring of settings, backend, identity and routes.
+
+``create_app(settings, backend=None)`` builds everything from one settings object; tests
+inject a backend (STYLE 12) instead of patching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI
+
+from sandbox_workspace import __version__
+from sandbox_workspace.runtime.errors import install_error_handlers
+
+from .backends.base import Backend
+from .deps import Services
+from .identity import Authenticator
+from .metrics import install_metrics
+from .routes import conversations, files, health, sessions
+from .sessions import SessionService
+from .settings import ApiSettings
+
+
+def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
+    if settings.backend == "local":
+        from .backends.local import LocalBackend
+
+        return LocalBackend(settings.data_dir, http)
+    raise NotImplementedError("the kubernetes backend arrives with the operator")
+
+
+def create_app(settings: ApiSettings | None = None, backend: Backend | None = None) -> FastAPI:
+    settings = settings or ApiSettings()
+    timeout = httpx.Timeout(
+        connect=5.0,
+        read=settings.runtime_request_timeout_seconds,
+        write=settings.runtime_request_timeout_seconds,
+        pool=30.0,
+    )
+    http = httpx.AsyncClient(
+        timeout=timeout, limits=httpx.Limits(max_connections=512, max_keepalive_connections=64)
+    )
+    backend = backend or build_backend(settings, http)
+    services = Services(
+        settings=settings,
+        backend=backend,
+        sessions=SessionService(
+            backend,
+            default_upload=settings.file_upload,
+            ready_timeout=settings.session_ready_timeout_seconds,
+            poll_interval=settings.session_poll_interval_seconds,
+            default_ttl=settings.session_ttl_seconds,
+        ),
+        authenticator=Authenticator(settings),
+        http=http,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await backend.start()
+        try:
+            yield
+        finally:
+            await backend.aclose()
+            await http.aclose()
+
+    app = FastAPI(title="Sandbox Workspace API", version=__version__, lifespan=lifespan)
+    app.state.services = services
+    install_error_handlers(app)
+    install_metrics(app)
+    for module in (health, sessions, files, conversations):
+        app.include_router(module.router)
+    return app

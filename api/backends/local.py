@@ -1,0 +1,314 @@
+"""The ``local`` backend: every session is a runtime process on 127.0.0.1.
+
+Contract:
+- A session is a directory ``{data_dir}/sessions/{dns_name(session_id)}/`` holding
+  ``session.json`` (the spec), ``workspace/`` (the runtime's root, kept while the session
+  exists, also across restarts of the API) and ``runtime.log``.
+- Its runtime is started on create and on resume, on port 0 (the real port comes back
+  through a port file), with a fresh bearer token and the session's upload limits.
+  Status: no process → ``stopped``; starting → ``pending``; answering health →
+  ``running``; exited without being asked to → ``error``.
+- ``aclose`` stops every runtime; each child also gets SIGTERM from the kernel if the API
+  process dies (``PR_SET_PDEATHSIG``), so no runtime outlives its API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from sandbox_workspace.operator.models import FileUploadConfig
+from sandbox_workspace.operator.naming import dns_name
+
+from ..runtime_client import RuntimeClient
+from .base import RuntimeEndpoint, Session, SessionExists, SessionSpec, SessionStatus
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_STOP_GRACE_SECONDS = 5.0
+_START_TIMEOUT_SECONDS = 30.0
+# What a runtime inherits from us; everything else (our secrets included) stays behind.
+_INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class _Record:
+    """What ``session.json`` holds."""
+
+    session_id: str
+    user_id: str
+    agent_id: str
+    business_domain_id: str
+    created_at: str
+    ttl_seconds: int | None
+    file_upload: dict
+
+    @classmethod
+    def from_spec(cls, spec: SessionSpec) -> _Record:
+        return cls(
+            session_id=spec.session_id,
+            user_id=spec.user_id,
+            agent_id=spec.agent_id,
+            business_domain_id=spec.business_domain_id,
+            created_at=datetime.now(UTC).isoformat(),
+            ttl_seconds=spec.ttl_seconds,
+            file_upload=spec.file_upload.model_dump(),
+        )
+
+    def spec(self) -> SessionSpec:
+        return SessionSpec(
+            session_id=self.session_id,
+            user_id=self.user_id,
+            agent_id=self.agent_id,
+            business_domain_id=self.business_domain_id,
+            file_upload=FileUploadConfig.model_validate(self.file_upload),
+            ttl_seconds=self.ttl_seconds,
+        )
+
+
+@dataclass
+class _Process:
+    proc: asyncio.subprocess.Process
+    token: str
+    port_file: Path
+    endpoint: RuntimeEndpoint | None = None
+    stopping: bool = False
+    error: str = ""
+
+
+class LocalBackend:
+    def __init__(
+        self, data_dir: Path, http: httpx.AsyncClient, *, runtime_command: list[str] | None = None
+    ) -> None:
+        self.data_dir = data_dir.resolve()
+        self.sessions_dir = self.data_dir / "sessions"
+        self.http = http
+        self.runtime_command = runtime_command or [
+            sys.executable,
+            "-m",
+            "sandbox_workspace",
+            "runtime",
+        ]
+        self._records: dict[str, _Record] = {}
+        self._procs: dict[str, _Process] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._waiters: set[asyncio.Task] = set()
+
+    # -- lifecycle of the backend ------------------------------------------------------
+
+    async def start(self) -> None:
+        self.sessions_dir.mkdir(parents=True, exist_ok=True)
+        for path in self.sessions_dir.glob("*/session.json"):
+            try:
+                record = _Record(**json.loads(path.read_text()))
+            except (ValueError, TypeError) as e:
+                log.warning("ignoring unreadable session record %s: %s", path, e)
+                continue
+            self._records[record.session_id] = record
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(self._stop(sid) for sid in list(self._procs)))
+        for task in list(self._waiters):
+            task.cancel()
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def _dir(self, session_id: str) -> Path:
+        return self.sessions_dir / dns_name(session_id)
+
+    def _lock(self, session_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(session_id, asyncio.Lock())
+
+    def workspace_dir(self, session_id: str) -> Path:
+        return self._dir(session_id) / "workspace"
+
+    async def get_session(self, session_id: str) -> Session | None:
+        record = self._records.get(session_id)
+        if record is None:
+            return None
+        status, message, endpoint = self._status(session_id)
+        return Session(
+            spec=record.spec(),
+            status=status,
+            created_at=datetime.fromisoformat(record.created_at),
+            workspace_path=str(self.workspace_dir(session_id)),
+            message=message,
+            endpoint=endpoint,
+        )
+
+    def _status(self, session_id: str) -> tuple[SessionStatus, str, RuntimeEndpoint | None]:
+        p = self._procs.get(session_id)
+        if p is None:
+            return SessionStatus.STOPPED, "no runtime process; the next use starts one", None
+        if p.proc.returncode is not None:
+            detail = p.error or f"runtime exited with code {p.proc.returncode}"
+            return SessionStatus.ERROR, detail, None
+        if p.error:
+            return SessionStatus.ERROR, p.error, None
+        if p.endpoint is None:
+            return SessionStatus.PENDING, "runtime is starting", None
+        return SessionStatus.RUNNING, "", p.endpoint
+
+    async def create_session(self, spec: SessionSpec) -> Session:
+        async with self._lock(spec.session_id):
+            if spec.session_id in self._records:
+                raise SessionExists(f"session '{spec.session_id}' already exists")
+            record = _Record.from_spec(spec)
+            directory = self._dir(spec.session_id)
+            (directory / "workspace").mkdir(parents=True, exist_ok=True)
+            _write_json(directory / "session.json", asdict(record))
+            self._records[spec.session_id] = record
+            await self._spawn(record)
+        session = await self.get_session(spec.session_id)
+        assert session is not None
+        return session
+
+    async def resume_session(self, session_id: str) -> Session:
+        async with self._lock(session_id):
+            record = self._records.get(session_id)
+            if record is None:
+                raise KeyError(session_id)
+            status, _, _ = self._status(session_id)
+            if status in (SessionStatus.STOPPED, SessionStatus.ERROR):
+                await self._stop(session_id)
+                await self._spawn(record)
+        session = await self.get_session(session_id)
+        assert session is not None
+        return session
+
+    async def delete_session(self, session_id: str) -> bool:
+        async with self._lock(session_id):
+            if session_id not in self._records:
+                return False
+            await self._stop(session_id)
+            del self._records[session_id]
+            await asyncio.to_thread(shutil.rmtree, self._dir(session_id), True)
+        return True
+
+    async def conversation_opened(self, session: Session, conversation_id: str) -> None:
+        # The runtime creates directories on first upload; nothing to record locally.
+        return None
+
+    async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
+        assert session.endpoint is not None
+        result = await RuntimeClient(self.http, session.endpoint).delete_conversation(
+            conversation_id
+        )
+        return not result.exists
+
+    async def stop_session(self, session_id: str) -> None:
+        """Stop the runtime but keep the files (what an idle stop does)."""
+        async with self._lock(session_id):
+            await self._stop(session_id)
+
+    # -- processes -----------------------------------------------------------------------
+
+    async def _spawn(self, record: _Record) -> None:
+        directory = self._dir(record.session_id)
+        port_file = directory / "runtime.port"
+        port_file.unlink(missing_ok=True)
+        token = secrets.token_urlsafe(32)
+        upload = FileUploadConfig.model_validate(record.file_upload)
+        env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
+        env.update(
+            {
+                "SANDBOX_RUNTIME_TOKEN": token,
+                "SANDBOX_RUNTIME_ROOT": str(directory / "workspace"),
+                "SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES": str(upload.max_file_size_bytes),
+                "SANDBOX_RUNTIME_MAX_FILE_COUNT": str(upload.max_file_count),
+                "SANDBOX_RUNTIME_ALLOWED_FILE_TYPES": ",".join(upload.allowed_file_types),
+            }
+        )
+        log_fd = os.open(directory / "runtime.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.runtime_command,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--port-file",
+                str(port_file),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            os.close(log_fd)
+        entry = _Process(proc=proc, token=token, port_file=port_file)
+        self._procs[record.session_id] = entry
+        log.info("started runtime", extra={"session_id": record.session_id, "pid": proc.pid})
+        task = asyncio.create_task(self._await_ready(record.session_id, entry))
+        self._waiters.add(task)
+        task.add_done_callback(self._waiters.discard)
+
+    async def _await_ready(self, session_id: str, entry: _Process) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT_SECONDS
+        while time.monotonic() < deadline and entry.proc.returncode is None:
+            if entry.port_file.exists():
+                port = int(entry.port_file.read_text().strip())
+                endpoint = RuntimeEndpoint(url=f"http://127.0.0.1:{port}", token=entry.token)
+                if await RuntimeClient(self.http, endpoint).health():
+                    entry.endpoint = endpoint
+                    log.info("runtime ready", extra={"session_id": session_id, "port": port})
+                    await entry.proc.wait()
+                    if not entry.stopping:
+                        entry.error = f"runtime exited unexpectedly (code {entry.proc.returncode})"
+                        log.warning(entry.error, extra={"session_id": session_id})
+                    return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(entry.proc.wait(), 0.05)
+        if entry.proc.returncode is None:
+            entry.error = f"runtime did not become healthy within {_START_TIMEOUT_SECONDS:.0f}s"
+        else:
+            entry.error = (
+                f"runtime exited during start-up (code {entry.proc.returncode}); see "
+                f"{self._dir(session_id) / 'runtime.log'}"
+            )
+        log.error(entry.error, extra={"session_id": session_id})
+
+    async def _stop(self, session_id: str) -> None:
+        entry = self._procs.pop(session_id, None)
+        if entry is None or entry.proc.returncode is not None:
+            return
+        entry.stopping = True
+        _signal_group(entry.proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(entry.proc.wait(), _STOP_GRACE_SECONDS)
+        except TimeoutError:
+            _signal_group(entry.proc.pid, signal.SIGKILL)
+            await entry.proc.wait()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)

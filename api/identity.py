@@ -1,0 +1,104 @@
+"""Who is calling: a ``Caller`` from the request's credentials.
+
+Contract (DESIGN "Identity and isolation"):
+- ``dev`` mode: no credentials; the user is ``X-User-Id`` or ``dev``.
+- ``required`` mode: ``Authorization: Bearer <service token>`` plus ``X-User-Id`` (the
+  platform backend speaking for a user), or ``Bearer <JWT>`` whose ``sub`` is the user
+  (HS256 with a shared secret, or keys from a JWKS URL). Anything else is 401.
+User ids must be 1–128 printable characters without ``/`` or ``\\`` (they become part of
+``sb-session-{user_id}`` in URLs).
+"""
+
+from __future__ import annotations
+
+import hmac
+import unicodedata
+from dataclasses import dataclass
+
+import jwt
+from starlette.datastructures import Headers
+
+from sandbox_workspace.runtime.errors import BadRequest, Unauthorized
+
+from .settings import ApiSettings
+
+DEV_USER = "dev"
+MAX_USER_ID = 128
+
+
+@dataclass(frozen=True)
+class Caller:
+    user_id: str
+    via: str  # "dev", "service-token" or "jwt"
+
+
+def check_user_id(user_id: str) -> str:
+    if not 0 < len(user_id) <= MAX_USER_ID:
+        raise BadRequest(f"user id must be 1-{MAX_USER_ID} characters", code="invalid_user_id")
+    if any(c in "/\\" or (unicodedata.category(c)[0] in "CZ" and c != " ") for c in user_id) or (
+        user_id.strip() != user_id
+    ):
+        raise BadRequest(
+            "user id must be printable, without '/', '\\' or surrounding spaces",
+            code="invalid_user_id",
+        )
+    return user_id
+
+
+class Authenticator:
+    def __init__(self, settings: ApiSettings) -> None:
+        self.settings = settings
+        self._jwks = jwt.PyJWKClient(settings.jwt_jwks_url) if settings.jwt_jwks_url else None
+
+    def authenticate(self, headers: Headers) -> Caller:
+        s = self.settings
+        if s.auth_mode == "dev":
+            return Caller(check_user_id(headers.get("x-user-id") or DEV_USER), "dev")
+        scheme, _, token = (headers.get("authorization") or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized("send Authorization: Bearer <service token or JWT>")
+        if s.service_token is not None and hmac.compare_digest(
+            token.encode(), s.service_token.get_secret_value().encode()
+        ):
+            user = headers.get("x-user-id")
+            if not user:
+                raise BadRequest(
+                    "the service token must come with an X-User-Id header", code="missing_user_id"
+                )
+            return Caller(check_user_id(user), "service-token")
+        if s.jwt_secret is None and self._jwks is None:
+            raise Unauthorized("invalid bearer token")
+        return Caller(check_user_id(self._verify_jwt(token)), "jwt")
+
+    def _verify_jwt(self, token: str) -> str:
+        s = self.settings
+        options = {"require": ["sub", "exp"], "verify_aud": s.jwt_audience is not None}
+        try:
+            if s.jwt_secret is not None and jwt.get_unverified_header(token).get("alg") == "HS256":
+                claims = jwt.decode(
+                    token,
+                    s.jwt_secret.get_secret_value(),
+                    algorithms=["HS256"],
+                    audience=s.jwt_audience,
+                    issuer=s.jwt_issuer,
+                    options=options,
+                )
+            elif self._jwks is not None:
+                key = self._jwks.get_signing_key_from_jwt(token)
+                claims = jwt.decode(
+                    token,
+                    key.key,
+                    algorithms=["RS256", "ES256", "EdDSA"],
+                    audience=s.jwt_audience,
+                    issuer=s.jwt_issuer,
+                    options=options,
+                )
+            else:
+                raise Unauthorized("JWT must be signed with HS256")
+        except jwt.PyJWTError as e:
+            raise Unauthorized(f"invalid JWT: {e}") from e
+        sub = claims.get("sub")
+        if not isinstance(sub, str) or not sub:
+            raise Unauthorized("JWT has no 'sub' claim")
+        return sub

@@ -1,0 +1,75 @@
+"""Prometheus metrics of the API: requests by route, method and status, and latency.
+
+A registry per app (not the global one) so several apps in one process — tests — do not
+collide. Routes are labelled by their template, never by raw path (ids would explode the
+label set). Pure ASGI middleware, so streamed bodies pass through untouched.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+
+
+class _MetricsMiddleware:
+    def __init__(self, app, requests: Counter, latency: Histogram) -> None:
+        self.app = app
+        self.requests = requests
+        self.latency = latency
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = "500"
+
+        async def send_and_observe(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+                self.latency.labels(scope["method"], _route(scope)).observe(
+                    time.perf_counter() - start
+                )
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_observe)
+        finally:
+            self.requests.labels(scope["method"], _route(scope), status).inc()
+
+
+def _route(scope) -> str:
+    route = scope.get("route")
+    return getattr(route, "path", None) or "unmatched"
+
+
+def install_metrics(app: FastAPI) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    requests = Counter(
+        "sandbox_api_requests_total",
+        "HTTP requests handled",
+        ["method", "route", "status"],
+        registry=registry,
+    )
+    latency = Histogram(
+        "sandbox_api_request_seconds",
+        "Time to the response headers",
+        ["method", "route"],
+        registry=registry,
+    )
+    app.add_middleware(_MetricsMiddleware, requests=requests, latency=latency)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return registry

@@ -1,0 +1,31 @@
+"""/api/v1/sessions/{id}/conversations/{cid} — delete a conversation and its files."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from sandbox_workspace.runtime.workspace import Workspace
+
+from ..deps import CallerDep, ServicesDep
+from ..schemas import ConversationDeletion
+
+router = APIRouter(prefix="/api/v1/sessions/{session_id}/conversations", tags=["conversations"])
+
+
+@router.delete(
+    "/{conversation_id}",
+    response_model=ConversationDeletion,
+    responses={202: {"model": ConversationDeletion}},
+)
+async def delete_conversation(
+    session_id: str, conversation_id: str, caller: CallerDep, services: ServicesDep
+) -> JSONResponse:
+    """Delete every file of the conversation: 200 when verified gone, 202 while deleting."""
+    cid = Workspace.check_conversation_id(conversation_id)
+    session = await services.sessions.ensure_running(caller, session_id)
+    done = await services.backend.delete_conversation(session, cid)
+    body = ConversationDeletion(
+        session_id=session.session_id, conversation_id=cid, status="deleted" if done else "deleting"
+    )
+    return JSONResponse(body.model_dump(), status_code=200 if done else 202)

@@ -1,0 +1,93 @@
+"""Session rules on top of any backend: ownership and ensure-running (seed 000 §3.2).
+
+Contract:
+- A caller owns exactly one session, ``sb-session-{user_id}``; any other id answers 404
+  exactly as a missing session does, so ids of other users cannot be probed.
+- ``ensure_running`` is the seed's EnsureSandboxSession: get → create when missing (a 409
+  from a concurrent creator is fine) → resume when stopped or failed → wait, bounded by
+  the ready timeout, until ``running``. It never returns a session that is not running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from sandbox_workspace.operator.models import FileUploadConfig
+from sandbox_workspace.operator.naming import session_id_for
+from sandbox_workspace.runtime.errors import NotFoundError, Unavailable
+
+from .backends.base import Backend, Session, SessionExists, SessionSpec, SessionStatus
+from .identity import Caller
+
+
+class SessionService:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        default_upload: FileUploadConfig,
+        ready_timeout: float,
+        poll_interval: float,
+        default_ttl: int | None = None,
+    ) -> None:
+        self.backend = backend
+        self.default_upload = default_upload
+        self.ready_timeout = ready_timeout
+        self.poll_interval = poll_interval
+        self.default_ttl = default_ttl
+
+    @staticmethod
+    def own_session_id(caller: Caller, session_id: str) -> str:
+        if session_id != session_id_for(caller.user_id):
+            raise NotFoundError(f"session '{session_id}' not found")
+        return session_id
+
+    async def get(self, caller: Caller, session_id: str) -> Session:
+        session = await self.backend.get_session(self.own_session_id(caller, session_id))
+        if session is None:
+            raise NotFoundError(f"session '{session_id}' not found")
+        return session
+
+    def default_spec(self, caller: Caller) -> SessionSpec:
+        return SessionSpec(
+            session_id=session_id_for(caller.user_id),
+            user_id=caller.user_id,
+            file_upload=self.default_upload,
+            ttl_seconds=self.default_ttl,
+        )
+
+    async def ensure_running(
+        self, caller: Caller, session_id: str, spec: SessionSpec | None = None
+    ) -> Session:
+        sid = self.own_session_id(caller, session_id)
+        session = await self.backend.get_session(sid)
+        if session is None:
+            try:
+                session = await self.backend.create_session(spec or self.default_spec(caller))
+            except SessionExists:
+                session = await self.backend.get_session(sid)
+        if session is not None and session.status in (SessionStatus.STOPPED, SessionStatus.ERROR):
+            session = await self.backend.resume_session(sid)
+        return await self.wait_running(sid)
+
+    async def wait_running(self, session_id: str) -> Session:
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            session = await self.backend.get_session(session_id)
+            if session is None:
+                raise NotFoundError(f"session '{session_id}' was deleted while starting")
+            if session.status == SessionStatus.RUNNING and session.endpoint is not None:
+                return session
+            if session.status == SessionStatus.ERROR:
+                raise Unavailable(
+                    f"session '{session_id}' failed to start: {session.message}",
+                    code="session_failed",
+                )
+            if time.monotonic() >= deadline:
+                raise Unavailable(
+                    f"session '{session_id}' is not running after {self.ready_timeout:.0f}s "
+                    f"(status {session.status}); retry shortly",
+                    code="session_not_ready",
+                )
+            await asyncio.sleep(self.poll_interval)

@@ -1,0 +1,86 @@
+"""API settings, from ``SANDBOX_WORKSPACE_*`` environment variables (see the README table).
+
+Refuses unsafe combinations at start-up with a message naming the setting to change:
+``dev`` auth off loopback, ``required`` auth with no credential configured.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sandbox_workspace.operator.models import FileUploadConfig
+
+ENV_PREFIX = "SANDBOX_WORKSPACE_"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class ApiSettings(BaseSettings):
+    """One settings object per API process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="ignore"
+    )
+
+    backend: Literal["local", "kubernetes"] = Field(
+        "local", description="Where sessions live: runtime processes on this machine, or CRs."
+    )
+    host: str = "127.0.0.1"
+    port: int = 8000
+    auth_mode: Literal["dev", "required"] = Field(
+        "required",
+        description="`dev`: no credentials, user from X-User-Id (loopback only); "
+        "`required`: service token + X-User-Id, or a JWT whose `sub` is the user.",
+    )
+    service_token: SecretStr | None = None
+    jwt_secret: SecretStr | None = Field(None, description="HS256 key for caller JWTs.")
+    jwt_jwks_url: str | None = Field(None, description="JWKS URL for RS/ES-signed JWTs.")
+    jwt_audience: str | None = None
+    jwt_issuer: str | None = None
+    data_dir: Path = Field(Path("./data"), description="Local backend: where workspaces live.")
+    sandbox_mount: Literal["auto", "bwrap", "none"] = Field(
+        "auto",
+        description="Local backend: `bwrap` shows each session's workspace at /workspace "
+        "(as in a pod); `none` uses the data directory path; `auto` picks bwrap if present.",
+    )
+    file_upload: FileUploadConfig = Field(default_factory=FileUploadConfig)
+    max_upload_bytes: int = Field(
+        5 * 1024**3, ge=1, description="Ceiling no session's upload config may exceed."
+    )
+    session_ready_timeout_seconds: float = Field(60.0, gt=0)
+    session_poll_interval_seconds: float = Field(0.2, gt=0)
+    session_ttl_seconds: int | None = Field(None, ge=60)
+    runtime_request_timeout_seconds: float = Field(
+        300.0, gt=0, description="Read timeout for calls to a sandbox runtime."
+    )
+    log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _safe_auth(self) -> ApiSettings:
+        if self.auth_mode == "dev" and not is_loopback(self.host):
+            raise ValueError(
+                f"auth_mode=dev is only allowed on a loopback host, not {self.host!r}; set "
+                f"{ENV_PREFIX}AUTH_MODE=required with a service token or JWT settings"
+            )
+        if self.auth_mode == "required" and not (
+            self.service_token or self.jwt_secret or self.jwt_jwks_url
+        ):
+            raise ValueError(
+                f"auth_mode=required needs {ENV_PREFIX}SERVICE_TOKEN, {ENV_PREFIX}JWT_SECRET "
+                f"or {ENV_PREFIX}JWT_JWKS_URL"
+            )
+        if self.service_token is not None and len(self.service_token.get_secret_value()) < 16:
+            raise ValueError(f"{ENV_PREFIX}SERVICE_TOKEN must be at least 16 characters")
+        return self

@@ -1,0 +1,49 @@
+"""Names: session ids from user ids, and DNS-safe Kubernetes names from any id.
+
+Contract:
+- ``session_id_for(user_id)`` is ``sb-session-{user_id}`` (seed 000 §2.1), the id clients
+  see; it is fixed per user, so nothing has to be stored to find a user's session.
+- ``dns_name(value)`` is valid as an RFC 1123 label (or subdomain part) for *any* string,
+  and no two different inputs share a result: whenever the slug differs from the input
+  (characters replaced, case folded, truncated) an 8-hex-digit hash of the input is
+  appended, and inputs that already end like a hash suffix are hashed too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+SESSION_PREFIX = "sb-session-"
+_MAX_LABEL = 63
+_INVALID = re.compile(r"[^a-z0-9-]+")
+_VALID = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# A valid input that already looks hashed is hashed again, so an input can never equal
+# another input's slug-plus-hash.
+_HASHED = re.compile(r"-[0-9a-f]{8}$")
+
+
+def session_id_for(user_id: str) -> str:
+    return f"{SESSION_PREFIX}{user_id}"
+
+
+def user_id_from_session_id(session_id: str) -> str | None:
+    if session_id.startswith(SESSION_PREFIX) and len(session_id) > len(SESSION_PREFIX):
+        return session_id[len(SESSION_PREFIX) :]
+    return None
+
+
+def _hash(value: str) -> str:
+    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+
+
+def dns_name(value: str, *, max_length: int = _MAX_LABEL) -> str:
+    """A DNS-1123 label for ``value``; see the module contract."""
+    if len(value) <= max_length and _VALID.match(value) and not _HASHED.search(value):
+        return value
+    slug = _INVALID.sub("-", value.lower()).strip("-")
+    slug = re.sub(r"-{2,}", "-", slug)
+    suffix = _hash(value)
+    keep = max_length - len(suffix) - 1
+    slug = slug[:keep].rstrip("-")
+    return f"{slug}-{suffix}" if slug else f"x-{suffix}"

@@ -1,0 +1,198 @@
+"""The runtime's HTTP interface: the only server inside a sandbox pod.
+
+Contract: every route but ``/healthz`` requires ``Authorization: Bearer <token>``; routes
+are thin — names are checked and files touched only through ``Workspace``; bodies are
+streamed both ways; errors use the shared ``{"error": {...}}`` shape.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import urllib.parse
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from .activity import Activity
+from .errors import Unauthorized, install_error_handlers
+from .schemas import (
+    ConversationDeleted,
+    ConversationInfo,
+    Health,
+    RuntimeStats,
+    UploadList,
+    UploadResult,
+)
+from .settings import RuntimeSettings
+from .uploads import ConversationLocks, UploadLimits, receive_upload
+from .workspace import Workspace
+
+_READ_CHUNK = 1024 * 1024
+
+
+class RuntimeState:
+    """Everything a runtime process holds; one per app, never module-level."""
+
+    def __init__(self, settings: RuntimeSettings) -> None:
+        self.settings = settings
+        self.token = settings.resolved_token()
+        self.workspace = Workspace(settings.root, settings.visible_root)
+        self.limits = UploadLimits(
+            max_file_size=settings.max_file_size_bytes,
+            max_file_count=settings.max_file_count,
+            allowed_types=tuple(settings.allowed_file_types),
+        )
+        self.locks = ConversationLocks()
+        self.activity = Activity()
+
+
+def _state(request: Request) -> RuntimeState:
+    return request.app.state.runtime
+
+
+def _authorized(
+    request: Request, authorization: Annotated[str | None, Header()] = None
+) -> RuntimeState:
+    state = _state(request)
+    scheme, _, presented = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        presented.strip().encode(), state.token.encode()
+    ):
+        raise Unauthorized("missing or invalid bearer token")
+    state.activity.touch()
+    return state
+
+
+State = Annotated[RuntimeState, Depends(_authorized)]
+router = APIRouter(prefix="/v1")
+
+
+@router.get("/stats")
+async def stats(state: State) -> RuntimeStats:
+    """Liveness plus the activity figures the idle reaper needs."""
+    return RuntimeStats(
+        workspace_path=state.workspace.visible_root,
+        started_at=state.activity.started_at,
+        last_activity_at=state.activity.last_activity_at,
+        active_operations=state.activity.active,
+        conversations=len(state.workspace.conversation_ids()),
+    )
+
+
+@router.put("/conversations/{conversation_id}")
+async def ensure_conversation(conversation_id: str, state: State) -> ConversationInfo:
+    """Create the conversation's directories if missing."""
+    return state.workspace.ensure_conversation(conversation_id)
+
+
+@router.get("/conversations/{conversation_id}")
+async def conversation_info(conversation_id: str, state: State) -> ConversationInfo:
+    """Whether the conversation directory exists, with its file count and bytes."""
+    return await anyio.to_thread.run_sync(state.workspace.conversation_info, conversation_id)
+
+
+@router.delete("/conversations/{conversation_id}")
+async def delete_conversation(conversation_id: str, state: State) -> ConversationDeleted:
+    """Delete the conversation directory; idempotent, answers only once it is gone."""
+    with state.activity.track():
+        return await anyio.to_thread.run_sync(state.workspace.delete_conversation, conversation_id)
+
+
+@router.post("/uploads", status_code=201)
+async def upload(
+    request: Request,
+    state: State,
+    conversation_id: Annotated[str | None, Query()] = None,
+    subdir: Annotated[str | None, Query()] = None,
+) -> UploadResult:
+    """Stream a multipart upload (`file`, `conversation_id`, `subdir`) into temparea."""
+    with state.activity.track():
+        return await receive_upload(
+            request.stream(),
+            request.headers.get("content-type", ""),
+            state.workspace,
+            state.limits,
+            state.locks,
+            conversation_id=conversation_id,
+            subdir=subdir,
+        )
+
+
+@router.get("/conversations/{conversation_id}/uploads")
+async def list_uploads(conversation_id: str, state: State) -> UploadList:
+    """The user's uploads in this conversation (never files that code wrote)."""
+    ws = state.workspace
+    cid = ws.check_conversation_id(conversation_id)
+    return UploadList(
+        conversation_id=cid,
+        path=ws.visible(cid, "uploads", "temparea"),
+        files=ws.list_uploads(cid),
+    )
+
+
+@router.get("/conversations/{conversation_id}/uploads/{name}")
+async def download(conversation_id: str, name: str, state: State) -> StreamingResponse:
+    """Stream one uploaded file with its type and a Unicode-safe Content-Disposition."""
+    opened = state.workspace.open_upload(conversation_id, name)
+    headers = {
+        "Content-Length": str(opened.size),
+        "Content-Disposition": content_disposition(opened.info.name),
+        "X-Sandbox-Path": urllib.parse.quote(opened.info.path),
+        "X-Content-SHA256": opened.info.sha256,
+    }
+    return StreamingResponse(
+        _read_fd(opened.fd, state.activity), media_type=opened.info.mime_type, headers=headers
+    )
+
+
+@router.delete("/conversations/{conversation_id}/uploads/{name}", status_code=204)
+async def delete_upload(conversation_id: str, name: str, state: State) -> None:
+    """Delete one uploaded file."""
+    state.workspace.delete_upload(conversation_id, name)
+
+
+async def _read_fd(fd: int, activity: Activity) -> AsyncIterator[bytes]:
+    with activity.track():
+        try:
+            while chunk := await anyio.to_thread.run_sync(os.read, fd, _READ_CHUNK):
+                yield chunk
+        finally:
+            os.close(fd)
+
+
+def content_disposition(name: str) -> str:
+    """``attachment`` with an ASCII fallback and the exact name in RFC 5987 form."""
+    fallback = "".join(ch if 0x20 <= ord(ch) < 0x7F and ch not in '"\\%' else "_" for ch in name)
+    quoted = urllib.parse.quote(name, safe="")
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quoted}"
+
+
+def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
+    settings = settings or RuntimeSettings()
+    state = RuntimeState(settings)  # fails loudly at start-up, not on first request
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            state.workspace.close()
+
+    app = FastAPI(
+        title="Sandbox Workspace runtime", lifespan=lifespan, docs_url=None, redoc_url=None
+    )
+    app.state.runtime = state
+    install_error_handlers(app)
+
+    @app.get("/healthz")
+    async def healthz() -> Health:
+        """Unauthenticated liveness/readiness probe."""
+        return Health()
+
+    app.include_router(router)
+    return app

@@ -1,0 +1,127 @@
+"""Error contract shared by the runtime and the API: ``{"error": {"code", "message"}}``.
+
+``ApiError`` subclasses carry their HTTP status; handlers installed by
+``install_error_handlers`` render them, FastAPI validation errors (as 422) and stray
+HTTP exceptions in the same JSON shape, so no client ever has to parse two formats.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+_STATUS_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "too_many_requests",
+    502: "bad_gateway",
+    503: "unavailable",
+    504: "gateway_timeout",
+}
+
+
+class ApiError(Exception):
+    """Base of every error that becomes an HTTP response."""
+
+    status = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class BadRequest(ApiError):
+    """The request is malformed; the message says what to change."""
+
+    status, code = 400, "bad_request"
+
+
+class Unauthorized(ApiError):
+    """Missing or invalid credentials."""
+
+    status, code = 401, "unauthorized"
+
+
+class NotFoundError(ApiError):
+    """The thing does not exist, or it is not the caller's."""
+
+    status, code = 404, "not_found"
+
+
+class Conflict(ApiError):
+    """The request conflicts with current state (exists already, limit reached)."""
+
+    status, code = 409, "conflict"
+
+
+class TooLarge(ApiError):
+    """The body or file is larger than allowed."""
+
+    status, code = 413, "file_too_large"
+
+
+class UnsupportedType(ApiError):
+    """The file type or content type is not accepted."""
+
+    status, code = 415, "unsupported_file_type"
+
+
+class Unavailable(ApiError):
+    """A dependency (session, runtime) is not ready; retrying later may work."""
+
+    status, code = 503, "unavailable"
+
+
+class BadGateway(ApiError):
+    """A dependency answered something we cannot use."""
+
+    status, code = 502, "bad_gateway"
+
+
+def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, **extra}}
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None):
+    return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+
+
+def _describe_validation(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "request"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return error_response(exc.status, exc.code, exc.message, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(422, "invalid_request", _describe_validation(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _STATUS_CODES.get(exc.status_code, "error")
+        return error_response(exc.status_code, code, str(exc.detail), exc.headers)

@@ -1,0 +1,195 @@
+"""Path safety: the one place where untrusted names become file-system locations.
+
+Contract:
+- ``check_name`` accepts a single path component (a file name or a conversation id) or
+  raises ``UnsafePath`` saying what is wrong. Refused: empty, ``.``/``..``, ``/``, ``\\``,
+  NUL and other control or invisible formatting characters, names over 255 UTF-8 bytes,
+  and names that some other layer could *normalise* into one of those (NFKC lookalikes
+  such as ``U+2025`` "‥" or fullwidth solidus). Accepted names are returned in NFC so the
+  same visible name always maps to the same file.
+- ``SafeRoot`` walks beneath a root directory file descriptor one component at a time with
+  ``O_NOFOLLOW``; a symlink anywhere under the root is never followed (it raises
+  ``UnsafePath``), whatever code running in the sandbox planted. Nothing here resolves a
+  path string with ``realpath``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import unicodedata
+from collections.abc import Iterator, Sequence
+
+MAX_NAME_BYTES = 255
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafePath(ValueError):
+    """A name or path that must not be used; the message says why."""
+
+
+class NotFound(FileNotFoundError):
+    """The safe path does not exist (or is not the kind of entry asked for)."""
+
+
+def _is_invisible_or_control(ch: str) -> bool:
+    # Cc: C0/C1 controls incl. NUL, newline, DEL. Cf: bidi overrides, zero-width joiners —
+    # they make two different names look identical in a file list.
+    # Zs other than the plain space: no-break/ideographic spaces render like a space.
+    category = unicodedata.category(ch)
+    return category in ("Cc", "Cf", "Zl", "Zp") or (category == "Zs" and ch != " ")
+
+
+def check_name(name: str, *, what: str = "name") -> str:
+    """Validate one path component and return it in NFC, or raise ``UnsafePath``."""
+    if not isinstance(name, str) or name == "":
+        raise UnsafePath(f"{what} must not be empty")
+    for ch in name:
+        if ch == "\x00":
+            raise UnsafePath(f"{what} must not contain NUL")
+        if ch in "/\\":
+            raise UnsafePath(f"{what} must be a single name without '/' or '\\'")
+        if _is_invisible_or_control(ch):
+            raise UnsafePath(f"{what} must not contain control or invisible characters")
+    normalized = unicodedata.normalize("NFC", name)
+    if normalized in (".", ".."):
+        raise UnsafePath(f"{what} must not be '.' or '..'")
+    # Another layer (a browser, a zip tool, a filesystem) may apply NFKC; a name must not
+    # turn into a separator or a dot-dot there either.
+    folded = unicodedata.normalize("NFKC", name)
+    if folded in (".", "..") or "/" in folded or "\\" in folded or "\x00" in folded:
+        raise UnsafePath(f"{what} contains characters that normalise to a path separator or '..'")
+    if name.strip() != name:
+        raise UnsafePath(f"{what} must not start or end with whitespace")
+    if len(normalized.encode("utf-8")) > MAX_NAME_BYTES:
+        raise UnsafePath(f"{what} is longer than {MAX_NAME_BYTES} bytes in UTF-8")
+    return normalized
+
+
+def split_relative(path: str, *, what: str = "path") -> list[str]:
+    """Split a relative path into checked components; absolute paths are refused."""
+    if not path:
+        raise UnsafePath(f"{what} must not be empty")
+    if path.startswith("/"):
+        raise UnsafePath(f"{what} must be relative, not absolute")
+    if "\\" in path:
+        raise UnsafePath(f"{what} must not contain '\\'")
+    return [check_name(part, what=what) for part in path.split("/")]
+
+
+class SafeRoot:
+    """A directory opened once; every lookup beneath it refuses to follow symlinks."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        os.makedirs(self.path, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _walk(self, parts: Sequence[str], *, create: bool) -> int:
+        """Open the directory ``parts`` beneath the root; the caller closes the fd."""
+        fd = os.dup(self._fd)
+        try:
+            for part in parts:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                try:
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError as e:
+                    raise NotFound(part) from e
+                except (NotADirectoryError, OSError) as e:
+                    if _is_symlink(fd, part):
+                        raise UnsafePath(f"'{part}' is a symbolic link; refusing to follow") from e
+                    if isinstance(e, NotADirectoryError):
+                        raise NotFound(part) from e
+                    raise
+                os.close(fd)
+                fd = nxt
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @contextlib.contextmanager
+    def directory(self, parts: Sequence[str], *, create: bool = False) -> Iterator[int]:
+        """Yield an fd for the directory ``parts`` (created when asked), closing it after."""
+        fd = self._walk(parts, create=create)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def exists_dir(self, parts: Sequence[str]) -> bool:
+        try:
+            with self.directory(parts):
+                return True
+        except NotFound:
+            return False
+
+    def open_file(self, parts: Sequence[str]) -> int:
+        """Open a regular file for reading; symlinks, FIFOs, devices and dirs are refused."""
+        *dirs, name = parts
+        with self.directory(dirs) as dfd:
+            try:
+                # O_NONBLOCK: opening a FIFO planted by sandbox code must not hang us.
+                fd = os.open(
+                    name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
+                )
+            except FileNotFoundError as e:
+                raise NotFound(name) from e
+            except OSError as e:
+                if _is_symlink(dfd, name):
+                    raise UnsafePath(f"'{name}' is a symbolic link; refusing to follow") from e
+                raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise NotFound(name)
+        os.set_blocking(fd, True)
+        return fd
+
+    def lstat(self, parts: Sequence[str]) -> os.stat_result:
+        *dirs, name = parts
+        with self.directory(dirs) as dfd:
+            try:
+                return os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError as e:
+                raise NotFound(name) from e
+
+
+def _is_symlink(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def remove_tree(dir_fd: int, name: str) -> None:
+    """Delete ``name`` beneath ``dir_fd`` recursively without following any symlink.
+
+    Symlinks are unlinked, never traversed, so a link planted to ``/`` cannot widen the
+    deletion. Missing entries are fine (idempotent).
+    """
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dir_fd)
+        return
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        for entry in os.listdir(fd):
+            remove_tree(fd, entry)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(name, dir_fd=dir_fd)

@@ -1,0 +1,269 @@
+"""Streaming upload receiver: multipart/form-data straight to disk, limits enforced en route.
+
+Contract: ``receive_upload`` consumes the request body chunk by chunk, never holding more
+than a chunk in memory. The ``file`` part is written to a staging file while its sha256 is
+computed; the size limit is checked on every chunk, the type limit as soon as the part's
+headers name the file, the count limit before the file is moved into place. Any refusal
+deletes the staging file, so a refused or interrupted upload leaves nothing behind. The
+form fields ``conversation_id`` and ``subdir`` may come before or after the file (browsers
+send them in the order the frontend appended them), or as query parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import anyio
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from .errors import ApiError, BadRequest, Conflict, TooLarge, UnsupportedType
+from .schemas import UploadResult
+from .workspace import Workspace
+
+_MAX_FIELD_BYTES = 4096
+# After refusing an upload we keep reading (and discarding) the body for a while so the
+# client sees our answer instead of a reset connection; past this we stop reading.
+_MAX_DRAIN_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class UploadLimits:
+    max_file_size: int
+    max_file_count: int
+    allowed_types: tuple[str, ...] = ()
+
+    def check_type(self, name: str) -> None:
+        if not self.allowed_types:
+            return
+        ext = name.rsplit(".", 1)[-1].lower() if "." in name.strip(".") else ""
+        if ext not in self.allowed_types:
+            allowed = ", ".join(self.allowed_types)
+            raise UnsupportedType(
+                f"file type '.{ext}' is not allowed; allowed types: {allowed}"
+                if ext
+                else f"file has no extension; allowed types: {allowed}"
+            )
+
+
+@dataclass
+class _Part:
+    headers: dict[bytes, bytes] = field(default_factory=dict)
+    field_name: str = ""
+    file_name: str | None = None
+    value: bytearray = field(default_factory=bytearray)
+
+
+@dataclass
+class _StagedFile:
+    name: str
+    fd: int
+    size: int = 0
+    digest: hashlib._Hash = field(default_factory=hashlib.sha256)
+
+
+class ConversationLocks:
+    """One asyncio lock per conversation, so the count check and the rename are atomic."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def get(self, cid: str) -> asyncio.Lock:
+        return self._locks.setdefault(cid, asyncio.Lock())
+
+
+class _Receiver:
+    def __init__(self, workspace: Workspace, limits: UploadLimits) -> None:
+        self.ws = workspace
+        self.limits = limits
+        self.events: list[tuple[str, bytes]] = []
+        self.part: _Part | None = None
+        self.header_field = bytearray()
+        self.header_value = bytearray()
+        self.fields: dict[str, str] = {}
+        self.staged: _StagedFile | None = None
+        self.file_name: str | None = None
+        self.finished = False
+
+    # Parser callbacks only record; the async side acts on them (writes may raise).
+    def callbacks(self) -> dict:
+        ev = self.events
+        return {
+            "on_part_begin": lambda: ev.append(("begin", b"")),
+            "on_part_data": lambda d, s, e: ev.append(("data", bytes(d[s:e]))),
+            "on_part_end": lambda: ev.append(("end_part", b"")),
+            "on_header_field": lambda d, s, e: ev.append(("hfield", bytes(d[s:e]))),
+            "on_header_value": lambda d, s, e: ev.append(("hvalue", bytes(d[s:e]))),
+            "on_header_end": lambda: ev.append(("hend", b"")),
+            "on_headers_finished": lambda: ev.append(("headers_done", b"")),
+            "on_end": lambda: ev.append(("end", b"")),
+        }
+
+    def handle_events(self) -> None:
+        for kind, data in self.events:
+            getattr(self, f"_on_{kind}")(data)
+        self.events.clear()
+
+    def _on_begin(self, _: bytes) -> None:
+        self.part = _Part()
+
+    def _on_hfield(self, data: bytes) -> None:
+        self.header_field += data
+
+    def _on_hvalue(self, data: bytes) -> None:
+        self.header_value += data
+
+    def _on_hend(self, _: bytes) -> None:
+        assert self.part is not None
+        self.part.headers[bytes(self.header_field).lower()] = bytes(self.header_value)
+        self.header_field.clear()
+        self.header_value.clear()
+
+    def _on_headers_done(self, _: bytes) -> None:
+        part = self.part
+        assert part is not None
+        _, params = parse_options_header(part.headers.get(b"content-disposition", b""))
+        try:
+            part.field_name = params.get(b"name", b"").decode()
+            raw_file = params.get(b"filename")
+            part.file_name = raw_file.decode() if raw_file is not None else None
+        except UnicodeDecodeError as e:
+            raise BadRequest("form field and file names must be UTF-8") from e
+        if part.field_name == "file":
+            if self.staged is not None or self.file_name is not None:
+                raise BadRequest("send one file per request in the 'file' field")
+            if not part.file_name:
+                raise BadRequest("the 'file' field must carry a filename")
+            self.file_name = self.ws.check_file_name(part.file_name)
+            self.limits.check_type(self.file_name)
+            name, fd = self.ws.new_staging_file()
+            self.staged = _StagedFile(name=name, fd=fd)
+
+    def _on_data(self, data: bytes) -> None:
+        part = self.part
+        assert part is not None
+        if part.field_name == "file":
+            staged = self.staged
+            assert staged is not None
+            staged.size += len(data)
+            if staged.size > self.limits.max_file_size:
+                raise TooLarge(
+                    f"file is larger than the limit of {self.limits.max_file_size} bytes"
+                )
+            staged.digest.update(data)
+            view = memoryview(data)
+            while view:
+                written = os.write(staged.fd, view)
+                view = view[written:]
+        else:
+            part.value += data
+            if len(part.value) > _MAX_FIELD_BYTES:
+                raise BadRequest(f"form field '{part.field_name}' is too long")
+
+    def _on_end_part(self, _: bytes) -> None:
+        part = self.part
+        assert part is not None
+        if part.field_name != "file" and part.field_name:
+            try:
+                self.fields[part.field_name] = part.value.decode()
+            except UnicodeDecodeError as e:
+                raise BadRequest(f"form field '{part.field_name}' must be UTF-8 text") from e
+        self.part = None
+
+    def _on_end(self, _: bytes) -> None:
+        self.finished = True
+
+    def discard(self) -> None:
+        if self.staged is not None:
+            os.close(self.staged.fd)
+            self.ws.discard_staging_file(self.staged.name)
+            self.staged = None
+
+
+async def receive_upload(
+    body: AsyncIterator[bytes],
+    content_type: str,
+    workspace: Workspace,
+    limits: UploadLimits,
+    locks: ConversationLocks,
+    *,
+    conversation_id: str | None = None,
+    subdir: str | None = None,
+) -> UploadResult:
+    """Stream one multipart upload into a conversation's temparea; see the module contract."""
+    mime, params = parse_options_header(content_type)
+    boundary = params.get(b"boundary")
+    if mime != b"multipart/form-data" or not boundary:
+        raise UnsupportedType(
+            "upload must be multipart/form-data with a 'file' field",
+            code="unsupported_content_type",
+        )
+    receiver = _Receiver(workspace, limits)
+    parser = MultipartParser(boundary, receiver.callbacks())
+    iterator = aiter(body)
+    try:
+        async for chunk in iterator:
+            try:
+                parser.write(chunk)
+            except FormParserError as e:
+                raise BadRequest(f"malformed multipart body: {e}") from e
+            receiver.handle_events()
+        if not receiver.finished:
+            raise BadRequest("multipart body ended before its closing boundary")
+        staged = receiver.staged
+        if staged is None or receiver.file_name is None:
+            raise BadRequest("the form has no 'file' field")
+        cid = _pick("conversation_id", receiver.fields.get("conversation_id"), conversation_id)
+        if cid is None:
+            raise BadRequest("conversation_id is required (form field or query parameter)")
+        cid = workspace.check_conversation_id(cid)
+        workspace.check_subdir(_pick("subdir", receiver.fields.get("subdir"), subdir))
+        await anyio.to_thread.run_sync(os.fsync, staged.fd)
+        async with locks.get(cid):
+            name = receiver.file_name
+            if (
+                not workspace.has_upload(cid, name)
+                and workspace.count_uploads(cid) >= limits.max_file_count
+            ):
+                raise Conflict(
+                    f"conversation '{cid}' already has {limits.max_file_count} files, the "
+                    "limit; delete one first",
+                    code="file_count_exceeded",
+                )
+            os.close(staged.fd)
+            receiver.staged = None
+            try:
+                return workspace.commit_upload(
+                    staged.name, cid, name, staged.size, staged.digest.hexdigest()
+                )
+            except BaseException:
+                workspace.discard_staging_file(staged.name)
+                raise
+    except ApiError:
+        receiver.discard()
+        await _drain(iterator)
+        raise
+    except BaseException:
+        receiver.discard()
+        raise
+
+
+def _pick(what: str, from_form: str | None, from_query: str | None) -> str | None:
+    if from_form is not None and from_query is not None and from_form != from_query:
+        raise BadRequest(f"{what} in the form and in the query disagree")
+    return from_form if from_form is not None else from_query
+
+
+async def _drain(iterator: AsyncIterator[bytes]) -> None:
+    drained = 0
+    try:
+        async for chunk in iterator:
+            drained += len(chunk)
+            if drained > _MAX_DRAIN_BYTES:
+                return
+    except Exception:  # the client went away: nothing more to drain
+        return

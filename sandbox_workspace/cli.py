@@ -1,0 +1,118 @@
+"""The ``sandbox-workspace`` command: one entry point, a subcommand per process.
+
+sandbox-workspace dev       API + local backend on 127.0.0.1, no auth, for one machine
+sandbox-workspace api       the API (backend and auth from SANDBOX_WORKSPACE_* settings)
+sandbox-workspace runtime   the in-sandbox runtime (SANDBOX_RUNTIME_* settings)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from . import __version__, logs
+from .server import serve
+
+
+def _settings_error(e: ValidationError) -> int:
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "settings"
+        print(f"sandbox-workspace: invalid setting {loc}: {err['msg']}", file=sys.stderr)
+    return 2
+
+
+def _cmd_runtime(args: argparse.Namespace) -> int:
+    from .runtime.app import create_app
+    from .runtime.settings import RuntimeSettings
+
+    overrides = {
+        k: v
+        for k, v in {
+            "host": args.host,
+            "port": args.port,
+            "root": args.root,
+            "workspace_path": args.workspace_path,
+        }.items()
+        if v is not None
+    }
+    try:
+        settings = RuntimeSettings(**overrides)
+        app = create_app(settings)
+    except ValidationError as e:
+        return _settings_error(e)
+    except ValueError as e:
+        print(f"sandbox-workspace runtime: {e}", file=sys.stderr)
+        return 2
+    logs.configure(args.log_level)
+    serve(app, settings.host, settings.port, port_file=args.port_file, log_level=args.log_level)
+    return 0
+
+
+def _cmd_api(args: argparse.Namespace, *, dev: bool = False) -> int:
+    from .api.app import create_app
+    from .api.settings import ApiSettings
+
+    overrides: dict = {
+        k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None
+    }
+    if dev:
+        overrides.update(backend="local", auth_mode="dev", data_dir=args.data_dir or Path("./data"))
+        overrides.setdefault("host", "127.0.0.1")
+    try:
+        settings = ApiSettings(**overrides)
+    except ValidationError as e:
+        return _settings_error(e)
+    logs.configure(settings.log_level, "text" if dev else None)
+    app = create_app(settings)
+    if dev:
+        url = f"http://{settings.host}:{settings.port}"
+        print(
+            f"Sandbox Workspace (local backend, dev auth) on {url}\n"
+            f"  data:   {settings.data_dir.resolve()}\n"
+            f"  try:    curl -s {url}/api/v1/sessions/sb-session-dev -H 'X-User-Id: dev'\n"
+            f"  docs:   {url}/docs\n  stop:   Ctrl-C",
+            flush=True,
+        )
+    serve(app, settings.host, settings.port, port_file=args.port_file, log_level=settings.log_level)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sandbox-workspace",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--host", help="address to listen on")
+        p.add_argument("--port", type=int, help="port to listen on (0 picks a free one)")
+        p.add_argument("--port-file", type=Path, help="write the bound port to this file")
+
+    dev = sub.add_parser("dev", help="run the API on the local backend (no cluster, no auth)")
+    common(dev)
+    dev.add_argument("--data-dir", type=Path, help="where workspaces live (default ./data)")
+    dev.set_defaults(func=lambda a: _cmd_api(a, dev=True))
+
+    api = sub.add_parser("api", help="run the API (settings from SANDBOX_WORKSPACE_*)")
+    common(api)
+    api.set_defaults(func=_cmd_api)
+
+    runtime = sub.add_parser("runtime", help="run the in-sandbox runtime (SANDBOX_RUNTIME_*)")
+    common(runtime)
+    runtime.add_argument("--root", type=Path, help="workspace root (default /workspace)")
+    runtime.add_argument("--workspace-path", help="the root as sandboxed code sees it")
+    runtime.add_argument("--log-level", default=os.environ.get("SANDBOX_RUNTIME_LOG_LEVEL", "info"))
+    runtime.set_defaults(func=_cmd_runtime)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

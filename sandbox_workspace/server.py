@@ -1,0 +1,48 @@
+"""Serving an ASGI app with uvicorn on a socket we bind ourselves.
+
+Binding first lets callers ask for port 0 and learn the real port from ``--port-file``
+(written atomically once the socket listens), which is how the local backend starts
+runtimes without racing for free ports.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import uvicorn
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def write_port_file(path: Path, port: int) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(f"{port}\n")
+    os.replace(tmp, path)
+
+
+def serve(
+    app, host: str, port: int, *, port_file: Path | None = None, log_level: str = "info"
+) -> None:
+    sock = bind(host, port)
+    if port_file is not None:
+        write_port_file(port_file, sock.getsockname()[1])
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        # Long streams (uploads, SSE) must not be cut by uvicorn's keep-alive timer.
+        timeout_keep_alive=30,
+    )
+    uvicorn.Server(config).run(sockets=[sock])
