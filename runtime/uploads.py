@@ -130,7 +130,7 @@ class _Receiver:
         try:
             part.field_name = params.get(b"name", b"").decode()
             raw_file = params.get(b"filename")
-            part.file_name = raw_file.decode() if raw_file is not None else None
+            part.file_name = _html5_unescape(raw_file.decode()) if raw_file is not None else None
         except UnicodeDecodeError as e:
             raise BadRequest("form field and file names must be UTF-8") from e
         if part.field_name == "file":
@@ -250,6 +250,12 @@ async def receive_upload(
     except BaseException:
         receiver.discard()
         raise
+
+
+def _html5_unescape(name: str) -> str:
+    # Browsers (HTML5 form encoding) and httpx send '"', CR and LF in multipart filenames
+    # as %22, %0D and %0A; undo exactly that (CR/LF are then refused as control chars).
+    return name.replace("%22", '"').replace("%0D", "\r").replace("%0A", "\n")
 
 
 def _pick(what: str, from_form: str | None, from_query: str | None) -> str | None:

@@ -114,10 +114,13 @@ class Workspace:
 
     def ensure_conversation(self, conversation_id: str) -> ConversationInfo:
         cid = self.check_conversation_id(conversation_id)
+        self._ensure_layout(cid)
+        return self.conversation_info(cid)
+
+    def _ensure_layout(self, cid: str) -> None:
         for parts in (self._uploads(cid), self._meta(cid), [cid, "outputs"]):
             with self._directory(parts, create=True):
                 pass
-        return self.conversation_info(cid)
 
     def conversation_info(self, conversation_id: str) -> ConversationInfo:
         cid = self.check_conversation_id(conversation_id)
@@ -242,6 +245,7 @@ class Workspace:
         self, staging_name: str, cid: str, name: str, size: int, sha256: str
     ) -> UploadResult:
         """Move a complete staged file into temparea and record it; caller holds the lock."""
+        self._ensure_layout(cid)
         replaced = self.has_upload(cid, name)
         now = datetime.now(UTC)
         meta = {

@@ -1,0 +1,47 @@
+"""The README's curl walk-through, run verbatim against a fresh `sandbox-workspace dev`."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def walkthrough() -> str:
+    text = README.read_text()
+    block = re.search(
+        r"<!-- walkthrough:start -->\s*```sh\n(.*?)```\s*<!-- walkthrough:end -->", text, re.S
+    )
+    assert block, "README lost its walk-through markers"
+    return block.group(1)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_readme_walkthrough_works_as_written(start_server, tmp_path):
+    server = start_server("dev", "--data-dir", "data")
+    script = walkthrough()
+    assert "http://127.0.0.1:8000" in script
+    script = script.replace("http://127.0.0.1:8000", server.url)
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert '"status":"pending"' in out or '"status":"running"' in out
+    workspace = server.workdir / "data" / "sessions" / "sb-session-alice" / "workspace"
+    assert f'"path":"{workspace}/conv456/uploads/temparea/weather.csv"' in out
+    assert '"status":"running"' in out
+    assert '"files":[{"name":"weather.csv"' in out
+    assert "identical" in out
+    assert '"status":"deleted"' in out
+    assert '"deleted":true' in out
+    assert not workspace.exists(), "deleting the session must remove its files"

@@ -1,0 +1,194 @@
+"""Shared fixtures: real processes on loopback, started the way a user starts them.
+
+- ``runtime``: one ``sandbox-workspace runtime`` process on 127.0.0.1 with a known token
+  and a temporary root (tests of the runtime's own contract).
+- ``dev_server``: one ``sandbox-workspace dev`` process (API + local backend) for the test
+  session; tests stay apart by using distinct users (``user`` fixture), each of which owns
+  its own session and runtime process, deleted after the test.
+- ``start_server``: factory for further servers with their own settings (auth modes).
+Every process is stopped at teardown and checked to leave no runtime behind.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+PYTHON = sys.executable
+START_TIMEOUT = 30.0
+
+
+@dataclass
+class ServerProcess:
+    """A ``sandbox-workspace`` subprocess listening on a loopback port."""
+
+    argv: list[str]
+    env: dict[str, str]
+    workdir: Path
+    proc: subprocess.Popen | None = None
+    url: str = ""
+    log_path: Path = field(init=False)
+
+    def start(self) -> ServerProcess:
+        port_file = self.workdir / f"port-{uuid.uuid4().hex}"
+        self.log_path = self.workdir / f"server-{uuid.uuid4().hex[:8]}.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [*self.argv, "--port", "0", "--port-file", str(port_file)],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while not port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start:\n{self.log()}")
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{int(port_file.read_text())}"
+        while True:
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server never answered /healthz:\n{self.log()}")
+            time.sleep(0.02)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGINT) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def runtime_pids_under(path: Path) -> list[int]:
+    """Runtime processes whose command line mentions ``path`` (orphan detection)."""
+    needle = str(path).encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"runtime" in cmdline and needle in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _base_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SANDBOX_WORKSPACE_", "SANDBOX_RUNTIME_"))
+    }
+    env.update(SANDBOX_WORKSPACE_LOG_FORMAT="text", **extra)
+    return env
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[RuntimeHandle]:
+    token = secrets.token_urlsafe(24)
+    root = tmp_path / "workspace"
+    root.mkdir()
+    server = ServerProcess(
+        [PYTHON, "-m", "sandbox_workspace", "runtime", "--host", "127.0.0.1", "--root", str(root)],
+        _base_env(
+            SANDBOX_RUNTIME_TOKEN=token,
+            SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES="1048576",
+            SANDBOX_RUNTIME_MAX_FILE_COUNT="5",
+            SANDBOX_RUNTIME_ALLOWED_FILE_TYPES="",
+        ),
+        tmp_path,
+    ).start()
+    with httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+    ) as client:
+        yield RuntimeHandle(server=server, token=token, root=root, client=client)
+    server.stop(signal.SIGTERM)
+
+
+@dataclass
+class RuntimeHandle:
+    server: ServerProcess
+    token: str
+    root: Path
+    client: httpx.Client
+
+    def upload(self, cid: str, name: str, data: bytes, **form: str) -> httpx.Response:
+        return self.client.post(
+            "/v1/uploads", files={"file": (name, data)}, data={"conversation_id": cid, **form}
+        )
+
+
+@pytest.fixture(scope="session")
+def start_server(tmp_path_factory: pytest.TempPathFactory):
+    started: list[ServerProcess] = []
+
+    def start(*args: str, **env: str) -> ServerProcess:
+        workdir = tmp_path_factory.mktemp("server")
+        server = ServerProcess(
+            [PYTHON, "-m", "sandbox_workspace", *args], _base_env(**env), workdir
+        ).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+        leftover = runtime_pids_under(server.workdir)
+        for pid in leftover:
+            os.kill(pid, signal.SIGKILL)
+        assert not leftover, f"runtime processes outlived their API: {leftover}"
+
+
+@pytest.fixture(scope="session")
+def dev_server(start_server) -> ServerProcess:
+    return start_server("dev", "--data-dir", "data")
+
+
+@pytest.fixture
+def user(dev_server: ServerProcess) -> Iterator[str]:
+    """A fresh user id; its session (if any) is deleted after the test."""
+    user_id = f"u-{uuid.uuid4().hex[:10]}"
+    yield user_id
+    httpx.delete(
+        f"{dev_server.url}/api/v1/sessions/sb-session-{user_id}",
+        headers={"X-User-Id": user_id},
+        timeout=30,
+    )
+
+
+@pytest.fixture
+def api(dev_server: ServerProcess, user: str) -> Iterator[httpx.Client]:
+    """An HTTP client of the dev server speaking as ``user``."""
+    with httpx.Client(base_url=dev_server.url, headers={"X-User-Id": user}, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture
+def session_url(user: str) -> str:
+    return f"/api/v1/sessions/sb-session-{user}"
