@@ -39,3 +39,5 @@ def configure(level: str = "info", fmt: str | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # httpx logs every request at INFO; our own logs already say what matters.
+    logging.getLogger("httpx").setLevel(logging.WARNING)

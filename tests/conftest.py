@@ -159,10 +159,11 @@ def start_server(tmp_path_factory: pytest.TempPathFactory):
     yield start
     for server in started:
         server.stop()
-        leftover = runtime_pids_under(server.workdir)
-        for pid in leftover:
-            os.kill(pid, signal.SIGKILL)
-        assert not leftover, f"runtime processes outlived their API: {leftover}"
+    # Checked after all are stopped: a server may use another's data directory.
+    leftover = [pid for server in started for pid in runtime_pids_under(server.workdir)]
+    for pid in leftover:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftover, f"runtime processes outlived their API: {leftover}"
 
 
 @pytest.fixture(scope="session")
@@ -192,3 +193,26 @@ def api(dev_server: ServerProcess, user: str) -> Iterator[httpx.Client]:
 @pytest.fixture
 def session_url(user: str) -> str:
     return f"/api/v1/sessions/sb-session-{user}"
+
+
+@pytest.fixture(scope="session")
+def runtime_pids():
+    """``runtime_pids(path)``: pids of runtime processes started under ``path``."""
+    return runtime_pids_under
+
+
+def wait_for_status(client: httpx.Client, url: str, wanted: str, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        body = client.get(url).json()
+        if body.get("status") == wanted:
+            return body
+        if time.monotonic() > deadline:
+            raise AssertionError(f"status stayed {body.get('status')!r}, wanted {wanted!r}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def wait_status():
+    """``wait_status(client, url, wanted)``: poll a session until it has that status."""
+    return wait_for_status
