@@ -1,0 +1,84 @@
+"""The runtime's own contract, against a real runtime process on 127.0.0.1."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import httpx
+import pytest
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/stats"),
+        ("PUT", "/v1/conversations/c"),
+        ("GET", "/v1/conversations/c"),
+        ("DELETE", "/v1/conversations/c"),
+        ("POST", "/v1/uploads"),
+        ("GET", "/v1/conversations/c/uploads"),
+        ("GET", "/v1/conversations/c/uploads/a.csv"),
+        ("DELETE", "/v1/conversations/c/uploads/a.csv"),
+    ],
+)
+def test_every_route_but_health_needs_the_token(runtime, method, path):
+    for headers in ({}, {"Authorization": "Bearer not-the-token"},
+                    {"Authorization": runtime.token}):
+        r = httpx.request(method, runtime.server.url + path, headers=headers)
+        assert r.status_code == 401, (headers, r.text)
+        assert r.json()["error"]["code"] == "unauthorized"
+    assert httpx.get(runtime.server.url + "/healthz").status_code == 200
+
+
+def test_conversation_lifecycle(runtime):
+    c = runtime.client
+    info = c.put("/v1/conversations/conv-1").json()
+    assert info["exists"] is True and info["file_count"] == 0
+    assert info["path"] == f"{runtime.root}/conv-1"
+    assert info["uploads_path"] == f"{runtime.root}/conv-1/uploads/temparea"
+    assert (runtime.root / "conv-1" / "outputs").is_dir()
+    runtime.upload("conv-1", "a.csv", b"12345")
+    (runtime.root / "conv-1" / "outputs" / "r.txt").write_text("abc")
+    info = c.get("/v1/conversations/conv-1").json()
+    assert (info["file_count"], info["total_bytes"]) == (2, 8)
+    gone = c.delete("/v1/conversations/conv-1").json()
+    assert gone == {"conversation_id": "conv-1", "deleted": True, "exists": False}
+    assert not (runtime.root / "conv-1").exists()
+    again = c.delete("/v1/conversations/conv-1").json()
+    assert again["deleted"] is False and again["exists"] is False
+    assert c.get("/v1/conversations/conv-1").json()["exists"] is False
+
+
+def test_stats_report_activity(runtime):
+    first = runtime.client.get("/v1/stats").json()
+    runtime.upload("c", "x.csv", b"x")
+    second = runtime.client.get("/v1/stats").json()
+    assert second["active_operations"] == 0
+    assert second["conversations"] == 1
+    assert datetime.fromisoformat(second["last_activity_at"]) > datetime.fromisoformat(
+        first["last_activity_at"])
+    assert second["workspace_path"] == str(runtime.root)
+
+
+def test_refused_upload_keeps_the_old_file(runtime):
+    runtime.upload("c", "keep.csv", b"original")
+    r = runtime.upload("c", "keep.csv", b"x" * (1024 * 1024 + 1))
+    assert r.status_code == 413
+    assert (runtime.root / "c" / "uploads" / "temparea" / "keep.csv").read_bytes() == b"original"
+    assert list((runtime.root / ".runtime" / "staging").iterdir()) == []
+
+
+def test_query_and_form_conversation_must_agree(runtime):
+    r = runtime.client.post("/v1/uploads", params={"conversation_id": "a"},
+                            files={"file": ("x.csv", b"x")}, data={"conversation_id": "b"})
+    assert r.status_code == 400 and "disagree" in r.json()["error"]["message"]
+    r = runtime.client.post("/v1/uploads", params={"conversation_id": "a"},
+                            files={"file": ("x.csv", b"x")})
+    assert r.status_code == 201 and r.json()["conversation_id"] == "a"
+
+
+def test_two_files_in_one_request_are_refused(runtime):
+    r = runtime.client.post("/v1/uploads", data={"conversation_id": "c"},
+                            files=[("file", ("a.csv", b"a")), ("file", ("b.csv", b"b"))])
+    assert r.status_code == 400 and "one file per request" in r.json()["error"]["message"]
+    assert list((runtime.root / ".runtime" / "staging").iterdir()) == []
