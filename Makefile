@@ -32,6 +32,7 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 test: lint
+	bash scripts/install-system-deps.sh
 	$(BIN)/pytest
 
 bench: $(STAMP)

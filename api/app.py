@@ -26,9 +26,15 @@ from .settings import ApiSettings
 
 def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
     if settings.backend == "local":
+        from .backends.bwrap import bwrap_path
         from .backends.local import LocalBackend
 
-        return LocalBackend(settings.data_dir, http)
+        bwrap = bwrap_path() if settings.sandbox_mount != "none" else None
+        if settings.sandbox_mount == "bwrap" and bwrap is None:
+            raise RuntimeError(
+                "SANDBOX_WORKSPACE_SANDBOX_MOUNT=bwrap but bubblewrap is not installed"
+            )
+        return LocalBackend(settings.data_dir, http, bwrap=bwrap)
     raise NotImplementedError("the kubernetes backend arrives with the operator")
 
 

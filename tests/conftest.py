@@ -168,7 +168,9 @@ def start_server(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="session")
 def dev_server(start_server) -> ServerProcess:
-    return start_server("dev", "--data-dir", "data")
+    # Without bubblewrap the reported paths are host paths, so tests can check the bytes
+    # on disk directly; tests/api/test_bwrap.py covers the /workspace presentation.
+    return start_server("dev", "--data-dir", "data", SANDBOX_WORKSPACE_SANDBOX_MOUNT="none")
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ from sandbox_workspace.operator.naming import dns_name
 
 from ..runtime_client import RuntimeClient
 from .base import RuntimeEndpoint, Session, SessionExists, SessionSpec, SessionStatus
+from .bwrap import SANDBOX_WORKSPACE, bwrap_argv
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +99,18 @@ class _Process:
 
 class LocalBackend:
     def __init__(
-        self, data_dir: Path, http: httpx.AsyncClient, *, runtime_command: list[str] | None = None
+        self,
+        data_dir: Path,
+        http: httpx.AsyncClient,
+        *,
+        bwrap: str | None = None,
+        runtime_command: list[str] | None = None,
     ) -> None:
+        """``bwrap``: path of bubblewrap to present workspaces at /workspace, or None."""
         self.data_dir = data_dir.resolve()
         self.sessions_dir = self.data_dir / "sessions"
         self.http = http
+        self.bwrap = bwrap
         self.runtime_command = runtime_command or [
             sys.executable,
             "-m",
@@ -151,7 +159,7 @@ class LocalBackend:
             spec=record.spec(),
             status=status,
             created_at=datetime.fromisoformat(record.created_at),
-            workspace_path=str(self.workspace_dir(session_id)),
+            workspace_path=SANDBOX_WORKSPACE if self.bwrap else str(self.workspace_dir(session_id)),
             message=message,
             endpoint=endpoint,
         )
@@ -229,11 +237,20 @@ class LocalBackend:
         port_file.unlink(missing_ok=True)
         token = secrets.token_urlsafe(32)
         upload = FileUploadConfig.model_validate(record.file_upload)
+        workspace = directory / "workspace"
+        command = self.runtime_command
+        if self.bwrap:
+            command = [
+                *bwrap_argv(
+                    self.bwrap, data_dir=self.data_dir, session_dir=directory, workspace=workspace
+                ),
+                *command,
+            ]
         env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
         env.update(
             {
                 "SANDBOX_RUNTIME_TOKEN": token,
-                "SANDBOX_RUNTIME_ROOT": str(directory / "workspace"),
+                "SANDBOX_RUNTIME_ROOT": SANDBOX_WORKSPACE if self.bwrap else str(workspace),
                 "SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES": str(upload.max_file_size_bytes),
                 "SANDBOX_RUNTIME_MAX_FILE_COUNT": str(upload.max_file_count),
                 "SANDBOX_RUNTIME_ALLOWED_FILE_TYPES": ",".join(upload.allowed_file_types),
@@ -242,7 +259,7 @@ class LocalBackend:
         log_fd = os.open(directory / "runtime.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.runtime_command,
+                *command,
                 "--host",
                 "127.0.0.1",
                 "--port",

@@ -128,7 +128,7 @@ def test_delete_session_stops_runtime_and_removes_files(api, session_url, runtim
 def test_restarted_api_finds_sessions_stopped_and_resumes_them(
     start_server, runtime_pids, wait_status
 ):
-    first = start_server("dev", "--data-dir", "data")
+    first = start_server("dev", "--data-dir", "data", SANDBOX_WORKSPACE_SANDBOX_MOUNT="none")
     headers = {"X-User-Id": "carol"}
     url = "/api/v1/sessions/sb-session-carol"
     with httpx.Client(base_url=first.url, headers=headers, timeout=30) as api:
@@ -140,7 +140,9 @@ def test_restarted_api_finds_sessions_stopped_and_resumes_them(
     assert first.stop() in (0, -signal.SIGINT), first.log()
     assert runtime_pids(first.workdir) == [], "Ctrl-C must stop every runtime"
 
-    second = start_server("dev", "--data-dir", str(first.workdir / "data"))
+    second = start_server(
+        "dev", "--data-dir", str(first.workdir / "data"), SANDBOX_WORKSPACE_SANDBOX_MOUNT="none"
+    )
     with httpx.Client(base_url=second.url, headers=headers, timeout=30) as api:
         assert api.get(url).json()["status"] == "stopped"
         got = api.get(f"{url}/files/c.csv", params={"conversation_id": "c"})

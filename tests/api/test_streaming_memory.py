@@ -20,7 +20,7 @@ def peak_rss(pid: int) -> int:
 
 
 def test_large_upload_and_download_stream_in_bounded_memory(start_server, runtime_pids):
-    server = start_server("dev", "--data-dir", "data")
+    server = start_server("dev", "--data-dir", "data", SANDBOX_WORKSPACE_SANDBOX_MOUNT="none")
     user, url = "big", "/api/v1/sessions/sb-session-big"
     limits = {"max_file_size": 1, "max_file_size_unit": "GB", "allowed_file_types": []}
     with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=300) as api:

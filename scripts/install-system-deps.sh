@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the optional system tools the tests exercise, where this machine allows it:
+#   bubblewrap — the local backend presents workspaces at /workspace (tests/api/test_bwrap.py)
+#   curl       — the README walk-through test
+# Without root or apt-get it only reports what is missing; the tests that need a missing
+# tool are then skipped with a reason that names it.
+set -euo pipefail
+missing=()
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+command -v curl >/dev/null || missing+=(curl)
+command -v nsenter >/dev/null || missing+=(util-linux)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+  echo "installing ${missing[*]} (apt-get)"
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1; then
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+else
+  echo "note: ${missing[*]} not installed (need root + apt-get); dependent tests will skip"
+fi
