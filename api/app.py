@@ -19,7 +19,7 @@ from .backends.base import Backend
 from .deps import Services
 from .identity import Authenticator
 from .metrics import install_metrics
-from .routes import conversations, files, health, sessions
+from .routes import conversations, execute, files, health, sessions
 from .sessions import SessionService
 from .settings import ApiSettings
 
@@ -77,6 +77,6 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     app.state.services = services
     install_error_handlers(app)
     install_metrics(app)
-    for module in (health, sessions, files, conversations):
+    for module in (health, sessions, files, conversations, execute):
         app.include_router(module.router)
     return app

@@ -8,6 +8,7 @@ sees why; a runtime that cannot be reached is a 503 the client may retry.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
@@ -18,6 +19,9 @@ from sandbox_workspace.runtime.errors import ApiError, BadGateway, Unavailable
 from sandbox_workspace.runtime.schemas import (
     ConversationDeleted,
     ConversationInfo,
+    ExecuteRequest,
+    ExecutionResult,
+    KernelRestarted,
     RuntimeStats,
     UploadList,
     UploadResult,
@@ -106,6 +110,48 @@ class RuntimeClient:
             headers={"Content-Type": content_type},
         )
         return UploadResult.model_validate(r.json())
+
+    async def execute(self, cid: str, request: ExecuteRequest) -> ExecutionResult:
+        r = await self._request(
+            "POST",
+            f"/v1/conversations/{_seg(cid)}/execute",
+            json=request.model_dump(),
+            timeout=self._exec_timeout(request),
+        )
+        return ExecutionResult.model_validate(r.json())
+
+    async def execute_stream(self, cid: str, request: ExecuteRequest) -> AsyncIterator[dict]:
+        """Events of a streamed execution: stdout/stderr/result, then done (or error)."""
+        req = self.http.build_request(
+            "POST",
+            f"{self.base}/v1/conversations/{_seg(cid)}/execute",
+            params={"stream": "true"},
+            json=request.model_dump(),
+            headers=self.headers,
+            timeout=self._exec_timeout(request),
+        )
+        try:
+            response = await self.http.send(req, stream=True)
+        except httpx.TransportError as e:
+            raise Unavailable(f"sandbox runtime is not reachable: {e.__class__.__name__}") from e
+        try:
+            if response.status_code >= 400:
+                await response.aread()
+                _raise_for(response)
+            async for line in response.aiter_lines():
+                if line:
+                    yield json.loads(line)
+        finally:
+            await response.aclose()
+
+    @staticmethod
+    def _exec_timeout(request: ExecuteRequest) -> httpx.Timeout:
+        # The runtime answers within the execution's own timeout (+ slot wait and start-up).
+        return httpx.Timeout(connect=5.0, read=2 * request.timeout + 60, write=60, pool=30)
+
+    async def restart_kernel(self, cid: str) -> KernelRestarted:
+        r = await self._request("POST", f"/v1/conversations/{_seg(cid)}/kernel/restart")
+        return KernelRestarted.model_validate(r.json())
 
     async def open_download(self, cid: str, name: str) -> httpx.Response:
         """Start a download; the caller streams ``aiter_raw()`` and must ``aclose()`` it."""

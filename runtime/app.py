@@ -7,7 +7,10 @@ streamed both ways; errors use the shared ``{"error": {...}}`` shape.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
+import json
 import os
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -19,11 +22,15 @@ from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from .activity import Activity
-from .errors import Unauthorized, install_error_handlers
+from .errors import ApiError, Unauthorized, install_error_handlers
+from .executor import Executor
 from .schemas import (
     ConversationDeleted,
     ConversationInfo,
+    ExecuteRequest,
+    ExecutionResult,
     Health,
+    KernelRestarted,
     RuntimeStats,
     UploadList,
     UploadResult,
@@ -49,6 +56,13 @@ class RuntimeState:
         )
         self.locks = ConversationLocks()
         self.activity = Activity()
+        self.executor = Executor(
+            self.workspace,
+            self.activity,
+            output_cap=settings.output_cap_bytes,
+            max_concurrent=settings.max_concurrent_executions,
+            kernel_idle_seconds=settings.kernel_idle_seconds,
+        )
 
 
 def _state(request: Request) -> RuntimeState:
@@ -100,6 +114,8 @@ async def conversation_info(conversation_id: str, state: State) -> ConversationI
 async def delete_conversation(conversation_id: str, state: State) -> ConversationDeleted:
     """Delete the conversation directory; idempotent, answers only once it is gone."""
     with state.activity.track():
+        # Its interpreter goes first: no process may keep working in a deleted directory.
+        await state.executor.restart(conversation_id)
         return await anyio.to_thread.run_sync(state.workspace.delete_conversation, conversation_id)
 
 
@@ -156,6 +172,49 @@ async def delete_upload(conversation_id: str, name: str, state: State) -> None:
     state.workspace.delete_upload(conversation_id, name)
 
 
+@router.post("/conversations/{conversation_id}/execute", response_model=ExecutionResult)
+async def execute(
+    conversation_id: str,
+    body: ExecuteRequest,
+    state: State,
+    stream: Annotated[bool, Query()] = False,
+):
+    """Run code; with `stream=true` answer NDJSON events (stdout/stderr/result, then done)."""
+    if not stream:
+        return await state.executor.execute(conversation_id, body)
+    state.workspace.check_conversation_id(conversation_id)
+    return StreamingResponse(
+        _stream_execution(state, conversation_id, body), media_type="application/x-ndjson"
+    )
+
+
+async def _stream_execution(
+    state: RuntimeState, cid: str, body: ExecuteRequest
+) -> AsyncIterator[bytes]:
+    queue: asyncio.Queue[dict] = asyncio.Queue()
+    task = asyncio.create_task(state.executor.execute(cid, body, on_event=queue.put_nowait))
+    task.add_done_callback(lambda _: queue.put_nowait({"type": "_end"}))
+    while (event := await queue.get())["type"] != "_end":
+        yield _ndjson(event)
+    try:
+        result = task.result()
+    except ApiError as e:
+        yield _ndjson({"type": "error", "error": {"code": e.code, "message": e.message}})
+        return
+    yield _ndjson({"type": "done", "result": result.model_dump(mode="json")})
+
+
+def _ndjson(event: dict) -> bytes:
+    return json.dumps(event, separators=(",", ":")).encode() + b"\n"
+
+
+@router.post("/conversations/{conversation_id}/kernel/restart")
+async def restart_kernel(conversation_id: str, state: State) -> KernelRestarted:
+    """Stop the conversation's Python interpreter; the next call starts a fresh one."""
+    restarted = await state.executor.restart(conversation_id)
+    return KernelRestarted(conversation_id=conversation_id, restarted=restarted)
+
+
 async def _read_fd(fd: int, activity: Activity) -> AsyncIterator[bytes]:
     with activity.track():
         try:
@@ -178,9 +237,14 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        reaper = asyncio.create_task(state.executor.reap_forever(interval=30.0))
         try:
             yield
         finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            await state.executor.aclose()
             state.workspace.close()
 
     app = FastAPI(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 UPLOAD_SUBDIR = "temparea"
 
@@ -60,3 +61,62 @@ class RuntimeStats(BaseModel):
 
 class Health(BaseModel):
     status: str = "ok"
+
+
+# -- code execution -------------------------------------------------------------------
+
+MAX_CODE_BYTES = 256 * 1024
+
+
+class ExecuteRequest(BaseModel):
+    """Run code in a conversation's directory."""
+
+    language: Literal["python", "bash"] = Field(
+        description="`python` runs in the conversation's persistent interpreter; `bash` runs "
+        "a fresh process per call."
+    )
+    code: str = Field(min_length=1, description=f"Source, at most {MAX_CODE_BYTES} bytes.")
+    timeout: float = Field(30.0, gt=0, le=3600, description="Wall-clock limit in seconds.")
+
+    @field_validator("code")
+    @classmethod
+    def _code_fits(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("code must not be blank")
+        if len(value.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES:
+            raise ValueError(f"code is larger than {MAX_CODE_BYTES} bytes")
+        if "\x00" in value:
+            raise ValueError("code must not contain NUL")
+        return value
+
+
+class ExecutionError(BaseModel):
+    name: str = Field(description="Exception class, or TimeoutError / KernelDied.")
+    value: str
+    traceback: str = ""
+
+
+class DisplayData(BaseModel):
+    """A rich result, Jupyter-style: MIME type → content (binary types base64-encoded)."""
+
+    data: dict[str, str]
+
+
+class ExecutionResult(BaseModel):
+    conversation_id: str
+    language: str
+    stdout: str
+    stderr: str
+    exit_code: int
+    error: ExecutionError | None = None
+    results: list[DisplayData] = Field(default_factory=list)
+    duration_ms: float
+    truncated: bool = Field(False, description="stdout or stderr exceeded its cap.")
+    kernel_restarted: bool = Field(
+        False, description="The interpreter was (re)started for this call: earlier state is gone."
+    )
+
+
+class KernelRestarted(BaseModel):
+    conversation_id: str
+    restarted: bool

@@ -39,6 +39,14 @@ class RuntimeSettings(BaseSettings):
         description="File extensions accepted for upload, without dots; empty allows all.",
     )
 
+    output_cap_bytes: int = Field(
+        1024 * 1024, ge=1024, description="Per execution, per stream (stdout, stderr)."
+    )
+    max_concurrent_executions: int = Field(8, ge=1)
+    kernel_idle_seconds: float = Field(
+        1800.0, gt=0, description="A Python interpreter unused this long is stopped."
+    )
+
     @field_validator("allowed_file_types", mode="before")
     @classmethod
     def _split_types(cls, value: object) -> object:

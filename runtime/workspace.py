@@ -99,6 +99,10 @@ class Workspace:
             f"subdir must be '{UPLOAD_SUBDIR}' (uploads are flat in v1)", code="invalid_subdir"
         )
 
+    def real_path(self, cid: str) -> str:
+        """The conversation directory on this machine's disk (for a process's cwd)."""
+        return os.path.join(self.root.path, self.check_conversation_id(cid))
+
     def visible(self, *parts: str) -> str:
         return "/".join([self.visible_root.rstrip("/"), *parts]) if parts else self.visible_root
 

@@ -1,0 +1,88 @@
+"""/api/v1/sessions/{id}/execute — run Python or bash in a conversation's directory.
+
+``stream: false`` answers the whole result as JSON; ``stream: true`` answers SSE: ``stdout``
+/ ``stderr`` / ``result`` events as they are produced, then ``done`` carrying the same
+result object (or ``error``). A non-zero exit code or an exception is data in the result,
+never an HTTP error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+from pydantic import Field
+
+from sandbox_workspace.runtime.errors import ApiError, BadGateway
+from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult, KernelRestarted
+from sandbox_workspace.runtime.workspace import Workspace
+
+from ..deps import CallerDep, ServicesDep
+from ..runtime_client import RuntimeClient
+from ..sse import SSE_HEADERS, encode_event, with_keepalive
+
+router = APIRouter(prefix="/api/v1/sessions/{session_id}", tags=["execute"])
+KEEPALIVE_SECONDS = 15.0
+
+
+class ExecuteApiRequest(ExecuteRequest):
+    conversation_id: str = Field(description="Code runs in this conversation's directory.")
+    stream: bool = Field(False, description="Answer Server-Sent Events instead of one JSON.")
+
+
+@router.post(
+    "/execute",
+    response_model=ExecutionResult,
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+async def execute(
+    session_id: str, body: ExecuteApiRequest, caller: CallerDep, services: ServicesDep
+):
+    """Run code in the conversation's directory (Python keeps state between calls)."""
+    cid = Workspace.check_conversation_id(body.conversation_id)
+    session = await services.sessions.ensure_running(caller, session_id)
+    assert session.endpoint is not None
+    client = RuntimeClient(services.http, session.endpoint)
+    request = ExecuteRequest(language=body.language, code=body.code, timeout=body.timeout)
+    if not body.stream:
+        return await client.execute(cid, request)
+    events = client.execute_stream(cid, request)
+    try:  # errors before the first event still get a proper status code
+        first = await anext(events)
+    except StopAsyncIteration:
+        raise BadGateway("the sandbox runtime ended the stream without a result") from None
+    return StreamingResponse(
+        with_keepalive(_sse(first, events), KEEPALIVE_SECONDS),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+    )
+
+
+async def _sse(first: dict, events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    seq = 0
+
+    async def chain():
+        yield first
+        async for event in events:
+            yield event
+
+    try:
+        async for event in chain():
+            seq += 1
+            kind = event.pop("type")
+            yield encode_event(seq, kind, event.get("result", event) if kind == "done" else event)
+    except ApiError as e:
+        seq += 1
+        yield encode_event(seq, "error", {"code": e.code, "message": e.message})
+
+
+@router.post("/conversations/{conversation_id}/kernel/restart")
+async def restart_kernel(
+    session_id: str, conversation_id: str, caller: CallerDep, services: ServicesDep
+) -> KernelRestarted:
+    """Stop the conversation's Python interpreter; the next call starts with fresh state."""
+    cid = Workspace.check_conversation_id(conversation_id)
+    session = await services.sessions.ensure_running(caller, session_id)
+    assert session.endpoint is not None
+    return await RuntimeClient(services.http, session.endpoint).restart_kernel(cid)

@@ -1,0 +1,237 @@
+"""One conversation's persistent Python interpreter, seen from the runtime.
+
+Contract: ``PythonKernel.execute`` runs one cell at a time (a lock serialises callers),
+starting the interpreter on first use. Output reaches the ``OutputCollector`` as it is
+produced; the call returns only once the interpreter said ``done`` *and* the per-cell
+sentinel arrived on both stdout and stderr, so no output is lost or attributed to the
+wrong cell. A cell over its timeout kills the interpreter's whole process group (state is
+lost; the next call starts a fresh one and says so with ``kernel_restarted``). An
+interpreter that dies mid-cell is reported as ``KernelDied``, never as an HTTP error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from .identity import identity
+from .output import OutputCollector
+from .schemas import ExecutionError
+
+_READ_CHUNK = 64 * 1024
+_START_TIMEOUT = 30.0
+_DIRECT_WRITE_MAX = 32 * 1024
+
+
+@dataclass
+class _Cell:
+    collector: OutputCollector
+    sentinel: bytes
+    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    streams_done: dict[str, asyncio.Event] = field(
+        default_factory=lambda: {"stdout": asyncio.Event(), "stderr": asyncio.Event()}
+    )
+
+
+class KernelDied(Exception):
+    """The interpreter process ended while a cell was running."""
+
+
+class PythonKernel:
+    def __init__(
+        self, cwd: str, env: dict[str, str], *, user: int | None = None, group: int | None = None
+    ) -> None:
+        self.cwd = cwd
+        self.env = env
+        self.user = user
+        self.group = group
+        self.proc: asyncio.subprocess.Process | None = None
+        self.last_used = time.monotonic()
+        self._lock = asyncio.Lock()
+        self._cell: _Cell | None = None
+        self._cmd_w: int | None = None
+        self._readers: list[asyncio.Task] = []
+        self._ready: asyncio.Future | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        cmd_r, cmd_w = os.pipe()
+        evt_r, evt_w = os.pipe()
+        env = {**self.env, "SBW_KERNEL_CMD_FD": str(cmd_r), "SBW_KERNEL_EVT_FD": str(evt_w)}
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-u",
+                "-m",
+                "sandbox_workspace.runtime.kernel_main",
+                cwd=self.cwd,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=(cmd_r, evt_w),
+                start_new_session=True,
+                **identity(self.user, self.group),
+            )
+        finally:
+            os.close(cmd_r)
+            os.close(evt_w)
+        self._cmd_w = cmd_w
+        self._ready = loop.create_future()
+        evt_reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
+        await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(evt_reader), os.fdopen(evt_r, "rb", buffering=0)
+        )
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._readers = [
+            asyncio.create_task(self._read_events(evt_reader)),
+            asyncio.create_task(self._read_stream("stdout", self.proc.stdout)),
+            asyncio.create_task(self._read_stream("stderr", self.proc.stderr)),
+        ]
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready), _START_TIMEOUT)
+        except (TimeoutError, KernelDied):
+            await self.kill()
+            raise
+
+    async def execute(
+        self, code: str, timeout: float, collector: OutputCollector
+    ) -> tuple[ExecutionError | None, bool]:
+        """Run one cell; returns (error or None, whether the interpreter was (re)started)."""
+        async with self._lock:
+            restarted = False
+            if not self.alive:
+                await self.start()
+                restarted = True
+            cell = _Cell(
+                collector=collector, sentinel=f"\x00\x1esbw-{uuid.uuid4().hex}\x1e\x00".encode()
+            )
+            self._cell = cell
+            command = (
+                json.dumps(
+                    {"id": uuid.uuid4().hex, "code": code, "sentinel": cell.sentinel.decode()}
+                )
+                + "\n"
+            )
+            try:
+                assert self._cmd_w is not None
+                payload = command.encode()
+                if len(payload) <= _DIRECT_WRITE_MAX:  # fits the idle pipe: cannot block
+                    _write_all(self._cmd_w, payload)
+                else:
+                    await asyncio.to_thread(_write_all, self._cmd_w, payload)
+                async with asyncio.timeout(timeout):
+                    error = await cell.done
+                    await cell.streams_done["stdout"].wait()
+                    await cell.streams_done["stderr"].wait()
+            except TimeoutError:
+                await self.kill()
+                error = {
+                    "name": "TimeoutError",
+                    "value": f"execution exceeded {timeout:g}s; "
+                    "the interpreter was restarted and its state is lost",
+                }
+            except (KernelDied, BrokenPipeError):
+                code_ = await self._exit_code()
+                await self.kill()
+                error = {
+                    "name": "KernelDied",
+                    "value": f"the interpreter exited (code {code_}); its state is lost",
+                }
+            finally:
+                self._cell = None
+                self.last_used = time.monotonic()
+            collector.finish()
+            return (ExecutionError(**error) if error else None), restarted
+
+    async def _exit_code(self) -> int | None:
+        if self.proc is None:
+            return None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), 1.0)
+        return self.proc.returncode
+
+    async def kill(self) -> None:
+        proc, self.proc = self.proc, None
+        if self._cmd_w is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._cmd_w)
+            self._cmd_w = None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        for task in self._readers:
+            task.cancel()
+        self._readers = []
+
+    async def _read_events(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while line := await reader.readline():
+                message = json.loads(line)
+                kind = message.get("type")
+                if kind == "ready" and self._ready is not None and not self._ready.done():
+                    self._ready.set_result(None)
+                elif kind == "result" and self._cell is not None:
+                    self._cell.collector.result(message["data"])
+                elif kind == "done" and self._cell is not None and not self._cell.done.done():
+                    self._cell.done.set_result(message.get("error"))
+        finally:
+            died = KernelDied()
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_exception(died)
+            if self._cell is not None and not self._cell.done.done():
+                self._cell.done.set_exception(died)
+
+    async def _read_stream(self, name: str, reader: asyncio.StreamReader) -> None:
+        pending = b""
+        try:
+            while chunk := await reader.read(_READ_CHUNK):
+                cell = self._cell
+                if cell is None or cell.streams_done[name].is_set():
+                    pending = b""  # output between cells (background threads): dropped
+                    continue
+                data = pending + chunk
+                index = data.find(cell.sentinel)
+                if index >= 0:
+                    cell.collector.feed(name, data[:index])
+                    cell.streams_done[name].set()
+                    pending = b""
+                    continue
+                # Hold back a possible sentinel prefix split across chunks.
+                keep = _partial_suffix(data, cell.sentinel)
+                cell.collector.feed(name, data[: len(data) - keep])
+                pending = data[len(data) - keep :]
+        finally:
+            cell = self._cell
+            if cell is not None:
+                cell.streams_done[name].set()
+
+
+def _partial_suffix(data: bytes, sentinel: bytes) -> int:
+    """Length of the longest suffix of ``data`` that is a proper prefix of ``sentinel``."""
+    for size in range(min(len(sentinel) - 1, len(data)), 0, -1):
+        if sentinel.startswith(data[-size:]):
+            return size
+    return 0
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
