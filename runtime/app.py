@@ -22,6 +22,7 @@ from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from .activity import Activity
+from .confinement import Confinement
 from .errors import ApiError, Unauthorized, install_error_handlers
 from .executor import Executor
 from .schemas import (
@@ -62,6 +63,9 @@ class RuntimeState:
             output_cap=settings.output_cap_bytes,
             max_concurrent=settings.max_concurrent_executions,
             kernel_idle_seconds=settings.kernel_idle_seconds,
+            confinement=Confinement(
+                max_processes=settings.max_processes, mode=settings.confinement
+            ),
         )
 
 

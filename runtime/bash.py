@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 
+from .confinement import Confinement
 from .identity import identity
 from .output import OutputCollector
 from .schemas import ExecutionError
@@ -31,15 +32,12 @@ async def run_bash(
     env: dict[str, str],
     timeout: float,
     collector: OutputCollector,
+    confinement: Confinement,
     user: int | None = None,
     group: int | None = None,
 ) -> tuple[int, ExecutionError | None]:
     proc = await asyncio.create_subprocess_exec(
-        "bash",
-        "--noprofile",
-        "--norc",
-        "-c",
-        code,
+        *confinement.wrap(["bash", "--noprofile", "--norc", "-c", code]),
         cwd=cwd,
         env=env,
         stdin=asyncio.subprocess.DEVNULL,
@@ -48,6 +46,7 @@ async def run_bash(
         start_new_session=True,
         **identity(user, group),
     )
+    confinement.after_spawn(proc.pid)
     assert proc.stdout is not None and proc.stderr is not None
     readers = [
         asyncio.create_task(_pump("stdout", proc.stdout, collector)),

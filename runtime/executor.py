@@ -21,6 +21,7 @@ import time
 
 from .activity import Activity
 from .bash import run_bash
+from .confinement import Confinement
 from .errors import ApiError
 from .kernel import PythonKernel
 from .output import EventSink, OutputCollector
@@ -45,8 +46,10 @@ class Executor:
         output_cap: int,
         max_concurrent: int,
         kernel_idle_seconds: float,
+        confinement: Confinement,
         run_as: tuple[int, int] | None = None,
     ) -> None:
+        self.confinement = confinement
         self.workspace = workspace
         self.activity = activity
         self.output_cap = output_cap
@@ -100,6 +103,7 @@ class Executor:
                         env=self.environment(cwd),
                         timeout=request.timeout,
                         collector=collector,
+                        confinement=self.confinement,
                         user=user,
                         group=group,
                     )
@@ -122,7 +126,9 @@ class Executor:
         kernel = self._kernels.get(cid)
         if kernel is None:
             user, group = self.run_as or (None, None)
-            kernel = PythonKernel(cwd, self.environment(cwd), user=user, group=group)
+            kernel = PythonKernel(
+                cwd, self.environment(cwd), self.confinement, user=user, group=group
+            )
             self._kernels[cid] = kernel
         return kernel
 
@@ -155,3 +161,4 @@ class Executor:
     async def aclose(self) -> None:
         kernels, self._kernels = self._kernels, {}
         await asyncio.gather(*(k.kill() for k in kernels.values()), return_exceptions=True)
+        self.confinement.close()

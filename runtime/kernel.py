@@ -21,6 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from .confinement import Confinement
 from .identity import identity
 from .output import OutputCollector
 from .schemas import ExecutionError
@@ -46,8 +47,15 @@ class KernelDied(Exception):
 
 class PythonKernel:
     def __init__(
-        self, cwd: str, env: dict[str, str], *, user: int | None = None, group: int | None = None
+        self,
+        cwd: str,
+        env: dict[str, str],
+        confinement: Confinement,
+        *,
+        user: int | None = None,
+        group: int | None = None,
     ) -> None:
+        self.confinement = confinement
         self.cwd = cwd
         self.env = env
         self.user = user
@@ -74,11 +82,9 @@ class PythonKernel:
         evt_r, evt_w = os.pipe()
         env = {**self.env, "SBW_KERNEL_CMD_FD": str(cmd_r), "SBW_KERNEL_EVT_FD": str(evt_w)}
         try:
+            argv = [sys.executable, "-u", "-m", "sandbox_workspace.runtime.kernel_main"]
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-u",
-                "-m",
-                "sandbox_workspace.runtime.kernel_main",
+                *self.confinement.wrap(argv),
                 cwd=self.cwd,
                 env=env,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -91,6 +97,7 @@ class PythonKernel:
         finally:
             os.close(cmd_r)
             os.close(evt_w)
+        self.confinement.after_spawn(self.proc.pid)
         self._cmd_w = cmd_w
         self._ready = loop.create_future()
         evt_reader = asyncio.StreamReader(limit=64 * 1024 * 1024)

@@ -7,7 +7,7 @@ the local backend, a test) passes the token, the workspace root and the upload l
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -43,6 +43,12 @@ class RuntimeSettings(BaseSettings):
         1024 * 1024, ge=1024, description="Per execution, per stream (stdout, stderr)."
     )
     max_concurrent_executions: int = Field(8, ge=1)
+    max_processes: int = Field(
+        512, ge=16, description="Ceiling on processes of executed code (fork bombs stop here)."
+    )
+    confinement: Literal["auto", "none"] = Field(
+        "auto", description="`auto`: pids cgroup / pid namespace / RLIMIT_NPROC as available."
+    )
     kernel_idle_seconds: float = Field(
         1800.0, gt=0, description="A Python interpreter unused this long is stopped."
     )

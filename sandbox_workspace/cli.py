@@ -3,11 +3,14 @@
 sandbox-workspace dev       API + local backend on 127.0.0.1, no auth, for one machine
 sandbox-workspace api       the API (backend and auth from SANDBOX_WORKSPACE_* settings)
 sandbox-workspace runtime   the in-sandbox runtime (SANDBOX_RUNTIME_* settings)
+sandbox-workspace operator  the Kubernetes operator (SANDBOX_OPERATOR_* settings)
+sandbox-workspace crds      render the CustomResourceDefinitions from the models
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -27,6 +30,7 @@ def _settings_error(e: ValidationError) -> int:
 
 def _cmd_runtime(args: argparse.Namespace) -> int:
     from .runtime.app import create_app
+    from .runtime.confinement import harden_runtime_process
     from .runtime.settings import RuntimeSettings
 
     overrides = {
@@ -48,6 +52,13 @@ def _cmd_runtime(args: argparse.Namespace) -> int:
         print(f"sandbox-workspace runtime: {e}", file=sys.stderr)
         return 2
     logs.configure(args.log_level)
+    # The token must not reach executed code: not through inherited environment, not
+    # through /proc/<runtime>/environ (unreadable once the process is not dumpable).
+    os.environ.pop("SANDBOX_RUNTIME_TOKEN", None)
+    harden_runtime_process()
+    logging.getLogger("sandbox_workspace.runtime").info(
+        "runtime ready", extra={"confinement": app.state.runtime.executor.confinement.describe()}
+    )
     serve(app, settings.host, settings.port, port_file=args.port_file, log_level=args.log_level)
     return 0
 
@@ -81,6 +92,40 @@ def _cmd_api(args: argparse.Namespace, *, dev: bool = False) -> int:
     return 0
 
 
+def _cmd_crds(args: argparse.Namespace) -> int:
+    from .operator import crdgen
+
+    rendered = crdgen.render_all()
+    if args.check:
+        stale = [
+            name
+            for name, text in rendered.items()
+            if not (args.output_dir / name).exists() or (args.output_dir / name).read_text() != text
+        ]
+        for name in stale:
+            print(f"sandbox-workspace crds: {args.output_dir / name} is stale", file=sys.stderr)
+        return 1 if stale else 0
+    for path in crdgen.write_all(args.output_dir):
+        print(path)
+    return 0
+
+
+def _cmd_operator(args: argparse.Namespace) -> int:
+    from .operator.main import run
+    from .operator.settings import OperatorSettings
+
+    overrides = {"namespaces": args.namespace} if args.namespace else {}
+    if args.all_namespaces:
+        overrides["namespaces"] = []
+    try:
+        settings = OperatorSettings(**overrides)
+    except ValidationError as e:
+        return _settings_error(e)
+    logs.configure(settings.log_level, settings.log_format)
+    run(settings)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sandbox-workspace",
@@ -110,6 +155,26 @@ def build_parser() -> argparse.ArgumentParser:
     runtime.add_argument("--workspace-path", help="the root as sandboxed code sees it")
     runtime.add_argument("--log-level", default=os.environ.get("SANDBOX_RUNTIME_LOG_LEVEL", "info"))
     runtime.set_defaults(func=_cmd_runtime)
+
+    op = sub.add_parser("operator", help="run the Kubernetes operator (SANDBOX_OPERATOR_*)")
+    scope = op.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        help="namespace to watch (repeatable; default from SANDBOX_OPERATOR_NAMESPACES)",
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch the whole cluster"
+    )
+    op.set_defaults(func=_cmd_operator)
+
+    crds = sub.add_parser("crds", help="render crds/*.yaml from the CRD models")
+    crds.add_argument("--output-dir", type=Path, default=Path("crds"), help="default ./crds")
+    crds.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 when the files are stale"
+    )
+    crds.set_defaults(func=_cmd_crds)
     return parser
 
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,8 +27,11 @@ import pytest
     ],
 )
 def test_every_route_but_health_needs_the_token(runtime, method, path):
-    for headers in ({}, {"Authorization": "Bearer not-the-token"},
-                    {"Authorization": runtime.token}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer not-the-token"},
+        {"Authorization": runtime.token},
+    ):
         r = httpx.request(method, runtime.server.url + path, headers=headers)
         assert r.status_code == 401, (headers, r.text)
         assert r.json()["error"]["code"] == "unauthorized"
@@ -56,7 +64,8 @@ def test_stats_report_activity(runtime):
     assert second["active_operations"] == 0
     assert second["conversations"] == 1
     assert datetime.fromisoformat(second["last_activity_at"]) > datetime.fromisoformat(
-        first["last_activity_at"])
+        first["last_activity_at"]
+    )
     assert second["workspace_path"] == str(runtime.root)
 
 
@@ -69,16 +78,81 @@ def test_refused_upload_keeps_the_old_file(runtime):
 
 
 def test_query_and_form_conversation_must_agree(runtime):
-    r = runtime.client.post("/v1/uploads", params={"conversation_id": "a"},
-                            files={"file": ("x.csv", b"x")}, data={"conversation_id": "b"})
+    r = runtime.client.post(
+        "/v1/uploads",
+        params={"conversation_id": "a"},
+        files={"file": ("x.csv", b"x")},
+        data={"conversation_id": "b"},
+    )
     assert r.status_code == 400 and "disagree" in r.json()["error"]["message"]
-    r = runtime.client.post("/v1/uploads", params={"conversation_id": "a"},
-                            files={"file": ("x.csv", b"x")})
+    r = runtime.client.post(
+        "/v1/uploads", params={"conversation_id": "a"}, files={"file": ("x.csv", b"x")}
+    )
     assert r.status_code == 201 and r.json()["conversation_id"] == "a"
 
 
 def test_two_files_in_one_request_are_refused(runtime):
-    r = runtime.client.post("/v1/uploads", data={"conversation_id": "c"},
-                            files=[("file", ("a.csv", b"a")), ("file", ("b.csv", b"b"))])
+    r = runtime.client.post(
+        "/v1/uploads",
+        data={"conversation_id": "c"},
+        files=[("file", ("a.csv", b"a")), ("file", ("b.csv", b"b"))],
+    )
     assert r.status_code == 400 and "one file per request" in r.json()["error"]["message"]
     assert list((runtime.root / ".runtime" / "staging").iterdir()) == []
+
+
+def _kernel_pids(root) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:
+            continue
+        if b"kernel_main" in cmdline and cwd.startswith(str(root)):
+            pids.append(int(entry))
+    return pids
+
+
+def _wait(predicate, what: str, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return value
+
+
+def test_running_execution_counts_as_activity(runtime):
+    gate = runtime.root / "c" / "go"
+    code = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.01)"
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(
+            runtime.client.post,
+            "/v1/conversations/c/execute",
+            json={"language": "python", "code": code, "timeout": 60},
+        )
+        busy = _wait(
+            lambda: (s := runtime.client.get("/v1/stats").json())["active_operations"] and s,
+            "the execution to be counted",
+        )
+        assert busy["active_operations"] == 1
+        gate.touch()
+        assert future.result().json()["exit_code"] == 0
+    assert runtime.client.get("/v1/stats").json()["active_operations"] == 0
+
+
+def test_killed_runtime_leaves_no_interpreter_behind(runtime):
+    runtime.client.post("/v1/conversations/c/execute", json={"language": "python", "code": "1"})
+    assert _wait(lambda: _kernel_pids(runtime.root), "the interpreter to run")
+    runtime.server.proc.send_signal(signal.SIGKILL)
+    runtime.server.proc.wait()
+    _wait(lambda: not _kernel_pids(runtime.root), "the interpreter to die with the runtime")
+
+
+def test_deleting_a_conversation_stops_its_interpreter(runtime):
+    runtime.client.post("/v1/conversations/c/execute", json={"language": "python", "code": "1"})
+    assert _wait(lambda: _kernel_pids(runtime.root), "the interpreter to run")
+    runtime.client.delete("/v1/conversations/c")
+    _wait(lambda: not _kernel_pids(runtime.root), "the interpreter to stop")
