@@ -1,0 +1,67 @@
+"""Run the benchmarks and write ``bench/results/latest.md`` and ``latest.json``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+SUITES = ["execution", "transfer"]
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def table(figures) -> str:
+    lines = [
+        "| measure | p50 | p99 | baseline | baseline p50 | ratio p50 | goal |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for f in figures:
+        lines.append(
+            f"| {f.name} | {f.p50:.2f} {f.unit} | {f.p99:.2f} {f.unit} | "
+            f"{f.baseline_name} | {f.baseline_p50:.2f} {f.unit} | {f.ratio:.3f} | "
+            f"{f.goal} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--quick", action="store_true", help="few repetitions (CI smoke)")
+    parser.add_argument("suites", nargs="*", help=f"any of {', '.join(SUITES)} (default: all)")
+    args = parser.parse_args(argv)
+    unknown = set(args.suites) - set(SUITES)
+    if unknown:
+        parser.error(f"unknown suite(s) {', '.join(sorted(unknown))}; choose from {SUITES}")
+    args.suites = args.suites or SUITES
+    figures = []
+    for name in args.suites:
+        started = time.monotonic()
+        module = importlib.import_module(f"bench.{name}")
+        got = module.run(args.quick)
+        figures.extend(got)
+        print(f"{name}: {len(got)} figures in {time.monotonic() - started:.1f}s", flush=True)
+    md = table(figures)
+    print(md)
+    RESULTS.mkdir(exist_ok=True)
+    meta = {
+        "quick": args.quick,
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    (RESULTS / "latest.md").write_text(md + "\n")
+    (RESULTS / "latest.json").write_text(
+        json.dumps(
+            {"meta": meta, "figures": [{**asdict(f), "ratio": f.ratio} for f in figures]}, indent=2
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""What every benchmark shares: servers started like a user starts them, and statistics."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@dataclass
+class Figure:
+    """One measured quantity beside its same-run baseline."""
+
+    name: str
+    unit: str
+    p50: float
+    p99: float
+    baseline_name: str
+    baseline_p50: float
+    baseline_p99: float
+    goal: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        return self.p50 / self.baseline_p50 if self.baseline_p50 else float("nan")
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        unit: str,
+        samples: list[float],
+        baseline_name: str,
+        baseline: list[float],
+        goal: str = "",
+        **extra,
+    ) -> Figure:
+        return cls(
+            name,
+            unit,
+            statistics.median(samples),
+            percentile(samples, 99),
+            baseline_name,
+            statistics.median(baseline),
+            percentile(baseline, 99),
+            goal,
+            {"n": len(samples), "baseline_n": len(baseline), **extra},
+        )
+
+
+@dataclass
+class Server:
+    url: str
+    pid: int
+    data_dir: Path
+
+
+@contextmanager
+def dev_server(**env: str) -> Iterator[Server]:
+    """A real ``sandbox-workspace dev`` on a free loopback port; stopped afterwards."""
+    with tempfile.TemporaryDirectory(prefix="sbw-bench-") as tmp:
+        port_file = Path(tmp) / "port"
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sandbox_workspace",
+                "dev",
+                "--data-dir",
+                str(Path(tmp) / "data"),
+                "--port",
+                "0",
+                "--port-file",
+                str(port_file),
+            ],
+            env={**clean, "SANDBOX_WORKSPACE_LOG_LEVEL": "warning", **env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while not port_file.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("dev server did not start")
+                time.sleep(0.02)
+            url = f"http://127.0.0.1:{int(port_file.read_text())}"
+            while True:
+                try:
+                    httpx.get(url + "/healthz")
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.02)
+            yield Server(url=url, pid=proc.pid, data_dir=Path(tmp) / "data")
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def timed(fn, repeat: int) -> list[float]:
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def real_python() -> str:
+    """The interpreter binary itself (not a pyenv shim that adds its own start-up)."""
+    return os.path.realpath(sys.executable)
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def runtime_pid(data_dir: Path) -> int:
+    """The runtime process serving a session under ``data_dir``."""
+    needle = str(data_dir).encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"sandbox_workspace\0runtime" in cmdline and needle in cmdline:
+                return int(entry.name)
+    raise LookupError("no runtime process found")

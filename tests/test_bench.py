@@ -1,0 +1,22 @@
+"""The benchmark suite runs (quick mode) — benchmarks are not timed tests; this only checks
+that ``make bench`` keeps working and writes its results."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_runs_in_quick_mode():
+    result = subprocess.run([sys.executable, "-m", "bench", "--quick"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads((ROOT / "bench" / "results" / "latest.json").read_text())
+    names = [f["name"] for f in data["figures"]]
+    assert any("execute python" in n for n in names)
+    assert any(n.startswith("upload") for n in names)
+    assert all(f["p50"] > 0 and f["baseline_p50"] > 0 for f in data["figures"])
