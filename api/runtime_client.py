@@ -112,13 +112,17 @@ class RuntimeClient:
         return UploadResult.model_validate(r.json())
 
     async def execute(self, cid: str, request: ExecuteRequest) -> ExecutionResult:
+        return ExecutionResult.model_validate_json(await self.execute_raw(cid, request))
+
+    async def execute_raw(self, cid: str, request: ExecuteRequest) -> bytes:
+        """The runtime's ExecutionResult JSON as is (relayed without re-encoding)."""
         r = await self._request(
             "POST",
             f"/v1/conversations/{_seg(cid)}/execute",
             json=request.model_dump(),
             timeout=self._exec_timeout(request),
         )
-        return ExecutionResult.model_validate(r.json())
+        return r.content
 
     async def execute_stream(self, cid: str, request: ExecuteRequest) -> AsyncIterator[dict]:
         """Events of a streamed execution: stdout/stderr/result, then done (or error)."""
@@ -172,5 +176,10 @@ class RuntimeClient:
 
 
 def _seg(value: str) -> str:
-    """Percent-encode one path segment (names may hold '%', '?', '#', spaces, Unicode)."""
-    return quote(value, safe="")
+    """Percent-encode one path segment (names may hold '%', '?', '#', spaces, Unicode).
+
+    Dots are encoded too: URL normalisation (httpx's included) would otherwise collapse a
+    segment '.' or '..' and address the parent resource — a file named '..' would become
+    its conversation.
+    """
+    return quote(value, safe="").replace(".", "%2E")

@@ -69,6 +69,8 @@ class SessionService:
                 session = await self.backend.get_session(sid)
         if session is not None and session.status in (SessionStatus.STOPPED, SessionStatus.ERROR):
             session = await self.backend.resume_session(sid)
+        if session is not None and session.status == SessionStatus.RUNNING and session.endpoint:
+            return session  # the common case: no second look-up
         return await self.wait_running(sid)
 
     async def wait_running(self, session_id: str) -> Session:

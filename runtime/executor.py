@@ -77,8 +77,8 @@ class Executor:
     async def execute(
         self, conversation_id: str, request: ExecuteRequest, on_event: EventSink | None = None
     ) -> ExecutionResult:
-        info = self.workspace.ensure_conversation(conversation_id)
-        cwd = self.workspace.real_path(info.conversation_id)
+        cid = self.workspace.ensure_layout(conversation_id)
+        cwd = self.workspace.real_path(cid)
         collector = OutputCollector(self.output_cap, on_event)
         started = time.perf_counter()
         try:
@@ -90,7 +90,7 @@ class Executor:
             with self.activity.track():
                 user, group = self.run_as or (None, None)
                 if request.language == "python":
-                    kernel = self._kernel(info.conversation_id, cwd)
+                    kernel = self._kernel(cid, cwd)
                     error, restarted = await kernel.execute(
                         request.code, request.timeout, collector
                     )
@@ -110,7 +110,7 @@ class Executor:
         finally:
             self._slots.release()
         return ExecutionResult(
-            conversation_id=info.conversation_id,
+            conversation_id=cid,
             language=request.language,
             stdout=collector.text("stdout"),
             stderr=collector.text("stderr"),

@@ -46,6 +46,10 @@ def check_name(name: str, *, what: str = "name") -> str:
     """Validate one path component and return it in NFC, or raise ``UnsafePath``."""
     if not isinstance(name, str) or name == "":
         raise UnsafePath(f"{what} must not be empty")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as e:  # lone surrogates cannot be a file name
+        raise UnsafePath(f"{what} must be valid Unicode") from e
     for ch in name:
         if ch == "\x00":
             raise UnsafePath(f"{what} must not contain NUL")
@@ -127,10 +131,11 @@ class SafeRoot:
             os.close(fd)
 
     def exists_dir(self, parts: Sequence[str]) -> bool:
+        """True for a real directory; False when missing or a symlink (never followed)."""
         try:
             with self.directory(parts):
                 return True
-        except NotFound:
+        except (NotFound, UnsafePath):
             return False
 
     def open_file(self, parts: Sequence[str]) -> int:

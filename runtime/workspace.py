@@ -117,14 +117,16 @@ class Workspace:
     # -- conversations ----------------------------------------------------------------
 
     def ensure_conversation(self, conversation_id: str) -> ConversationInfo:
-        cid = self.check_conversation_id(conversation_id)
-        self._ensure_layout(cid)
+        cid = self.ensure_layout(conversation_id)
         return self.conversation_info(cid)
 
-    def _ensure_layout(self, cid: str) -> None:
+    def ensure_layout(self, conversation_id: str) -> str:
+        """Create the conversation's directories if missing; returns the checked id."""
+        cid = self.check_conversation_id(conversation_id)
         for parts in (self._uploads(cid), self._meta(cid), [cid, "outputs"]):
             with self._directory(parts, create=True):
                 pass
+        return cid
 
     def conversation_info(self, conversation_id: str) -> ConversationInfo:
         cid = self.check_conversation_id(conversation_id)
@@ -150,8 +152,10 @@ class Workspace:
 
     def delete_conversation(self, conversation_id: str) -> ConversationDeleted:
         cid = self.check_conversation_id(conversation_id)
-        existed = self.root.exists_dir([cid])
         with self.root.directory([]) as fd:
+            # Whatever is there — a directory, or a symlink planted by code (removed, never
+            # followed) — goes.
+            existed = _entry_exists(fd, cid)
             pathsafe.remove_tree(fd, cid)
             gone = not _entry_exists(fd, cid)
         if not gone:  # pragma: no cover - would mean a concurrent writer raced us
@@ -232,6 +236,8 @@ class Workspace:
 
     def new_staging_file(self) -> tuple[str, int]:
         name = f"upload-{uuid.uuid4().hex}.part"
+        if not self.root.exists_dir(list(_STAGING)):
+            self._reset_staging()  # removed or replaced by a symlink: rebuild, never follow
         with self.root.directory(list(_STAGING)) as fd:
             wfd = os.open(
                 name,
@@ -249,7 +255,7 @@ class Workspace:
         self, staging_name: str, cid: str, name: str, size: int, sha256: str
     ) -> UploadResult:
         """Move a complete staged file into temparea and record it; caller holds the lock."""
-        self._ensure_layout(cid)
+        self.ensure_layout(cid)
         replaced = self.has_upload(cid, name)
         now = datetime.now(UTC)
         meta = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import Field
 
 from sandbox_workspace.runtime.errors import ApiError, BadGateway
@@ -46,7 +46,8 @@ async def execute(
     client = RuntimeClient(services.http, session.endpoint)
     request = ExecuteRequest(language=body.language, code=body.code, timeout=body.timeout)
     if not body.stream:
-        return await client.execute(cid, request)
+        # Relayed byte for byte: the runtime already produced a valid ExecutionResult.
+        return Response(await client.execute_raw(cid, request), media_type="application/json")
     events = client.execute_stream(cid, request)
     try:  # errors before the first event still get a proper status code
         first = await anext(events)

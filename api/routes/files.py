@@ -14,6 +14,7 @@ from starlette.background import BackgroundTask
 
 from sandbox_workspace.runtime.errors import BadRequest, TooLarge
 from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
+from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session
 from ..deps import CallerDep, ServicesDep
@@ -56,11 +57,17 @@ def _required_conversation(request: Request) -> str:
             "conversation_id is required (header 'conversation_id' or query)",
             code="missing_conversation_id",
         )
-    return cid
+    return Workspace.check_conversation_id(cid)
 
 
 def resolve_file_ref(ref: str, conversation_id: str | None, workspace_path: str) -> tuple[str, str]:
-    """(conversation_id, file name) from a bare name or a full sandbox path."""
+    """(conversation_id, file name) from a bare name or a full sandbox path — both checked
+    by the same path-safety rules the runtime applies, before anything is proxied."""
+    cid, name = _split_file_ref(ref, conversation_id, workspace_path)
+    return Workspace.check_conversation_id(cid), Workspace.check_file_name(name)
+
+
+def _split_file_ref(ref: str, conversation_id: str | None, workspace_path: str) -> tuple[str, str]:
     if "/" not in ref:
         if conversation_id is None:
             raise BadRequest(

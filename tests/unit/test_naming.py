@@ -1,0 +1,174 @@
+"""operator/naming.py: session ids, and DNS-1123 names that are valid and collision-free."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sandbox_workspace.operator.naming import (
+    SESSION_PREFIX,
+    dns_name,
+    session_id_for,
+    user_id_from_session_id,
+)
+
+RFC1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+HASH_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+
+
+def assert_label(value: str) -> None:
+    assert RFC1123_LABEL.match(value), value
+    assert len(value) <= 63, value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("a", id="one-char"),
+        pytest.param("0", id="one-digit"),
+        pytest.param("alice", id="word"),
+        pytest.param("sb-session-u-0123456789", id="session-id"),
+        pytest.param("a--b", id="double-dash-inside"),
+        pytest.param("123abc", id="leading-digit"),
+        pytest.param("abc-1234567", id="seven-hex-not-a-suffix"),
+        pytest.param("abc-123456789", id="nine-hex-not-a-suffix"),
+        pytest.param("abc-1234567g", id="eight-chars-not-all-hex"),
+        pytest.param("a" * 63, id="x63"),
+    ],
+)
+def test_valid_ids_pass_through_unchanged(value: str) -> None:
+    assert dns_name(value) == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("User", id="uppercase"),
+        pytest.param("ALICE", id="all-uppercase"),
+        pytest.param("a_b", id="underscore"),
+        pytest.param("a.b", id="dot"),
+        pytest.param("user@example.com", id="email"),
+        pytest.param("数据", id="cjk-only"),
+        pytest.param("café", id="accent"),
+        pytest.param("\u212a", id="kelvin-sign-lowercases-to-ascii"),
+        pytest.param("İstanbul", id="dotted-capital-i"),
+        pytest.param("😀", id="emoji"),
+        pytest.param("\ud800", id="lone-surrogate"),
+        pytest.param("", id="empty"),
+        pytest.param("-", id="dash-only"),
+        pytest.param("---", id="dashes-only"),
+        pytest.param("-a", id="leading-dash"),
+        pytest.param("a-", id="trailing-dash"),
+        pytest.param("a b", id="space"),
+        pytest.param("a\x00b", id="nul"),
+        pytest.param("../../etc", id="traversal"),
+        pytest.param("a" * 64, id="x64"),
+        pytest.param("a" * 500, id="x500"),
+        pytest.param("ab-" * 30, id="dashes-at-truncation-point"),
+        pytest.param("a" * 53 + "-" + "b" * 20, id="dash-right-before-cut"),
+        pytest.param("abc-deadbeef", id="ends-like-a-hash"),
+        pytest.param("deadbeef-deadbeef", id="hashes-all-the-way"),
+        pytest.param("x-00000000", id="looks-like-empty-slug-output"),
+    ],
+)
+def test_any_id_gives_a_valid_label(value: str) -> None:
+    name = dns_name(value)
+    assert_label(name)
+    assert name != value
+    assert HASH_SUFFIX.search(name), "a changed slug carries the hash suffix"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("abc-deadbeef", id="hex-suffix"),
+        pytest.param("sb-session-u-01234567", id="session-id-ending-in-8-hex"),
+        pytest.param("a" * 54 + "-0123abcd", id="x63-ending-in-hex"),
+    ],
+)
+def test_valid_ids_that_end_like_a_hash_are_hashed_again(value: str) -> None:
+    assert RFC1123_LABEL.match(value) and len(value) <= 63
+    name = dns_name(value)
+    assert name != value
+    assert_label(name)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        pytest.param("User", "user", id="case"),
+        pytest.param("USER", "User", id="case-both-changed"),
+        pytest.param("a_b", "a-b", id="underscore-vs-dash"),
+        pytest.param("a.b", "a-b", id="dot-vs-dash"),
+        pytest.param("a.b", "a_b", id="dot-vs-underscore"),
+        pytest.param("a--b", "a-b", id="double-dash-vs-dash"),
+        pytest.param("a__b", "a_b", id="runs-collapse"),
+        pytest.param("-a", "a", id="leading-dash"),
+        pytest.param("数据", "数", id="unicode-both-empty-slugs"),
+        pytest.param("", "x", id="empty-vs-x"),
+        pytest.param("a" * 70 + "x", "a" * 70 + "y", id="long-differ-at-end"),
+        pytest.param("a" * 64, "a" * 65, id="long-differ-in-length"),
+        pytest.param("a" * 63, "a" * 64, id="x63-vs-x64"),
+        pytest.param("abc-12345678", dns_name("abc-12345678"), id="id-vs-its-own-slug"),
+        pytest.param("User", dns_name("User"), id="changed-id-vs-its-slug"),
+        pytest.param("", dns_name(""), id="empty-vs-its-slug"),
+        pytest.param("a" * 64, dns_name("a" * 64), id="long-vs-its-slug"),
+    ],
+)
+def test_distinct_ids_never_collide(a: str, b: str) -> None:
+    assert a != b
+    assert dns_name(a) != dns_name(b)
+
+
+def test_no_collisions_across_a_corpus() -> None:
+    corpus = {
+        *(f"{base}{sep}{n}" for base in ("u", "U", "user") for sep in "-_. " for n in range(50)),
+        *("a" * n for n in range(1, 130)),
+        *(dns_name(f"seed{n}") for n in range(50)),
+        "",
+        "-",
+        "数据",
+        "数",
+    }
+    names = {dns_name(v) for v in corpus}
+    assert len(names) == len(corpus)
+    for name in names:
+        assert_label(name)
+
+
+def test_dns_name_is_deterministic() -> None:
+    for value in ("alice", "User_1", "数据", "a" * 100, ""):
+        assert dns_name(value) == dns_name(value)
+    assert dns_name("User") == "user-" + dns_name("User")[-8:]
+
+
+@pytest.mark.parametrize(
+    "user_id",
+    [
+        pytest.param("alice", id="plain"),
+        pytest.param("u-0123456789", id="test-user"),
+        pytest.param("User@Example.com", id="email"),
+        pytest.param("数据", id="unicode"),
+        pytest.param("sb-session-x", id="prefix-inside"),
+    ],
+)
+def test_session_id_round_trip(user_id: str) -> None:
+    session_id = session_id_for(user_id)
+    assert session_id == f"sb-session-{user_id}"
+    assert session_id.startswith(SESSION_PREFIX)
+    assert user_id_from_session_id(session_id) == user_id
+
+
+@pytest.mark.parametrize(
+    "session_id",
+    [
+        pytest.param("sb-session-", id="prefix-only"),
+        pytest.param("", id="empty"),
+        pytest.param("alice", id="no-prefix"),
+        pytest.param("SB-SESSION-alice", id="wrong-case"),
+        pytest.param("xsb-session-alice", id="prefix-not-at-start"),
+    ],
+)
+def test_user_id_from_foreign_session_id_is_none(session_id: str) -> None:
+    assert user_id_from_session_id(session_id) is None
