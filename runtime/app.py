@@ -241,7 +241,10 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        reaper = asyncio.create_task(state.executor.reap_forever(interval=30.0))
+        # Look twice per idle period (at most every 30 s) so reaping is never late by more
+        # than half a period.
+        interval = min(30.0, settings.kernel_idle_seconds / 2)
+        reaper = asyncio.create_task(state.executor.reap_forever(interval=interval))
         try:
             yield
         finally:

@@ -110,7 +110,13 @@ def _base_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def runtime(tmp_path: Path) -> Iterator[RuntimeHandle]:
+def runtime_env() -> dict[str, str]:
+    """Extra SANDBOX_RUNTIME_* settings for the ``runtime`` fixture (override to tune)."""
+    return {}
+
+
+@pytest.fixture
+def runtime(tmp_path: Path, runtime_env: dict[str, str]) -> Iterator[RuntimeHandle]:
     token = secrets.token_urlsafe(24)
     root = tmp_path / "workspace"
     root.mkdir()
@@ -121,6 +127,7 @@ def runtime(tmp_path: Path) -> Iterator[RuntimeHandle]:
             SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES="1048576",
             SANDBOX_RUNTIME_MAX_FILE_COUNT="5",
             SANDBOX_RUNTIME_ALLOWED_FILE_TYPES="",
+            **runtime_env,
         ),
         tmp_path,
     ).start()

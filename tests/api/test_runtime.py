@@ -156,3 +156,16 @@ def test_deleting_a_conversation_stops_its_interpreter(runtime):
     assert _wait(lambda: _kernel_pids(runtime.root), "the interpreter to run")
     runtime.client.delete("/v1/conversations/c")
     _wait(lambda: not _kernel_pids(runtime.root), "the interpreter to stop")
+
+
+@pytest.mark.parametrize("runtime_env", [{"SANDBOX_RUNTIME_KERNEL_IDLE_SECONDS": "1"}])
+def test_idle_interpreter_is_reaped_and_restarts_on_next_use(runtime):
+    c = runtime.client
+    first = c.post("/v1/conversations/c/execute", json={"language": "python", "code": "v = 1"})
+    assert first.json()["kernel_restarted"] is True
+    _wait(lambda: not _kernel_pids(runtime.root), "the idle interpreter to be reaped")
+    again = c.post(
+        "/v1/conversations/c/execute", json={"language": "python", "code": "'v' in globals()"}
+    ).json()
+    assert again["kernel_restarted"] is True
+    assert again["results"][0]["data"]["text/plain"] == "False"
