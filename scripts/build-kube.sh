@@ -68,7 +68,6 @@ fi
 
 export GOMODCACHE="$GOCACHE_ROOT/mod" GOCACHE="$GOCACHE_ROOT/build" GOPATH="$GOCACHE_ROOT/path"
 export GOTOOLCHAIN=local GOFLAGS="-buildvcs=false -mod=mod" CGO_ENABLED=0 GO111MODULE=on
-export GOPROXY="${GOPROXY:-https://proxy.golang.org}"
 mkdir -p "$CACHE" "$GOMODCACHE" "$GOCACHE" "$GOPATH"
 
 # One build at a time (parallel pytest sessions / CI jobs share the cache).
