@@ -35,7 +35,18 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
                 "SANDBOX_WORKSPACE_SANDBOX_MOUNT=bwrap but bubblewrap is not installed"
             )
         return LocalBackend(settings.data_dir, http, bwrap=bwrap)
-    raise NotImplementedError("the kubernetes backend arrives with the operator")
+    from sandbox_workspace.operator.kube import Kube, load_credentials
+
+    from .backends.kubernetes import KubernetesBackend
+
+    credentials = load_credentials(settings.kubeconfig)
+    namespace = settings.namespace or credentials.namespace or "default"
+    return KubernetesBackend(
+        Kube(credentials),
+        namespace,
+        http,
+        idle_timeout_seconds=settings.session_idle_timeout_seconds,
+    )
 
 
 def create_app(settings: ApiSettings | None = None, backend: Backend | None = None) -> FastAPI:
@@ -57,7 +68,6 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
             backend,
             default_upload=settings.file_upload,
             ready_timeout=settings.session_ready_timeout_seconds,
-            poll_interval=settings.session_poll_interval_seconds,
             default_ttl=settings.session_ttl_seconds,
         ),
         authenticator=Authenticator(settings),

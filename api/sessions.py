@@ -10,7 +10,6 @@ Contract:
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from sandbox_workspace.operator.models import FileUploadConfig
@@ -28,13 +27,11 @@ class SessionService:
         *,
         default_upload: FileUploadConfig,
         ready_timeout: float,
-        poll_interval: float,
         default_ttl: int | None = None,
     ) -> None:
         self.backend = backend
         self.default_upload = default_upload
         self.ready_timeout = ready_timeout
-        self.poll_interval = poll_interval
         self.default_ttl = default_ttl
 
     @staticmethod
@@ -92,4 +89,4 @@ class SessionService:
                     f"(status {session.status}); retry shortly",
                     code="session_not_ready",
                 )
-            await asyncio.sleep(self.poll_interval)
+            await self.backend.wait_changed(session_id, max(0.0, deadline - time.monotonic()))

@@ -55,12 +55,20 @@ class ApiSettings(BaseSettings):
         description="Local backend: `bwrap` shows each session's workspace at /workspace "
         "(as in a pod); `none` uses the data directory path; `auto` picks bwrap if present.",
     )
+    kubeconfig: Path | None = Field(
+        None, description="Kubernetes backend: kubeconfig (default: $KUBECONFIG, then in-pod)."
+    )
+    namespace: str | None = Field(
+        None, description="Kubernetes backend: namespace of the CRs (default: the pod's own)."
+    )
+    session_idle_timeout_seconds: int | None = Field(
+        None, ge=0, description="Kubernetes backend: idleTimeoutSeconds of new sessions."
+    )
     file_upload: FileUploadConfig = Field(default_factory=FileUploadConfig)
     max_upload_bytes: int = Field(
         5 * 1024**3, ge=1, description="Ceiling no session's upload config may exceed."
     )
     session_ready_timeout_seconds: float = Field(60.0, gt=0)
-    session_poll_interval_seconds: float = Field(0.2, gt=0)
     session_ttl_seconds: int | None = Field(None, ge=60)
     runtime_request_timeout_seconds: float = Field(
         300.0, gt=0, description="Read timeout for calls to a sandbox runtime."

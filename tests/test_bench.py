@@ -12,8 +12,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_runs_in_quick_mode():
-    result = subprocess.run([sys.executable, "-m", "bench", "--quick"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((ROOT / "bench" / "results" / "latest.json").read_text())
     names = [f["name"] for f in data["figures"]]

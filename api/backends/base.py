@@ -80,6 +80,9 @@ class Backend(Protocol):
     async def delete_session(self, session_id: str) -> bool:
         """Delete the session and all its files; False when there was none."""
 
+    async def wait_changed(self, session_id: str, timeout: float) -> None:
+        """Return when the session may have changed, at the latest after ``timeout``."""
+
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
         """Record that a conversation is in use (the kubernetes backend creates its CR)."""
 

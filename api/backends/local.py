@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 _STOP_GRACE_SECONDS = 5.0
+_POLL_SECONDS = 0.05
 _START_TIMEOUT_SECONDS = 30.0
 # What a runtime inherits from us; everything else (our secrets included) stays behind.
 _INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
@@ -212,6 +213,10 @@ class LocalBackend:
             del self._records[session_id]
             await asyncio.to_thread(shutil.rmtree, self._dir(session_id), True)
         return True
+
+    async def wait_changed(self, session_id: str, timeout: float) -> None:
+        # Process state changes are not signalled; a short poll is cheap on one machine.
+        await asyncio.sleep(min(timeout, _POLL_SECONDS))
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
         # The runtime creates directories on first upload; nothing to record locally.

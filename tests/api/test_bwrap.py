@@ -21,26 +21,34 @@ def bwrap_server(start_server):
 
 
 def runtime_python_pid(session_dir: Path, runtime_pids) -> int:
-    pids = [pid for pid in runtime_pids(session_dir)
-            if not Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"bwrap")]
+    pids = [
+        pid
+        for pid in runtime_pids(session_dir)
+        if not Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"bwrap")
+    ]
     assert len(pids) == 1, pids
     return pids[0]
 
 
 def in_runtime_view(pid: int, *command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["nsenter", "-t", str(pid), "-m", "--", *command],
-                          capture_output=True, timeout=30)
+    return subprocess.run(
+        ["nsenter", "-t", str(pid), "-m", "--", *command], capture_output=True, timeout=30
+    )
 
 
 def test_reported_path_is_where_the_sandbox_sees_the_file(bwrap_server, runtime_pids):
     data_dir = bwrap_server.workdir / "data"
     pids = {}
     for user in ("bw-alice", "bw-bob"):
-        with httpx.Client(base_url=bwrap_server.url, headers={"X-User-Id": user},
-                          timeout=60) as api:
+        with httpx.Client(
+            base_url=bwrap_server.url, headers={"X-User-Id": user}, timeout=60
+        ) as api:
             url = f"/api/v1/sessions/sb-session-{user}"
-            r = api.post(f"{url}/files/upload", files={"file": ("d.csv", user.encode())},
-                         data={"conversation_id": "c1"})
+            r = api.post(
+                f"{url}/files/upload",
+                files={"file": ("d.csv", user.encode())},
+                data={"conversation_id": "c1"},
+            )
             assert r.status_code == 201, r.text
             assert r.json()["path"] == "/workspace/c1/uploads/temparea/d.csv"
             assert api.get(url).json()["workspace_path"] == "/workspace"
@@ -48,8 +56,9 @@ def test_reported_path_is_where_the_sandbox_sees_the_file(bwrap_server, runtime_
             assert (host_copy / "uploads" / "temparea" / "d.csv").read_bytes() == user.encode()
             by_path = api.get(f"{url}/files//workspace/c1/uploads/temparea/d.csv")
             assert by_path.status_code == 200 and by_path.content == user.encode()
-            pids[user] = runtime_python_pid(data_dir / "sessions" / f"sb-session-{user}",
-                                            runtime_pids)
+            pids[user] = runtime_python_pid(
+                data_dir / "sessions" / f"sb-session-{user}", runtime_pids
+            )
 
     seen = in_runtime_view(pids["bw-alice"], "cat", "/workspace/c1/uploads/temparea/d.csv")
     assert seen.returncode == 0 and seen.stdout == b"bw-alice"

@@ -1,0 +1,268 @@
+"""The ``kubernetes`` backend: sessions are SandboxSession resources the operator reconciles.
+
+Contract:
+- ``create_session`` creates the CR (409 → ``SessionExists``); the operator makes the pod.
+- ``get_session`` maps the CR's ``status.phase`` to the seed's four states; ``running``
+  needs an endpoint too. The runtime's bearer token is read from the session's Secret
+  (cached per session uid), the workspace path from the runtime itself (cached per
+  endpoint) — under a test node agent it is not ``/workspace``.
+- ``resume_session`` sets the ``resume-requested`` annotation; the operator starts a pod.
+- ``wait_changed`` watches the one CR (bounded), so waiting for ``running`` is woken by
+  the change instead of polling.
+- ``conversation_opened`` creates the ConversationWorkspace (409 is fine);
+  ``delete_conversation`` deletes it and returns at once — the operator's finalizer
+  deletes the files and verifies they are gone, and the CR disappears only then. A
+  conversation that never had a CR (files written by code only) is deleted through the
+  runtime directly.
+- ``delete_session`` deletes the CR; owner references take the pod, Secret, claim and
+  workspaces with it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from sandbox_workspace.operator import models, naming
+from sandbox_workspace.operator.kube import Conflict, Kube, core_path, custom_path
+
+from ..runtime_client import RuntimeClient
+from .base import RuntimeEndpoint, Session, SessionExists, SessionSpec, SessionStatus
+
+_PHASES = {
+    "Pending": SessionStatus.PENDING,
+    "Running": SessionStatus.RUNNING,
+    "Stopped": SessionStatus.STOPPED,
+    "Error": SessionStatus.ERROR,
+}
+POD_WORKSPACE = "/workspace"
+
+
+class KubernetesBackend:
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        http: httpx.AsyncClient,
+        *,
+        idle_timeout_seconds: int | None = None,
+    ) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.http = http
+        self.idle_timeout_seconds = idle_timeout_seconds
+        self._tokens: dict[str, str] = {}  # session uid → runtime token
+        self._workspace_paths: dict[str, str] = {}  # endpoint → workspace path
+        self._seen_versions: dict[str, str] = {}  # CR name → resourceVersion last read
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        await self.kube.aclose()
+
+    # -- paths -------------------------------------------------------------------------
+
+    def _sessions(self, name: str | None = None) -> str:
+        return custom_path(self.namespace, models.SESSION_PLURAL, name)
+
+    def _workspaces(self, name: str | None = None) -> str:
+        return custom_path(self.namespace, models.WORKSPACE_PLURAL, name)
+
+    @staticmethod
+    def _name(session_id: str) -> str | None:
+        user = naming.user_id_from_session_id(session_id)
+        return naming.session_name_for(user) if user is not None else None
+
+    # -- sessions ----------------------------------------------------------------------
+
+    async def get_session(self, session_id: str) -> Session | None:
+        name = self._name(session_id)
+        if name is None:
+            return None
+        obj = await self.kube.get(self._sessions(name))
+        if obj is None:
+            self._seen_versions.pop(name, None)
+            return None
+        self._seen_versions[name] = obj["metadata"]["resourceVersion"]
+        return await self._to_session(session_id, obj)
+
+    async def _to_session(self, session_id: str, obj: dict[str, Any]) -> Session:
+        spec = models.SandboxSessionSpec.model_validate(obj.get("spec", {}))
+        status = models.SandboxSessionStatus.model_validate(obj.get("status") or {})
+        state = _PHASES.get(status.phase or "Pending", SessionStatus.PENDING)
+        endpoint = None
+        workspace_path = POD_WORKSPACE
+        if state == SessionStatus.RUNNING:
+            if status.endpoint:
+                token = await self._token(obj)
+                endpoint = RuntimeEndpoint(url=status.endpoint, token=token) if token else None
+            if endpoint is None:
+                state = SessionStatus.PENDING
+            else:
+                workspace_path = await self._workspace_path(endpoint)
+        created = obj["metadata"].get("creationTimestamp")
+        return Session(
+            spec=SessionSpec(
+                session_id=session_id,
+                user_id=spec.user_id,
+                agent_id=spec.agent_id or "",
+                business_domain_id=spec.business_domain_id or "",
+                file_upload=spec.file_upload_config,
+                ttl_seconds=spec.ttl_seconds,
+            ),
+            status=state,
+            created_at=datetime.fromisoformat(created) if created else datetime.now(UTC),
+            workspace_path=workspace_path,
+            message=_message(status),
+            endpoint=endpoint,
+        )
+
+    async def _token(self, obj: dict[str, Any]) -> str | None:
+        uid = obj["metadata"]["uid"]
+        if uid not in self._tokens:
+            secret = await self.kube.get(
+                core_path(
+                    self.namespace, "secrets", naming.runtime_secret_name(obj["metadata"]["name"])
+                )
+            )
+            data = (secret or {}).get("data", {}).get("token")
+            if not data:
+                return None
+            self._tokens[uid] = base64.b64decode(data).decode()
+        return self._tokens[uid]
+
+    async def _workspace_path(self, endpoint: RuntimeEndpoint) -> str:
+        if endpoint.url not in self._workspace_paths:
+            try:
+                stats = await RuntimeClient(self.http, endpoint).stats()
+            except Exception:  # not answering yet: the pod's convention holds
+                return POD_WORKSPACE
+            self._workspace_paths[endpoint.url] = stats.workspace_path
+        return self._workspace_paths[endpoint.url]
+
+    async def create_session(self, spec: SessionSpec) -> Session:
+        name = naming.session_name_for(spec.user_id)
+        body_spec = models.SandboxSessionSpec(
+            user_id=spec.user_id,
+            agent_id=spec.agent_id or None,
+            business_domain_id=spec.business_domain_id or None,
+            ttl_seconds=spec.ttl_seconds,
+            file_upload_config=spec.file_upload,
+            **(
+                {"idle_timeout_seconds": self.idle_timeout_seconds}
+                if self.idle_timeout_seconds is not None
+                else {}
+            ),
+        )
+        body = {
+            "apiVersion": models.API_VERSION,
+            "kind": models.SESSION_KIND,
+            "metadata": {
+                "name": name,
+                "labels": {models.LABEL_USER: naming.dns_name(spec.user_id)},
+                "annotations": {models.ANNOTATION_USER_ID: spec.user_id},
+            },
+            "spec": body_spec.model_dump(by_alias=True, exclude_none=True),
+        }
+        try:
+            obj = await self.kube.request("POST", self._sessions(), body)
+        except Conflict as e:
+            raise SessionExists(f"session '{spec.session_id}' already exists") from e
+        assert obj is not None
+        return await self._to_session(spec.session_id, obj)
+
+    async def resume_session(self, session_id: str) -> Session:
+        name = self._name(session_id)
+        assert name is not None
+        stamp = datetime.now(UTC).isoformat()
+        patched = await self.kube.patch(
+            self._sessions(name), {"metadata": {"annotations": {models.ANNOTATION_RESUME: stamp}}}
+        )
+        if patched is None:
+            raise KeyError(session_id)
+        session = await self.get_session(session_id)
+        if session is None:
+            raise KeyError(session_id)
+        return session
+
+    async def delete_session(self, session_id: str) -> bool:
+        name = self._name(session_id)
+        if name is None:
+            return False
+        return await self.kube.delete(self._sessions(name))
+
+    async def wait_changed(self, session_id: str, timeout: float) -> None:
+        """Return when the session's CR changes, or after ``timeout`` seconds."""
+        name = self._name(session_id)
+        if name is None:
+            return
+        params = {
+            "watch": "true",
+            "fieldSelector": f"metadata.name={name}",
+            "timeoutSeconds": str(max(1, int(timeout))),
+        }
+        if name in self._seen_versions:  # events since our last read are not missed
+            params["resourceVersion"] = self._seen_versions[name]
+        token = self.kube.credentials.bearer()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            async with self.kube.http.stream(
+                "GET", self._sessions(), params=params, headers=headers, timeout=timeout + 5
+            ) as response:
+                async for line in response.aiter_lines():
+                    event = json.loads(line) if line else {}
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED", "ERROR"):
+                        return
+
+    # -- conversations -------------------------------------------------------------------
+
+    async def conversation_opened(self, session: Session, conversation_id: str) -> None:
+        session_name = naming.session_name_for(session.spec.user_id)
+        spec = models.ConversationWorkspaceSpec(
+            conversation_id=conversation_id,
+            session_ref=session_name,
+            agent_id=session.spec.agent_id or None,
+            user_id=session.spec.user_id,
+        )
+        body = {
+            "apiVersion": models.API_VERSION,
+            "kind": models.WORKSPACE_KIND,
+            "metadata": {
+                "name": naming.workspace_name(session_name, conversation_id),
+                "labels": {
+                    models.LABEL_SESSION: session_name,
+                    models.LABEL_CONVERSATION: naming.dns_name(conversation_id),
+                },
+                "annotations": {
+                    models.ANNOTATION_CONVERSATION_ID: conversation_id,
+                    models.ANNOTATION_USER_ID: session.spec.user_id,
+                },
+            },
+            "spec": spec.model_dump(by_alias=True, exclude_none=True),
+        }
+        await self.kube.create(self._workspaces(), body)  # exists already: fine
+
+    async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
+        session_name = naming.session_name_for(session.spec.user_id)
+        if await self.kube.delete(
+            self._workspaces(naming.workspace_name(session_name, conversation_id))
+        ):
+            return False  # the finalizer finishes the job; status shows progress
+        assert session.endpoint is not None
+        result = await RuntimeClient(self.http, session.endpoint).delete_conversation(
+            conversation_id
+        )
+        return not result.exists
+
+
+def _message(status: models.SandboxSessionStatus) -> str:
+    for condition in status.conditions:
+        if condition.type == "Ready" and condition.status != "True":
+            return condition.message or condition.reason
+    return ""
