@@ -169,3 +169,48 @@ def test_idle_interpreter_is_reaped_and_restarts_on_next_use(runtime):
     ).json()
     assert again["kernel_restarted"] is True
     assert again["results"][0]["data"]["text/plain"] == "False"
+
+
+@pytest.mark.parametrize("runtime_env", [{"SANDBOX_RUNTIME_MAX_CONCURRENT_EXECUTIONS": "1"}])
+def test_execution_slots_are_capped_then_429(runtime):
+    gate = runtime.root / "a" / "go"
+    hold = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.01)"
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(
+            runtime.client.post,
+            "/v1/conversations/a/execute",
+            json={"language": "python", "code": hold, "timeout": 60},
+        )
+        _wait(
+            lambda: runtime.client.get("/v1/stats").json()["active_operations"],
+            "the first execution to hold the only slot",
+        )
+        refused = runtime.client.post(
+            "/v1/conversations/b/execute", json={"language": "bash", "code": "true", "timeout": 1}
+        )
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "too_many_executions"
+        gate.touch()
+        assert busy.result().json()["exit_code"] == 0
+    ok = runtime.client.post(
+        "/v1/conversations/b/execute", json={"language": "bash", "code": "true"}
+    )
+    assert ok.json()["exit_code"] == 0
+
+
+def test_code_wrecking_the_workspace_does_not_break_the_runtime(runtime):
+    runtime.upload("victim", "keep.csv", b"1")
+    wreck = runtime.client.post(
+        "/v1/conversations/c/execute",
+        json={"language": "bash", "code": "rm -rf ../* ../.runtime; ls -A .. | wc -l"},
+    )
+    assert wreck.status_code == 200
+    # The runtime rebuilds what it needs: uploads, listings and execution still work.
+    assert runtime.upload("c", "new.csv", b"2").status_code == 201
+    names = [f["name"] for f in runtime.client.get("/v1/conversations/c/uploads").json()["files"]]
+    assert names == ["new.csv"]
+    again = runtime.client.post(
+        "/v1/conversations/c/execute", json={"language": "python", "code": "print('ok')"}
+    )
+    assert again.json()["stdout"] == "ok\n"
+    assert runtime.client.get("/healthz").status_code == 200
