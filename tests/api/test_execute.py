@@ -147,6 +147,7 @@ def test_code_reads_the_upload_at_the_reported_path(api, session_url):
     assert rel["stdout"] == "m,v\n", "cwd is the conversation directory"
 
 
+@pytest.mark.local_backend
 def test_runtime_token_is_not_visible_to_code(api, session_url, runtime_pids):
     run(api, session_url, "1")
     session_dir = Path(api.get(session_url).json()["workspace_path"]).parent

@@ -84,6 +84,7 @@ def test_malformed_json_is_422_not_500(api):
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
 
 
+@pytest.mark.local_backend
 def test_crashed_runtime_is_reported_and_replaced_with_files_intact(
     api, session_url, dev_server, runtime_pids, wait_status
 ):
@@ -105,6 +106,7 @@ def test_crashed_runtime_is_reported_and_replaced_with_files_intact(
     assert new_pid != pid
 
 
+@pytest.mark.local_backend
 def test_delete_session_stops_runtime_and_removes_files(api, session_url, runtime_pids):
     path = Path(
         api.post(
@@ -125,6 +127,7 @@ def test_delete_session_stops_runtime_and_removes_files(api, session_url, runtim
     assert api.get(session_url).status_code == 404
 
 
+@pytest.mark.local_backend
 def test_restarted_api_finds_sessions_stopped_and_resumes_them(
     start_server, runtime_pids, wait_status
 ):
