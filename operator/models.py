@@ -1,16 +1,48 @@
-"""Typed models of the custom resources' contents (the CRD schema is generated from these).
+"""Typed models of the custom resources (the single source of the CRD schemas).
 
-Only the parts the API already needs live here so far; the operator issue completes them.
-Field names are camelCase on the wire (Kubernetes convention) and snake_case in Python;
-``populate_by_name`` lets the API accept the seed's snake_case JSON as well.
+Contract:
+- ``SandboxSessionSpec/Status`` and ``ConversationWorkspaceSpec/Status`` are what the
+  custom resources hold; ``crds/*.yaml`` is rendered from them (``operator/crdgen.py``),
+  so a field added here appears in the CRD, with its description, on the next render.
+- Field names are camelCase on the wire (Kubernetes convention) and snake_case in Python;
+  ``populate_by_name`` lets the API accept the seed's snake_case JSON as well.
+- Every field has a description: it is what ``kubectl explain`` shows.
+- Spec models refuse unknown fields; status models ignore them (an older operator must
+  be able to read what a newer one wrote).
+- The names of the resources, labels, annotations and the finalizer are constants here,
+  because they are the contract the API and the operator share.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
+
+GROUP = "sandboxworkspace.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+SESSION_KIND = "SandboxSession"
+SESSION_PLURAL = "sandboxsessions"
+WORKSPACE_KIND = "ConversationWorkspace"
+WORKSPACE_PLURAL = "conversationworkspaces"
+
+# Labels and annotations (prefix = the API group, so they never clash with others').
+PREFIX = GROUP
+LABEL_COMPONENT = f"{PREFIX}/component"  # "runtime" on sandbox pods (NetworkPolicy, agent)
+LABEL_SESSION = f"{PREFIX}/session"  # the SandboxSession's name, on every child
+LABEL_USER = f"{PREFIX}/user"  # DNS slug of the user id (label values are restricted)
+LABEL_CONVERSATION = f"{PREFIX}/conversation"  # DNS slug of the conversation id
+ANNOTATION_USER_ID = f"{PREFIX}/user-id"  # the user id verbatim
+ANNOTATION_CONVERSATION_ID = f"{PREFIX}/conversation-id"
+# Set (any value, conventionally an RFC 3339 time) by the API to start a Stopped session
+# again; the operator recreates the pod and removes the annotation.
+ANNOTATION_RESUME = f"{PREFIX}/resume-requested"
+FINALIZER_FILES = f"{PREFIX}/files"
+COMPONENT_RUNTIME = "runtime"
 
 SizeUnit = Literal["B", "KB", "MB", "GB"]
 _UNIT_BYTES = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
@@ -18,9 +50,28 @@ _UNIT_BYTES = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
 # seed 000 §5.2 defaults
 DEFAULT_ALLOWED_FILE_TYPES = ("csv", "xlsx", "json", "txt", "pkl", "png", "jpg", "pdf")
 
+# Kubernetes' resource.Quantity, as controller-gen writes it.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+Quantity = int | Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+def _immutable(what: str) -> dict:
+    """CEL rule making a field write-once (the apiserver refuses a change)."""
+    return {
+        "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": f"{what} is immutable"}]
+    }
+
 
 class CamelModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class StatusModel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
 
 class FileUploadConfig(CamelModel):
@@ -57,3 +108,225 @@ class FileUploadConfig(CamelModel):
     @property
     def max_file_size_bytes(self) -> int:
         return self.max_file_size * _UNIT_BYTES[self.max_file_size_unit]
+
+
+class ResourceList(CamelModel):
+    """Amounts of compute resources (Kubernetes quantities, e.g. `500m`, `1Gi`)."""
+
+    cpu: Quantity | None = Field(None, description="CPU, in cores or millicores (`500m`).")
+    memory: Quantity | None = Field(None, description="Memory, in bytes (`512Mi`, `2Gi`).")
+    ephemeral_storage: Quantity | None = Field(
+        None,
+        alias="ephemeral-storage",
+        description="Node-local scratch space (`/tmp`, logs), in bytes (`1Gi`).",
+    )
+
+    def as_dict(self) -> dict[str, str]:
+        return {k: str(v) for k, v in self.model_dump(by_alias=True, exclude_none=True).items()}
+
+
+class Resources(CamelModel):
+    """Requests and limits of the runtime container; unset keys use the operator's
+    defaults (SANDBOX_OPERATOR_DEFAULT_RESOURCES)."""
+
+    requests: ResourceList | None = Field(
+        None, description="Guaranteed resources the scheduler reserves for the sandbox."
+    )
+    limits: ResourceList | None = Field(
+        None, description="Hard ceilings; a sandbox exceeding memory or storage is evicted."
+    )
+
+
+class StorageSpec(CamelModel):
+    """Where `/workspace` lives."""
+
+    persistent: bool = Field(
+        True,
+        description="Keep the workspace on a PersistentVolumeClaim, so files survive idle "
+        "stops and pod restarts. When false, an emptyDir that dies with the pod.",
+    )
+    size: Annotated[str, Field(pattern=QUANTITY_PATTERN)] = Field(
+        "1Gi", description="Size of the claim, or the emptyDir's sizeLimit (`1Gi`)."
+    )
+    storage_class_name: str | None = Field(
+        None, description="StorageClass of the claim; unset uses the cluster's default."
+    )
+
+
+class SandboxSessionSpec(CamelModel):
+    """One user's sandbox: a pod running the runtime, with the user's workspace."""
+
+    user_id: str = Field(
+        min_length=1,
+        max_length=253,
+        description="The platform's user id (verbatim; the resource name is its DNS slug).",
+        json_schema_extra=_immutable("userId"),
+    )
+    agent_id: str | None = Field(None, max_length=253, description="Agent the session serves.")
+    business_domain_id: str | None = Field(
+        None, max_length=253, description="Business domain the user belongs to (seed 000)."
+    )
+    idle_timeout_seconds: int = Field(
+        1800,
+        ge=0,
+        description="Stop the pod (keeping the workspace) after this many seconds without "
+        "activity; running executions count as activity. 0 never stops.",
+    )
+    ttl_seconds: int | None = Field(
+        None,
+        ge=1,
+        description="Delete the session and all its files this many seconds after "
+        "creation. Unset keeps it until deleted.",
+    )
+    file_upload_config: FileUploadConfig = Field(
+        default_factory=FileUploadConfig,
+        description="Upload limits enforced by the runtime (seed 000 §5).",
+    )
+    resources: Resources | None = Field(
+        None, description="Container resources; unset keys use the operator's defaults."
+    )
+    image: str | None = Field(
+        None, min_length=1, description="Runtime image; unset uses the operator's default."
+    )
+    storage: StorageSpec = Field(
+        default_factory=StorageSpec, description="Where the workspace is kept."
+    )
+
+
+SessionPhase = Literal["Pending", "Running", "Stopped", "Error"]
+WorkspacePhase = Literal["Pending", "Ready", "Deleting", "Error"]
+
+
+class Condition(StatusModel):
+    """One observation about the resource, in the Kubernetes condition convention."""
+
+    type: str = Field(description="What is observed: Ready, Stopped, Expired, ...")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase machine-readable cause of the last transition.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: datetime | None = Field(None, description="When `status` last changed.")
+
+
+class SandboxSessionStatus(StatusModel):
+    """What the operator observed of the session (written only by the operator)."""
+
+    phase: SessionPhase | None = Field(
+        None, description="Pending, Running, Stopped (idle; resumes on use) or Error."
+    )
+    pod_name: str | None = Field(None, description="Name of the sandbox pod.")
+    pod_ip: str | None = Field(None, alias="podIP", description="IP address of the sandbox pod.")
+    endpoint: str | None = Field(None, description="URL of the runtime (`http://{podIP}:8080`).")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, Stopped and Expired conditions, each with reason and message.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    last_activity_time: datetime | None = Field(
+        None, description="Last request or operation the runtime reported."
+    )
+    started_at: datetime | None = Field(None, description="When the current pod started.")
+    expires_at: datetime | None = Field(
+        None, description="When `ttlSeconds` deletes the session (unset: never)."
+    )
+    observed_generation: int | None = Field(
+        None, description="The `metadata.generation` this status describes."
+    )
+
+
+class ConversationWorkspaceSpec(CamelModel):
+    """One conversation's directory inside its user's sandbox session."""
+
+    conversation_id: str = Field(
+        min_length=1,
+        max_length=255,
+        description="The conversation id; the directory is `/workspace/{conversationId}`.",
+        json_schema_extra=_immutable("conversationId"),
+    )
+    session_ref: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+        description="Name of the SandboxSession (same namespace) holding the directory.",
+        json_schema_extra=_immutable("sessionRef"),
+    )
+    agent_id: str | None = Field(None, max_length=253, description="Agent of the conversation.")
+    user_id: str | None = Field(None, max_length=253, description="User owning the conversation.")
+
+
+class ConversationWorkspaceStatus(StatusModel):
+    """What the operator observed of the directory."""
+
+    phase: WorkspacePhase | None = Field(
+        None, description="Pending, Ready, Deleting (files being removed) or Error."
+    )
+    path: str | None = Field(None, description="The directory as code in the sandbox sees it.")
+    file_count: int | None = Field(None, description="Files in the directory (all subdirectories).")
+    total_bytes: int | None = Field(None, description="Bytes of those files.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready and Deleting conditions with reason and message.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observed_generation: int | None = Field(
+        None, description="The `metadata.generation` this status describes."
+    )
+
+
+class SandboxSession(BaseModel):
+    """A SandboxSession as read from the cluster: the metadata the operator uses, and the
+    typed spec and status. ``from_body`` raises ``pydantic.ValidationError`` on a spec
+    the models refuse (which the apiserver should already have refused)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    namespace: str
+    uid: str = ""
+    generation: int | None = None
+    creation_timestamp: datetime | None = None
+    deletion_timestamp: datetime | None = None
+    annotations: dict[str, str] = Field(default_factory=dict)
+    spec: SandboxSessionSpec
+    status: SandboxSessionStatus = Field(default_factory=SandboxSessionStatus)
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> SandboxSession:
+        meta = body.get("metadata", {})
+        return cls(
+            name=meta["name"],
+            namespace=meta.get("namespace", ""),
+            uid=meta.get("uid", ""),
+            generation=meta.get("generation"),
+            creation_timestamp=meta.get("creationTimestamp"),
+            deletion_timestamp=meta.get("deletionTimestamp"),
+            annotations=dict(meta.get("annotations") or {}),
+            spec=SandboxSessionSpec.model_validate(body.get("spec") or {}),
+            status=SandboxSessionStatus.model_validate(body.get("status") or {}),
+        )
+
+
+class ConversationWorkspace(BaseModel):
+    """A ConversationWorkspace as read from the cluster (see ``SandboxSession``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    namespace: str
+    uid: str = ""
+    generation: int | None = None
+    deletion_timestamp: datetime | None = None
+    spec: ConversationWorkspaceSpec
+    status: ConversationWorkspaceStatus = Field(default_factory=ConversationWorkspaceStatus)
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> ConversationWorkspace:
+        meta = body.get("metadata", {})
+        return cls(
+            name=meta["name"],
+            namespace=meta.get("namespace", ""),
+            uid=meta.get("uid", ""),
+            generation=meta.get("generation"),
+            deletion_timestamp=meta.get("deletionTimestamp"),
+            spec=ConversationWorkspaceSpec.model_validate(body.get("spec") or {}),
+            status=ConversationWorkspaceStatus.model_validate(body.get("status") or {}),
+        )

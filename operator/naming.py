@@ -47,3 +47,32 @@ def dns_name(value: str, *, max_length: int = _MAX_LABEL) -> str:
     keep = max_length - len(suffix) - 1
     slug = slug[:keep].rstrip("-")
     return f"{slug}-{suffix}" if slug else f"x-{suffix}"
+
+
+# -- names of the objects the operator and the API create --------------------------------
+# Each is a function of one session name (itself a DNS label), so they are deterministic;
+# a fixed suffix keeps them distinct per kind, and dns_name keeps them valid when long.
+
+
+def session_name_for(user_id: str) -> str:
+    """Name of the user's SandboxSession resource (the DNS slug of the session id)."""
+    return dns_name(session_id_for(user_id))
+
+
+def runtime_pod_name(session_name: str) -> str:
+    return dns_name(session_name)
+
+
+def runtime_secret_name(session_name: str) -> str:
+    return dns_name(f"{session_name}-token")
+
+
+def workspace_claim_name(session_name: str) -> str:
+    return dns_name(f"{session_name}-workspace")
+
+
+def workspace_name(session_name: str, conversation_id: str) -> str:
+    """Name of a ConversationWorkspace. The pair is joined with '/', which no Kubernetes
+    name contains (so the split is unambiguous) and a slug never keeps (so the result is
+    always hashed over both ids): no two pairs share a name."""
+    return dns_name(f"{session_name}/{conversation_id}")

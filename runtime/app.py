@@ -73,25 +73,32 @@ def _state(request: Request) -> RuntimeState:
     return request.app.state.runtime
 
 
-def _authorized(
+def _authenticated(
     request: Request, authorization: Annotated[str | None, Header()] = None
 ) -> RuntimeState:
+    """Token check only: for the idle reaper's polls, which must not count as activity."""
     state = _state(request)
     scheme, _, presented = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(
         presented.strip().encode(), state.token.encode()
     ):
         raise Unauthorized("missing or invalid bearer token")
+    return state
+
+
+def _authorized(state: Annotated[RuntimeState, Depends(_authenticated)]) -> RuntimeState:
+    """Token check, and the request counts as activity (idle detection)."""
     state.activity.touch()
     return state
 
 
 State = Annotated[RuntimeState, Depends(_authorized)]
+Observer = Annotated[RuntimeState, Depends(_authenticated)]
 router = APIRouter(prefix="/v1")
 
 
 @router.get("/stats")
-async def stats(state: State) -> RuntimeStats:
+async def stats(state: Observer) -> RuntimeStats:
     """Liveness plus the activity figures the idle reaper needs."""
     return RuntimeStats(
         workspace_path=state.workspace.visible_root,

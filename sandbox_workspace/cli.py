@@ -111,6 +111,7 @@ def _cmd_crds(args: argparse.Namespace) -> int:
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
+    from .operator.kube import CredentialsError
     from .operator.main import run
     from .operator.settings import OperatorSettings
 
@@ -122,7 +123,11 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     except ValidationError as e:
         return _settings_error(e)
     logs.configure(settings.log_level, settings.log_format)
-    run(settings)
+    try:
+        run(settings)
+    except CredentialsError as e:
+        print(f"sandbox-workspace operator: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

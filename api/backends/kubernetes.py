@@ -57,7 +57,7 @@ class KubernetesBackend:
         self.http = http
         self.idle_timeout_seconds = idle_timeout_seconds
         self._tokens: dict[str, str] = {}  # session uid → runtime token
-        self._workspace_paths: dict[str, str] = {}  # endpoint → workspace path
+        self._workspace_paths: dict[tuple, str] = {}  # (endpoint, pod incarnation) → path
         self._seen_versions: dict[str, str] = {}  # CR name → resourceVersion last read
 
     async def start(self) -> None:
@@ -105,7 +105,9 @@ class KubernetesBackend:
             if endpoint is None:
                 state = SessionStatus.PENDING
             else:
-                workspace_path = await self._workspace_path(endpoint)
+                # Keyed by the pod's incarnation too: a new pod may reuse an address.
+                incarnation = (endpoint.url, status.pod_name, status.started_at)
+                workspace_path = await self._workspace_path(endpoint, incarnation)
         created = obj["metadata"].get("creationTimestamp")
         return Session(
             spec=SessionSpec(
@@ -137,14 +139,14 @@ class KubernetesBackend:
             self._tokens[uid] = base64.b64decode(data).decode()
         return self._tokens[uid]
 
-    async def _workspace_path(self, endpoint: RuntimeEndpoint) -> str:
-        if endpoint.url not in self._workspace_paths:
+    async def _workspace_path(self, endpoint: RuntimeEndpoint, incarnation: tuple) -> str:
+        if incarnation not in self._workspace_paths:
             try:
                 stats = await RuntimeClient(self.http, endpoint).stats()
             except Exception:  # not answering yet: the pod's convention holds
                 return POD_WORKSPACE
-            self._workspace_paths[endpoint.url] = stats.workspace_path
-        return self._workspace_paths[endpoint.url]
+            self._workspace_paths[incarnation] = stats.workspace_path
+        return self._workspace_paths[incarnation]
 
     async def create_session(self, spec: SessionSpec) -> Session:
         name = naming.session_name_for(spec.user_id)

@@ -67,6 +67,9 @@ def test_stats_report_activity(runtime):
         first["last_activity_at"]
     )
     assert second["workspace_path"] == str(runtime.root)
+    # Reading the stats (what the idle reaper does) is not activity.
+    third = runtime.client.get("/v1/stats").json()
+    assert third["last_activity_at"] == second["last_activity_at"]
 
 
 def test_refused_upload_keeps_the_old_file(runtime):

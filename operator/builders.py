@@ -1,0 +1,203 @@
+"""Pure builders of the Kubernetes objects a SandboxSession owns. No I/O.
+
+Contract: each builder takes the typed session (and the operator settings) and returns a
+whole manifest dict; the same input always gives the same manifest. Owner references
+and the namespace are added by the handler (``kopf.adopt``), not here. The token is an
+argument, so the builder stays deterministic; the handler generates it.
+
+The sandbox pod is locked down as DESIGN.md "Identity and isolation" says: non-root,
+no service-account token, all capabilities dropped, read-only root filesystem with
+writable ``/workspace`` and ``/tmp`` only, seccomp RuntimeDefault, resource and
+ephemeral-storage limits, optional runtimeClassName. It never restarts in place
+(``restartPolicy: Never``): a failed pod is replaced by the operator, which also
+notices and reports it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import naming
+from .models import (
+    ANNOTATION_USER_ID,
+    COMPONENT_RUNTIME,
+    LABEL_COMPONENT,
+    LABEL_SESSION,
+    LABEL_USER,
+    ResourceList,
+    SandboxSession,
+)
+from .settings import RUNTIME_PORT, RUNTIME_UID, OperatorSettings
+
+TOKEN_KEY = "token"
+WORKSPACE_MOUNT = "/workspace"
+CONTAINER_NAME = "runtime"
+
+
+def session_labels(session: SandboxSession) -> dict[str, str]:
+    """Labels every child of the session carries (selectors, NetworkPolicy, kubectl)."""
+    return {
+        "app.kubernetes.io/name": "sandbox-workspace",
+        "app.kubernetes.io/managed-by": "sandbox-workspace-operator",
+        LABEL_SESSION: session.name,
+        LABEL_USER: naming.dns_name(session.spec.user_id),
+    }
+
+
+def _metadata(name: str, session: SandboxSession, **labels: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "labels": {**session_labels(session), **labels},
+        # The user id verbatim: label values are restricted, annotations are not.
+        "annotations": {ANNOTATION_USER_ID: session.spec.user_id},
+    }
+
+
+def build_runtime_secret(session: SandboxSession, token: str) -> dict[str, Any]:
+    """The Secret holding the runtime's bearer token (read by the pod and the API)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(naming.runtime_secret_name(session.name), session),
+        "type": "Opaque",
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def build_workspace_pvc(session: SandboxSession) -> dict[str, Any]:
+    """The claim backing ``/workspace`` of a persistent session."""
+    storage = session.spec.storage
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "volumeMode": "Filesystem",
+        "resources": {"requests": {"storage": storage.size}},
+    }
+    if storage.storage_class_name:
+        spec["storageClassName"] = storage.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(naming.workspace_claim_name(session.name), session),
+        "spec": spec,
+    }
+
+
+def _merge(default: ResourceList | None, override: ResourceList | None) -> dict[str, str]:
+    merged = default.as_dict() if default else {}
+    merged.update(override.as_dict() if override else {})
+    return merged
+
+
+def container_resources(session: SandboxSession, settings: OperatorSettings) -> dict[str, Any]:
+    """The operator's defaults, overridden key by key by the session's own."""
+    defaults, own = settings.default_resources, session.spec.resources
+    out = {}
+    for key in ("requests", "limits"):
+        merged = _merge(getattr(defaults, key), getattr(own, key) if own else None)
+        if merged:
+            out[key] = merged
+    return out
+
+
+def runtime_env(session: SandboxSession) -> list[dict[str, Any]]:
+    """SANDBOX_RUNTIME_* settings of the runtime (runtime/settings.py)."""
+    upload = session.spec.file_upload_config
+    return [
+        {
+            "name": "SANDBOX_RUNTIME_TOKEN",
+            "valueFrom": {
+                "secretKeyRef": {"name": naming.runtime_secret_name(session.name), "key": TOKEN_KEY}
+            },
+        },
+        {"name": "SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES", "value": str(upload.max_file_size_bytes)},
+        {"name": "SANDBOX_RUNTIME_MAX_FILE_COUNT", "value": str(upload.max_file_count)},
+        {
+            "name": "SANDBOX_RUNTIME_ALLOWED_FILE_TYPES",
+            "value": ",".join(upload.allowed_file_types),
+        },
+        # The root filesystem is read-only; tools that want a home get the scratch space.
+        {"name": "HOME", "value": "/tmp"},
+    ]
+
+
+def _workspace_volume(session: SandboxSession) -> dict[str, Any]:
+    storage = session.spec.storage
+    if storage.persistent:
+        claim = naming.workspace_claim_name(session.name)
+        return {"name": "workspace", "persistentVolumeClaim": {"claimName": claim}}
+    return {"name": "workspace", "emptyDir": {"sizeLimit": storage.size}}
+
+
+def build_sandbox_pod(session: SandboxSession, settings: OperatorSettings) -> dict[str, Any]:
+    """The pod running the runtime for ``session``."""
+    image = session.spec.image or settings.image
+    container = {
+        "name": CONTAINER_NAME,
+        "image": image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": [
+            "sandbox-workspace",
+            "runtime",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(RUNTIME_PORT),
+            "--root",
+            WORKSPACE_MOUNT,
+        ],
+        "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
+        "env": runtime_env(session),
+        "resources": container_resources(session, settings),
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz", "port": RUNTIME_PORT},
+            "periodSeconds": 2,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_UID,
+            "runAsGroup": RUNTIME_UID,
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [
+            {"name": "workspace", "mountPath": WORKSPACE_MOUNT},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": settings.termination_grace_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_UID,
+            "runAsGroup": RUNTIME_UID,
+            # Makes the workspace volume writable by the runtime's user.
+            "fsGroup": RUNTIME_UID,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            _workspace_volume(session),
+            {"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size_limit}},
+        ],
+    }
+    if settings.runtime_class_name:
+        spec["runtimeClassName"] = settings.runtime_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(
+            naming.runtime_pod_name(session.name),
+            session,
+            **{LABEL_COMPONENT: COMPONENT_RUNTIME, "app.kubernetes.io/component": "runtime"},
+        ),
+        "spec": spec,
+    }

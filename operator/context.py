@@ -1,0 +1,80 @@
+"""What the handlers share: settings, clients, metrics, per-session locks.
+
+One ``OperatorContext`` per operator run, carried in kopf's ``memo`` (``memo.ctx``), so
+nothing lives at module level and several operators can run in one process (tests).
+Clients are opened in ``start()`` (inside the operator's event loop) and closed in
+``aclose()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from dataclasses import dataclass, field
+
+import httpx
+
+from . import naming
+from .kube import Credentials, Kube, core_path, load_credentials
+from .metrics import OperatorMetrics
+from .runtime_client import RuntimeClient
+from .settings import OperatorSettings
+
+
+@dataclass
+class OperatorContext:
+    settings: OperatorSettings
+    credentials: Credentials | None = None
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    kube: Kube | None = None
+    http: httpx.AsyncClient | None = None
+    _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+
+    def ensure_credentials(self) -> Credentials:
+        if self.credentials is None:
+            self.credentials = load_credentials(self.settings.kubeconfig)
+        return self.credentials
+
+    async def start(self) -> None:
+        if self.kube is None:
+            self.kube = Kube(self.ensure_credentials())
+        if self.http is None:
+            self.http = httpx.AsyncClient(
+                timeout=self.settings.runtime_timeout_seconds, trust_env=False
+            )
+
+    async def aclose(self) -> None:
+        if self.kube is not None:
+            await self.kube.aclose()
+        if self.http is not None:
+            await self.http.aclose()
+        self.metrics.close()
+
+    @property
+    def api(self) -> Kube:
+        assert self.kube is not None, "OperatorContext.start() was not called"
+        return self.kube
+
+    def lock(self, namespace: str, name: str) -> asyncio.Lock:
+        """Serialises work on one session across handlers (events, timers, changes)."""
+        return self._locks.setdefault((namespace, name), asyncio.Lock())
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._locks.pop((namespace, name), None)
+
+    async def runtime_token(self, namespace: str, session_name: str) -> str | None:
+        secret = await self.api.get(
+            core_path(namespace, "secrets", naming.runtime_secret_name(session_name))
+        )
+        data = (secret or {}).get("data") or {}
+        return base64.b64decode(data["token"]).decode() if "token" in data else None
+
+    async def runtime(
+        self, namespace: str, session_name: str, endpoint: str
+    ) -> RuntimeClient | None:
+        """A client of the session's runtime, or None when its token is missing."""
+        token = await self.runtime_token(namespace, session_name)
+        if token is None:
+            return None
+        assert self.http is not None
+        return RuntimeClient(self.http, endpoint, token)

@@ -1,0 +1,51 @@
+"""kopf handlers, registered into a registry of their own by ``build_registry``.
+
+Registering explicitly (instead of decorating at import) lets each operator run — a
+test, a second replica in one process — get its own registry, with intervals taken
+from its settings.
+"""
+
+from __future__ import annotations
+
+import kopf
+
+from ..models import GROUP, SESSION_PLURAL, VERSION, WORKSPACE_PLURAL
+from ..settings import OperatorSettings
+from . import sessions, startup, workspaces
+
+SESSIONS = (GROUP, VERSION, SESSION_PLURAL)
+WORKSPACES = (GROUP, VERSION, WORKSPACE_PLURAL)
+PODS = ("v1", "pods")
+
+
+def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    on = kopf.on
+
+    on.startup(registry=registry)(startup.configure)
+    on.login(registry=registry)(startup.login)
+    on.cleanup(registry=registry)(startup.cleanup)
+
+    for decorator in (on.create, on.resume):
+        decorator(*SESSIONS, registry=registry, id="reconcile")(sessions.on_session_changed)
+    on.update(*SESSIONS, field="spec", registry=registry, id="reconcile")(
+        sessions.on_session_changed
+    )
+    on.event(*SESSIONS, registry=registry)(sessions.on_session_event)
+    on.event(*PODS, registry=registry)(sessions.on_runtime_pod_event)
+    kopf.timer(
+        *SESSIONS,
+        interval=settings.check_interval_seconds,
+        initial_delay=settings.check_interval_seconds,
+        registry=registry,
+    )(sessions.on_session_timer)
+
+    for decorator in (on.create, on.resume):
+        decorator(*WORKSPACES, registry=registry, id="ensure", retries=None)(
+            workspaces.on_workspace_created
+        )
+    # retries=None: a deletion that guards files is retried forever (STYLE 5).
+    on.delete(*WORKSPACES, registry=registry, id="delete-files", retries=None)(
+        workspaces.on_workspace_deleted
+    )
+    return registry

@@ -1,0 +1,65 @@
+"""Operator-wide kopf settings, login and the metrics server.
+
+Each kopf setting says why it is set. Peering (more than one replica): with
+``SANDBOX_OPERATOR_STANDALONE=false`` the replicas find each other through a
+``KopfPeering`` object named ``SANDBOX_OPERATOR_PEERING_NAME`` (kopf's peering CRDs must
+be installed; the chart does it) and only the replica with the highest
+``SANDBOX_OPERATOR_PRIORITY`` handles resources while the others wait — a hot standby,
+not sharding. With the default (standalone) run exactly one replica
+(Deployment ``replicas: 1``, ``strategy: Recreate``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from ..context import OperatorContext
+from ..models import COMPONENT_RUNTIME, FINALIZER_FILES, LABEL_COMPONENT, PREFIX
+
+
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    ctx: OperatorContext = memo.ctx
+    ours = ctx.settings
+    # Our finalizer: on a ConversationWorkspace it is the files' guarantee; on a session
+    # it only lets kopf stop the session's periodic check before the object goes.
+    settings.persistence.finalizer = FINALIZER_FILES
+    # kopf's bookkeeping in annotations under our prefix, never in our status (which the
+    # CRD schema defines and the API reads).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration"
+    )
+    # Watches end server-side after this and reconnect, so a silently dead connection
+    # (load balancer, apiserver restart) cannot leave the operator deaf for long.
+    settings.watching.server_timeout = ours.watch_server_timeout_seconds
+    settings.watching.client_timeout = ours.watch_server_timeout_seconds + 30
+    settings.watching.connect_timeout = 10
+    # Only sandbox pods interest us: filter server-side instead of watching every pod.
+    settings.watching.label_selectors["v1", "pods"] = f"{LABEL_COMPONENT}={COMPONENT_RUNTIME}"
+    # kopf would turn every handler log line into a Kubernetes Event; we post our own on
+    # transitions, so only warnings and errors become Events.
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = "sandbox-workspace-operator"
+    # A session's periodic check is stopped when the session is deleted; check often
+    # whether it has, so deletion is not held up for kopf's default minute.
+    settings.background.cancellation_polling = 1.0
+    settings.background.instant_exit_timeout = 0.1
+    # Errors that are not TemporaryError (bugs, surprises) are retried too, not fast.
+    settings.execution.default_backoff = ours.retry_max_delay_seconds
+    await ctx.start()
+    if ours.metrics_port:
+        ctx.metrics.serve(ours.metrics_port, ours.metrics_host)
+
+
+def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """The same cluster our own client talks to (kubeconfig or service account)."""
+    ctx: OperatorContext = memo.ctx
+    return ctx.ensure_credentials().connection_info()
+
+
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    ctx: OperatorContext = memo.ctx
+    await ctx.aclose()

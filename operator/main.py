@@ -1,0 +1,45 @@
+"""Run the operator: ``sandbox-workspace operator`` (or ``run_async`` in a test's thread).
+
+Namespaces come from ``SANDBOX_OPERATOR_NAMESPACES`` (empty: the whole cluster).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+
+from .context import OperatorContext
+from .handlers import build_registry
+from .settings import OperatorSettings
+
+
+async def run_async(
+    settings: OperatorSettings,
+    *,
+    context: OperatorContext | None = None,
+    stop_flag: Any = None,
+    ready_flag: Any = None,
+) -> None:
+    ctx = context or OperatorContext(settings)
+    namespaces = list(settings.namespaces)
+    await kopf.operator(
+        registry=build_registry(settings),
+        memo=kopf.Memo(ctx=ctx),
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        standalone=settings.standalone,
+        # A peering name makes peering mandatory in kopf, even when standalone.
+        peering_name=None if settings.standalone else settings.peering_name,
+        priority=settings.priority,
+        liveness_endpoint=settings.liveness_endpoint,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
+
+def run(settings: OperatorSettings) -> None:
+    context = OperatorContext(settings)
+    context.ensure_credentials()  # fail here, loudly, rather than inside kopf's login
+    asyncio.run(run_async(settings, context=context))

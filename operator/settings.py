@@ -1,0 +1,117 @@
+"""Operator settings, from ``SANDBOX_OPERATOR_*`` environment variables (pydantic-settings).
+
+One object per operator process; nested values use ``__``
+(``SANDBOX_OPERATOR_DEFAULT_RESOURCES__LIMITS__MEMORY=2Gi``). Lists take JSON or a comma
+list (``SANDBOX_OPERATOR_NAMESPACES=team-a,team-b``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .models import ResourceList, Resources
+
+RUNTIME_PORT = 8080
+RUNTIME_UID = 10001
+
+
+def _default_resources() -> Resources:
+    return Resources(
+        requests=ResourceList(cpu="100m", memory="256Mi", ephemeral_storage="256Mi"),
+        limits=ResourceList(cpu="1", memory="1Gi", ephemeral_storage="1Gi"),
+    )
+
+
+class OperatorSettings(BaseSettings):
+    """Everything the operator is told; read once at start-up."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SANDBOX_OPERATOR_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    namespaces: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Namespaces to watch (kopf patterns allowed); empty watches the cluster.",
+    )
+    kubeconfig: Path | None = Field(
+        None,
+        description="Kubeconfig to use; unset: $KUBECONFIG, ~/.kube/config, then the pod's "
+        "service account.",
+    )
+    image: str = Field(
+        "sandbox-workspace:latest",
+        description="Runtime image of sessions that name none (the chart passes its own).",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    runtime_class_name: str | None = Field(
+        None, description="RuntimeClass of sandbox pods (gVisor, Kata), when the cluster has one."
+    )
+    default_resources: Resources = Field(
+        default_factory=_default_resources,
+        description="Resources of sandbox pods, key by key, where the session sets none.",
+    )
+    tmp_size_limit: str = Field("256Mi", description="sizeLimit of the /tmp emptyDir.")
+    termination_grace_seconds: int = Field(
+        10, ge=0, description="Grace period of sandbox pods (the runtime stops fast)."
+    )
+
+    # Timings. Defaults suit a real cluster; tests shorten them.
+    check_interval_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="How often each session is checked for idleness and TTL, and its "
+        "children re-verified (the safety net behind the watch events).",
+    )
+    runtime_timeout_seconds: float = Field(
+        10.0, gt=0, description="Timeout of one request to a runtime; slower counts as down."
+    )
+    retry_max_delay_seconds: float = Field(
+        30.0, gt=0, description="Ceiling of the backoff when a runtime is unreachable."
+    )
+    watch_server_timeout_seconds: int = Field(
+        300, ge=10, description="Server-side watch timeout; the watch reconnects after it."
+    )
+
+    # Processes around the handlers.
+    liveness_endpoint: str | None = Field(
+        "http://0.0.0.0:8081/healthz", description="kopf's liveness probe URL; empty disables."
+    )
+    metrics_port: int | None = Field(
+        9090, description="Port of the Prometheus /metrics endpoint; empty disables."
+    )
+    metrics_host: str = "0.0.0.0"
+    standalone: bool = Field(
+        True,
+        description="Run without kopf peering (one replica). With more replicas set false "
+        "and a peering name: only the highest-priority replica handles resources.",
+    )
+    peering_name: str = Field("sandbox-workspace", description="KopfPeering object name.")
+    priority: int = Field(0, description="Peering priority of this replica.")
+    log_level: str = "info"
+    log_format: Literal["json", "text"] | None = None
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.strip()
+            if value.startswith("["):
+                import json
+
+                return json.loads(value)
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("liveness_endpoint", "runtime_class_name", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("metrics_port", mode="before")
+    @classmethod
+    def _empty_port(cls, value: object) -> object:
+        return None if value in ("", 0, "0") else value

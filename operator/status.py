@@ -1,0 +1,182 @@
+"""Pure status logic: what a session's status is, given its pod. No I/O.
+
+Contract: ``observe_pod`` reduces a pod (or its absence) to one ``PodState``;
+``session_status`` turns that into the whole ``SandboxSessionStatus`` — phase, pod
+fields, endpoint, and the Ready / Stopped / Expired conditions, whose
+``lastTransitionTime`` only moves when their status changes. ``Stopped`` is the one
+thing a pod cannot show (no pod looks the same whether stopped or vanished), so it is
+carried over from the previous status: a session stays Stopped until resumed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from .models import (
+    ANNOTATION_RESUME,
+    Condition,
+    SandboxSession,
+    SandboxSessionStatus,
+    SessionPhase,
+)
+from .settings import RUNTIME_PORT
+
+PodKind = Literal["missing", "pending", "starting", "ready", "failed", "terminating", "broken"]
+
+# Waiting reasons no amount of waiting fixes: the session is in Error until its spec or
+# the cluster changes (a recreated pod would fail the same way).
+_BROKEN_WAITING = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+}
+
+
+@dataclass(frozen=True)
+class PodState:
+    kind: PodKind
+    reason: str
+    message: str = ""
+    ip: str | None = None
+    started_at: str | None = None
+    name: str | None = None
+
+
+def observe_pod(pod: dict[str, Any] | None) -> PodState:
+    if pod is None:
+        return PodState("missing", "PodMissing", "the sandbox pod does not exist")
+    meta, status = pod.get("metadata", {}), pod.get("status") or {}
+    name, ip = meta.get("name"), status.get("podIP") or None
+    if meta.get("deletionTimestamp"):
+        return PodState("terminating", "PodTerminating", "the sandbox pod is stopping", name=name)
+    phase = status.get("phase") or "Pending"
+    containers = status.get("containerStatuses") or []
+    state = (containers[0].get("state") or {}) if containers else {}
+    if phase in ("Failed", "Succeeded"):
+        term = state.get("terminated") or {}
+        code = term.get("exitCode")
+        detail = f"the runtime exited with code {code}" if code is not None else "pod failed"
+        reason = status.get("reason") or "PodFailed"
+        return PodState("failed", reason, status.get("message") or detail, ip=ip, name=name)
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") in _BROKEN_WAITING:
+        return PodState("broken", waiting["reason"], waiting.get("message", ""), ip=ip, name=name)
+    started = (state.get("running") or {}).get("startedAt") or status.get("startTime")
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    if phase == "Running" and ready and ip:
+        return PodState("ready", "RuntimeReady", "the runtime answers", ip, started, name)
+    if phase == "Running":
+        reason = waiting.get("reason") or "RuntimeNotReady"
+        msg = waiting.get("message") or "the runtime is starting"
+        return PodState("starting", reason, msg, ip, started, name)
+    reason = waiting.get("reason") or "PodPending"
+    return PodState(
+        "pending", reason, waiting.get("message") or "waiting for the pod", ip, name=name
+    )
+
+
+def set_condition(
+    conditions: list[Condition],
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: datetime,
+) -> list[Condition]:
+    """``conditions`` with ``type_`` set; the transition time moves only on a change."""
+    value = "True" if status else "False"
+    previous = next((c for c in conditions if c.type == type_), None)
+    since = previous.last_transition_time if previous and previous.status == value else now
+    new = Condition(
+        type=type_, status=value, reason=reason, message=message, last_transition_time=since
+    )
+    return [c for c in conditions if c.type != type_] + [new]
+
+
+def condition(status: SandboxSessionStatus, type_: str) -> Condition | None:
+    return next((c for c in status.conditions if c.type == type_), None)
+
+
+def is_stopped(session: SandboxSession) -> bool:
+    """Stopped by the operator and not asked to resume since."""
+    return session.status.phase == "Stopped" and ANNOTATION_RESUME not in session.annotations
+
+
+def expires_at(session: SandboxSession) -> datetime | None:
+    if session.spec.ttl_seconds is None or session.creation_timestamp is None:
+        return None
+    return session.creation_timestamp + timedelta(seconds=session.spec.ttl_seconds)
+
+
+_PHASES: dict[PodKind, SessionPhase] = {
+    "missing": "Pending",
+    "pending": "Pending",
+    "starting": "Pending",
+    "terminating": "Pending",
+    "ready": "Running",
+    "failed": "Error",
+    "broken": "Error",
+}
+
+
+def session_status(
+    session: SandboxSession,
+    pod: PodState,
+    now: datetime,
+    *,
+    stopped: bool = False,
+    stop_reason: tuple[str, str] = ("IdleTimeout", "stopped after idleTimeoutSeconds"),
+) -> SandboxSessionStatus:
+    """The whole status of ``session`` given its pod (``stopped``: the pod is gone on
+    purpose; ``stop_reason``: reason and message of that stop)."""
+    prev = session.status
+    conds = list(prev.conditions)
+    if stopped:
+        phase: SessionPhase = "Stopped"
+        old = condition(prev, "Stopped")
+        reason, message = (old.reason, old.message) if old and old.status == "True" else stop_reason
+        conds = set_condition(conds, "Ready", False, "Stopped", "the session is stopped", now)
+        conds = set_condition(conds, "Stopped", True, reason, message, now)
+    else:
+        phase = _PHASES[pod.kind]
+        conds = set_condition(conds, "Ready", pod.kind == "ready", pod.reason, pod.message, now)
+        was_stopped = condition(prev, "Stopped")
+        if was_stopped and was_stopped.status == "True":
+            conds = set_condition(conds, "Stopped", False, "Resumed", "resumed on request", now)
+        elif was_stopped is None:
+            conds = set_condition(conds, "Stopped", False, "Active", "the session is active", now)
+    expiry = expires_at(session)
+    old_expired = condition(prev, "Expired")
+    if not (old_expired and old_expired.status == "True"):
+        if expiry is None:
+            conds = set_condition(conds, "Expired", False, "NoTTL", "ttlSeconds is not set", now)
+        else:
+            conds = set_condition(
+                conds, "Expired", False, "NotExpired", f"expires at {expiry.isoformat()}", now
+            )
+    running = phase == "Running"
+    return SandboxSessionStatus(
+        phase=phase,
+        pod_name=None if stopped else pod.name,
+        pod_ip=None if stopped else pod.ip,
+        endpoint=f"http://{pod.ip}:{RUNTIME_PORT}" if running and pod.ip else None,
+        conditions=_ordered(conds),
+        last_activity_time=prev.last_activity_time,
+        started_at=None if stopped else (pod.started_at or None),
+        expires_at=expiry,
+        observed_generation=session.generation,
+    )
+
+
+_ORDER = {"Ready": 0, "Stopped": 1, "Expired": 2}
+
+
+def _ordered(conds: list[Condition]) -> list[Condition]:
+    return sorted(conds, key=lambda c: (_ORDER.get(c.type, 9), c.type))

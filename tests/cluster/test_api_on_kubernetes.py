@@ -1,0 +1,149 @@
+"""The foundation's API test suite, run against the ``kubernetes`` backend.
+
+Everything is a real process: the control plane (fixtures), ``sandbox-workspace operator``
+and ``sandbox-workspace api`` (backend ``kubernetes``) as subprocesses, and each sandbox
+pod run by the test node agent as a runtime on its own 127.x address. The suite in
+``tests/api`` is then run as it is, pointed at this API through SANDBOX_TEST_API_URL;
+tests that exercise the local backend itself are skipped there (marker
+``local_backend``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+SUITE = [
+    "tests/api/test_files.py",
+    "tests/api/test_sessions.py",
+    "tests/api/test_execute.py",
+    "tests/api/test_hostile_paths.py::test_api_download_and_delete_by_hostile_path",
+    "tests/api/test_hostile_paths.py::test_api_list_download_delete_with_hostile_conversation_id",
+]
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SANDBOX_WORKSPACE_", "SANDBOX_OPERATOR_", "SANDBOX_RUNTIME_"))
+    }
+    env.update(extra)
+    return env
+
+
+def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "sandbox_workspace", *argv],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=log.parent,
+            start_new_session=True,
+        )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture
+def kubernetes_api(kube_control_plane, kube_api, node_agent, namespace, tmp_path) -> Iterator[str]:
+    kubeconfig = str(kube_control_plane.kubeconfig)
+    operator = _start(
+        ["operator"],
+        _clean_env(
+            SANDBOX_OPERATOR_KUBECONFIG=kubeconfig,
+            SANDBOX_OPERATOR_NAMESPACES=namespace,
+            SANDBOX_OPERATOR_IMAGE="sandbox-workspace:test",
+            SANDBOX_OPERATOR_CHECK_INTERVAL_SECONDS="0.5",
+            SANDBOX_OPERATOR_RETRY_MAX_DELAY_SECONDS="1",
+            SANDBOX_OPERATOR_STANDALONE="true",
+            SANDBOX_OPERATOR_LIVENESS_ENDPOINT="",
+            SANDBOX_OPERATOR_LOG_FORMAT="text",
+        ),
+        tmp_path / "operator.log",
+    )
+    port_file = tmp_path / "api.port"
+    api = _start(
+        ["api", "--port", "0", "--port-file", str(port_file)],
+        _clean_env(
+            SANDBOX_WORKSPACE_BACKEND="kubernetes",
+            SANDBOX_WORKSPACE_AUTH_MODE="dev",
+            SANDBOX_WORKSPACE_KUBECONFIG=kubeconfig,
+            SANDBOX_WORKSPACE_NAMESPACE=namespace,
+            SANDBOX_WORKSPACE_LOG_FORMAT="text",
+        ),
+        tmp_path / "api.log",
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            assert api.poll() is None, (tmp_path / "api.log").read_text()
+            assert operator.poll() is None, (tmp_path / "operator.log").read_text()
+            assert time.monotonic() < deadline, "the API did not start"
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{int(port_file.read_text())}"
+        while httpx.get(url + "/healthz").status_code != 200:
+            time.sleep(0.05)
+        yield url
+    finally:
+        _stop(api)
+        # Sessions left by the suite still have workspaces whose finalizers need the
+        # operator: delete them before it goes.
+        _delete_sessions(kube_api, namespace)
+        _stop(operator)
+
+
+def _delete_sessions(kube_api, namespace: str) -> None:
+    base = f"/apis/sandboxworkspace.io/v1alpha1/namespaces/{namespace}"
+    for plural in ("conversationworkspaces", "sandboxsessions"):
+        for obj in kube_api.list(f"{base}/{plural}"):
+            kube_api.delete(f"{base}/{plural}/{obj['metadata']['name']}")
+    for plural in ("conversationworkspaces", "sandboxsessions"):
+        for obj in kube_api.list(f"{base}/{plural}"):
+            kube_api.wait_gone(f"{base}/{plural}/{obj['metadata']['name']}", timeout=60)
+
+
+def test_api_suite_passes_on_the_kubernetes_backend(kubernetes_api, tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *SUITE,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=--import-mode=importlib -ra",
+        ],
+        cwd=REPO,
+        env=_clean_env(SANDBOX_TEST_API_URL=kubernetes_api),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    report = tmp_path / "api-suite.txt"
+    report.write_text(result.stdout + result.stderr)
+    summary = result.stdout[-6000:]
+    assert result.returncode == 0, f"full output: {report}\n" + summary + result.stderr[-3000:]
+    assert " passed" in summary and "failed" not in summary.splitlines()[-1]

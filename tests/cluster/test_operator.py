@@ -1,0 +1,539 @@
+"""The operator against a real apiserver, run in-process, with the test node agent
+running each sandbox pod as a real runtime process on a 127.x address.
+
+Every test gets its own namespace and its own operator watching only that namespace;
+at teardown the test's sessions and workspaces are deleted while the operator still
+runs (their finalizers need it), then the operator stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kubeenv import ApiError, ControlPlane, KubeClient, NodeAgent, wait_until
+
+from sandbox_workspace.operator.context import OperatorContext
+from sandbox_workspace.operator.main import run_async
+from sandbox_workspace.operator.naming import (
+    runtime_pod_name,
+    runtime_secret_name,
+    workspace_claim_name,
+)
+from sandbox_workspace.operator.settings import OperatorSettings
+
+pytestmark = pytest.mark.cluster
+
+API = "/apis/sandboxworkspace.io/v1alpha1"
+TIMEOUT = 30.0
+
+
+def sbs_path(ns: str, name: str = "") -> str:
+    return f"{API}/namespaces/{ns}/sandboxsessions" + (f"/{name}" if name else "")
+
+
+def cws_path(ns: str, name: str = "") -> str:
+    return f"{API}/namespaces/{ns}/conversationworkspaces" + (f"/{name}" if name else "")
+
+
+@dataclass
+class RunningOperator:
+    settings: OperatorSettings
+    ctx: OperatorContext
+    thread: threading.Thread
+    stop_flag: threading.Event = field(default_factory=threading.Event)
+    errors: list[BaseException] = field(default_factory=list)
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "the operator did not stop"
+
+
+@pytest.fixture
+def start_operator(
+    kube_control_plane: ControlPlane, namespace: str, node_agent: NodeAgent
+) -> Iterator[Callable[..., RunningOperator]]:
+    running: list[RunningOperator] = []
+
+    def start(**overrides: Any) -> RunningOperator:
+        values: dict[str, Any] = dict(
+            kubeconfig=kube_control_plane.kubeconfig,
+            namespaces=[namespace],
+            image="sandbox-workspace:test",
+            check_interval_seconds=0.5,
+            runtime_timeout_seconds=1.0,
+            retry_max_delay_seconds=1.0,
+            liveness_endpoint=None,
+            metrics_port=None,
+        )
+        values.update(overrides)
+        settings = OperatorSettings(**values)
+        ctx = OperatorContext(settings)
+        ready = threading.Event()
+        op = RunningOperator(settings, ctx, threading.Thread(target=lambda: None))
+
+        def main() -> None:
+            try:
+                asyncio.run(
+                    run_async(settings, context=ctx, stop_flag=op.stop_flag, ready_flag=ready)
+                )
+            except BaseException as e:  # reported by the test, not lost in the thread
+                op.errors.append(e)
+                ready.set()
+
+        op.thread = threading.Thread(target=main, name="operator", daemon=True)
+        op.thread.start()
+        assert ready.wait(TIMEOUT), "the operator did not become ready"
+        assert not op.errors, op.errors
+        running.append(op)
+        return op
+
+    yield start
+    try:
+        with kube_control_plane.client() as api:
+            if running and running[-1].thread.is_alive():
+                for path in (cws_path(namespace), sbs_path(namespace)):
+                    for item in api.list(path):
+                        api.delete(f"{path}/{item['metadata']['name']}")
+                for path in (cws_path(namespace), sbs_path(namespace)):
+                    wait_until(
+                        lambda p=path: not api.list(p),
+                        timeout=TIMEOUT,
+                        message=f"{path} to be empty at teardown",
+                    )
+    finally:
+        for op in running:
+            op.stop()
+    for op in running:
+        assert not op.errors, op.errors
+
+
+@pytest.fixture
+def operator(start_operator: Callable[..., RunningOperator]) -> RunningOperator:
+    return start_operator()
+
+
+def make_session(api: KubeClient, ns: str, name: str = "sb-session-alice", **spec: Any) -> dict:
+    body = {
+        "apiVersion": "sandboxworkspace.io/v1alpha1",
+        "kind": "SandboxSession",
+        "metadata": {"name": name},
+        "spec": {"userId": name.removeprefix("sb-session-"), **spec},
+    }
+    return api.create(sbs_path(ns), body)
+
+
+def make_workspace(api: KubeClient, ns: str, cid: str, session: str = "sb-session-alice") -> dict:
+    body = {
+        "apiVersion": "sandboxworkspace.io/v1alpha1",
+        "kind": "ConversationWorkspace",
+        "metadata": {"name": f"cws-{cid}"},
+        "spec": {"conversationId": cid, "sessionRef": session, "userId": "alice"},
+    }
+    return api.create(cws_path(ns), body)
+
+
+def wait_phase(api: KubeClient, path: str, phase: str, timeout: float = TIMEOUT) -> dict:
+    return api.wait_for(
+        path,
+        lambda o: o.get("status", {}).get("phase") == phase,
+        timeout=timeout,
+        message=f"{path} to be {phase}",
+    )
+
+
+@dataclass
+class Runtime:
+    """Direct access to a session's runtime, as the API has it (endpoint + token)."""
+
+    url: str
+    token: str
+
+    def request(
+        self, method: str, path: str, token: str | None = None, **kw: Any
+    ) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token or self.token}"}
+        return httpx.request(
+            method, self.url + path, headers=headers, timeout=10, trust_env=False, **kw
+        )
+
+    def upload(self, cid: str, name: str, data: bytes) -> dict:
+        r = self.request(
+            "POST", "/v1/uploads", files={"file": (name, data)}, data={"conversation_id": cid}
+        )
+        assert r.status_code == 201, r.text
+        return r.json()
+
+
+def runtime_of(api: KubeClient, ns: str, session: dict) -> Runtime:
+    name = session["metadata"]["name"]
+    secret = api.get(f"/api/v1/namespaces/{ns}/secrets/{runtime_secret_name(name)}")
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    return Runtime(session["status"]["endpoint"], token)
+
+
+def running_session(api: KubeClient, ns: str, **spec: Any) -> tuple[dict, Runtime]:
+    make_session(api, ns, **spec)
+    session = wait_phase(api, sbs_path(ns, "sb-session-alice"), "Running")
+    return session, runtime_of(api, ns, session)
+
+
+def conversation_dir(agent: NodeAgent, ns: str, cid: str) -> Path:
+    root = agent.data_dir_of(ns, runtime_pod_name("sb-session-alice"))
+    assert root is not None
+    return root / cid
+
+
+# -- sessions ---------------------------------------------------------------------------
+
+
+def test_session_gets_a_locked_down_pod_and_runs(kube_api: KubeClient, namespace: str, operator):
+    session, runtime = running_session(kube_api, namespace)
+    status = session["status"]
+    assert status["podName"] == "sb-session-alice"
+    assert status["podIP"].startswith("127.")
+    assert status["endpoint"] == f"http://{status['podIP']}:8080"
+    assert status["observedGeneration"] == session["metadata"]["generation"]
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("True", "RuntimeReady")
+    assert runtime.request("GET", "/v1/stats").status_code == 200
+    assert runtime.request("GET", "/v1/stats", token="x").status_code == 401
+
+    uid = session["metadata"]["uid"]
+    pod = kube_api.get(f"/api/v1/namespaces/{namespace}/pods/sb-session-alice")
+    for child in (
+        pod,
+        kube_api.get(
+            f"/api/v1/namespaces/{namespace}/secrets/{runtime_secret_name('sb-session-alice')}"
+        ),
+        kube_api.get(
+            f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/"
+            f"{workspace_claim_name('sb-session-alice')}"
+        ),
+    ):
+        assert [r["uid"] for r in child["metadata"]["ownerReferences"]] == [uid]
+    container = pod["spec"]["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    # kopf keeps its bookkeeping in our annotations, never in our status.
+    assert "kopf" not in session["status"]
+    annotations = kube_api.get(sbs_path(namespace, "sb-session-alice"))["metadata"]["annotations"]
+    assert not any(k.startswith("kopf.zalando.org") for k in annotations)
+    events = kube_api.list(f"/api/v1/namespaces/{namespace}/events")
+    assert any(e["involvedObject"]["uid"] == uid and e["reason"] == "RuntimeReady" for e in events)
+
+
+def test_killed_runtime_pod_is_recreated(
+    kube_api: KubeClient, namespace: str, operator, node_agent: NodeAgent
+):
+    session, runtime = running_session(kube_api, namespace)
+    runtime.upload("c1", "keep.csv", b"a,b\n")
+    old_uid = kube_api.get(f"/api/v1/namespaces/{namespace}/pods/sb-session-alice")["metadata"][
+        "uid"
+    ]
+    node_agent.kill(namespace, "sb-session-alice")
+
+    def replaced() -> dict | None:
+        pod = kube_api.get_or_none(f"/api/v1/namespaces/{namespace}/pods/sb-session-alice")
+        s = kube_api.get(sbs_path(namespace, "sb-session-alice"))
+        fresh = pod and pod["metadata"]["uid"] != old_uid
+        return s if fresh and s["status"].get("phase") == "Running" else None
+
+    session = wait_until(replaced, timeout=TIMEOUT, message="a new pod, Running")
+    files = runtime_of(kube_api, namespace, session).request("GET", "/v1/conversations/c1/uploads")
+    assert [f["name"] for f in files.json()["files"]] == ["keep.csv"]  # the PVC kept them
+
+
+def test_invalid_specs_are_rejected_by_the_apiserver(kube_api: KubeClient, namespace: str):
+    for spec in (
+        {},
+        {"userId": ""},
+        {"userId": "u", "idleTimeoutSeconds": -1},
+        {"userId": "u", "storage": {"size": "lots"}},
+        {"userId": "u", "fileUploadConfig": {"maxFileSizeUnit": "PB"}},
+    ):
+        with pytest.raises(ApiError) as err:
+            make_session(kube_api, namespace, name="sb-session-bad", **spec) if spec else (
+                kube_api.create(
+                    sbs_path(namespace),
+                    {
+                        "apiVersion": "sandboxworkspace.io/v1alpha1",
+                        "kind": "SandboxSession",
+                        "metadata": {"name": "x"},
+                        "spec": {},
+                    },
+                )
+            )
+        assert err.value.status == 422, spec
+    make_session(kube_api, namespace, name="sb-session-ok")
+    with pytest.raises(ApiError) as err:
+        kube_api.patch(sbs_path(namespace, "sb-session-ok"), {"spec": {"userId": "mallory"}})
+    assert err.value.status == 422 and "immutable" in str(err.value)
+    with pytest.raises(ApiError) as err:
+        make_workspace(kube_api, namespace, "c", session="Not_A_Name")
+    assert err.value.status == 422
+    kube_api.delete(sbs_path(namespace, "sb-session-ok"))
+
+
+def test_printer_columns(kube_api: KubeClient, namespace: str, operator):
+    running_session(kube_api, namespace)
+    make_workspace(kube_api, namespace, "conv-1")
+    wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
+    table = "application/json;as=Table;v=v1;g=meta.k8s.io"
+    for path, expected in (
+        (sbs_path(namespace), ["Name", "User", "Phase", "Pod", "Age", "Idle-Since", "Expires"]),
+        (cws_path(namespace), ["Name", "Conversation", "Session", "Phase", "Files", "Age"]),
+    ):
+        body = kube_api._http.get(path, headers={"Accept": table}).json()
+        columns = [c["name"] for c in body["columnDefinitions"] if c["priority"] == 0]
+        assert columns == expected
+        row = dict(
+            zip(
+                [c["name"] for c in body["columnDefinitions"]],
+                body["rows"][0]["cells"],
+                strict=True,
+            )
+        )
+        assert row["Phase"] in ("Running", "Ready")
+    assert row["Files"] == 0 and row["Conversation"] == "conv-1"
+
+
+# -- conversation workspaces ------------------------------------------------------------
+
+
+def test_conversation_directory_is_created_and_deleted(
+    kube_api: KubeClient, namespace: str, operator, node_agent: NodeAgent
+):
+    session, runtime = running_session(kube_api, namespace)
+    make_workspace(kube_api, namespace, "conv-1")
+    cws = wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
+    assert cws["metadata"]["finalizers"] == ["sandboxworkspace.io/files"]
+    assert cws["metadata"]["ownerReferences"][0]["uid"] == session["metadata"]["uid"]
+    directory = conversation_dir(node_agent, namespace, "conv-1")
+    # The runtime's root ("/workspace" in a real pod; the agent's directory here).
+    assert cws["status"]["path"] == str(directory)
+    assert directory.is_dir()
+    runtime.upload("conv-1", "data.csv", b"x,y\n1,2\n")
+    assert (directory / "uploads" / "temparea" / "data.csv").exists()
+
+    kube_api.delete(cws_path(namespace, "cws-conv-1"))
+    kube_api.wait_gone(cws_path(namespace, "cws-conv-1"), timeout=TIMEOUT)
+    assert not directory.exists()
+    assert runtime.request("GET", "/v1/conversations/conv-1").json()["exists"] is False
+
+
+def test_finalizer_holds_while_the_runtime_is_unreachable(
+    kube_api: KubeClient, namespace: str, operator, node_agent: NodeAgent
+):
+    _, runtime = running_session(kube_api, namespace)
+    make_workspace(kube_api, namespace, "conv-1")
+    wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
+    runtime.upload("conv-1", "data.csv", b"1")
+    directory = conversation_dir(node_agent, namespace, "conv-1")
+
+    node_agent.kill(namespace, "sb-session-alice", signal.SIGSTOP)  # alive, not answering
+    try:
+        kube_api.delete(cws_path(namespace, "cws-conv-1"))
+        kube_api.wait_for(
+            cws_path(namespace, "cws-conv-1"),
+            lambda o: (
+                {c["type"]: c for c in o["status"].get("conditions", [])}.get("Ready", {}).get(
+                    "reason"
+                )
+                == "RuntimeUnavailable"
+            ),
+            timeout=TIMEOUT,
+            message="deletion to report the runtime unreachable",
+        )
+        # Several retries later the files and the finalizer are still there.
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            held = kube_api.get(cws_path(namespace, "cws-conv-1"))
+            assert held["metadata"]["finalizers"] == ["sandboxworkspace.io/files"]
+            assert held["status"]["phase"] == "Deleting"
+            assert directory.exists()
+            time.sleep(0.2)
+    finally:
+        node_agent.kill(namespace, "sb-session-alice", signal.SIGCONT)
+    kube_api.wait_gone(cws_path(namespace, "cws-conv-1"), timeout=TIMEOUT)
+    assert not directory.exists()
+
+
+def test_deletion_completes_across_an_operator_restart(
+    kube_api: KubeClient, namespace: str, start_operator, node_agent: NodeAgent
+):
+    first = start_operator()
+    _, runtime = running_session(kube_api, namespace)
+    make_workspace(kube_api, namespace, "conv-1")
+    wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
+    runtime.upload("conv-1", "data.csv", b"1")
+    node_agent.kill(namespace, "sb-session-alice", signal.SIGSTOP)
+    try:
+        kube_api.delete(cws_path(namespace, "cws-conv-1"))
+        wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Deleting")
+        first.stop()
+    finally:
+        node_agent.kill(namespace, "sb-session-alice", signal.SIGCONT)
+    assert kube_api.get(cws_path(namespace, "cws-conv-1"))["metadata"]["finalizers"]
+    start_operator()
+    kube_api.wait_gone(cws_path(namespace, "cws-conv-1"), timeout=TIMEOUT)
+    assert not conversation_dir(node_agent, namespace, "conv-1").exists()
+
+
+def test_finalizer_completes_after_the_runtime_crashed(
+    kube_api: KubeClient, namespace: str, operator, node_agent: NodeAgent
+):
+    _, runtime = running_session(kube_api, namespace)
+    make_workspace(kube_api, namespace, "conv-1")
+    wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
+    runtime.upload("conv-1", "data.csv", b"1")
+    claim = kube_api.get(
+        f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/"
+        f"{workspace_claim_name('sb-session-alice')}"
+    )
+    directory = node_agent.claim_dir(claim["metadata"]["uid"]) / "conv-1"
+    assert directory.exists()
+    node_agent.kill(namespace, "sb-session-alice")  # SIGKILL: the pod fails
+    kube_api.delete(cws_path(namespace, "cws-conv-1"))
+    kube_api.wait_gone(cws_path(namespace, "cws-conv-1"), timeout=TIMEOUT)
+    assert not directory.exists()
+
+
+# -- idle stop, resume, TTL, garbage collection -----------------------------------------
+
+
+def _stats_count_as_activity(runtime: Runtime) -> bool:
+    first = runtime.request("GET", "/v1/stats").json()["last_activity_at"]
+    second = runtime.request("GET", "/v1/stats").json()["last_activity_at"]
+    return first != second
+
+
+def test_idle_session_stops_and_resumes_with_its_files(
+    kube_api: KubeClient, namespace: str, operator, node_agent: NodeAgent
+):
+    _, runtime = running_session(kube_api, namespace, idleTimeoutSeconds=2)
+    if _stats_count_as_activity(runtime):
+        pytest.xfail("the runtime counts GET /v1/stats as activity, so no session is ever idle")
+    runtime.upload("conv-1", "data.csv", b"kept")
+    session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Stopped", timeout=20)
+    stopped = {c["type"]: c for c in session["status"]["conditions"]}["Stopped"]
+    assert (stopped["status"], stopped["reason"]) == ("True", "IdleTimeout")
+    assert session["status"].get("endpoint") is None
+    kube_api.wait_gone(f"/api/v1/namespaces/{namespace}/pods/sb-session-alice", timeout=TIMEOUT)
+    assert kube_api.get_or_none(
+        f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/"
+        f"{workspace_claim_name('sb-session-alice')}"
+    )
+
+    kube_api.patch(
+        sbs_path(namespace, "sb-session-alice"),
+        {"metadata": {"annotations": {"sandboxworkspace.io/resume-requested": "now"}}},
+    )
+    session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
+    assert "sandboxworkspace.io/resume-requested" not in session["metadata"].get("annotations", {})
+    resumed = runtime_of(kube_api, namespace, session)
+    r = resumed.request("GET", "/v1/conversations/conv-1/uploads/data.csv")
+    assert r.content == b"kept"
+
+
+def test_deleting_a_stopped_sessions_conversation_resumes_it(
+    kube_api: KubeClient, namespace: str, operator, node_agent: NodeAgent
+):
+    _, runtime = running_session(kube_api, namespace, idleTimeoutSeconds=2)
+    if _stats_count_as_activity(runtime):
+        pytest.xfail("the runtime counts GET /v1/stats as activity, so no session is ever idle")
+    make_workspace(kube_api, namespace, "conv-1")
+    wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
+    wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Stopped", timeout=20)
+    kube_api.delete(cws_path(namespace, "cws-conv-1"))
+    kube_api.wait_gone(cws_path(namespace, "cws-conv-1"), timeout=TIMEOUT)
+    session = kube_api.get(sbs_path(namespace, "sb-session-alice"))
+    runtime = runtime_of(
+        kube_api,
+        namespace,
+        wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running"),
+    )
+    assert runtime.request("GET", "/v1/conversations/conv-1").json()["exists"] is False
+    assert session is not None
+
+
+def _children_gone(api: KubeClient, ns: str) -> bool:
+    return not any(
+        api.get_or_none(path)
+        for path in (
+            f"/api/v1/namespaces/{ns}/pods/sb-session-alice",
+            f"/api/v1/namespaces/{ns}/secrets/{runtime_secret_name('sb-session-alice')}",
+            f"/api/v1/namespaces/{ns}/persistentvolumeclaims/"
+            f"{workspace_claim_name('sb-session-alice')}",
+        )
+    ) and not api.list(cws_path(ns))
+
+
+def test_ttl_deletes_the_session_and_everything_in_it(
+    kube_api: KubeClient, namespace: str, operator
+):
+    make_session(kube_api, namespace, ttlSeconds=3)
+    session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
+    assert session["status"]["expiresAt"]
+    make_workspace(kube_api, namespace, "conv-1")
+    kube_api.wait_gone(sbs_path(namespace, "sb-session-alice"), timeout=TIMEOUT)
+    wait_until(
+        lambda: _children_gone(kube_api, namespace),
+        timeout=TIMEOUT,
+        message="pod, secret, PVC and workspaces to be collected",
+    )
+
+
+def test_deleting_a_session_collects_its_children(kube_api: KubeClient, namespace: str, operator):
+    running_session(kube_api, namespace)
+    make_workspace(kube_api, namespace, "conv-1")
+    wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
+    kube_api.delete(sbs_path(namespace, "sb-session-alice"))
+    kube_api.wait_gone(sbs_path(namespace, "sb-session-alice"), timeout=TIMEOUT)
+    wait_until(
+        lambda: _children_gone(kube_api, namespace),
+        timeout=TIMEOUT,
+        message="pod, secret, PVC and workspaces to be collected",
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_liveness_and_metrics(kube_api: KubeClient, namespace: str, start_operator):
+    metrics, live = _free_port(), _free_port()
+    start_operator(
+        metrics_port=metrics,
+        metrics_host="127.0.0.1",
+        liveness_endpoint=f"http://127.0.0.1:{live}/healthz",
+    )
+    running_session(kube_api, namespace)
+    make_workspace(kube_api, namespace, "conv-1")
+    wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
+    kube_api.delete(cws_path(namespace, "cws-conv-1"))
+    kube_api.wait_gone(cws_path(namespace, "cws-conv-1"), timeout=TIMEOUT)
+
+    def get(url: str) -> httpx.Response:
+        return httpx.get(url, timeout=5, trust_env=False)
+
+    assert get(f"http://127.0.0.1:{live}/healthz").status_code == 200
+    text = get(f"http://127.0.0.1:{metrics}/metrics").text
+    assert 'sandbox_operator_sessions{phase="Running"} 1.0' in text
+    assert "sandbox_operator_workspace_deletion_seconds_count 1.0" in text
+    assert 'sandbox_operator_reconciles_total{kind="ConversationWorkspace",outcome="ok"}' in text

@@ -1,0 +1,245 @@
+"""operator/builders.py: whole manifests, compared as a whole (STYLE 3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox_workspace.operator.builders import (
+    build_runtime_secret,
+    build_sandbox_pod,
+    build_workspace_pvc,
+    container_resources,
+)
+from sandbox_workspace.operator.models import SandboxSession, SandboxSessionSpec
+from sandbox_workspace.operator.settings import OperatorSettings
+
+LABELS = {
+    "app.kubernetes.io/name": "sandbox-workspace",
+    "app.kubernetes.io/managed-by": "sandbox-workspace-operator",
+    "sandboxworkspace.io/session": "sb-session-alice",
+    "sandboxworkspace.io/user": "alice",
+}
+ANNOTATIONS = {"sandboxworkspace.io/user-id": "alice"}
+
+
+def make_session(name: str = "sb-session-alice", **spec: object) -> SandboxSession:
+    return SandboxSession(
+        name=name,
+        namespace="ns",
+        spec=SandboxSessionSpec.model_validate({"userId": "alice", **spec}),
+    )
+
+
+@pytest.fixture
+def settings() -> OperatorSettings:
+    return OperatorSettings(_env_file=None, image="registry.example/sandbox:1.2.3")
+
+
+def test_secret(settings: OperatorSettings) -> None:
+    assert build_runtime_secret(make_session(), "tok") == {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": "sb-session-alice-token",
+            "labels": LABELS,
+            "annotations": ANNOTATIONS,
+        },
+        "type": "Opaque",
+        "stringData": {"token": "tok"},
+    }
+
+
+def test_pvc_with_storage_class() -> None:
+    session = make_session(storage={"size": "5Gi", "storageClassName": "fast"})
+    assert build_workspace_pvc(session) == {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": "sb-session-alice-workspace",
+            "labels": LABELS,
+            "annotations": ANNOTATIONS,
+        },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "volumeMode": "Filesystem",
+            "resources": {"requests": {"storage": "5Gi"}},
+            "storageClassName": "fast",
+        },
+    }
+
+
+def expected_pod(workspace_volume: dict, **spec_extra: object) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "sb-session-alice",
+            "labels": {
+                **LABELS,
+                "sandboxworkspace.io/component": "runtime",
+                "app.kubernetes.io/component": "runtime",
+            },
+            "annotations": ANNOTATIONS,
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 10,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+                "runAsGroup": 10001,
+                "fsGroup": 10001,
+                "fsGroupChangePolicy": "OnRootMismatch",
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "runtime",
+                    "image": "registry.example/sandbox:1.2.3",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": [
+                        "sandbox-workspace",
+                        "runtime",
+                        "--host",
+                        "0.0.0.0",
+                        "--port",
+                        "8080",
+                        "--root",
+                        "/workspace",
+                    ],
+                    "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+                    "env": [
+                        {
+                            "name": "SANDBOX_RUNTIME_TOKEN",
+                            "valueFrom": {
+                                "secretKeyRef": {"name": "sb-session-alice-token", "key": "token"}
+                            },
+                        },
+                        {"name": "SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES", "value": "104857600"},
+                        {"name": "SANDBOX_RUNTIME_MAX_FILE_COUNT", "value": "50"},
+                        {
+                            "name": "SANDBOX_RUNTIME_ALLOWED_FILE_TYPES",
+                            "value": "csv,xlsx,json,txt,pkl,png,jpg,pdf",
+                        },
+                        {"name": "HOME", "value": "/tmp"},
+                    ],
+                    "resources": {
+                        "requests": {
+                            "cpu": "100m",
+                            "memory": "256Mi",
+                            "ephemeral-storage": "256Mi",
+                        },
+                        "limits": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi"},
+                    },
+                    "readinessProbe": {
+                        "httpGet": {"path": "/healthz", "port": 8080},
+                        "periodSeconds": 2,
+                        "timeoutSeconds": 2,
+                        "failureThreshold": 3,
+                    },
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 10001,
+                        "runAsGroup": 10001,
+                        "allowPrivilegeEscalation": False,
+                        "privileged": False,
+                        "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]},
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "volumeMounts": [
+                        {"name": "workspace", "mountPath": "/workspace"},
+                        {"name": "tmp", "mountPath": "/tmp"},
+                    ],
+                }
+            ],
+            "volumes": [
+                workspace_volume,
+                {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
+            ],
+            **spec_extra,
+        },
+    }
+
+
+def test_pod_with_persistent_workspace(settings: OperatorSettings) -> None:
+    assert build_sandbox_pod(make_session(), settings) == expected_pod(
+        {"name": "workspace", "persistentVolumeClaim": {"claimName": "sb-session-alice-workspace"}}
+    )
+
+
+def test_pod_with_ephemeral_workspace_and_runtime_class(settings: OperatorSettings) -> None:
+    settings = settings.model_copy(update={"runtime_class_name": "gvisor"})
+    session = make_session(storage={"persistent": False, "size": "2Gi"})
+    assert build_sandbox_pod(session, settings) == expected_pod(
+        {"name": "workspace", "emptyDir": {"sizeLimit": "2Gi"}}, runtimeClassName="gvisor"
+    )
+
+
+def test_pod_upload_limits_come_from_the_spec(settings: OperatorSettings) -> None:
+    session = make_session(
+        fileUploadConfig={
+            "maxFileSize": 2,
+            "maxFileSizeUnit": "kb",
+            "maxFileCount": 3,
+            "allowedFileTypes": [],
+        },
+        image="custom:tag",
+    )
+    pod = build_sandbox_pod(session, settings)
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES"] == "2048"
+    assert env["SANDBOX_RUNTIME_MAX_FILE_COUNT"] == "3"
+    assert env["SANDBOX_RUNTIME_ALLOWED_FILE_TYPES"] == ""
+    assert container["image"] == "custom:tag"
+
+
+@pytest.mark.parametrize(
+    ("own", "expected"),
+    [
+        pytest.param(
+            None,
+            {
+                "requests": {"cpu": "100m", "memory": "256Mi", "ephemeral-storage": "256Mi"},
+                "limits": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi"},
+            },
+            id="defaults",
+        ),
+        pytest.param(
+            {"limits": {"memory": "4Gi", "cpu": 2}},
+            {
+                "requests": {"cpu": "100m", "memory": "256Mi", "ephemeral-storage": "256Mi"},
+                "limits": {"cpu": "2", "memory": "4Gi", "ephemeral-storage": "1Gi"},
+            },
+            id="override-some-keys",
+        ),
+        pytest.param(
+            {"requests": {"ephemeral-storage": "5Gi"}},
+            {
+                "requests": {"cpu": "100m", "memory": "256Mi", "ephemeral-storage": "5Gi"},
+                "limits": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi"},
+            },
+            id="dash-key",
+        ),
+    ],
+)
+def test_resources_merge_key_by_key(settings, own, expected) -> None:
+    session = make_session(**({"resources": own} if own else {}))
+    assert container_resources(session, settings) == expected
+
+
+def test_odd_user_ids_give_valid_labels_and_verbatim_annotation(settings) -> None:
+    session = SandboxSession(
+        name="sb-session-x-0a1b2c3d",
+        namespace="ns",
+        spec=SandboxSessionSpec(user_id="Ünïcode User@example.com"),
+    )
+    pod = build_sandbox_pod(session, settings)
+    user_label = pod["metadata"]["labels"]["sandboxworkspace.io/user"]
+    assert len(user_label) <= 63 and user_label.isascii()
+    assert pod["metadata"]["annotations"]["sandboxworkspace.io/user-id"] == (
+        "Ünïcode User@example.com"
+    )
