@@ -22,6 +22,7 @@ from sandbox_workspace.runtime.schemas import (
     ExecuteRequest,
     ExecutionResult,
     KernelRestarted,
+    OutputList,
     RuntimeStats,
     UploadList,
     UploadResult,
@@ -159,11 +160,19 @@ class RuntimeClient:
 
     async def open_download(self, cid: str, name: str) -> httpx.Response:
         """Start a download; the caller streams ``aiter_raw()`` and must ``aclose()`` it."""
-        request = self.http.build_request(
-            "GET",
-            f"{self.base}/v1/conversations/{_seg(cid)}/uploads/{_seg(name)}",
-            headers=self.headers,
-        )
+        return await self._open_stream(f"/v1/conversations/{_seg(cid)}/uploads/{_seg(name)}")
+
+    async def open_output(self, cid: str, parts: list[str]) -> httpx.Response:
+        """Start the download of ``outputs/{parts...}`` (same contract as open_download)."""
+        rel = "/".join(_seg(p) for p in parts)
+        return await self._open_stream(f"/v1/conversations/{_seg(cid)}/outputs/{rel}")
+
+    async def list_outputs(self, cid: str) -> OutputList:
+        r = await self._request("GET", f"/v1/conversations/{_seg(cid)}/outputs")
+        return OutputList.model_validate(r.json())
+
+    async def _open_stream(self, path: str) -> httpx.Response:
+        request = self.http.build_request("GET", f"{self.base}{path}", headers=self.headers)
         try:
             response = await self.http.send(request, stream=True)
         except httpx.TransportError as e:

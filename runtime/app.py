@@ -25,6 +25,7 @@ from .activity import Activity
 from .confinement import Confinement
 from .errors import ApiError, Unauthorized, install_error_handlers
 from .executor import Executor
+from .outputs import list_outputs, open_output
 from .schemas import (
     ConversationDeleted,
     ConversationInfo,
@@ -32,6 +33,7 @@ from .schemas import (
     ExecutionResult,
     Health,
     KernelRestarted,
+    OutputList,
     RuntimeStats,
     UploadList,
     UploadResult,
@@ -174,6 +176,28 @@ async def download(conversation_id: str, name: str, state: State) -> StreamingRe
     }
     return StreamingResponse(
         _read_fd(opened.fd, state.activity), media_type=opened.info.mime_type, headers=headers
+    )
+
+
+@router.get("/conversations/{conversation_id}/outputs")
+async def outputs(conversation_id: str, state: State) -> OutputList:
+    """Files code wrote under outputs/ (for result events and present_file)."""
+    return await anyio.to_thread.run_sync(list_outputs, state.workspace, conversation_id)
+
+
+@router.get("/conversations/{conversation_id}/outputs/{relative_path:path}")
+async def download_output(
+    conversation_id: str, relative_path: str, state: State
+) -> StreamingResponse:
+    """Stream one output file (path below outputs/, no symlink followed)."""
+    opened = open_output(state.workspace, conversation_id, relative_path)
+    headers = {
+        "Content-Length": str(opened.size),
+        "Content-Disposition": content_disposition(opened.name),
+        "X-Sandbox-Path": urllib.parse.quote(opened.path),
+    }
+    return StreamingResponse(
+        _read_fd(opened.fd, state.activity), media_type=opened.mime_type, headers=headers
     )
 
 

@@ -120,3 +120,23 @@ class ExecutionResult(BaseModel):
 class KernelRestarted(BaseModel):
     conversation_id: str
     restarted: bool
+
+
+# -- agent outputs --------------------------------------------------------------------
+
+
+class OutputFile(BaseModel):
+    """A file under a conversation's outputs/ (written by code, never listed as upload)."""
+
+    relative_path: str = Field(description="Path below outputs/, '/'-separated.")
+    path: str = Field(description="Full path as code in the sandbox opens it.")
+    size: int
+    modified_at: datetime
+    mime_type: str
+
+
+class OutputList(BaseModel):
+    conversation_id: str
+    path: str
+    files: list[OutputFile]
+    truncated: bool = Field(False, description="More files exist than were listed.")

@@ -133,9 +133,9 @@ class Workspace:
         count = total = 0
         exists = self.root.exists_dir([cid])
         if exists:
-            for _, size in self._walk_files([cid]):
+            for _, st in self.walk_files([cid]):
                 count += 1
-                total += size
+                total += st.st_size
         return ConversationInfo(
             conversation_id=cid,
             exists=exists,
@@ -162,20 +162,23 @@ class Workspace:
             raise OSError(f"conversation {cid} still exists after deletion")
         return ConversationDeleted(conversation_id=cid, deleted=existed, exists=False)
 
-    def _walk_files(self, parts: list[str]) -> Iterator[tuple[str, int]]:
-        """Regular files beneath ``parts`` (not following symlinks), skipping metadata."""
+    def walk_files(
+        self, parts: list[str], _rel: tuple[str, ...] = ()
+    ) -> Iterator[tuple[tuple[str, ...], os.stat_result]]:
+        """(path relative to ``parts``, stat) of every regular file beneath ``parts``,
+        never following a symlink, skipping upload metadata."""
         try:
-            with self.root.directory(parts) as fd:
-                entries = os.listdir(fd)
+            with self.root.directory([*parts, *_rel]) as fd:
+                entries = sorted(os.listdir(fd))
                 for name in entries:
                     try:
                         st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                     except FileNotFoundError:
                         continue
                     if stat.S_ISREG(st.st_mode):
-                        yield name, st.st_size
+                        yield (*_rel, name), st
                     elif stat.S_ISDIR(st.st_mode) and name != ".meta":
-                        yield from self._walk_files([*parts, name])
+                        yield from self.walk_files(parts, (*_rel, name))
         except (pathsafe.NotFound, pathsafe.UnsafePath):
             return
 

@@ -18,6 +18,7 @@ from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session
 from ..deps import CallerDep, ServicesDep
+from ..file_refs import parse_file_ref
 from ..runtime_client import RuntimeClient
 from ..schemas import FileDeleted, FileList, FileUploaded
 
@@ -58,36 +59,6 @@ def _required_conversation(request: Request) -> str:
             code="missing_conversation_id",
         )
     return Workspace.check_conversation_id(cid)
-
-
-def resolve_file_ref(ref: str, conversation_id: str | None, workspace_path: str) -> tuple[str, str]:
-    """(conversation_id, file name) from a bare name or a full sandbox path — both checked
-    by the same path-safety rules the runtime applies, before anything is proxied."""
-    cid, name = _split_file_ref(ref, conversation_id, workspace_path)
-    return Workspace.check_conversation_id(cid), Workspace.check_file_name(name)
-
-
-def _split_file_ref(ref: str, conversation_id: str | None, workspace_path: str) -> tuple[str, str]:
-    if "/" not in ref:
-        if conversation_id is None:
-            raise BadRequest(
-                "conversation_id is required to address a file by name",
-                code="missing_conversation_id",
-            )
-        return conversation_id, ref
-    root = workspace_path.strip("/")
-    path = ref.strip("/") if ref.startswith("/") else ref
-    shape = f"{workspace_path.rstrip('/')}/{{conversation_id}}/uploads/temparea/{{name}}"
-    if not path.startswith(root + "/"):
-        raise BadRequest(f"a file path must look like {shape}", code="invalid_path")
-    parts = path[len(root) + 1 :].split("/")
-    if len(parts) != 4 or parts[1:3] != ["uploads", UPLOAD_SUBDIR]:
-        raise BadRequest(f"a file path must look like {shape}", code="invalid_path")
-    if conversation_id is not None and conversation_id != parts[0]:
-        raise BadRequest(
-            "the path's conversation differs from conversation_id", code="conversation_mismatch"
-        )
-    return parts[0], parts[3]
 
 
 async def _running(services, caller, session_id: str) -> tuple[Session, RuntimeClient]:
@@ -131,8 +102,13 @@ async def download_file(
     """Stream one uploaded file, by name (+ conversation) or by its full sandbox path."""
     _subdir(request)
     session, client = await _running(services, caller, session_id)
-    cid, fname = resolve_file_ref(name, _param(request, "conversation_id"), session.workspace_path)
-    response = await client.open_download(cid, fname)
+    ref = parse_file_ref(
+        name, _param(request, "conversation_id"), session.workspace_path, allow_outputs=True
+    )
+    if ref.area == "outputs":
+        response = await client.open_output(ref.conversation_id, list(ref.parts))
+    else:
+        response = await client.open_download(ref.conversation_id, ref.name)
     headers = {k: response.headers[k] for k in _RELAYED_HEADERS if k in response.headers}
     return StreamingResponse(
         response.aiter_raw(),
@@ -149,6 +125,8 @@ async def delete_file(
     """Delete one uploaded file."""
     _subdir(request)
     session, client = await _running(services, caller, session_id)
-    cid, fname = resolve_file_ref(name, _param(request, "conversation_id"), session.workspace_path)
-    await client.delete_upload(cid, fname)
-    return FileDeleted(session_id=session.session_id, conversation_id=cid, name=fname)
+    ref = parse_file_ref(name, _param(request, "conversation_id"), session.workspace_path)
+    await client.delete_upload(ref.conversation_id, ref.name)
+    return FileDeleted(
+        session_id=session.session_id, conversation_id=ref.conversation_id, name=ref.name
+    )

@@ -301,3 +301,29 @@ def test_fifty_concurrent_uploads_land_intact(dev_server, user, session_url):
     for r in responses:
         body = r.json()
         assert hashlib.sha256(Path(body["path"]).read_bytes()).hexdigest() == body["sha256"]
+
+
+def test_agent_outputs_download_by_full_path_but_never_list(api, session_url):
+    r = api.post(
+        f"{session_url}/execute",
+        json={
+            "conversation_id": "c-out",
+            "language": "bash",
+            "code": "mkdir -p outputs/charts && printf 'total,3' > outputs/charts/sum.csv",
+        },
+    )
+    assert r.json()["exit_code"] == 0
+    workspace = api.get(session_url).json()["workspace_path"]
+    got = api.get(f"{session_url}/files/{workspace}/c-out/outputs/charts/sum.csv")
+    assert got.status_code == 200 and got.content == b"total,3"
+    assert got.headers["content-type"].startswith("text/csv")
+    assert listing(api, session_url, "c-out") == []
+    for bad in (
+        "outputs/../uploads/temparea/x",
+        "outputs/charts/%2E%2E/sum.csv",
+        "outputs/missing.csv",
+    ):
+        r = api.get(f"{session_url}/files/{workspace}/c-out/{bad}")
+        assert r.status_code in (400, 404), (bad, r.text)
+    r = api.delete(f"{session_url}/files/{workspace}/c-out/outputs/charts/sum.csv")
+    assert r.status_code == 400, "outputs cannot be deleted through the files API"

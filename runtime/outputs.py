@@ -1,0 +1,69 @@
+"""Agent outputs: what code wrote under ``{conversation}/outputs/``.
+
+Contract: listing walks outputs/ without following symlinks (bounded by ``limit``);
+opening a file resolves its relative path component by component through the same
+path-safety rules as uploads, so a symlink planted there is refused, never followed.
+These files are the agent's, never shown as user uploads; the chat's ``present_file``
+offers them for download.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from . import pathsafe
+from .errors import BadRequest, NotFoundError
+from .schemas import OutputFile, OutputList
+from .workspace import Workspace, guess_mime
+
+OUTPUTS = "outputs"
+
+
+@dataclass(frozen=True)
+class OpenedOutput:
+    fd: int
+    size: int
+    name: str
+    path: str
+    mime_type: str
+
+
+def list_outputs(ws: Workspace, conversation_id: str, limit: int = 2000) -> OutputList:
+    cid = ws.check_conversation_id(conversation_id)
+    files, truncated = [], False
+    for rel, st in ws.walk_files([cid, OUTPUTS]):
+        if len(files) >= limit:
+            truncated = True
+            break
+        files.append(
+            OutputFile(
+                relative_path="/".join(rel),
+                path=ws.visible(cid, OUTPUTS, *rel),
+                size=st.st_size,
+                modified_at=datetime.fromtimestamp(st.st_mtime, UTC),
+                mime_type=guess_mime(rel[-1]),
+            )
+        )
+    return OutputList(
+        conversation_id=cid, path=ws.visible(cid, OUTPUTS), files=files, truncated=truncated
+    )
+
+
+def open_output(ws: Workspace, conversation_id: str, relative_path: str) -> OpenedOutput:
+    cid = ws.check_conversation_id(conversation_id)
+    try:
+        parts = pathsafe.split_relative(relative_path, what="output path")
+        fd = ws.root.open_file([cid, OUTPUTS, *parts])
+    except pathsafe.UnsafePath as e:
+        raise BadRequest(str(e), code="invalid_path") from e
+    except pathsafe.NotFound as e:
+        raise NotFoundError(f"no output '{relative_path}' in conversation '{cid}'") from e
+    return OpenedOutput(
+        fd=fd,
+        size=os.fstat(fd).st_size,
+        name=parts[-1],
+        path=ws.visible(cid, OUTPUTS, *parts),
+        mime_type=guess_mime(parts[-1]),
+    )
