@@ -16,10 +16,12 @@ from sandbox_workspace import __version__
 from sandbox_workspace.runtime.errors import install_error_handlers
 
 from .backends.base import Backend
+from .chat.llm import LlmClient, LlmConfig
+from .chat.runs import RunRegistry
 from .deps import Services
 from .identity import Authenticator
 from .metrics import install_metrics
-from .routes import conversations, execute, files, health, sessions
+from .routes import chat, conversations, execute, files, health, sessions
 from .sessions import SessionService
 from .settings import ApiSettings
 
@@ -49,6 +51,21 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
     )
 
 
+def build_llm(settings: ApiSettings, http: httpx.AsyncClient) -> LlmClient | None:
+    if not (settings.llm_base_url and settings.llm_model):
+        return None  # chat answers 503 saying which settings to set
+    key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
+    config = LlmConfig(
+        base_url=settings.llm_base_url,
+        model=settings.llm_model,
+        api_key=key,
+        connect_timeout=settings.llm_timeout_seconds,
+        read_timeout=settings.llm_timeout_seconds,
+        max_retries=settings.llm_max_retries,
+    )
+    return LlmClient(config, http)
+
+
 def create_app(settings: ApiSettings | None = None, backend: Backend | None = None) -> FastAPI:
     settings = settings or ApiSettings()
     timeout = httpx.Timeout(
@@ -72,6 +89,8 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         ),
         authenticator=Authenticator(settings),
         http=http,
+        runs=RunRegistry(settings.chat_run_retention_seconds),
+        llm=build_llm(settings, http),
     )
 
     @asynccontextmanager
@@ -80,6 +99,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         try:
             yield
         finally:
+            await services.runs.aclose()
             await backend.aclose()
             await http.aclose()
 
@@ -87,6 +107,6 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     app.state.services = services
     install_error_handlers(app)
     install_metrics(app)
-    for module in (health, sessions, files, conversations, execute):
+    for module in (health, sessions, files, conversations, execute, chat):
         app.include_router(module.router)
     return app

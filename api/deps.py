@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import httpx
 from fastapi import Depends, Request
 
 from .backends.base import Backend
+from .chat.llm import LlmClient
+from .chat.runs import RunRegistry
 from .identity import Authenticator, Caller
 from .sessions import SessionService
 from .settings import ApiSettings
@@ -23,6 +27,16 @@ class Services:
     sessions: SessionService
     authenticator: Authenticator
     http: httpx.AsyncClient
+    runs: RunRegistry
+    llm: LlmClient | None = None
+    _tasks: set[asyncio.Task] = field(default_factory=set)
+
+    def spawn(self, coro: Coroutine) -> asyncio.Task:
+        """A background task that outlives the request (kept referenced until done)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
 
 def get_services(request: Request) -> Services:

@@ -73,6 +73,28 @@ class ApiSettings(BaseSettings):
     runtime_request_timeout_seconds: float = Field(
         300.0, gt=0, description="Read timeout for calls to a sandbox runtime."
     )
+    llm_base_url: str | None = Field(
+        None, description="OpenAI-compatible endpoint, e.g. https://host/v1 (chat needs it)."
+    )
+    llm_model: str | None = Field(None, description="Model name sent to the endpoint.")
+    llm_api_key: SecretStr | None = Field(None, description="Bearer key for the endpoint.")
+    llm_timeout_seconds: float = Field(60.0, gt=0, description="Connect/read timeout.")
+    llm_max_retries: int = Field(2, ge=0, le=10, description="Retries on 429/5xx/connect.")
+    chat_max_iterations: int = Field(15, ge=1, le=100, description="Model turns per run.")
+    chat_run_deadline_seconds: float = Field(900.0, gt=0, description="Hard limit per run.")
+    chat_approval_timeout_seconds: float = Field(
+        300.0, gt=0, description="Undecided approvals count as rejected after this."
+    )
+    chat_run_retention_seconds: float = Field(
+        900.0, ge=0, description="Finished runs stay re-attachable this long."
+    )
+    chat_keepalive_seconds: float = Field(15.0, gt=0, description="SSE keep-alive interval.")
+    chat_tool_timeout_seconds: float = Field(120.0, gt=0, description="Per tool call.")
+    tool_policies: dict[str, Literal["auto", "require_approval", "deny"]] = Field(
+        default_factory=dict,
+        description='Per tool: auto | require_approval | deny, e.g. {"bash": '
+        '"require_approval"}; requests may only make them stricter.',
+    )
     log_level: str = "info"
 
     @model_validator(mode="after")

@@ -41,6 +41,9 @@ ANNOTATION_CONVERSATION_ID = f"{PREFIX}/conversation-id"
 # Set (any value, conventionally an RFC 3339 time) by the API to start a Stopped session
 # again; the operator recreates the pod and removes the annotation.
 ANNOTATION_RESUME = f"{PREFIX}/resume-requested"
+# Set by the API while chat runs are open or approvals pending (activity the runtime
+# cannot see); the idle check uses the later of this and the runtime's own activity.
+ANNOTATION_LAST_ACTIVITY = f"{PREFIX}/last-activity"
 FINALIZER_FILES = f"{PREFIX}/files"
 COMPONENT_RUNTIME = "runtime"
 

@@ -83,6 +83,9 @@ class Backend(Protocol):
     async def wait_changed(self, session_id: str, timeout: float) -> None:
         """Return when the session may have changed, at the latest after ``timeout``."""
 
+    async def record_activity(self, session_id: str) -> None:
+        """Note activity the runtime cannot see (open chat runs, pending approvals)."""
+
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
         """Record that a conversation is in use (the kubernetes backend creates its CR)."""
 

@@ -222,6 +222,17 @@ class KubernetesBackend:
                     if event.get("type") in ("ADDED", "MODIFIED", "DELETED", "ERROR"):
                         return
 
+    async def record_activity(self, session_id: str) -> None:
+        """The operator counts the later of this and the runtime's own activity time."""
+        name = self._name(session_id)
+        if name is None:
+            return
+        stamp = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        await self.kube.patch(
+            self._sessions(name),
+            {"metadata": {"annotations": {models.ANNOTATION_LAST_ACTIVITY: stamp}}},
+        )
+
     # -- conversations -------------------------------------------------------------------
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:

@@ -218,6 +218,9 @@ class LocalBackend:
         # Process state changes are not signalled; a short poll is cheap on one machine.
         await asyncio.sleep(min(timeout, _POLL_SECONDS))
 
+    async def record_activity(self, session_id: str) -> None:
+        return None  # local sessions are not stopped for idleness
+
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
         # The runtime creates directories on first upload; nothing to record locally.
         return None

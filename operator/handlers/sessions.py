@@ -39,9 +39,9 @@ from ..builders import build_runtime_secret, build_sandbox_pod, build_workspace_
 from ..context import OperatorContext
 from ..kube import KubeError, core_path, custom_path
 from ..models import (
+    ANNOTATION_LAST_ACTIVITY,
     ANNOTATION_RESUME,
     LABEL_SESSION,
-    PREFIX,
     SESSION_PLURAL,
     SandboxSession,
     SandboxSessionStatus,
@@ -49,7 +49,7 @@ from ..models import (
 from ..runtime_client import RuntimeClientError
 from ..status import expires_at, is_stopped, observe_pod, session_status, set_condition
 
-ANNOTATION_ACTIVITY = f"{PREFIX}/last-activity"
+ANNOTATION_ACTIVITY = ANNOTATION_LAST_ACTIVITY
 KIND = "SandboxSession"
 
 

@@ -1,0 +1,263 @@
+"""The ReAct loop of one run: think (model) → act (tools, after approval if required) →
+observe, until the model answers or a limit is hit.
+
+Contract: every run emits ``run_started`` first and ``done`` last, whatever happens in
+between — a model failure, a sandbox that will not start, a cancel or the deadline each
+emit ``error`` (with a code) before ``done``; a run never hangs. A successful run emits
+``result`` with the answer, the files created or modified under outputs/ during the run,
+and the presented files with their download URLs. While the session starts, ``status``
+events keep the client informed. A tool under ``require_approval`` emits
+``tool_approval`` and runs only once approved; a rejection (or no decision in time) is
+told to the model, and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from sandbox_workspace.runtime.errors import ApiError
+from sandbox_workspace.runtime.schemas import OutputList, UploadedFile
+
+from ..backends.base import Session
+from ..runtime_client import RuntimeClient
+from .context import build_messages, system_prompt, workspace_context_message
+from .llm import Completion, LlmClient, LlmError, TextDelta
+from .policy import Policy
+from .runs import Run
+from .tools import TOOL_SPECS, SandboxTools
+
+log = logging.getLogger(__name__)
+_STATUS_EVERY = 2.0
+
+
+@dataclass
+class RunSpec:
+    """Everything a run needs, resolved and validated before it starts."""
+
+    query: str
+    history: list[dict]
+    selected_files: list[str]  # upload names, already checked to be this conversation's
+    policies: dict[str, Policy]
+    max_iterations: int
+    deadline_seconds: float
+    approval_timeout: float
+    tool_timeout: float
+    ensure_session: Callable[[], Awaitable[Session]]
+    record_activity: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
+
+
+async def _noop() -> None:
+    return None
+
+
+class RunFailed(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+async def run_agent(run: Run, spec: RunSpec, llm: LlmClient, http) -> None:
+    run.emit(
+        "run_started",
+        {"run_id": run.id, "session_id": run.session_id, "conversation_id": run.conversation_id},
+    )
+    heartbeat = asyncio.create_task(_heartbeat(spec))
+    try:
+        async with asyncio.timeout(spec.deadline_seconds):
+            await _loop(run, spec, llm, http)
+    except TimeoutError:
+        run.emit(
+            "error",
+            {
+                "code": "deadline_exceeded",
+                "message": f"the run exceeded its {spec.deadline_seconds:g}s limit",
+            },
+        )
+    except asyncio.CancelledError:
+        run.emit("error", {"code": "cancelled", "message": "the run was cancelled"})
+    except RunFailed as e:
+        run.emit("error", {"code": e.code, "message": e.message})
+    except LlmError as e:
+        run.emit("error", {"code": e.code, "message": str(e)})
+    except ApiError as e:
+        run.emit("error", {"code": e.code, "message": e.message})
+    except Exception as e:  # a run must end with error + done, never hang or vanish
+        log.exception("run failed", extra={"run_id": run.id})
+        run.emit("error", {"code": "internal_error", "message": f"{e.__class__.__name__}: {e}"})
+    finally:
+        heartbeat.cancel()
+        run.emit("done", {"run_id": run.id})
+        run.finish()
+
+
+async def _heartbeat(spec: RunSpec) -> None:
+    """Open runs (and pending approvals) count as session activity."""
+    while True:
+        with contextlib.suppress(Exception):
+            await spec.record_activity()
+        await asyncio.sleep(30)
+
+
+async def _ensure(run: Run, spec: RunSpec) -> Session:
+    run.emit("status", {"stage": "session", "message": "starting the sandbox session"})
+    task = asyncio.ensure_future(spec.ensure_session())
+    started = time.monotonic()
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=_STATUS_EVERY)
+        if done:
+            session = task.result()
+            run.emit("status", {"stage": "session_ready", "message": "sandbox session running"})
+            return session
+        run.emit(
+            "status",
+            {
+                "stage": "session",
+                "message": "still starting the sandbox "
+                f"session ({time.monotonic() - started:.0f}s)",
+            },
+        )
+
+
+def _resolve_selected(names: list[str], uploads: list[UploadedFile]) -> list[UploadedFile]:
+    by_name = {f.name: f for f in uploads}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise RunFailed(
+            "file_not_found",
+            f"selected file(s) {', '.join(missing)} are not uploads of this conversation",
+        )
+    return [by_name[n] for n in names]
+
+
+async def _loop(run: Run, spec: RunSpec, llm: LlmClient, http) -> None:
+    session = await _ensure(run, spec)
+    assert session.endpoint is not None
+    client = RuntimeClient(http, session.endpoint)
+    cid = run.conversation_id
+    uploads = (await client.list_uploads(cid)).files
+    selected = _resolve_selected(spec.selected_files, uploads)
+    before = await _outputs(client, cid)
+    tools = SandboxTools(
+        client,
+        session_id=run.session_id,
+        conversation_id=cid,
+        workspace_path=session.workspace_path,
+        exec_timeout=spec.tool_timeout,
+    )
+    messages = build_messages(
+        system_prompt(session.workspace_path, cid, run.session_id, uploads),
+        spec.history,
+        workspace_context_message(session.workspace_path, cid, run.session_id, selected),
+        spec.query,
+    )
+    offered = [TOOL_SPECS[n] for n, p in spec.policies.items() if p != "deny"]
+    for iteration in range(1, spec.max_iterations + 1):
+        run.emit("status", {"stage": "thinking", "iteration": iteration})
+        completion: Completion | None = None
+        async for item in llm.stream(messages, offered):
+            if isinstance(item, TextDelta):
+                run.emit("text", {"delta": item.text})
+            else:
+                completion = item
+        assert completion is not None
+        messages.append(completion.as_message())
+        if not completion.tool_calls:
+            after = await _outputs(client, cid)
+            run.emit(
+                "result",
+                {
+                    "success": True,
+                    "answer": completion.content,
+                    "files": _changed(before, after),
+                    "presented": [p.__dict__ for p in tools.presented],
+                    "iterations": iteration,
+                },
+            )
+            return
+        for call in completion.tool_calls:
+            output = await _act(run, spec, tools, call.id, call.name, call.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+    raise RunFailed("max_iterations", f"no answer after {spec.max_iterations} iterations")
+
+
+async def _act(
+    run: Run, spec: RunSpec, tools: SandboxTools, call_id: str, name: str, arguments: str
+) -> str:
+    policy = spec.policies.get(name)
+    if policy == "deny" or policy is None:
+        reason = "denied by policy" if policy == "deny" else "unknown tool"
+        run.emit(
+            "tool_end",
+            {
+                "tool_call_id": call_id,
+                "name": name,
+                "ok": False,
+                "decision": "denied",
+                "output": reason,
+            },
+        )
+        return f"The tool call was not run: {reason}."
+    if policy == "require_approval":
+        run.emit(
+            "tool_approval",
+            {
+                "tool_call_id": call_id,
+                "name": name,
+                "arguments": arguments,
+                "timeout_seconds": spec.approval_timeout,
+            },
+        )
+        decision = await run.request_approval(call_id, name, spec.approval_timeout)
+        if not decision.approved:
+            why = decision.reason or "no reason given"
+            run.emit(
+                "tool_end",
+                {
+                    "tool_call_id": call_id,
+                    "name": name,
+                    "ok": False,
+                    "decision": "timeout" if decision.by_timeout else "rejected",
+                    "output": why,
+                },
+            )
+            return f"The user rejected this tool call ({why}). Do not retry it unchanged."
+    run.emit("tool_start", {"tool_call_id": call_id, "name": name, "arguments": arguments})
+    outcome = await tools.call(name, arguments)
+    run.emit(
+        "tool_end",
+        {
+            "tool_call_id": call_id,
+            "name": name,
+            "ok": outcome.ok,
+            "output": outcome.output,
+            "duration_ms": outcome.duration_ms,
+            **({"data": outcome.data} if outcome.data else {}),
+        },
+    )
+    return outcome.output
+
+
+async def _outputs(client: RuntimeClient, cid: str) -> OutputList:
+    return await client.list_outputs(cid)
+
+
+def _changed(before: OutputList, after: OutputList) -> list[dict]:
+    seen = {f.relative_path: (f.size, f.modified_at) for f in before.files}
+    changed = []
+    for f in after.files:
+        old = seen.get(f.relative_path)
+        if old != (f.size, f.modified_at):
+            changed.append(
+                {
+                    "path": f.path,
+                    "relative_path": f.relative_path,
+                    "size": f.size,
+                    "status": "created" if old is None else "modified",
+                }
+            )
+    return changed

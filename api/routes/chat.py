@@ -1,0 +1,185 @@
+"""/api/v1/chat and /api/v1/runs — start an agent run and follow, steer or stop it.
+
+``POST /chat`` validates everything it can before answering (a model is configured, the
+conversation id, tool policies, every selected file belongs to this conversation's
+temparea), then starts the run in the background and answers its SSE stream. The stream
+is only a view: a client that drops loses nothing, and ``GET /runs/{id}/events`` with
+``Last-Event-ID`` re-attaches from where it left off.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field, field_validator
+
+from sandbox_workspace.operator.naming import session_id_for
+from sandbox_workspace.runtime.errors import BadRequest, Unavailable
+from sandbox_workspace.runtime.workspace import Workspace
+
+from ..chat.loop import RunSpec, run_agent
+from ..chat.policy import Policy, effective_policies
+from ..chat.runs import Run
+from ..chat.tools import TOOL_NAMES
+from ..deps import CallerDep, ServicesDep
+from ..file_refs import parse_file_ref
+from ..identity import Caller
+from ..sse import SSE_HEADERS, encode_event, with_keepalive
+
+router = APIRouter(prefix="/api/v1", tags=["chat"])
+
+
+class HistoryMessage(BaseModel):
+    role: Literal["user", "assistant"]
+    content: str = Field(max_length=200_000)
+
+
+class SelectedFile(BaseModel):
+    file_name: str = Field(description="A name in temparea, or its full sandbox path.")
+
+
+class ChatRequest(BaseModel):
+    """seed 000 §7.6 ChatReq."""
+
+    query: str = Field(min_length=1, max_length=100_000)
+    conversation_id: str
+    agent_id: str = ""
+    history: list[HistoryMessage] = Field(default_factory=list, max_length=500)
+    selected_files: list[SelectedFile | str] = Field(default_factory=list, max_length=100)
+    tool_policies: dict[str, Policy] | None = Field(
+        None, description="Per tool, only stricter than the configured policy."
+    )
+    max_iterations: int | None = Field(None, ge=1, le=100)
+
+    @field_validator("query")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("query must not be blank")
+        return value
+
+
+class ApprovalRequest(BaseModel):
+    tool_call_id: str = Field(min_length=1)
+    approved: bool
+    reason: str = Field("", max_length=2000)
+
+
+def _stream(run: Run, after: int, keepalive: float) -> StreamingResponse:
+    async def frames():
+        async for event in run.follow(after):
+            yield encode_event(event.id, event.kind, event.data)
+
+    return StreamingResponse(
+        with_keepalive(frames(), keepalive),
+        media_type="text/event-stream",
+        headers={**SSE_HEADERS, "X-Run-Id": run.id},
+    )
+
+
+async def _selected_names(
+    services, caller: Caller, cid: str, selected: list[SelectedFile | str]
+) -> list[str]:
+    refs = [s.file_name if isinstance(s, SelectedFile) else s for s in selected]
+    if not refs:
+        return []
+    session = await services.backend.get_session(session_id_for(caller.user_id))
+    if session is None:
+        raise BadRequest(
+            "selected_files: this user has no session, so no uploads yet",
+            code="invalid_selected_file",
+        )
+    names = []
+    for ref in refs:
+        parsed = parse_file_ref(ref, cid, session.workspace_path)
+        if parsed.conversation_id != cid or parsed.area != "uploads":
+            raise BadRequest(
+                f"selected file '{ref}' is not in this conversation's temparea",
+                code="invalid_selected_file",
+            )
+        names.append(parsed.name)
+    return names
+
+
+@router.post("/chat", responses={200: {"content": {"text/event-stream": {}}}})
+async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> StreamingResponse:
+    """Start an agent run in the conversation; answers its SSE stream."""
+    settings = services.settings
+    llm = services.llm
+    if llm is None:
+        raise Unavailable(
+            "chat needs a model: set SANDBOX_WORKSPACE_LLM_BASE_URL and "
+            "SANDBOX_WORKSPACE_LLM_MODEL (and SANDBOX_WORKSPACE_LLM_API_KEY if "
+            "the endpoint wants one)",
+            code="llm_not_configured",
+        )
+    cid = Workspace.check_conversation_id(body.conversation_id)
+    policies = effective_policies(TOOL_NAMES, settings.tool_policies, body.tool_policies)
+    names = await _selected_names(services, caller, cid, body.selected_files)
+    session_id = session_id_for(caller.user_id)
+
+    async def ensure():
+        session = await services.sessions.ensure_running(caller, session_id)
+        await services.backend.conversation_opened(session, cid)
+        return session
+
+    spec = RunSpec(
+        query=body.query,
+        history=[m.model_dump() for m in body.history],
+        selected_files=names,
+        policies=policies,
+        max_iterations=body.max_iterations or settings.chat_max_iterations,
+        deadline_seconds=settings.chat_run_deadline_seconds,
+        approval_timeout=settings.chat_approval_timeout_seconds,
+        tool_timeout=settings.chat_tool_timeout_seconds,
+        ensure_session=ensure,
+        record_activity=lambda: services.backend.record_activity(session_id),
+    )
+    run = services.runs.add(Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid))
+    run.task = services.spawn(run_agent(run, spec, llm, services.http))
+    return _stream(run, 0, settings.chat_keepalive_seconds)
+
+
+@router.get("/runs/{run_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
+async def run_events(
+    run_id: str,
+    request: Request,
+    caller: CallerDep,
+    services: ServicesDep,
+    last_event_id: Annotated[str | None, Header()] = None,
+    after: Annotated[int | None, Query(ge=0, description="Same as Last-Event-ID.")] = None,
+) -> StreamingResponse:
+    """Re-attach to a run: every event after Last-Event-ID, then live ones."""
+    run = services.runs.get(run_id, caller.user_id)
+    position = after or 0
+    if last_event_id is not None:
+        if not last_event_id.strip().isdigit():
+            raise BadRequest(
+                "Last-Event-ID must be an event id (a number)", code="invalid_last_event_id"
+            )
+        position = int(last_event_id)
+    return _stream(run, position, services.settings.chat_keepalive_seconds)
+
+
+@router.post("/runs/{run_id}/approvals")
+async def approve(
+    run_id: str, body: ApprovalRequest, caller: CallerDep, services: ServicesDep
+) -> dict:
+    """Approve or reject a tool call the run is waiting on (a second decision is 409)."""
+    run = services.runs.get(run_id, caller.user_id)
+    run.decide(body.tool_call_id, body.approved, body.reason)
+    return {
+        "run_id": run.id,
+        "tool_call_id": body.tool_call_id,
+        "decision": "approved" if body.approved else "rejected",
+    }
+
+
+@router.post("/runs/{run_id}/cancel")
+async def cancel(run_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+    """Stop a run; its stream ends with error (cancelled) and done."""
+    run = services.runs.get(run_id, caller.user_id)
+    cancelled = run.cancel()
+    return {"run_id": run.id, "status": "cancelling" if cancelled else "finished"}
