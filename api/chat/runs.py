@@ -2,10 +2,11 @@
 
 Contract:
 - ``Run.emit`` appends an event with the next id (1, 2, 3, …) and wakes every follower.
-  ``Run.follow(after)`` yields each event with id > ``after`` exactly once, in order, then
+  ``Run.follow(after)`` yields every event with id > ``after`` exactly once, in order, then
   waits for more until the run is finished — which is how a client that dropped and comes
-  back with ``Last-Event-ID`` receives every missed event once. The run itself never
-  depends on anyone following it.
+  back with ``Last-Event-ID`` receives every missed event once. Events that arrived
+  together are handed over as one batch (one write to the client, not one per token).
+  The run itself never depends on anyone following it.
 - Approvals: ``request_approval`` registers a pending tool call and waits (bounded) for
   ``decide``; no decision in time counts as a rejection. Deciding twice is a 409, an
   unknown call a 404.
@@ -81,16 +82,26 @@ class Run:
         self._wakeup.set()
         self._wakeup = asyncio.Event()
 
-    async def follow(self, after: int = 0) -> AsyncIterator[RunEvent]:
+    async def follow(
+        self, after: int = 0, idle: float | None = None
+    ) -> AsyncIterator[list[RunEvent]]:
+        """Batches of the events after ``after`` as they come; an empty batch each time
+        ``idle`` seconds pass without one (the caller's cue for a keep-alive)."""
         position = max(0, after)
         while True:
             wakeup = self._wakeup
-            while position < len(self.events):
-                position += 1
-                yield self.events[position - 1]
+            if position < len(self.events):
+                batch = self.events[position:]
+                position += len(batch)
+                yield batch
+                continue
             if self.finished:
                 return
-            await wakeup.wait()
+            try:
+                async with asyncio.timeout(idle):
+                    await wakeup.wait()
+            except TimeoutError:
+                yield []
 
     async def request_approval(self, call_id: str, name: str, timeout: float) -> Decision:
         future: asyncio.Future = asyncio.get_running_loop().create_future()

@@ -26,7 +26,7 @@ from ..chat.tools import TOOL_NAMES
 from ..deps import CallerDep, ServicesDep
 from ..file_refs import parse_file_ref
 from ..identity import Caller
-from ..sse import SSE_HEADERS, encode_event, with_keepalive
+from ..sse import KEEPALIVE, SSE_HEADERS, encode_event
 
 router = APIRouter(prefix="/api/v1", tags=["chat"])
 
@@ -69,13 +69,15 @@ class ApprovalRequest(BaseModel):
 
 def _stream(run: Run, after: int, keepalive: float) -> StreamingResponse:
     async def frames():
-        async for event in run.follow(after):
-            yield encode_event(event.id, event.kind, event.data)
+        async for batch in run.follow(after, idle=keepalive):
+            if not batch:
+                yield KEEPALIVE
+                continue
+            # Events that arrived together go out in one write.
+            yield b"".join(encode_event(e.id, e.kind, e.data) for e in batch)
 
     return StreamingResponse(
-        with_keepalive(frames(), keepalive),
-        media_type="text/event-stream",
-        headers={**SSE_HEADERS, "X-Run-Id": run.id},
+        frames(), media_type="text/event-stream", headers={**SSE_HEADERS, "X-Run-Id": run.id}
     )
 
 
