@@ -403,3 +403,34 @@ def test_hundred_concurrent_runs(chat_server, user, scripted_llm):
 
     runs = asyncio.run(main())
     assert all(r[-2:] == ["result", "done"] for r in runs), [r[-3:] for r in runs][:5]
+
+
+def test_run_deadline_and_bounded_retention(start_server, scripted_llm_server, chat_env_factory):
+    server = start_server(
+        "dev",
+        "--data-dir",
+        "data",
+        **chat_env_factory(
+            scripted_llm_server,
+            SANDBOX_WORKSPACE_CHAT_RUN_DEADLINE_SECONDS="1",
+            SANDBOX_WORKSPACE_CHAT_RUN_RETENTION_SECONDS="0",
+        ),
+    )
+
+    def slow(body: dict) -> Reply:
+        reply = text_reply("x" * 200, pieces=200)
+        reply.pause_between = 0.05  # 10 s of streaming: far past the deadline
+        return reply
+
+    scripted_llm_server.responder = slow
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": "deadline"}, timeout=60) as client:
+        with start_chat(client) as r:
+            first = r.headers["x-run-id"]
+            events = Stream(r).rest()
+        assert kinds(events)[-2:] == ["error", "done"]
+        assert events[-2][2]["code"] == "deadline_exceeded"
+        scripted_llm_server.responder = lambda body: text_reply("quick")
+        with start_chat(client) as r:
+            Stream(r).rest()
+        # Finished runs are kept only for the retention period (0 here).
+        assert client.get(f"/api/v1/runs/{first}/events").status_code == 404
