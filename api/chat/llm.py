@@ -152,16 +152,29 @@ def _retry_after(response: httpx.Response) -> float:
         return 0.0
 
 
+async def _lines(response: httpx.Response) -> AsyncIterator[bytes]:
+    """Lines of the body. Splitting bytes ourselves skips httpx's text-decoding layers,
+    which cost more than the parsing on a busy stream; JSON is decoded from bytes."""
+    pending = b""
+    async for chunk in response.aiter_bytes():
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r")
+    if pending:
+        yield pending
+
+
 async def _parse(response: httpx.Response) -> AsyncIterator[TextDelta | Completion]:
     content: list[str] = []
     calls: dict[int, ToolCall] = {}
     finish: str | None = None
     done = False
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
+    async for line in _lines(response):
+        if not line.startswith(b"data:"):
             continue  # comments, event names, blank separators
         payload = line[5:].strip()
-        if payload == "[DONE]":
+        if payload == b"[DONE]":
             done = True
             break
         try:
