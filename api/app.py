@@ -106,7 +106,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     app = FastAPI(title="Sandbox Workspace API", version=__version__, lifespan=lifespan)
     app.state.services = services
     install_error_handlers(app)
-    install_metrics(app)
+    install_metrics(app, services.runs)
     for module in (health, sessions, files, conversations, execute, chat):
         app.include_router(module.router)
     return app

@@ -17,6 +17,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily
 
 
 class _MetricsMiddleware:
@@ -52,8 +53,35 @@ def _route(scope) -> str:
     return getattr(route, "path", None) or "unmatched"
 
 
-def install_metrics(app: FastAPI) -> CollectorRegistry:
+class _RunsCollector:
+    """Chat runs by state, read from the run registry at scrape time."""
+
+    def __init__(self, runs) -> None:
+        self.runs = runs
+
+    def collect(self):
+        counts = {"running": 0, "awaiting_approval": 0, "finished": 0}
+        for run in self.runs.all():
+            state = (
+                "finished"
+                if run.finished
+                else "awaiting_approval"
+                if run.awaiting_approval
+                else "running"
+            )
+            counts[state] += 1
+        family = GaugeMetricFamily(
+            "sandbox_chat_runs", "Chat runs held by this API, by state", labels=["state"]
+        )
+        for state, value in counts.items():
+            family.add_metric([state], value)
+        yield family
+
+
+def install_metrics(app: FastAPI, runs=None) -> CollectorRegistry:
     registry = CollectorRegistry()
+    if runs is not None:
+        registry.register(_RunsCollector(runs))
     requests = Counter(
         "sandbox_api_requests_total",
         "HTTP requests handled",

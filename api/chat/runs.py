@@ -147,6 +147,9 @@ class RunRegistry:
             raise NotFoundError(f"run '{run_id}' not found")
         return run
 
+    def all(self) -> list[Run]:
+        return list(self._runs.values())
+
     def open_runs(self, session_id: str) -> list[Run]:
         return [r for r in self._runs.values() if r.session_id == session_id and not r.finished]
 

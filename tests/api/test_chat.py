@@ -339,6 +339,18 @@ def test_chat_without_a_model_says_which_settings_to_set(api):
     assert "SANDBOX_WORKSPACE_LLM_BASE_URL" in r.json()["error"]["message"]
 
 
+def test_runs_show_in_metrics(chat, scripted_llm):
+    with start_chat(chat) as r:
+        Stream(r).rest()
+    metrics = chat.get("/metrics").text
+    finished = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('sandbox_chat_runs{state="finished"}')
+    ]
+    assert finished and float(finished[0].split()[-1]) >= 1
+
+
 def test_unknown_run_is_404(chat):
     assert chat.get("/api/v1/runs/run_nope/events").status_code == 404
     assert chat.post("/api/v1/runs/run_nope/cancel").status_code == 404
