@@ -50,11 +50,12 @@ def _python_payload(tag: str) -> bytes:
 
 def _ops(n: int, users: list[str], conversations: list[str], tag: str) -> list[Op]:
     rng = random.Random(tag)
+    pairs = [(u, c) for c in conversations for u in users]
     ops = []
     for i in range(n):
-        user = users[i % len(users)]
-        conversation = conversations[(i // len(users)) % len(conversations)]
-        kind = ("upload", "python", "upload", "bash")[i % 4]
+        # Round-robin over (user, conversation); each pair gets the same mix of kinds.
+        user, conversation = pairs[i % len(pairs)]
+        kind = ("upload", "python", "upload", "bash")[(i // len(pairs) + i) % 4]
         name = f"{tag}-{i}.{'bin' if kind != 'bash' else 'txt'}"
         if kind == "upload":
             payload = os.urandom(rng.randint(4 * 1024, 1024 * 1024))
