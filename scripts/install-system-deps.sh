@@ -2,6 +2,9 @@
 # Installs the optional system tools the tests exercise, where this machine allows it:
 #   bubblewrap — the local backend presents workspaces at /workspace (tests/api/test_bwrap.py)
 #   curl       — the README walk-through test
+#   podman, runc, debootstrap — the image smoke test (tests/image; scripts/build-image.sh):
+#                a Debian base made with debootstrap, the Dockerfile built and run by
+#                podman with runc (~10 s to install; the first image build ~90 s)
 # Without root or apt-get it only reports what is missing; the tests that need a missing
 # tool are then skipped with a reason that names it.
 set -euo pipefail
@@ -9,6 +12,9 @@ missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v curl >/dev/null || missing+=(curl)
 command -v nsenter >/dev/null || missing+=(util-linux)
+command -v podman >/dev/null || missing+=(podman)
+[ -x /usr/sbin/runc ] || missing+=(runc)
+command -v debootstrap >/dev/null || missing+=(debootstrap)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
   echo "installing ${missing[*]} (apt-get)"

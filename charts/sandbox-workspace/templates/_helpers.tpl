@@ -1,0 +1,62 @@
+{{/* Names, labels and small computed values shared by the templates. */}}
+
+{{- define "sw.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* "<release>-sandbox-workspace", or the release name when it already says it. */}}
+{{- define "sw.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sw.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "sw.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "sw.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sw.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The namespace of sessions, sandbox pods and their Secrets. */}}
+{{- define "sw.sessionsNamespace" -}}
+{{- default (printf "%s-sessions" .Release.Namespace) .Values.sessions.namespace -}}
+{{- end -}}
+
+{{- define "sw.apiName" -}}{{ include "sw.fullname" . }}-api{{- end -}}
+{{- define "sw.operatorName" -}}{{ include "sw.fullname" . }}-operator{{- end -}}
+
+{{- define "sw.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "sw.sandboxImage" -}}
+{{- $repo := default .Values.image.repository .Values.sandbox.image.repository -}}
+{{- $tag := default (default .Chart.AppVersion .Values.image.tag) .Values.sandbox.image.tag -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+
+{{/* The Secret holding the service token: the user's, or the chart's. */}}
+{{- define "sw.serviceTokenSecret" -}}
+{{- default (include "sw.apiName" .) .Values.auth.serviceToken.existingSecret -}}
+{{- end -}}
+
+{{/* Does the chart's own Secret "<fullname>-api" have anything to hold? */}}
+{{- define "sw.chartSecretNeeded" -}}
+{{- if or (and .Values.auth.serviceToken.enabled (not .Values.auth.serviceToken.existingSecret)) (and .Values.chat.apiKey.value (not .Values.chat.apiKey.existingSecret)) -}}true{{- end -}}
+{{- end -}}

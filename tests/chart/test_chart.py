@@ -1,0 +1,465 @@
+"""The Helm chart, statically: lint, render (defaults and a hardened values file),
+kubeconform (strict, offline schemas incl. our CRDs from the models), secure defaults,
+least-privilege RBAC, values documented and schema-checked, settings the processes accept.
+
+The live half — the chart applied to a real apiserver and the operator and API run under
+its ServiceAccounts — is tests/cluster/test_chart_rbac.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from charttools import CHART, HARDENED_VALUES, REPO, Tools, helm, kubeconform, render, render_text
+
+from sandbox_workspace.api.settings import ApiSettings
+from sandbox_workspace.operator import crdgen
+from sandbox_workspace.operator.settings import OperatorSettings
+
+RELEASE, NAMESPACE = "sw", "sandbox"
+VALUE_SETS = {"defaults": (), "hardened": (HARDENED_VALUES,)}
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in by_kind(docs, kind) if d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]
+
+
+def workloads(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+@pytest.fixture(scope="module", params=sorted(VALUE_SETS))
+def rendered(request: pytest.FixtureRequest, tools: Tools) -> tuple[str, list[dict[str, Any]]]:
+    values = VALUE_SETS[request.param]
+    return request.param, render(tools, release=RELEASE, namespace=NAMESPACE, values=values)
+
+
+# ---------------------------------------------------------------------------- CRDs
+def test_chart_crds_are_the_generated_ones() -> None:
+    """charts/.../crds/ holds exactly crds/*.yaml (rendered from the models) plus kopf's
+    peering CRD; a stale copy fails here (fix: cp crds/*.yaml charts/sandbox-workspace/crds/)."""
+    chart_crds = CHART / "crds"
+    generated = crdgen.render_all()
+    assert sorted(p.name for p in chart_crds.glob("*.yaml")) == sorted(
+        [*generated, "kopf-peering.yaml"]
+    )
+    for name, text in generated.items():
+        assert (chart_crds / name).read_text() == text, (
+            f"charts/sandbox-workspace/crds/{name} is stale: run `sandbox-workspace crds "
+            f"--output-dir charts/sandbox-workspace/crds`"
+        )
+        assert (REPO / "crds" / name).read_text() == text
+
+
+# -------------------------------------------------------------------------- values
+def test_every_values_key_has_a_comment() -> None:
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    missing = []
+    for i, line in enumerate(lines):
+        if not re.match(r"^\s*[A-Za-z0-9_.-]+:", line):
+            continue
+        previous = next((p for p in reversed(lines[:i]) if p.strip()), "")
+        if not previous.lstrip().startswith("#") and " # " not in line:
+            missing.append(f"line {i + 1}: {line.strip()}")
+    assert not missing, "values keys without a comment:\n" + "\n".join(missing)
+
+
+def test_values_schema_covers_every_default_key() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def walk(value: Any, node: dict[str, Any], path: str) -> None:
+        if not isinstance(value, dict) or "properties" not in node:
+            return
+        for key, sub in value.items():
+            assert key in node["properties"], f"{path}.{key} is not in values.schema.json"
+            walk(sub, node["properties"][key], f"{path}.{key}")
+
+    walk(values, schema, "values")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "complaint"),
+    [
+        pytest.param("sessions.fileUpload.maxFileSizeUnit", "TB", "maxFileSizeUnit", id="unit"),
+        pytest.param("sesions.namespace", "x", "sesions", id="typo"),
+        pytest.param("api.securityContext.allowPrivilegeEscalation", "true", "", id="escalation"),
+        pytest.param("operator.podSecurityContext.runAsNonRoot", "false", "", id="root"),
+        pytest.param("sessions.ttlSeconds", "10", "ttlSeconds", id="ttl"),
+        pytest.param("sandbox.networkPolicy.egressCIDRs[0]", "anywhere", "", id="cidr"),
+    ],
+)
+def test_values_schema_refuses_bad_values(tools: Tools, key: str, value: str, complaint: str):
+    result = render_text(tools, set_values={key: value}, check=False)
+    assert result.returncode != 0, f"--set {key}={value} was accepted"
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert complaint in result.stderr
+
+
+# ---------------------------------------------------------------------- lint/render
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_helm_lint_strict(tools: Tools, name: str) -> None:
+    args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE]
+    for path in VALUE_SETS[name]:
+        args += ["--values", str(path)]
+    result = helm(tools, *args)
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_kubeconform_strict_accepts_the_rendered_chart(
+    tools: Tools, schema_dir: Path, rendered: tuple[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    name, _ = rendered
+    text = render_text(
+        tools, release=RELEASE, namespace=NAMESPACE, values=VALUE_SETS[name], include_crds=True
+    ).stdout
+    manifests = tmp_path / f"{name}.yaml"
+    manifests.write_text(text)
+    report = kubeconform(tools, schema_dir, manifests)
+    summary = report["summary"]
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    assert summary["valid"] == len(docs) and summary["skipped"] == 0, summary
+
+
+def test_kubeconform_validates_custom_resources_against_the_models(
+    tools: Tools, schema_dir: Path, tmp_path: Path
+) -> None:
+    good = {
+        "apiVersion": "sandboxworkspace.io/v1alpha1",
+        "kind": "SandboxSession",
+        "metadata": {"name": "sb-session-alice", "namespace": "s"},
+        "spec": {
+            "userId": "alice",
+            "idleTimeoutSeconds": 600,
+            "fileUploadConfig": {
+                "maxFileSize": 10,
+                "maxFileSizeUnit": "MB",
+                "maxFileCount": 5,
+                "allowedFileTypes": ["csv"],
+            },
+            "resources": {"limits": {"cpu": 1, "memory": "1Gi"}},
+        },
+    }
+    workspace = {
+        "apiVersion": "sandboxworkspace.io/v1alpha1",
+        "kind": "ConversationWorkspace",
+        "metadata": {"name": "cws-1", "namespace": "s"},
+        "spec": {"conversationId": "conv-1", "sessionRef": "sb-session-alice"},
+    }
+    path = tmp_path / "good.yaml"
+    path.write_text(yaml.safe_dump_all([good, workspace]))
+    assert kubeconform(tools, schema_dir, path)["summary"]["valid"] == 2
+
+    bad_cases = {
+        "unknown field": {**good, "spec": {**good["spec"], "userID": "x"}},
+        "wrong type": {**good, "spec": {**good["spec"], "idleTimeoutSeconds": "soon"}},
+        "bad unit": {
+            **good,
+            "spec": {**good["spec"], "fileUploadConfig": {"maxFileSizeUnit": "TB"}},
+        },
+        "missing required": {**workspace, "spec": {"conversationId": "c"}},
+    }
+    for what, doc in bad_cases.items():
+        path = tmp_path / "bad.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        report = kubeconform(tools, schema_dir, path, check=False)
+        assert report["summary"]["invalid"] == 1, f"{what} was accepted: {report}"
+
+
+def test_kubeconform_is_strict_about_builtin_kinds(
+    tools: Tools, schema_dir: Path, tmp_path: Path
+) -> None:
+    docs = render(tools, release=RELEASE, namespace=NAMESPACE)
+    deployment = one(docs, "Deployment", f"{RELEASE}-sandbox-workspace-api")
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContxt"] = {}
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(deployment))
+    report = kubeconform(tools, schema_dir, path, check=False)
+    assert report["summary"]["invalid"] == 1, report
+
+
+# ------------------------------------------------------------------ secure defaults
+def test_every_pod_is_locked_down(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+    assert len(workloads(docs)) == 2
+    for workload in workloads(docs):
+        pod = workload["spec"]["template"]["spec"]
+        where = workload["metadata"]["name"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, where
+        assert pod["securityContext"]["runAsUser"] == 10001, where
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        assert pod["enableServiceLinks"] is False, where
+        assert pod.get("hostNetwork") is not True and pod.get("hostPID") is not True, where
+        for container in pod["containers"]:
+            ctx = container["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False, where
+            assert ctx["readOnlyRootFilesystem"] is True, where
+            assert ctx["capabilities"] == {"drop": ["ALL"]}, where
+            assert ctx["runAsNonRoot"] is True, where
+            assert "limits" in container["resources"], where
+            assert container["livenessProbe"]["httpGet"]["path"] == "/healthz", where
+            mounts = {m["mountPath"] for m in container["volumeMounts"]}
+            assert mounts == {"/tmp"}, where
+
+
+def test_the_sessions_namespace_enforces_restricted_pods(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    name, docs = rendered
+    ns = one(docs, "Namespace", "agent-sandboxes" if name == "hardened" else "sandbox-sessions")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert ns["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_rbac_is_namespaced_and_minimal(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    name, docs = rendered
+    sessions_ns = "agent-sandboxes" if name == "hardened" else "sandbox-sessions"
+    # The one cluster-scoped grant: kopf's read-only discovery, for the operator only.
+    (cluster_role,) = by_kind(docs, "ClusterRole")
+    assert cluster_role["rules"] == [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "verbs": ["list", "watch"],
+        },
+    ]
+    (cluster_binding,) = by_kind(docs, "ClusterRoleBinding")
+    assert cluster_binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": f"{RELEASE}-sandbox-workspace-operator",
+            "namespace": NAMESPACE,
+        }
+    ]
+    roles = {r["metadata"]["name"]: r for r in by_kind(docs, "Role")}
+    assert set(roles) == {
+        f"{RELEASE}-sandbox-workspace-api",
+        f"{RELEASE}-sandbox-workspace-operator",
+    }
+    for role in roles.values():
+        assert role["metadata"]["namespace"] == sessions_ns
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+
+    def grants(role: dict[str, Any]) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for res in rule["resources"]:
+                    out.setdefault(f"{group}/{res}", set()).update(rule["verbs"])
+        return out
+
+    api = grants(roles[f"{RELEASE}-sandbox-workspace-api"])
+    assert api == {
+        "sandboxworkspace.io/sandboxsessions": {"get", "watch", "create", "patch", "delete"},
+        "sandboxworkspace.io/conversationworkspaces": {"create", "delete"},
+        "/secrets": {"get"},
+    }
+    operator = grants(roles[f"{RELEASE}-sandbox-workspace-operator"])
+    assert operator["/secrets"] == {"get", "create"}
+    assert operator["/pods"] == {"get", "list", "watch", "create", "delete"}
+    assert ("kopf.dev/kopfpeerings" in operator) == (name == "hardened")
+    for binding in by_kind(docs, "RoleBinding") + by_kind(docs, "ClusterRoleBinding"):
+        (subject,) = binding["subjects"]
+        assert subject["kind"] == "ServiceAccount" and subject["namespace"] == NAMESPACE
+        assert binding["roleRef"]["name"].startswith(subject["name"])
+    for sa in by_kind(docs, "ServiceAccount"):
+        assert sa["automountServiceAccountToken"] is False
+
+
+def test_sandbox_network_policy(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    name, docs = rendered
+    (policy,) = by_kind(docs, "NetworkPolicy")
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"sandboxworkspace.io/component": "runtime"}}
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    (rule,) = spec["ingress"]
+    (peer,) = rule["from"]
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+    components = {e["key"]: e["values"] for e in peer["podSelector"]["matchExpressions"]}[
+        "app.kubernetes.io/component"
+    ]
+    assert components == ["api", "operator"]
+    assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    if name == "defaults":
+        assert spec["egress"] == []
+    else:
+        assert spec["egress"] == [
+            {
+                "to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}],
+                "ports": [{"port": 443, "protocol": "TCP"}],
+            }
+        ]
+
+
+def test_api_deployment_and_service(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    name, docs = rendered
+    full = f"{RELEASE}-sandbox-workspace-api"
+    deployment = one(docs, "Deployment", full)
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["serviceAccountName"] == full and pod["automountServiceAccountToken"] is True
+    assert container["args"][0] == "api"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    service = one(docs, "Service", full)
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    env = env_of(container)
+    assert env["SANDBOX_WORKSPACE_BACKEND"] == "kubernetes"
+    assert env["SANDBOX_WORKSPACE_AUTH_MODE"] == "required"
+    token = env["SANDBOX_WORKSPACE_SERVICE_TOKEN"]["secretKeyRef"]
+    if name == "defaults":
+        assert env["SANDBOX_WORKSPACE_NAMESPACE"] == "sandbox-sessions"
+        assert token == {"name": full, "key": "service-token"}
+        secret = one(docs, "Secret", full)
+        assert len(secret["data"]["service-token"]) >= 48
+        assert "SANDBOX_WORKSPACE_LLM_API_KEY" not in env
+        assert json.loads(env["SANDBOX_WORKSPACE_FILE_UPLOAD"]) == {
+            "maxFileSize": 100,
+            "maxFileSizeUnit": "MB",
+            "maxFileCount": 50,
+            "allowedFileTypes": ["csv", "xlsx", "json", "txt", "pkl", "png", "jpg", "pdf"],
+        }
+    else:
+        assert not by_kind(docs, "Secret"), "existing Secrets only: the chart creates none"
+        assert token == {"name": "platform-backend-token", "key": "token"}
+        assert env["SANDBOX_WORKSPACE_JWT_SECRET"]["secretKeyRef"] == {
+            "name": "platform-jwt",
+            "key": "hs256",
+        }
+        assert env["SANDBOX_WORKSPACE_LLM_BASE_URL"] == "https://llm.example.internal/v1"
+        assert env["SANDBOX_WORKSPACE_LLM_MODEL"] == "agent-large"
+        assert env["SANDBOX_WORKSPACE_LLM_API_KEY"]["secretKeyRef"] == {
+            "name": "llm-credentials",
+            "key": "api-key",
+        }
+        assert env["SANDBOX_WORKSPACE_SESSION_TTL_SECONDS"] == "86400"
+        assert pod["imagePullSecrets"] == [{"name": "platform-registry"}]
+
+
+def test_operator_workload(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    name, docs = rendered
+    full = f"{RELEASE}-sandbox-workspace-operator"
+    if name == "defaults":
+        workload = one(docs, "Deployment", full)
+        assert workload["spec"]["replicas"] == 1
+        assert workload["spec"]["strategy"] == {"type": "Recreate"}
+        assert not by_kind(docs, "KopfPeering")
+    else:
+        workload = one(docs, "StatefulSet", full)
+        assert workload["spec"]["replicas"] == 2
+        (peering,) = by_kind(docs, "KopfPeering")
+        assert peering["metadata"] == {
+            **peering["metadata"],
+            "name": "sandbox-workspace-peering",
+            "namespace": "agent-sandboxes",
+        }
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    env = env_of(container)
+    if name == "defaults":
+        assert env["SANDBOX_OPERATOR_STANDALONE"] == "true"
+        assert env["SANDBOX_OPERATOR_IMAGE"] == "sandbox-workspace:0.1.0"
+        assert "SANDBOX_OPERATOR_RUNTIME_CLASS_NAME" not in env
+    else:
+        assert env["SANDBOX_OPERATOR_STANDALONE"] == "false"
+        assert env["SANDBOX_OPERATOR_PEERING_NAME"] == "sandbox-workspace-peering"
+        assert env["SANDBOX_OPERATOR_PRIORITY"] == {
+            "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}
+        }
+        assert env["SANDBOX_OPERATOR_RUNTIME_CLASS_NAME"] == "gvisor"
+        assert env["SANDBOX_OPERATOR_IMAGE"] == (
+            "registry.example.internal/platform/sandbox-runtime:0.1.0-py311"
+        )
+        assert env["SANDBOX_OPERATOR_CHECK_INTERVAL_SECONDS"] == "15"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8081, "metrics": 9090}
+
+
+def _plain_env(container: dict[str, Any], secrets: dict[str, str]) -> dict[str, str]:
+    """The container's environment as the kubelet would give it (Secrets resolved)."""
+    out = {}
+    for item in container["env"]:
+        if "value" in item:
+            out[item["name"]] = item["value"]
+        elif "secretKeyRef" in item["valueFrom"]:
+            out[item["name"]] = secrets.get(item["valueFrom"]["secretKeyRef"]["name"], "x" * 32)
+        else:
+            out[item["name"]] = "0"  # fieldRef: the pod index / name
+    return out
+
+
+def test_the_processes_accept_the_charts_settings(
+    rendered: tuple[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every SANDBOX_* variable the chart sets parses into the processes' settings with
+    the meaning the values intend (a renamed setting or a bad format fails here)."""
+    name, docs = rendered
+    api = one(docs, "Deployment", f"{RELEASE}-sandbox-workspace-api")
+    operator = workloads(docs)[0] if workloads(docs)[0] is not api else workloads(docs)[1]
+    for container, settings_cls in (
+        (api["spec"]["template"]["spec"]["containers"][0], ApiSettings),
+        (operator["spec"]["template"]["spec"]["containers"][0], OperatorSettings),
+    ):
+        env = _plain_env(container, {})
+        for key in list(__import__("os").environ):
+            if key.startswith(("SANDBOX_WORKSPACE_", "SANDBOX_OPERATOR_")):
+                monkeypatch.delenv(key)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        settings = settings_cls(host="0.0.0.0") if settings_cls is ApiSettings else settings_cls()
+        if isinstance(settings, ApiSettings):
+            assert settings.backend == "kubernetes" and settings.auth_mode == "required"
+            limits = settings.file_upload
+            expected = (20, "MB", 10) if name == "hardened" else (100, "MB", 50)
+            assert (limits.max_file_size, limits.max_file_size_unit, limits.max_file_count) == (
+                expected
+            )
+            assert settings.session_idle_timeout_seconds == (900 if name == "hardened" else 1800)
+        else:
+            assert settings.namespaces == [
+                "agent-sandboxes" if name == "hardened" else "sandbox-sessions"
+            ]
+            limits = settings.default_resources.limits
+            assert limits is not None
+            assert str(limits.memory) == ("2Gi" if name == "hardened" else "1Gi")
+            assert settings.liveness_endpoint == "http://0.0.0.0:8081/healthz"
+            assert settings.metrics_port == 9090
+            assert settings.standalone is (name == "defaults")
+
+
+def test_notes_tell_how_to_reach_and_try_the_api(tools: Tools, tmp_path: Path) -> None:
+    """NOTES.txt rendered (helm renders it only on a real install: a copy of the chart
+    turns it into a ConfigMap that `helm template` shows)."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    notes = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "NOTES.txt").unlink()
+    (chart / "templates" / "_notes.tpl").write_text(
+        '{{- define "notes" -}}' + notes + "{{- end -}}"
+    )
+    (chart / "templates" / "notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data: {notes: {{ include "notes" . | quote }}}\n'
+    )
+    args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE, "-s", "templates/notes.yaml"]
+    text = yaml.safe_load(helm(tools, *args).stdout)["data"]["notes"]
+    assert f"port-forward service/{RELEASE}-sandbox-workspace-api 8000:80" in text
+    assert "X-User-Id: alice" in text and "/files/upload" in text and "/execute" in text
+    assert "kubectl -n sandbox-sessions get sbs,cws,pods" in text
