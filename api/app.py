@@ -48,6 +48,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         namespace,
         http,
         idle_timeout_seconds=settings.session_idle_timeout_seconds,
+        storage=settings.session_storage,
     )
 
 

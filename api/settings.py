@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sandbox_workspace.operator.models import FileUploadConfig
+from sandbox_workspace.operator.models import FileUploadConfig, StorageSpec
 
 ENV_PREFIX = "SANDBOX_WORKSPACE_"
 
@@ -60,6 +60,11 @@ class ApiSettings(BaseSettings):
     )
     namespace: str | None = Field(
         None, description="Kubernetes backend: namespace of the CRs (default: the pod's own)."
+    )
+    session_storage: StorageSpec | None = Field(
+        None,
+        description="Kubernetes backend: workspace storage of new sessions "
+        "(persistent, size, storage_class_name); unset uses the CRD's default.",
     )
     session_idle_timeout_seconds: int | None = Field(
         None, ge=0, description="Kubernetes backend: idleTimeoutSeconds of new sessions."

@@ -51,11 +51,13 @@ class KubernetesBackend:
         http: httpx.AsyncClient,
         *,
         idle_timeout_seconds: int | None = None,
+        storage: models.StorageSpec | None = None,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
         self.http = http
         self.idle_timeout_seconds = idle_timeout_seconds
+        self.storage = storage
         self._tokens: dict[str, str] = {}  # session uid → runtime token
         self._workspace_paths: dict[tuple, str] = {}  # (endpoint, pod incarnation) → path
         self._seen_versions: dict[str, str] = {}  # CR name → resourceVersion last read
@@ -161,6 +163,7 @@ class KubernetesBackend:
                 if self.idle_timeout_seconds is not None
                 else {}
             ),
+            **({"storage": self.storage} if self.storage is not None else {}),
         )
         body = {
             "apiVersion": models.API_VERSION,

@@ -91,6 +91,8 @@ def kubernetes_api(kube_control_plane, kube_api, node_agent, namespace, tmp_path
             SANDBOX_WORKSPACE_KUBECONFIG=kubeconfig,
             SANDBOX_WORKSPACE_NAMESPACE=namespace,
             SANDBOX_WORKSPACE_LOG_FORMAT="text",
+            SANDBOX_WORKSPACE_SESSION_STORAGE__SIZE="2Gi",
+            SANDBOX_WORKSPACE_SESSION_IDLE_TIMEOUT_SECONDS="3600",
         ),
         tmp_path / "api.log",
     )
@@ -147,3 +149,22 @@ def test_api_suite_passes_on_the_kubernetes_backend(kubernetes_api, tmp_path):
     summary = result.stdout[-6000:]
     assert result.returncode == 0, f"full output: {report}\n" + summary + result.stderr[-3000:]
     assert " passed" in summary and "failed" not in summary.splitlines()[-1]
+
+
+def test_sessions_created_through_the_api_carry_the_api_settings(
+    kubernetes_api, kube_api, namespace
+):
+    r = httpx.post(
+        kubernetes_api + "/api/v1/sessions",
+        headers={"X-User-Id": "carol"},
+        json={"agent_id": "a1"},
+        timeout=30,
+    )
+    assert r.status_code == 201, r.text
+    cr = kube_api.get(
+        f"/apis/sandboxworkspace.io/v1alpha1/namespaces/{namespace}"
+        "/sandboxsessions/sb-session-carol"
+    )
+    assert cr["spec"]["storage"]["size"] == "2Gi"
+    assert cr["spec"]["idleTimeoutSeconds"] == 3600
+    assert cr["spec"]["userId"] == "carol" and cr["spec"]["agentId"] == "a1"
