@@ -29,6 +29,10 @@ class OperatorContext:
     kube: Kube | None = None
     http: httpx.AsyncClient | None = None
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    # Per session incarnation (uid): its runtime token, and that its Secret and claim were
+    # seen — both fixed for a session's life, so the periodic check need not GET them.
+    _tokens: dict[str, str] = field(default_factory=dict)
+    children_seen: set[str] = field(default_factory=set)
 
     def ensure_credentials(self) -> Credentials:
         if self.credentials is None:
@@ -59,21 +63,32 @@ class OperatorContext:
         """Serialises work on one session across handlers (events, timers, changes)."""
         return self._locks.setdefault((namespace, name), asyncio.Lock())
 
-    def forget(self, namespace: str, name: str) -> None:
+    def forget(self, namespace: str, name: str, uid: str | None = None) -> None:
         self._locks.pop((namespace, name), None)
+        if uid:
+            self._tokens.pop(uid, None)
+            self.children_seen.discard(uid)
 
-    async def runtime_token(self, namespace: str, session_name: str) -> str | None:
+    async def runtime_token(
+        self, namespace: str, session_name: str, uid: str | None = None
+    ) -> str | None:
+        if uid and uid in self._tokens:
+            return self._tokens[uid]
         secret = await self.api.get(
             core_path(namespace, "secrets", naming.runtime_secret_name(session_name))
         )
         data = (secret or {}).get("data") or {}
-        return base64.b64decode(data["token"]).decode() if "token" in data else None
+        token = base64.b64decode(data["token"]).decode() if "token" in data else None
+        if token and uid:
+            self._tokens[uid] = token
+        return token
 
     async def runtime(
-        self, namespace: str, session_name: str, endpoint: str
+        self, namespace: str, session_name: str, endpoint: str, uid: str | None = None
     ) -> RuntimeClient | None:
-        """A client of the session's runtime, or None when its token is missing."""
-        token = await self.runtime_token(namespace, session_name)
+        """A client of the session's runtime, or None when its token is missing; with the
+        session's ``uid`` the token is read once per session incarnation."""
+        token = await self.runtime_token(namespace, session_name, uid)
         if token is None:
             return None
         assert self.http is not None

@@ -62,6 +62,8 @@ def _session_path(namespace: str, name: str) -> str:
 
 
 async def _ensure_children(ctx: OperatorContext, session: SandboxSession, body: dict) -> None:
+    if session.uid and session.uid in ctx.children_seen:
+        return  # created (or seen) once for this incarnation; owner refs keep them
     ns = session.namespace
     secret_path = core_path(ns, "secrets", naming.runtime_secret_name(session.name))
     if await ctx.api.get(secret_path) is None:
@@ -76,6 +78,8 @@ async def _ensure_children(ctx: OperatorContext, session: SandboxSession, body: 
             pvc = build_workspace_pvc(session)
             kopf.adopt(pvc, owner=body)
             await ctx.api.create(core_path(ns, "persistentvolumeclaims"), pvc)
+    if session.uid:
+        ctx.children_seen.add(session.uid)
 
 
 async def _write_status(
@@ -137,6 +141,9 @@ async def reconcile_session(
             await ctx.api.delete(pod_path, uid=pod["metadata"]["uid"])
             pod = await ctx.api.get(pod_path)
         elif pod is None and not stopped:
+            # A new pod needs its Secret and claim: look again rather than trust the cache.
+            ctx.children_seen.discard(session.uid)
+            await _ensure_children(ctx, session, body)
             manifest = build_sandbox_pod(session, ctx.settings)
             kopf.adopt(manifest, owner=body)
             pod = await ctx.api.create(core_path(namespace, "pods"), manifest)
@@ -228,7 +235,7 @@ async def check_session(ctx: OperatorContext, namespace: str, name: str, logger:
     status = session.status
     if status.phase != "Running" or not status.endpoint:
         return
-    client = await ctx.runtime(namespace, name, status.endpoint)
+    client = await ctx.runtime(namespace, name, status.endpoint, session.uid)
     if client is None:
         return
     try:
@@ -283,7 +290,7 @@ async def on_session_event(
     ctx: OperatorContext = memo.ctx
     if event["type"] == "DELETED":
         ctx.metrics.session_phase(f"{namespace}/{name}", None)
-        ctx.forget(namespace, name)
+        ctx.forget(namespace, name, event["object"].get("metadata", {}).get("uid"))
         return
     annotations = event["object"].get("metadata", {}).get("annotations") or {}
     if ANNOTATION_RESUME in annotations:

@@ -78,7 +78,7 @@ async def _runtime_of(
     if session.status.phase != "Running" or not session.status.endpoint:
         phase = session.status.phase or "Pending"
         raise _Wait("SessionNotRunning", f"waiting for the session's runtime ({phase})")
-    client = await ctx.runtime(cws.namespace, session.name, session.status.endpoint)
+    client = await ctx.runtime(cws.namespace, session.name, session.status.endpoint, session.uid)
     if client is None:
         raise _Wait("TokenMissing", "the session's runtime token is not there yet")
     return client
