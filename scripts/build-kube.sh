@@ -27,10 +27,11 @@ K8S_DIR="$CACHE/kubernetes-$K8S_VERSION"
 ETCD_DIR="$CACHE/etcd-$ETCD_VERSION"
 
 START=$SECONDS
+NAME=build-kube
+# shellcheck source=lib/go-build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go-build.sh"
 # `go get` lists every module it adds or upgrades (hundreds); keep the rest.
 quiet() { "$@" 2>&1 | { grep -vE '^go: (added|upgraded|downgraded) ' || true; } >&2; }
-log() { printf '[build-kube %4ds] %s\n' "$((SECONDS - START))" "$*" >&2; }
-die() { printf '[build-kube] ERROR: %s\n' "$1" >&2; exit "${2:-1}"; }
 
 built() {
   [[ -x "$ETCD_DIR/bin/etcd" && -x "$K8S_DIR/bin/kube-apiserver" && -x "$K8S_DIR/bin/kube-controller-manager" ]]
@@ -57,28 +58,10 @@ if built; then
 fi
 
 # ---- Go toolchain -----------------------------------------------------------
-if [[ -z "${GO:-}" ]]; then
-  if command -v go >/dev/null 2>&1; then GO="$(command -v go)"
-  elif [[ -x /usr/local/go/bin/go ]]; then GO=/usr/local/go/bin/go
-  else
-    die "Go is not installed (no 'go' on PATH, no /usr/local/go/bin/go). Install Go >= 1.24 or set GO=/path/to/go; the cluster test tier needs it to build etcd and kube-apiserver." 3
-  fi
-fi
-[[ -x "$GO" ]] || die "GO=$GO is not executable" 3
+find_go "the cluster test tier needs it to build etcd and kube-apiserver."
+go_env
 
-export GOMODCACHE="$GOCACHE_ROOT/mod" GOCACHE="$GOCACHE_ROOT/build" GOPATH="$GOCACHE_ROOT/path"
-export GOTOOLCHAIN=local GOFLAGS="-buildvcs=false -mod=mod" CGO_ENABLED=0 GO111MODULE=on
-mkdir -p "$CACHE" "$GOMODCACHE" "$GOCACHE" "$GOPATH"
-
-# One build at a time (parallel pytest sessions / CI jobs share the cache).
-if command -v flock >/dev/null 2>&1; then
-  exec 9>"$CACHE/.lock"
-  if ! flock -n 9; then
-    log "another build holds $CACHE/.lock; waiting"
-    flock 9
-  fi
-fi
-if built; then link_bins; log "built by a concurrent run"; exit 0; fi
+lock_cache
 
 log "go: $("$GO" version) ($GO); $(nproc) cores"
 log "caches: GOMODCACHE=$GOMODCACHE GOCACHE=$GOCACHE"

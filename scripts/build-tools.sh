@@ -32,8 +32,9 @@ KUBECONFORM="$CACHE/kubeconform-$KUBECONFORM_VERSION/kubeconform"
 OPENAPI="$CACHE/k8s-openapi-$K8S_VERSION.json"
 
 START=$SECONDS
-log() { printf '[build-tools %4ds] %s\n' "$((SECONDS - START))" "$*" >&2; }
-die() { printf '[build-tools] ERROR: %s\n' "$1" >&2; exit "${2:-1}"; }
+NAME=build-tools
+# shellcheck source=lib/go-build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go-build.sh"
 
 built() { [[ -x "$HELM" && -x "$KUBECONFORM" && -s "$OPENAPI" ]]; }
 
@@ -58,28 +59,10 @@ if built; then
 fi
 
 # ---- Go toolchain -----------------------------------------------------------
-if [[ -z "${GO:-}" ]]; then
-  if command -v go >/dev/null 2>&1; then GO="$(command -v go)"
-  elif [[ -x /usr/local/go/bin/go ]]; then GO=/usr/local/go/bin/go
-  else
-    die "Go is not installed (no 'go' on PATH, no /usr/local/go/bin/go). Install Go >= 1.24 or set GO=/path/to/go; the chart tests need it to build helm and kubeconform." 3
-  fi
-fi
-[[ -x "$GO" ]] || die "GO=$GO is not executable" 3
+find_go "the chart tests need it to build helm and kubeconform."
+go_env
 
-export GOMODCACHE="$GOCACHE_ROOT/mod" GOCACHE="$GOCACHE_ROOT/build" GOPATH="$GOCACHE_ROOT/path"
-export GOTOOLCHAIN=local GOFLAGS="-buildvcs=false -mod=mod" CGO_ENABLED=0 GO111MODULE=on
-mkdir -p "$CACHE" "$GOMODCACHE" "$GOCACHE" "$GOPATH"
-
-# One build at a time (parallel pytest sessions share the cache).
-if command -v flock >/dev/null 2>&1; then
-  exec 9>"$CACHE/.lock"
-  if ! flock -n 9; then
-    log "another build holds $CACHE/.lock; waiting"
-    flock 9
-  fi
-fi
-if built; then link_bins; log "built by a concurrent run"; exit 0; fi
+lock_cache
 log "go: $("$GO" version) ($GO); $(nproc) cores; GOMODCACHE=$GOMODCACHE"
 
 # `go install pkg@version` builds a published module as it is (neither has replace
