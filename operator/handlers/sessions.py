@@ -118,6 +118,14 @@ async def reconcile_session(
     ctx: OperatorContext, namespace: str, name: str
 ) -> SandboxSession | None:
     """Bring the session's children and status in line; see the module contract."""
+    reconciled = await _reconcile(ctx, namespace, name)
+    return reconciled[0] if reconciled else None
+
+
+async def _reconcile(
+    ctx: OperatorContext, namespace: str, name: str
+) -> tuple[SandboxSession, dict] | None:
+    """``reconcile_session``, also handing back the body it read (saves a GET)."""
     async with ctx.lock(namespace, name):
         body = await ctx.api.get(_session_path(namespace, name))
         if body is None or body["metadata"].get("deletionTimestamp"):
@@ -161,7 +169,7 @@ async def reconcile_session(
             )
             if session.status.phase == "Stopped":
                 kopf.event(body, type="Normal", reason="Resumed", message="resume requested")
-        return session.model_copy(update={"status": status})
+        return session.model_copy(update={"status": status}), body
 
 
 async def stop_session(ctx: OperatorContext, session: SandboxSession, body: dict, why: str) -> None:
@@ -222,12 +230,10 @@ def idle_for(
 
 async def check_session(ctx: OperatorContext, namespace: str, name: str, logger: Any) -> None:
     """The periodic check: TTL, then idleness, then a full reconcile (safety net)."""
-    session = await reconcile_session(ctx, namespace, name)
-    if session is None:
+    reconciled = await _reconcile(ctx, namespace, name)
+    if reconciled is None:
         return
-    body = await ctx.api.get(_session_path(namespace, name))
-    if body is None:
-        return
+    session, body = reconciled
     expiry = expires_at(session)
     if expiry is not None and expiry <= now():
         await _expire(ctx, session, body)
