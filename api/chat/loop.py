@@ -66,10 +66,15 @@ async def run_agent(run: Run, spec: RunSpec, llm: LlmClient, http) -> None:
         "run_started",
         {"run_id": run.id, "session_id": run.session_id, "conversation_id": run.conversation_id},
     )
-    heartbeat = asyncio.create_task(_heartbeat(spec))
+    heartbeat: asyncio.Task | None = None
+
+    def started(session: Session) -> None:
+        nonlocal heartbeat  # from the moment the session exists until the run ends
+        heartbeat = asyncio.create_task(_heartbeat(spec))
+
     try:
         async with asyncio.timeout(spec.deadline_seconds):
-            await _loop(run, spec, llm, http)
+            await _loop(run, spec, llm, http, started)
     except TimeoutError:
         run.emit(
             "error",
@@ -90,7 +95,8 @@ async def run_agent(run: Run, spec: RunSpec, llm: LlmClient, http) -> None:
         log.exception("run failed", extra={"run_id": run.id})
         run.emit("error", {"code": "internal_error", "message": f"{e.__class__.__name__}: {e}"})
     finally:
-        heartbeat.cancel()
+        if heartbeat is not None:
+            heartbeat.cancel()
         run.emit("done", {"run_id": run.id})
         run.finish()
 
@@ -134,8 +140,11 @@ def _resolve_selected(names: list[str], uploads: list[UploadedFile]) -> list[Upl
     return [by_name[n] for n in names]
 
 
-async def _loop(run: Run, spec: RunSpec, llm: LlmClient, http) -> None:
+async def _loop(
+    run: Run, spec: RunSpec, llm: LlmClient, http, started: Callable[[Session], None]
+) -> None:
     session = await _ensure(run, spec)
+    started(session)
     assert session.endpoint is not None
     client = RuntimeClient(http, session.endpoint)
     cid = run.conversation_id
@@ -212,6 +221,8 @@ async def _act(
                 "timeout_seconds": spec.approval_timeout,
             },
         )
+        with contextlib.suppress(Exception):  # a pending approval is activity, now
+            await spec.record_activity()
         decision = await run.request_approval(call_id, name, spec.approval_timeout)
         if not decision.approved:
             why = decision.reason or "no reason given"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from scripted_llm import Reply, ScriptedLLM, text_reply, tool_reply, tool_results
 
 pytestmark = pytest.mark.cluster
 
@@ -65,8 +66,17 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+@pytest.fixture(scope="module")
+def scripted_model() -> Iterator[ScriptedLLM]:
+    model = ScriptedLLM().start()
+    yield model
+    model.stop()
+
+
 @pytest.fixture
-def kubernetes_api(kube_control_plane, kube_api, node_agent, namespace, tmp_path) -> Iterator[str]:
+def kubernetes_api(
+    kube_control_plane, kube_api, node_agent, namespace, tmp_path, scripted_model
+) -> Iterator[str]:
     kubeconfig = str(kube_control_plane.kubeconfig)
     operator = _start(
         ["operator"],
@@ -93,6 +103,8 @@ def kubernetes_api(kube_control_plane, kube_api, node_agent, namespace, tmp_path
             SANDBOX_WORKSPACE_LOG_FORMAT="text",
             SANDBOX_WORKSPACE_SESSION_STORAGE__SIZE="2Gi",
             SANDBOX_WORKSPACE_SESSION_IDLE_TIMEOUT_SECONDS="3600",
+            SANDBOX_WORKSPACE_LLM_BASE_URL=scripted_model.url,
+            SANDBOX_WORKSPACE_LLM_MODEL="scripted",
         ),
         tmp_path / "api.log",
     )
@@ -168,3 +180,41 @@ def test_sessions_created_through_the_api_carry_the_api_settings(
     assert cr["spec"]["storage"]["size"] == "2Gi"
     assert cr["spec"]["idleTimeoutSeconds"] == 3600
     assert cr["spec"]["userId"] == "carol" and cr["spec"]["agentId"] == "a1"
+
+
+def test_open_chat_run_awaiting_approval_counts_as_session_activity(
+    kubernetes_api, kube_api, namespace, scripted_model
+):
+    def respond(body: dict) -> Reply:
+        if not tool_results(body):
+            return tool_reply("bash", {"command": "echo hi"}, call_id="call_wait")
+        return text_reply("done")
+
+    scripted_model.responder = respond
+    headers = {"X-User-Id": "dora"}
+    body = {"query": "q", "conversation_id": "c", "tool_policies": {"bash": "require_approval"}}
+    with (
+        httpx.Client(base_url=kubernetes_api, headers=headers, timeout=120) as client,
+        client.stream("POST", "/api/v1/chat", json=body) as r,
+    ):
+        assert r.status_code == 200
+        kind = None
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("event: "):
+                kind = line[7:]
+                if kind == "tool_approval":
+                    break
+        assert kind == "tool_approval"
+        path = (
+            f"/apis/sandboxworkspace.io/v1alpha1/namespaces/{namespace}"
+            "/sandboxsessions/sb-session-dora"
+        )
+        annotations = kube_api.get(path)["metadata"].get("annotations", {})
+        assert "sandboxworkspace.io/last-activity" in annotations
+        client.post(
+            f"/api/v1/runs/{r.headers['x-run-id']}/approvals",
+            json={"tool_call_id": "call_wait", "approved": True},
+        )
+        rest = [line[7:] for line in lines if line.startswith("event: ")]
+    assert rest[-2:] == ["result", "done"]
