@@ -138,6 +138,7 @@ class KubernetesBackend:
             data = (secret or {}).get("data", {}).get("token")
             if not data:
                 return None
+            _bounded(self._tokens)
             self._tokens[uid] = base64.b64decode(data).decode()
         return self._tokens[uid]
 
@@ -147,6 +148,7 @@ class KubernetesBackend:
                 stats = await RuntimeClient(self.http, endpoint).stats()
             except Exception:  # not answering yet: the pod's convention holds
                 return POD_WORKSPACE
+            _bounded(self._workspace_paths)
             self._workspace_paths[incarnation] = stats.workspace_path
         return self._workspace_paths[incarnation]
 
@@ -275,6 +277,15 @@ class KubernetesBackend:
             conversation_id
         )
         return not result.exists
+
+
+_CACHE_LIMIT = 10_000
+
+
+def _bounded(cache: dict) -> None:
+    """Caches keyed by incarnations only grow; past the limit, start over (cheap refill)."""
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
 
 
 def _message(status: models.SandboxSessionStatus) -> str:
