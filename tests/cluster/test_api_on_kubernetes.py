@@ -10,8 +10,6 @@ tests that exercise the local backend itself are skipped there (marker
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from kubeenv.processes import clean_env, start_cli, stop
 from scripted_llm import Reply, ScriptedLLM, text_reply, tool_reply, tool_results
 
 pytestmark = pytest.mark.cluster
@@ -34,38 +33,6 @@ SUITE = [
 ]
 
 
-def _clean_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SANDBOX_WORKSPACE_", "SANDBOX_OPERATOR_", "SANDBOX_RUNTIME_"))
-    }
-    env.update(extra)
-    return env
-
-
-def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "sandbox_workspace", *argv],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=log.parent,
-            start_new_session=True,
-        )
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def scripted_model() -> Iterator[ScriptedLLM]:
     model = ScriptedLLM().start()
@@ -78,9 +45,9 @@ def kubernetes_api(
     kube_control_plane, kube_api, node_agent, namespace, tmp_path, scripted_model
 ) -> Iterator[str]:
     kubeconfig = str(kube_control_plane.kubeconfig)
-    operator = _start(
+    operator = start_cli(
         ["operator"],
-        _clean_env(
+        clean_env(
             SANDBOX_OPERATOR_KUBECONFIG=kubeconfig,
             SANDBOX_OPERATOR_NAMESPACES=namespace,
             SANDBOX_OPERATOR_IMAGE="sandbox-workspace:test",
@@ -93,9 +60,9 @@ def kubernetes_api(
         tmp_path / "operator.log",
     )
     port_file = tmp_path / "api.port"
-    api = _start(
+    api = start_cli(
         ["api", "--port", "0", "--port-file", str(port_file)],
-        _clean_env(
+        clean_env(
             SANDBOX_WORKSPACE_BACKEND="kubernetes",
             SANDBOX_WORKSPACE_AUTH_MODE="dev",
             SANDBOX_WORKSPACE_KUBECONFIG=kubeconfig,
@@ -120,11 +87,11 @@ def kubernetes_api(
             time.sleep(0.05)
         yield url
     finally:
-        _stop(api)
+        stop(api)
         # Sessions left by the suite still have workspaces whose finalizers need the
         # operator: delete them before it goes.
         _delete_sessions(kube_api, namespace)
-        _stop(operator)
+        stop(operator)
 
 
 def _delete_sessions(kube_api, namespace: str) -> None:
@@ -151,7 +118,7 @@ def test_api_suite_passes_on_the_kubernetes_backend(kubernetes_api, tmp_path):
             "addopts=--import-mode=importlib -ra",
         ],
         cwd=REPO,
-        env=_clean_env(SANDBOX_TEST_API_URL=kubernetes_api),
+        env=clean_env(SANDBOX_TEST_API_URL=kubernetes_api),
         capture_output=True,
         text=True,
         timeout=1800,

@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -38,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chart"))
 from charttools import Tools, ToolsMissing, build_tools, render
 from kubeenv import ApiError, KubeClient, wait_until
 from kubeenv.client import object_path
+from kubeenv.processes import clean_env, start_cli, stop
 
 pytestmark = pytest.mark.cluster
 
@@ -216,12 +214,11 @@ def installed(
 
 # ------------------------------------------------------------------ the processes
 def _clean_env() -> dict[str, str]:
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SANDBOX_WORKSPACE_", "SANDBOX_OPERATOR_", "SANDBOX_RUNTIME_"))
-        and k not in ("KUBECONFIG", "POD_ID")
-    }
+    """As clean as a container's: no kubeconfig of ours to fall back on either."""
+    env = clean_env()
+    for name in ("KUBECONFIG", "POD_ID"):
+        env.pop(name, None)
+    return env
 
 
 def container_env(chart: Installed, container: dict[str, Any], pod_name: str) -> dict[str, str]:
@@ -240,33 +237,6 @@ def container_env(chart: Installed, container: dict[str, Any], pod_name: str) ->
         else:
             raise AssertionError(f"unexpected env source in the chart: {item}")
     return env
-
-
-def _command() -> list[str]:
-    exe = Path(sys.executable).parent / "sandbox-workspace"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "sandbox_workspace"]
-
-
-def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            [*_command(), *argv],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=log.parent,
-            start_new_session=True,
-        )
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @dataclass
@@ -294,7 +264,7 @@ def running(
         SANDBOX_OPERATOR_LOG_FORMAT="text",
     )
     logs = {"operator": tmp_path / "operator.log", "api": tmp_path / "api.log"}
-    operator = _spawn(op["args"], {**_clean_env(), **op_env}, logs["operator"])
+    operator = start_cli(op["args"], {**_clean_env(), **op_env}, logs["operator"])
 
     api_container = installed.container("api")
     api_env = container_env(installed, api_container, f"{RELEASE}-sandbox-workspace-api-0")
@@ -306,7 +276,9 @@ def running(
     args[args.index("--host") + 1] = "127.0.0.1"
     args[args.index("--port") + 1] = "0"
     port_file = tmp_path / "api.port"
-    api = _spawn([*args, "--port-file", str(port_file)], {**_clean_env(), **api_env}, logs["api"])
+    api = start_cli(
+        [*args, "--port-file", str(port_file)], {**_clean_env(), **api_env}, logs["api"]
+    )
     try:
         deadline = time.monotonic() + 60
         while not port_file.exists():
@@ -320,7 +292,7 @@ def running(
             url, f"http://127.0.0.1:{health}/healthz", f"http://127.0.0.1:{metrics}", logs
         )
     finally:
-        _stop(api)
+        stop(api)
         # Workspaces left behind have finalizers only the operator releases.
         base = f"{GROUP_PATH}/namespaces/{installed.sessions_ns}"
         with contextlib.suppress(Exception):
@@ -330,7 +302,7 @@ def running(
             for plural in ("conversationworkspaces", "sandboxsessions"):
                 for obj in kube_api.list(f"{base}/{plural}"):
                     kube_api.wait_gone(f"{base}/{plural}/{obj['metadata']['name']}", timeout=60)
-        _stop(operator)
+        stop(operator)
 
 
 # -------------------------------------------------------------------------- tests
