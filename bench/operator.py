@@ -44,7 +44,7 @@ import httpx
 from .harness import Figure
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "cluster"))  # kubeenv: the cluster tier's helpers
+sys.path[:0] = [str(REPO / "tests" / "cluster"), str(REPO / "tests" / "support")]  # kubeenv
 
 from kubeenv import ControlPlane, KubeClient, NodeAgent, wait_until  # noqa: E402
 from kubeenv.controlplane import (  # noqa: E402

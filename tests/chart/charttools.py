@@ -16,20 +16,19 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import yaml
+from build_scripts import GO_MISSING_EXIT, find_go, run_build_script  # tests/support
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "sandbox-workspace"
 BUILD_SCRIPT = REPO / "scripts" / "build-tools.sh"
 TOOLS_BIN = Path(os.environ.get("SANDBOX_TOOLS_CACHE", REPO / ".cache" / "tools")) / "bin"
 HARDENED_VALUES = Path(__file__).resolve().parent / "hardened-values.yaml"
-GO_MISSING_EXIT = 3
 
 
 class ToolsMissing(RuntimeError):
@@ -48,38 +47,18 @@ def _present() -> bool:
     return all((TOOLS_BIN / name).exists() for name in ("helm", "kubeconform", "k8s-openapi.json"))
 
 
-def _has_go() -> bool:
-    if os.environ.get("GO"):
-        return os.access(os.environ["GO"], os.X_OK)
-    return bool(shutil.which("go")) or os.access("/usr/local/go/bin/go", os.X_OK)
-
-
 def build_tools(stream: IO[str] | None = None) -> Tools:
     """Build (or reuse) the tools; raise ToolsMissing or RuntimeError (with the log)."""
-    if not _present() and not _has_go():
+    if not _present() and find_go() is None:
         raise ToolsMissing(
             "no Go toolchain (no `go` on PATH or /usr/local/go/bin/go) and no cached "
             f"helm/kubeconform in {TOOLS_BIN}"
         )
-    proc = subprocess.Popen(
-        ["bash", str(BUILD_SCRIPT)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    tail: list[str] = []
-    for line in proc.stdout:
-        tail = [*tail[-40:], line]
-        if stream is not None:
-            stream.write(line)
-            stream.flush()
-    rc = proc.wait()
+    rc, tail = run_build_script(BUILD_SCRIPT, REPO, stream)
     if rc == GO_MISSING_EXIT:
-        raise ToolsMissing("".join(tail[-3:]).strip())
+        raise ToolsMissing("".join(tail.splitlines(True)[-3:]).strip())
     if rc != 0 or not _present():
-        raise RuntimeError(f"scripts/build-tools.sh failed (exit {rc}):\n{''.join(tail)}")
+        raise RuntimeError(f"scripts/build-tools.sh failed (exit {rc}):\n{tail}")
     versions = dict(
         line.split("=", 1) for line in (TOOLS_BIN / "VERSIONS").read_text().split() if "=" in line
     )

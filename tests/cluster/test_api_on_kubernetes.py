@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from kubeenv.client import delete_sandbox_resources
 from kubeenv.processes import clean_env, start_cli, stop
 from scripted_llm import Reply, ScriptedLLM, text_reply, tool_reply, tool_results
 
@@ -90,18 +91,8 @@ def kubernetes_api(
         stop(api)
         # Sessions left by the suite still have workspaces whose finalizers need the
         # operator: delete them before it goes.
-        _delete_sessions(kube_api, namespace)
+        delete_sandbox_resources(kube_api, namespace)
         stop(operator)
-
-
-def _delete_sessions(kube_api, namespace: str) -> None:
-    base = f"/apis/sandboxworkspace.io/v1alpha1/namespaces/{namespace}"
-    for plural in ("conversationworkspaces", "sandboxsessions"):
-        for obj in kube_api.list(f"{base}/{plural}"):
-            kube_api.delete(f"{base}/{plural}/{obj['metadata']['name']}")
-    for plural in ("conversationworkspaces", "sandboxsessions"):
-        for obj in kube_api.list(f"{base}/{plural}"):
-            kube_api.wait_gone(f"{base}/{plural}/{obj['metadata']['name']}", timeout=60)
 
 
 def test_api_suite_passes_on_the_kubernetes_backend(kubernetes_api, tmp_path):

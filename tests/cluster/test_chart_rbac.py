@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chart"))
 
 from charttools import Tools, ToolsMissing, build_tools, render
 from kubeenv import ApiError, KubeClient, wait_until
-from kubeenv.client import object_path
+from kubeenv.client import delete_sandbox_resources, object_path
 from kubeenv.processes import clean_env, start_cli, stop
 
 pytestmark = pytest.mark.cluster
@@ -294,14 +294,8 @@ def running(
     finally:
         stop(api)
         # Workspaces left behind have finalizers only the operator releases.
-        base = f"{GROUP_PATH}/namespaces/{installed.sessions_ns}"
         with contextlib.suppress(Exception):
-            for plural in ("conversationworkspaces", "sandboxsessions"):
-                for obj in kube_api.list(f"{base}/{plural}"):
-                    kube_api.delete(f"{base}/{plural}/{obj['metadata']['name']}")
-            for plural in ("conversationworkspaces", "sandboxsessions"):
-                for obj in kube_api.list(f"{base}/{plural}"):
-                    kube_api.wait_gone(f"{base}/{plural}/{obj['metadata']['name']}", timeout=60)
+            delete_sandbox_resources(kube_api, installed.sessions_ns)
         stop(operator)
 
 

@@ -244,3 +244,19 @@ def object_path(obj: dict[str, Any]) -> tuple[str, str]:
     if kind in _CLUSTER_SCOPED or not ns:
         return f"{prefix}/{plural}", meta["name"]
     return f"{prefix}/namespaces/{ns}/{plural}", meta["name"]
+
+
+SANDBOX_API = "/apis/sandboxworkspace.io/v1alpha1"
+
+
+def delete_sandbox_resources(api: KubeClient, namespace: str, timeout: float = 60.0) -> None:
+    """Delete every ConversationWorkspace and SandboxSession in ``namespace`` and wait for
+    them to go — while an operator still runs, since their finalizers need it."""
+    base = f"{SANDBOX_API}/namespaces/{namespace}"
+    plurals = ("conversationworkspaces", "sandboxsessions")
+    for plural in plurals:
+        for obj in api.list(f"{base}/{plural}"):
+            api.delete(f"{base}/{plural}/{obj['metadata']['name']}")
+    for plural in plurals:
+        for obj in api.list(f"{base}/{plural}"):
+            api.wait_gone(f"{base}/{plural}/{obj['metadata']['name']}", timeout=timeout)

@@ -14,7 +14,6 @@ import datetime as dt
 import ipaddress
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +25,7 @@ from typing import IO, Any
 
 import httpx
 import yaml
+from build_scripts import GO_MISSING_EXIT, find_go, run_build_script  # tests/support
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -40,21 +40,11 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
 
 # The apiserver must allocate Service IPs from *some* range; nothing is ever sent there.
 SERVICE_CIDR = "10.0.0.0/24"
-GO_MISSING_EXIT = 3
 
 
 # --------------------------------------------------------------------------- building
 def binaries_present(bin_dir: Path = BIN_DIR) -> bool:
     return all(os.access(bin_dir / name, os.X_OK) for name in COMPONENTS)
-
-
-def find_go() -> str | None:
-    if os.environ.get("GO"):
-        return os.environ["GO"] if os.access(os.environ["GO"], os.X_OK) else None
-    found = shutil.which("go")
-    if found:
-        return found
-    return "/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None
 
 
 class GoMissing(RuntimeError):
@@ -72,25 +62,11 @@ def build_binaries(stream: IO[str] | None = None) -> Path:
             "Go toolchain not found (no `go` on PATH or /usr/local/go/bin/go) and no cached "
             f"binaries in {BIN_DIR}: cannot build etcd/kube-apiserver for the cluster tier"
         )
-    proc = subprocess.Popen(
-        ["bash", str(BUILD_SCRIPT)],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    tail: list[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        tail = [*tail[-40:], line]
-        if stream is not None:
-            stream.write(line)
-            stream.flush()
-    rc = proc.wait()
+    rc, tail = run_build_script(BUILD_SCRIPT, REPO_ROOT, stream)
     if rc == GO_MISSING_EXIT:
-        raise GoMissing("".join(tail[-3:]).strip())
+        raise GoMissing("".join(tail.splitlines(True)[-3:]).strip())
     if rc != 0 or not binaries_present():
-        raise RuntimeError(f"scripts/build-kube.sh failed (exit {rc}):\n{''.join(tail)}")
+        raise RuntimeError(f"scripts/build-kube.sh failed (exit {rc}):\n{tail}")
     return BIN_DIR
 
 
