@@ -232,11 +232,6 @@ class LocalBackend:
         )
         return not result.exists
 
-    async def stop_session(self, session_id: str) -> None:
-        """Stop the runtime but keep the files (what an idle stop does)."""
-        async with self._lock(session_id):
-            await self._stop(session_id)
-
     # -- processes -----------------------------------------------------------------------
 
     async def _spawn(self, record: _Record) -> None:

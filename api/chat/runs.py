@@ -150,9 +150,6 @@ class RunRegistry:
     def all(self) -> list[Run]:
         return list(self._runs.values())
 
-    def open_runs(self, session_id: str) -> list[Run]:
-        return [r for r in self._runs.values() if r.session_id == session_id and not r.finished]
-
     def _prune(self) -> None:
         now = time.monotonic()
         for run_id in [
