@@ -212,6 +212,7 @@ async def _act(
         )
         return f"The tool call was not run: {reason}."
     if policy == "require_approval":
+        run.open_approval(call_id, name)  # before the event: the client may answer at once
         run.emit(
             "tool_approval",
             {
@@ -223,7 +224,7 @@ async def _act(
         )
         with contextlib.suppress(Exception):  # a pending approval is activity, now
             await spec.record_activity()
-        decision = await run.request_approval(call_id, name, spec.approval_timeout)
+        decision = await run.decision(call_id, spec.approval_timeout)
         if not decision.approved:
             why = decision.reason or "no reason given"
             run.emit(

@@ -7,9 +7,10 @@ Contract:
   back with ``Last-Event-ID`` receives every missed event once. Events that arrived
   together are handed over as one batch (one write to the client, not one per token).
   The run itself never depends on anyone following it.
-- Approvals: ``request_approval`` registers a pending tool call and waits (bounded) for
-  ``decide``; no decision in time counts as a rejection. Deciding twice is a 409, an
-  unknown call a 404.
+- Approvals: ``open_approval`` registers a pending tool call — before the
+  ``tool_approval`` event goes out, so a client that answers at once is never told the
+  call is unknown — and ``decision`` waits (bounded) for ``decide``; no decision in time
+  counts as a rejection. Deciding twice is a 409, an unknown call a 404.
 - ``RunRegistry`` owns runs per process: only the user who started a run can see it (any
   other answers 404), finished runs are dropped after ``retention`` seconds.
 """
@@ -103,9 +104,12 @@ class Run:
             except TimeoutError:
                 yield []
 
-    async def request_approval(self, call_id: str, name: str, timeout: float) -> Decision:
+    def open_approval(self, call_id: str, name: str) -> None:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending[call_id] = _Pending(name=name, future=future)
+
+    async def decision(self, call_id: str, timeout: float) -> Decision:
+        future = self._pending[call_id].future
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:

@@ -170,9 +170,10 @@ def test_open_chat_run_awaiting_approval_counts_as_session_activity(
         )
         annotations = kube_api.get(path)["metadata"].get("annotations", {})
         assert "sandboxworkspace.io/last-activity" in annotations
-        client.post(
+        approved = client.post(
             f"/api/v1/runs/{r.headers['x-run-id']}/approvals",
             json={"tool_call_id": "call_wait", "approved": True},
         )
+        assert approved.status_code == 200, approved.text
         rest = [line[7:] for line in lines if line.startswith("event: ")]
     assert rest[-2:] == ["result", "done"]
