@@ -6,11 +6,13 @@ inject a backend (STYLE 12) instead of patching.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI
+from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__
 from sandbox_workspace.runtime.errors import install_error_handlers
@@ -52,7 +54,23 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
     )
 
 
-def build_llm(settings: ApiSettings, http: httpx.AsyncClient) -> LlmClient | None:
+def tune_garbage_collector() -> None:
+    """Keep full garbage collections rare and small: they stop every stream at once.
+
+    Everything built at start-up (modules, routes, schemas) lives as long as the process,
+    so it is frozen out of the collector's view; and a full collection waits for 100
+    young-generation passes instead of 10. Measured with 200 runs streaming
+    (bench/chat.py): full collections walking the start-up heap paused the loop 60–110
+    ms several times a run; after freezing, 25–45 ms every few seconds — still the
+    whole p99. Cyclic garbage that reaches the old generation lives a little longer.
+    """
+    gc.collect()
+    gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, 100)
+
+
+def build_llm(settings: ApiSettings) -> LlmClient | None:
     if not (settings.llm_base_url and settings.llm_model):
         return None  # chat answers 503 saying which settings to set
     key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
@@ -64,7 +82,7 @@ def build_llm(settings: ApiSettings, http: httpx.AsyncClient) -> LlmClient | Non
         read_timeout=settings.llm_timeout_seconds,
         max_retries=settings.llm_max_retries,
     )
-    return LlmClient(config, http)
+    return LlmClient(config)  # its own HTTP client: see model_http_client
 
 
 def create_app(settings: ApiSettings | None = None, backend: Backend | None = None) -> FastAPI:
@@ -75,9 +93,8 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         write=settings.runtime_request_timeout_seconds,
         pool=30.0,
     )
-    http = httpx.AsyncClient(
-        timeout=timeout, limits=httpx.Limits(max_connections=512, max_keepalive_connections=64)
-    )
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+    http = httpx.AsyncClient(timeout=timeout, transport=AiohttpTransport(limits=limits))
     backend = backend or build_backend(settings, http)
     services = Services(
         settings=settings,
@@ -91,18 +108,21 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         authenticator=Authenticator(settings),
         http=http,
         runs=RunRegistry(settings.chat_run_retention_seconds),
-        llm=build_llm(settings, http),
+        llm=build_llm(settings),
     )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await backend.start()
+        tune_garbage_collector()
         try:
             yield
         finally:
             await services.runs.aclose()
             await backend.aclose()
             await http.aclose()
+            if services.llm is not None:
+                await services.llm.aclose()
 
     app = FastAPI(title="Sandbox Workspace API", version=__version__, lifespan=lifespan)
     app.state.services = services

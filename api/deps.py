@@ -9,6 +9,7 @@ from typing import Annotated
 
 import httpx
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 
 from .backends.base import Backend
 from .chat.llm import LlmClient
@@ -39,12 +40,17 @@ class Services:
         return task
 
 
-def get_services(request: Request) -> Services:
+# Dependencies are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in
+# a worker thread, a hand-off that cost more than everything else on a small request.
+async def get_services(request: Request) -> Services:
     return request.app.state.services
 
 
-def get_caller(request: Request) -> Caller:
-    return get_services(request).authenticator.authenticate(request.headers)
+async def get_caller(request: Request) -> Caller:
+    authenticator: Authenticator = request.app.state.services.authenticator
+    if authenticator.may_block:  # a JWKS fetch is blocking I/O: keep it off the loop
+        return await run_in_threadpool(authenticator.authenticate, request.headers)
+    return authenticator.authenticate(request.headers)
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]

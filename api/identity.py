@@ -50,6 +50,11 @@ class Authenticator:
         self.settings = settings
         self._jwks = jwt.PyJWKClient(settings.jwt_jwks_url) if settings.jwt_jwks_url else None
 
+    @property
+    def may_block(self) -> bool:
+        """Whether ``authenticate`` may do network I/O (fetching a JWKS)."""
+        return self._jwks is not None
+
     def authenticate(self, headers: Headers) -> Caller:
         s = self.settings
         if s.auth_mode == "dev":

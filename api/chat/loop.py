@@ -150,7 +150,9 @@ async def _loop(
     cid = run.conversation_id
     uploads = (await client.list_uploads(cid)).files
     selected = _resolve_selected(spec.selected_files, uploads)
-    before = await _outputs(client, cid)
+    # Only tools change outputs/, so the "before" listing waits for the first tool call:
+    # a run that only talks costs the runtime one call (the uploads), not three.
+    before: OutputList | None = None
     tools = SandboxTools(
         client,
         session_id=run.session_id,
@@ -176,18 +178,20 @@ async def _loop(
         assert completion is not None
         messages.append(completion.as_message())
         if not completion.tool_calls:
-            after = await _outputs(client, cid)
+            files = [] if before is None else _changed(before, await _outputs(client, cid))
             run.emit(
                 "result",
                 {
                     "success": True,
                     "answer": completion.content,
-                    "files": _changed(before, after),
+                    "files": files,
                     "presented": [p.__dict__ for p in tools.presented],
                     "iterations": iteration,
                 },
             )
             return
+        if before is None:
+            before = await _outputs(client, cid)
         for call in completion.tool_calls:
             output = await _act(run, spec, tools, call.id, call.name, call.arguments)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": output})

@@ -148,6 +148,24 @@ def approval_script(scripted_llm, command: str = "echo approved-run") -> None:
     scripted_llm.responder = respond
 
 
+def test_a_run_that_only_talks_reports_no_changed_files(chat, user, scripted_llm):
+    # outputs/ already holds a file from earlier work; a run without tool calls
+    # changed nothing, and says so.
+    made = chat.post(
+        f"/api/v1/sessions/sb-session-{user}/execute",
+        json={
+            "conversation_id": "c",
+            "language": "bash",
+            "code": "mkdir -p outputs && echo old > outputs/old.txt",
+        },
+    )
+    assert made.status_code == 200 and made.json()["exit_code"] == 0
+    scripted_llm.responder = lambda body: text_reply("Just words.")
+    with start_chat(chat) as r:
+        result = Stream(r).until("result")
+    assert result["answer"] == "Just words." and result["files"] == []
+
+
 def test_approval_pauses_then_runs_the_tool(chat, scripted_llm):
     approval_script(scripted_llm)
     with start_chat(chat, tool_policies={"bash": "require_approval"}) as r:

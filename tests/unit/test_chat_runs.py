@@ -1,0 +1,102 @@
+"""The run log: SSE frames kept once, followed in batches, forgotten after retention."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+
+import pytest
+
+from sandbox_workspace.api.chat.runs import Run, RunRegistry
+from sandbox_workspace.runtime.errors import NotFoundError
+
+
+def _run(user: str = "u") -> Run:
+    return Run(user_id=user, session_id="s", conversation_id="c")
+
+
+def test_each_event_is_kept_as_one_sse_frame_with_its_id():
+    run = _run()
+    assert run.emit("text", {"delta": "a\nb"}) == 1
+    assert run.emit("done") == 2
+    first, second = run.frames
+    assert first == b'id: 1\nevent: text\ndata: {"delta":"a\\nb"}\n\n'
+    assert json.loads(second.split(b"data: ")[1]) == {}
+
+
+def test_the_log_is_invisible_to_the_garbage_collector():
+    # Bytes are never tracked: full collections must not walk every event of every run.
+    run = _run()
+    for i in range(100):
+        run.emit("text", {"delta": str(i)})
+    assert not any(gc.is_tracked(frame) for frame in run.frames)
+
+
+async def test_a_follower_gets_every_event_after_its_position_exactly_once():
+    run = _run()
+    run.emit("a")
+    run.emit("b")
+    seen: list[bytes] = []
+
+    async def follow():
+        async for batch in run.follow(after=1):
+            seen.extend(batch)
+
+    follower = asyncio.create_task(follow())
+    await asyncio.sleep(0)  # the follower catches up, then waits
+    run.emit("c")
+    run.emit("d")  # two emits before it wakes: one batch
+    run.finish()
+    await asyncio.wait_for(follower, 5)
+    assert [f.split(b"\n")[1] for f in seen] == [b"event: b", b"event: c", b"event: d"]
+
+
+async def test_a_quiet_run_hands_its_follower_empty_batches_for_keepalives():
+    run = _run()
+    batches = []
+
+    async def follow():
+        async for batch in run.follow(idle=0.01):
+            batches.append(batch)
+            if len(batches) == 2:
+                return
+
+    await asyncio.wait_for(follow(), 5)
+    assert batches == [[], []]
+
+
+async def test_a_follower_that_goes_away_leaves_the_run_untouched():
+    run = _run()
+    follower = asyncio.create_task(anext(run.follow()))
+    await asyncio.sleep(0)
+    follower.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await follower
+    assert run.emit("text") == 1  # waking a cancelled follower is harmless
+
+
+async def test_a_finished_run_is_gone_once_its_retention_has_passed():
+    registry = RunRegistry(retention_seconds=0.05)
+    run = registry.add(_run("ann"))
+    assert registry.get(run.id, "ann") is run
+    with pytest.raises(NotFoundError):
+        registry.get(run.id, "bob")  # another user's run does not exist for them
+    run.finish()
+    await asyncio.sleep(0.1)
+    # Pruning walks all runs at most once a second, but a lookup is exact.
+    with pytest.raises(NotFoundError):
+        registry.get(run.id, "ann")
+
+
+def test_the_api_freezes_its_startup_heap_and_keeps_full_collections_rare():
+    from sandbox_workspace.api.app import tune_garbage_collector
+
+    threshold = gc.get_threshold()
+    try:
+        tune_garbage_collector()
+        assert gc.get_freeze_count() > 0  # start-up objects: out of the collector's view
+        assert gc.get_threshold() == (threshold[0], threshold[1], 100)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
