@@ -6,7 +6,6 @@ inject a backend (STYLE 12) instead of patching.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -17,6 +16,7 @@ from httpx_aiohttp import AiohttpTransport
 from sandbox_workspace import __version__
 from sandbox_workspace.runtime.errors import install_error_handlers
 
+from . import garbage
 from .backends.base import Backend
 from .chat.llm import LlmClient, LlmConfig
 from .chat.runs import RunRegistry
@@ -52,22 +52,6 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         idle_timeout_seconds=settings.session_idle_timeout_seconds,
         storage=settings.session_storage,
     )
-
-
-def tune_garbage_collector() -> None:
-    """Keep full garbage collections rare and small: they stop every stream at once.
-
-    Everything built at start-up (modules, routes, schemas) lives as long as the process,
-    so it is frozen out of the collector's view; and a full collection waits for 100
-    young-generation passes instead of 10. Measured with 200 runs streaming
-    (bench/chat.py): full collections walking the start-up heap paused the loop 60–110
-    ms several times a run; after freezing, 25–45 ms every few seconds — still the
-    whole p99. Cyclic garbage that reaches the old generation lives a little longer.
-    """
-    gc.collect()
-    gc.freeze()
-    young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, 100)
 
 
 def build_llm(settings: ApiSettings) -> LlmClient | None:
@@ -114,7 +98,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await backend.start()
-        tune_garbage_collector()
+        garbage.tune()
         try:
             yield
         finally:

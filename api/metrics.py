@@ -1,4 +1,5 @@
-"""Prometheus metrics of the API: requests by route, method and status, and latency.
+"""Prometheus metrics of the API: requests by route, method and status, latency, chat
+runs by state, and the process's garbage-collector pauses (api/garbage.py).
 
 A registry per app (not the global one) so several apps in one process — tests — do not
 collide. Routes are labelled by their template, never by raw path (ids would explode the
@@ -18,6 +19,8 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
+
+from . import garbage
 
 
 class _MetricsMiddleware:
@@ -80,6 +83,8 @@ class _RunsCollector:
 
 def install_metrics(app: FastAPI, runs=None) -> CollectorRegistry:
     registry = CollectorRegistry()
+    garbage.watch()
+    registry.register(garbage.PAUSES)
     if runs is not None:
         registry.register(_RunsCollector(runs))
     requests = Counter(

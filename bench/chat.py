@@ -73,6 +73,23 @@ async def _through_api(
     return time.perf_counter() - start, sum(events)
 
 
+def _gc_pauses(metrics: str) -> dict[str, dict[str, float]]:
+    """The API's garbage-collector pauses over its life, by generation: how many and
+    how long in all (from its /metrics) — the usual suspect when p99 jumps."""
+    pauses: dict[str, dict[str, float]] = {}
+    for line in metrics.splitlines():
+        for part in ("count", "sum"):
+            prefix = f'sandbox_api_gc_pause_seconds_{part}{{generation="'
+            if line.startswith(prefix):
+                generation = line[len(prefix)]
+                value = float(line.rsplit(" ", 1)[1])
+                entry = pauses.setdefault(f"gen{generation}", {})
+                entry["count" if part == "count" else "total_ms"] = (
+                    value if part == "count" else round(value * 1000, 1)
+                )
+    return pauses
+
+
 @contextlib.contextmanager
 def _no_collector_pauses():
     """The measuring client is apparatus: a collector pause in it would be booked as
@@ -115,6 +132,7 @@ def run(quick: bool) -> list[Figure]:
             }
             with dev_server(**env) as server, _no_collector_pauses():
                 api_seconds, events = asyncio.run(_through_api(server.url, runs, via_api, ramp))
+                gc_pauses = _gc_pauses(httpx.get(server.url + "/metrics").text)
         finally:
             os.killpg(llm.pid, signal.SIGTERM)
             llm.wait(timeout=10)
@@ -136,5 +154,6 @@ def run(quick: bool) -> list[Figure]:
             direct_seconds=round(direct_seconds, 2),
             added_p50_ms=round(quantile(via_api, 0.5) - quantile(direct, 0.5), 3),
             added_p99_ms=round(quantile(via_api, 0.99) - quantile(direct, 0.99), 3),
+            api_gc_pauses=gc_pauses,
         ),
     ]

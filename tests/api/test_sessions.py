@@ -162,3 +162,5 @@ def test_api_health_and_metrics(dev_server, api, session_url):
     assert (
         'sandbox_api_requests_total{method="GET",route="/api/v1/sessions/{session_id}"' in metrics
     )
+    # Collector pauses stall every stream of the process: they are exported, by generation.
+    assert "sandbox_api_gc_pause_seconds_count{generation=" in metrics

@@ -87,16 +87,3 @@ async def test_a_finished_run_is_gone_once_its_retention_has_passed():
     # Pruning walks all runs at most once a second, but a lookup is exact.
     with pytest.raises(NotFoundError):
         registry.get(run.id, "ann")
-
-
-def test_the_api_freezes_its_startup_heap_and_keeps_full_collections_rare():
-    from sandbox_workspace.api.app import tune_garbage_collector
-
-    threshold = gc.get_threshold()
-    try:
-        tune_garbage_collector()
-        assert gc.get_freeze_count() > 0  # start-up objects: out of the collector's view
-        assert gc.get_threshold() == (threshold[0], threshold[1], 100)
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*threshold)
