@@ -77,6 +77,8 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         write=settings.runtime_request_timeout_seconds,
         pool=30.0,
     )
+    # Runtime calls ride aiohttp's pool and parser under httpx too (why: model_http_client
+    # in chat/llm.py). aiohttp has no write timeout: connect, read and pool apply.
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
     http = httpx.AsyncClient(timeout=timeout, transport=AiohttpTransport(limits=limits))
     backend = backend or build_backend(settings, http)
