@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
-from .harness import Figure, dev_server
+from .harness import Figure, dev_server, wait_for_port
 from .stamp_client import post_and_measure
 
 
@@ -84,16 +85,15 @@ def _gc_pauses(metrics: str) -> dict[str, dict[str, float]]:
     """The API's garbage-collector pauses over its life, by generation: how many and
     how long in all (from its /metrics) — the usual suspect when p99 jumps."""
     pauses: dict[str, dict[str, float]] = {}
-    for line in metrics.splitlines():
-        for part in ("count", "sum"):
-            prefix = f'sandbox_api_gc_pause_seconds_{part}{{generation="'
-            if line.startswith(prefix):
-                generation = line[len(prefix)]
-                value = float(line.rsplit(" ", 1)[1])
-                entry = pauses.setdefault(f"gen{generation}", {})
-                entry["count" if part == "count" else "total_ms"] = (
-                    value if part == "count" else round(value * 1000, 1)
-                )
+    for family in text_string_to_metric_families(metrics):
+        if family.name != "sandbox_api_gc_pause_seconds":
+            continue
+        for sample in family.samples:
+            entry = pauses.setdefault(f"gen{sample.labels['generation']}", {})
+            if sample.name.endswith("_count"):
+                entry["count"] = sample.value
+            elif sample.name.endswith("_sum"):
+                entry["total_ms"] = round(sample.value * 1000, 1)
     return pauses
 
 
@@ -122,12 +122,8 @@ def run(quick: bool) -> list[Figure]:
             cwd=Path(__file__).resolve().parents[1],
         )
         try:
-            deadline = time.monotonic() + 30
-            while not port_file.exists():
-                if llm.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("benchmark model server did not start")
-                time.sleep(0.02)
-            llm_url = f"http://127.0.0.1:{int(port_file.read_text())}/v1"
+            port = wait_for_port(llm, port_file, "benchmark model server")
+            llm_url = f"http://127.0.0.1:{port}/v1"
             direct: list[float] = []
             with _no_collector_pauses():
                 direct_seconds = asyncio.run(_direct(llm_url, runs, direct, ramp))

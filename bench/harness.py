@@ -72,6 +72,16 @@ class Server:
     data_dir: Path
 
 
+def wait_for_port(proc: subprocess.Popen, port_file: Path, what: str) -> int:
+    """The port a child process wrote to ``port_file`` once it listens (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start")
+        time.sleep(0.02)
+    return int(port_file.read_text())
+
+
 @contextmanager
 def dev_server(**env: str) -> Iterator[Server]:
     """A real ``sandbox-workspace dev`` on a free loopback port; stopped afterwards."""
@@ -97,12 +107,7 @@ def dev_server(**env: str) -> Iterator[Server]:
             start_new_session=True,
         )
         try:
-            deadline = time.monotonic() + 30
-            while not port_file.exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("dev server did not start")
-                time.sleep(0.02)
-            url = f"http://127.0.0.1:{int(port_file.read_text())}"
+            url = f"http://127.0.0.1:{wait_for_port(proc, port_file, 'dev server')}"
             while True:
                 try:
                     httpx.get(url + "/healthz")

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from httpx_aiohttp import AiohttpTransport
 
 _RETRY_STATUSES = {429, 500, 502, 503, 504}
 _MAX_RETRY_AFTER = 30.0
@@ -75,27 +74,10 @@ class LlmConfig:
     backoff_seconds: float = 0.5
 
 
-def model_http_client() -> httpx.AsyncClient:
-    """An httpx client for model endpoints, over aiohttp's transport (httpx-aiohttp).
-
-    Why not httpx's default transport: a model answers with many long streams of tiny
-    chunks (one token each), and per chunk httpcore's pure-Python HTTP/1.1 parser plus
-    anyio's cancel scope per socket read cost about twice what aiohttp's C parser does —
-    the largest share of the API's CPU when hundreds of runs stream at once (see
-    bench/chat.py). httpx stays the interface: requests, timeouts and errors as usual.
-    Proxies from the environment still go through httpx's own proxy transports.
-    """
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-    return httpx.AsyncClient(transport=AiohttpTransport(limits=limits))
-
-
 class LlmClient:
-    def __init__(self, config: LlmConfig, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, config: LlmConfig, http: httpx.AsyncClient) -> None:
         self.config = config
-        self.http = http or model_http_client()
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
+        self.http = http
 
     async def stream(
         self, messages: list[dict], tools: list[dict]

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from api_calls import execute
 from scripted_llm import Reply, text_reply, tool_reply, tool_results
 
 
@@ -151,15 +152,13 @@ def approval_script(scripted_llm, command: str = "echo approved-run") -> None:
 def test_a_run_that_only_talks_reports_no_changed_files(chat, user, scripted_llm):
     # outputs/ already holds a file from earlier work; a run without tool calls
     # changed nothing, and says so.
-    made = chat.post(
-        f"/api/v1/sessions/sb-session-{user}/execute",
-        json={
-            "conversation_id": "c",
-            "language": "bash",
-            "code": "mkdir -p outputs && echo old > outputs/old.txt",
-        },
+    made = execute(
+        chat,
+        f"/api/v1/sessions/sb-session-{user}",
+        "mkdir -p outputs && echo old > outputs/old.txt",
+        language="bash",
     )
-    assert made.status_code == 200 and made.json()["exit_code"] == 0
+    assert made["exit_code"] == 0
     scripted_llm.responder = lambda body: text_reply("Just words.")
     with start_chat(chat) as r:
         result = Stream(r).until("result")

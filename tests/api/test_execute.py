@@ -10,17 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-
-def run(
-    api: httpx.Client, session_url: str, code: str, *, cid: str = "c", language="python", **extra
-) -> dict:
-    r = api.post(
-        f"{session_url}/execute",
-        json={"conversation_id": cid, "language": language, "code": code, **extra},
-    )
-    assert r.status_code == 200, r.text
-    return r.json()
+from api_calls import execute as run
 
 
 def sse_events(lines) -> list[tuple[str, dict]]:

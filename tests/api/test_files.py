@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from api_calls import execute
 
 SMALL_LIMITS = {
     "max_file_size": 1,
@@ -304,15 +305,14 @@ def test_fifty_concurrent_uploads_land_intact(dev_server, user, session_url):
 
 
 def test_agent_outputs_download_by_full_path_but_never_list(api, session_url):
-    r = api.post(
-        f"{session_url}/execute",
-        json={
-            "conversation_id": "c-out",
-            "language": "bash",
-            "code": "mkdir -p outputs/charts && printf 'total,3' > outputs/charts/sum.csv",
-        },
+    made = execute(
+        api,
+        session_url,
+        "mkdir -p outputs/charts && printf 'total,3' > outputs/charts/sum.csv",
+        cid="c-out",
+        language="bash",
     )
-    assert r.json()["exit_code"] == 0
+    assert made["exit_code"] == 0
     workspace = api.get(session_url).json()["workspace_path"]
     got = api.get(f"{session_url}/files/{workspace}/c-out/outputs/charts/sum.csv")
     assert got.status_code == 200 and got.content == b"total,3"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
-from build_scripts import GO_MISSING_EXIT, find_go, run_build_script  # tests/support
+from build_scripts import build_with_go  # tests/support
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "sandbox-workspace"
@@ -49,16 +49,14 @@ def _present() -> bool:
 
 def build_tools(stream: IO[str] | None = None) -> Tools:
     """Build (or reuse) the tools; raise ToolsMissing or RuntimeError (with the log)."""
-    if not _present() and find_go() is None:
-        raise ToolsMissing(
-            "no Go toolchain (no `go` on PATH or /usr/local/go/bin/go) and no cached "
-            f"helm/kubeconform in {TOOLS_BIN}"
-        )
-    rc, tail = run_build_script(BUILD_SCRIPT, REPO, stream)
-    if rc == GO_MISSING_EXIT:
-        raise ToolsMissing("".join(tail.splitlines(True)[-3:]).strip())
-    if rc != 0 or not _present():
-        raise RuntimeError(f"scripts/build-tools.sh failed (exit {rc}):\n{tail}")
+    build_with_go(
+        BUILD_SCRIPT,
+        REPO,
+        present=_present,
+        missing=ToolsMissing,
+        what=f"helm/kubeconform in {TOOLS_BIN}",
+        stream=stream,
+    )
     versions = dict(
         line.split("=", 1) for line in (TOOLS_BIN / "VERSIONS").read_text().split() if "=" in line
     )

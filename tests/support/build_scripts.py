@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -34,3 +35,28 @@ def run_build_script(script: Path, cwd: Path, stream: IO[str] | None = None) -> 
             stream.write(line)
             stream.flush()
     return proc.wait(), "".join(tail)
+
+
+def build_with_go(
+    script: Path,
+    cwd: Path,
+    *,
+    present: Callable[[], bool],
+    missing: type[Exception],
+    what: str,
+    stream: IO[str] | None = None,
+) -> None:
+    """Run ``script`` (seconds when its output is cached) until ``present()`` holds.
+
+    Raises ``missing`` when nothing is cached and no Go toolchain exists (or the script
+    says so), and RuntimeError with the log tail when the build fails.
+    """
+    if not present() and find_go() is None:
+        raise missing(
+            f"Go toolchain not found (no `go` on PATH or /usr/local/go/bin/go) and no cached {what}"
+        )
+    rc, tail = run_build_script(script, cwd, stream)
+    if rc == GO_MISSING_EXIT:
+        raise missing("".join(tail.splitlines(True)[-3:]).strip())
+    if rc != 0 or not present():
+        raise RuntimeError(f"scripts/{script.name} failed (exit {rc}):\n{tail}")

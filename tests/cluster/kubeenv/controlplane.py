@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import httpx
 import yaml
-from build_scripts import GO_MISSING_EXIT, find_go, run_build_script  # tests/support
+from build_scripts import build_with_go  # tests/support
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -57,16 +57,14 @@ def build_binaries(stream: IO[str] | None = None) -> Path:
     Raises GoMissing when the binaries are absent and no Go toolchain exists, and
     RuntimeError (with the log tail) when the build fails.
     """
-    if not binaries_present() and find_go() is None:
-        raise GoMissing(
-            "Go toolchain not found (no `go` on PATH or /usr/local/go/bin/go) and no cached "
-            f"binaries in {BIN_DIR}: cannot build etcd/kube-apiserver for the cluster tier"
-        )
-    rc, tail = run_build_script(BUILD_SCRIPT, REPO_ROOT, stream)
-    if rc == GO_MISSING_EXIT:
-        raise GoMissing("".join(tail.splitlines(True)[-3:]).strip())
-    if rc != 0 or not binaries_present():
-        raise RuntimeError(f"scripts/build-kube.sh failed (exit {rc}):\n{tail}")
+    build_with_go(
+        BUILD_SCRIPT,
+        REPO_ROOT,
+        present=binaries_present,
+        missing=GoMissing,
+        what=f"binaries in {BIN_DIR}: cannot build etcd/kube-apiserver for the cluster tier",
+        stream=stream,
+    )
     return BIN_DIR
 
 
