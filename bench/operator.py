@@ -46,13 +46,13 @@ from .harness import Figure
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests" / "cluster"), str(REPO / "tests" / "support")]  # kubeenv
 
+from build_scripts import find_go  # noqa: E402
 from kubeenv import ControlPlane, KubeClient, NodeAgent, wait_until  # noqa: E402
 from kubeenv.controlplane import (  # noqa: E402
     BIN_DIR,
     base_env,
     binaries_present,
     build_binaries,
-    find_go,
     free_port,
     rss_bytes,
     spawn,

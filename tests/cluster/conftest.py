@@ -28,13 +28,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from build_scripts import find_go  # tests/support
 from kubeenv import ControlPlane, KubeClient, NodeAgent, wait_until
 from kubeenv.controlplane import (
     REPO_ROOT,
     GoMissing,
     binaries_present,
     build_binaries,
-    find_go,
 )
 from kubeenv.nodeagent import PodRun, default_runtime_command
 
