@@ -17,6 +17,11 @@ Contract:
   counts as a rejection. Deciding twice is a 409, an unknown call a 404.
 - ``RunRegistry`` owns runs per process: only the user who started a run can see it (any
   other answers 404), finished runs are dropped after ``retention`` seconds.
+- Where runs live beyond this process is the registry's ``RunStore`` (``runstore/``): the
+  in-process store keeps all of the above as is; a replicated store (Redis) gets every
+  event, checkpoint and approval through ``Run.sink`` and makes an event visible to
+  followers only once it is stored (``durable``), so every replica shows the same log.
+  ``find``/``decide``/``cancel`` reach runs held by other replicas through the store.
 """
 
 from __future__ import annotations
@@ -24,13 +29,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError
 
 from ..sse import encode_event
+from .runstore import RunStore
+from .runstore.memory import MemoryRunStore
 
 
 @dataclass
@@ -63,6 +70,11 @@ class Run:
     task: asyncio.Task | None = None
     _followers: list[asyncio.Future] = field(default_factory=list)  # waiting for events
     _pending: dict[str, _Pending] = field(default_factory=dict)
+    # Replicated stores only: the store's writer, how many frames are stored (followers
+    # see no further), and where followers go once another replica carries the run on.
+    sink: Any = field(default=None, repr=False)
+    durable: int | None = None
+    relay: Callable[[int, float | None], AsyncIterator[list[bytes]]] | None = None
 
     @property
     def finished(self) -> bool:
@@ -75,14 +87,26 @@ class Run:
     def emit(self, kind: str, data: dict[str, Any] | None = None) -> int:
         """Append an event; returns its id."""
         event_id = len(self.frames) + 1
-        self.frames.append(encode_event(event_id, kind, data or {}))
-        self._notify()
+        frame = encode_event(event_id, kind, data or {})
+        self.frames.append(frame)
+        if self.sink is None:
+            self._notify()
+        else:  # followers are woken once the store has it
+            self.sink.event(self, event_id, kind, frame)
         return event_id
 
     def finish(self) -> None:
         if self.finished_at is None:
             self.finished_at = time.monotonic()
+            if self.sink is not None:
+                self.sink.finished(self)
         self._notify()
+
+    def checkpoint(self, progress: Any) -> None:
+        """The loop's state after a completed step (a replicated store keeps it, so another
+        replica can carry the run on from there; the in-process store needs nothing)."""
+        if self.sink is not None:
+            self.sink.checkpoint(self, progress)
 
     def _notify(self) -> None:
         # A plain future per waiting follower (not an Event per emit): on a busy run most
@@ -98,12 +122,17 @@ class Run:
         position = max(0, after)
         loop = asyncio.get_running_loop()
         while True:
-            if position < len(self.frames):
-                batch = self.frames[position:]
+            end = len(self.frames) if self.durable is None else self.durable
+            if position < end:
+                batch = self.frames[position:end]
                 position += len(batch)
                 yield batch
                 continue
-            if self.finished:
+            if self.relay is not None:  # the run moved on to another replica
+                async for batch in self.relay(position, idle):
+                    yield batch
+                return
+            if self.finished and position >= len(self.frames):
                 return
             waiter = loop.create_future()
             self._followers.append(waiter)
@@ -119,6 +148,8 @@ class Run:
     def open_approval(self, call_id: str, name: str) -> None:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending[call_id] = _Pending(name=name, future=future)
+        if self.sink is not None:
+            self.sink.approval_opened(self, call_id)
 
     async def decision(self, call_id: str, timeout: float) -> Decision:
         future = self._pending[call_id].future
@@ -126,6 +157,8 @@ class Run:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
             self._pending[call_id].decided = True
+            if self.sink is not None:
+                self.sink.approval_timed_out(self, call_id)
             return Decision(False, f"no decision within {timeout:g}s", by_timeout=True)
 
     def decide(self, call_id: str, approved: bool, reason: str = "") -> None:
@@ -151,15 +184,34 @@ _PRUNE_EVERY = 1.0
 
 
 class RunRegistry:
-    def __init__(self, retention_seconds: float) -> None:
+    def __init__(self, retention_seconds: float, store: RunStore | None = None) -> None:
         self.retention = retention_seconds
+        self.store = store or MemoryRunStore()
         self._runs: dict[str, Run] = {}
         self._pruned_at = 0.0
 
-    def add(self, run: Run) -> Run:
+    def add(self, run: Run, spec: dict | None = None) -> Run:
+        """Hold a run started here; ``spec`` (JSON data) lets another replica resume it."""
         self._prune()
         self._runs[run.id] = run
+        self.store.register(run, spec)
         return run
+
+    async def find(self, run_id: str, user_id: str) -> Run:
+        """``get``, or else a run another replica holds (through the store); 404 if none."""
+        try:
+            return self.get(run_id, user_id)
+        except NotFoundError:
+            remote = await self.store.lookup(run_id)
+            if remote is None or remote.user_id != user_id:
+                raise
+            return remote
+
+    async def decide(self, run: Run, call_id: str, approved: bool, reason: str = "") -> None:
+        await self.store.decide(run, call_id, approved, reason)
+
+    async def cancel(self, run: Run) -> bool:
+        return await self.store.cancel(run)
 
     def get(self, run_id: str, user_id: str) -> Run:
         run = self._runs.get(run_id)
@@ -186,7 +238,5 @@ class RunRegistry:
             del self._runs[run_id]
 
     async def aclose(self) -> None:
-        tasks = [r.task for r in self._runs.values() if r.task and not r.task.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Stop this process's runs — or, with a replicated store, hand them over."""
+        await self.store.aclose(self.all())

@@ -21,6 +21,7 @@ from sandbox_workspace.runtime.workspace import Workspace
 
 from ..chat.loop import RunSpec, run_agent
 from ..chat.policy import Policy, effective_policies
+from ..chat.progress import Progress, spec_data, spec_from_data
 from ..chat.runs import Run
 from ..chat.tools import TOOL_NAMES
 from ..deps import CallerDep, ServicesDep
@@ -120,12 +121,7 @@ async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> S
     policies = effective_policies(TOOL_NAMES, settings.tool_policies, body.tool_policies)
     names = await _selected_names(services, caller, cid, body.selected_files)
     session_id = session_id_for(caller.user_id)
-
-    async def ensure():
-        session = await services.sessions.ensure_running(caller, session_id)
-        await services.backend.conversation_opened(session, cid)
-        return session
-
+    ensure, record_activity = _session_callbacks(services, caller, session_id, cid)
     spec = RunSpec(
         query=body.query,
         history=[m.model_dump() for m in body.history],
@@ -136,11 +132,32 @@ async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> S
         approval_timeout=settings.chat_approval_timeout_seconds,
         tool_timeout=settings.chat_tool_timeout_seconds,
         ensure_session=ensure,
-        record_activity=lambda: services.backend.record_activity(session_id),
+        record_activity=record_activity,
     )
-    run = services.runs.add(Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid))
+    run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
+    services.runs.add(run, spec_data(spec))
     run.task = services.spawn(run_agent(run, spec, llm, services.http))
     return _stream(run, 0, settings.chat_keepalive_seconds)
+
+
+def _session_callbacks(services, caller: Caller, session_id: str, cid: str):
+    async def ensure():
+        session = await services.sessions.ensure_running(caller, session_id)
+        await services.backend.conversation_opened(session, cid)
+        return session
+
+    return ensure, lambda: services.backend.record_activity(session_id)
+
+
+def resume_run(services, run: Run, data: dict, checkpoint: dict | None):
+    """Carry on a run taken over from another replica (see chat/runstore/takeover.py)."""
+    caller = Caller(user_id=run.user_id, via="resumed")
+    ensure, record_activity = _session_callbacks(
+        services, caller, run.session_id, run.conversation_id
+    )
+    spec = spec_from_data(data, ensure, record_activity)
+    progress = None if checkpoint is None else Progress.from_data(checkpoint)
+    return services.spawn(run_agent(run, spec, services.llm, services.http, progress, resumed=True))
 
 
 @router.get("/runs/{run_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
@@ -153,7 +170,7 @@ async def run_events(
     after: Annotated[int | None, Query(ge=0, description="Same as Last-Event-ID.")] = None,
 ) -> StreamingResponse:
     """Re-attach to a run: every event after Last-Event-ID, then live ones."""
-    run = services.runs.get(run_id, caller.user_id)
+    run = await services.runs.find(run_id, caller.user_id)
     position = after or 0
     if last_event_id is not None:
         if not last_event_id.strip().isdigit():
@@ -169,8 +186,8 @@ async def approve(
     run_id: str, body: ApprovalRequest, caller: CallerDep, services: ServicesDep
 ) -> dict:
     """Approve or reject a tool call the run is waiting on (a second decision is 409)."""
-    run = services.runs.get(run_id, caller.user_id)
-    run.decide(body.tool_call_id, body.approved, body.reason)
+    run = await services.runs.find(run_id, caller.user_id)
+    await services.runs.decide(run, body.tool_call_id, body.approved, body.reason)
     return {
         "run_id": run.id,
         "tool_call_id": body.tool_call_id,
@@ -181,6 +198,6 @@ async def approve(
 @router.post("/runs/{run_id}/cancel")
 async def cancel(run_id: str, caller: CallerDep, services: ServicesDep) -> dict:
     """Stop a run; its stream ends with error (cancelled) and done."""
-    run = services.runs.get(run_id, caller.user_id)
-    cancelled = run.cancel()
+    run = await services.runs.find(run_id, caller.user_id)
+    cancelled = await services.runs.cancel(run)
     return {"run_id": run.id, "status": "cancelling" if cancelled else "finished"}
