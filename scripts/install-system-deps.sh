@@ -2,6 +2,9 @@
 # Installs the optional system tools the tests exercise, where this machine allows it:
 #   bubblewrap — the local backend presents workspaces at /workspace (tests/api/test_bwrap.py)
 #   curl       — the README walk-through test
+#   redis-server — the Redis-protocol chat run store shared by API replicas
+#                (tests/api/test_runstore_replicas.py, tests/unit/test_runstore_redis.py,
+#                bench/ha.py); Debian's Redis 7 (valkey-server, where installed, is used too)
 #   podman, runc, debootstrap — the image smoke test (tests/image; scripts/build-image.sh):
 #                a Debian base made with debootstrap, the Dockerfile built and run by
 #                podman with runc (~10 s to install; the first image build ~90 s)
@@ -12,6 +15,7 @@ missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v curl >/dev/null || missing+=(curl)
 command -v nsenter >/dev/null || missing+=(util-linux)
+command -v redis-server >/dev/null || command -v valkey-server >/dev/null || missing+=(redis-server)
 command -v podman >/dev/null || missing+=(podman)
 [ -x /usr/sbin/runc ] || missing+=(runc)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
