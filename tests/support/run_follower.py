@@ -25,6 +25,7 @@ class Followed:
     run_id: str = ""
     ids: list[int] = field(default_factory=list)
     events: list[tuple[int, str, dict]] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # monotonic, when each event came
     reconnects: int = 0
 
     @property
@@ -40,6 +41,14 @@ class Followed:
     def duplicated(self) -> int:
         return len(self.ids) - len(set(self.ids))
 
+    def longest_gap(self) -> float:
+        """The longest wait between two events once the model streams, in seconds (a
+        client's worst stall; the session's start before it is not counted)."""
+        kinds = self.kinds()
+        start = kinds.index("text") if "text" in kinds else len(kinds)
+        times = self.times[start:]
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
     def kinds(self) -> list[str]:
         return [k for _, k, _ in self.events]
 
@@ -53,6 +62,7 @@ async def _read(response: httpx.Response, followed: Followed) -> None:
             kind = line[7:]
         elif line.startswith("data: ") and event_id is not None:
             followed.ids.append(event_id)
+            followed.times.append(time.monotonic())
             followed.events.append((event_id, kind or "", json.loads(line[6:])))
             if kind == "done":
                 return
@@ -66,14 +76,16 @@ async def start_and_follow(
     run_id: str = "",
     timeout: float = 120.0,
     followed: Followed | None = None,
+    first: int = 0,
 ) -> Followed:
     """Start a run with ``body`` (or follow ``run_id``) until ``done`` or ``timeout``;
-    pass ``followed`` to watch its progress from outside while it runs."""
+    pass ``followed`` to watch its progress from outside while it runs. Replicas are
+    tried in turn, starting with ``urls()[first % n]``."""
     followed = followed or Followed()
     followed.run_id = followed.run_id or run_id
     headers = {"X-User-Id": user}
     deadline = time.monotonic() + timeout
-    turn = itertools.count()
+    turn = itertools.count(first)  # which replica to try first (spreads the runs)
     async with httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30, read=60)) as client:
         while not followed.done and time.monotonic() < deadline:
             live = urls()

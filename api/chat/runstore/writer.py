@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from .redis_log import APPEND, Keys
 
@@ -45,7 +45,7 @@ class Writer:
         on_lost: Callable[[Run], None],
     ) -> None:
         self._redis, self._keys, self._on_lost = redis, keys, on_lost
-        self._script = redis.register_script(APPEND)
+        self._script = redis.register_script(APPEND)  # loaded by ``run``; its sha is fixed
         self._head = [token, str(retention_s), str(lease_ms)]
         self._ops: dict[str, list] = {}
         self._runs: dict[str, Run] = {}
@@ -101,6 +101,7 @@ class Writer:
 
     async def run(self) -> None:
         delay = 0.05
+        await self._redis.script_load(APPEND)
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -116,6 +117,13 @@ class Writer:
                 self._wake.set()
                 continue
             delay = 0.05
+            if any(isinstance(r, NoScriptError) for r in results):
+                # The server lost its scripts (restarted, flushed): load, write again. The
+                # batch did nothing anywhere: a missing script fails before any write.
+                await self._redis.script_load(APPEND)
+                self._requeue(batch, runs, upto)
+                self._wake.set()
+                continue
             for run_id, result in zip(batch, results, strict=True):
                 run = runs[run_id]
                 if isinstance(result, Exception) or result == -1:
@@ -138,9 +146,20 @@ class Writer:
         self._ops, self._runs, self._upto = batch, runs, upto
 
     async def _flush(self, batch: dict[str, list]) -> list:
+        # EVALSHA straight away: a script object in a pipeline would first ask the server
+        # whether the script exists — a second round trip per flush, on every event.
+        sha = self._script.sha
+        if len(batch) == 1:
+            ((run_id, ops),) = batch.items()
+            try:
+                return [
+                    await self._redis.evalsha(
+                        sha, 4, *self._keys.run_keys(run_id), *self._head, *ops
+                    )
+                ]
+            except NoScriptError as e:
+                return [e]
         async with self._redis.pipeline(transaction=False) as pipe:
             for run_id, ops in batch.items():
-                await self._script(
-                    keys=self._keys.run_keys(run_id), args=[*self._head, *ops], client=pipe
-                )
+                pipe.evalsha(sha, 4, *self._keys.run_keys(run_id), *self._head, *ops)
             return await pipe.execute(raise_on_error=False)
