@@ -25,48 +25,66 @@ from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 
-# KEYS: meta, log, lease, open. ARGV: token, retention s, lease ms, then ops:
-#   n <meta JSON>                  a new run: take the lease, write metadata, mark open
-#   e <id> <kind> <frame>          append event <id>
-#   c <checkpoint JSON>            the loop's state after its last completed step
-#   a <call>                       an approval is open
-#   t <call> <decision JSON>       an approval timed out (unless decided meanwhile)
-#   f <run id>                     finished: no longer open, keys expire
-APPEND = """
-if ARGV[4] == 'n' then
-  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
-elseif redis.call('GET', KEYS[3]) ~= ARGV[1] then
-  return -1
-end
-local i = 4
-while i <= #ARGV do
-  local op = ARGV[i]
-  if op == 'e' then
-    redis.call('XADD', KEYS[2], ARGV[i+1] .. '-0', 'k', ARGV[i+2], 'f', ARGV[i+3])
-    i = i + 4
-  elseif op == 'c' then
-    redis.call('HSET', KEYS[1], 'checkpoint', ARGV[i+1]); i = i + 2
-  elseif op == 'a' then
-    redis.call('HSETNX', KEYS[1], 'a:' .. ARGV[i+1], 'open'); i = i + 2
-  elseif op == 't' then
-    if redis.call('HGET', KEYS[1], 'a:' .. ARGV[i+1]) == 'open' then
-      redis.call('HSET', KEYS[1], 'a:' .. ARGV[i+1], ARGV[i+2])
+# All the runs of one flush in one call (one script run per flush, not per run: the
+# client's cost per command dominated). KEYS: open, then meta, log, lease of each run.
+# ARGV: token, retention s, lease ms, then per run: how many op arguments follow, the ops:
+#   n <meta JSON>          a new run: take the lease, write metadata, mark open (first op)
+#   e <frame>              append the event the SSE frame is (its id and kind are read
+#                          from the frame's first lines: the client sends each once)
+#   c <checkpoint JSON>    the loop's state after its last completed step
+#   a <call>               an approval is open
+#   t <call> <decision>    an approval timed out (unless decided meanwhile)
+#   f <run id>             finished: no longer open, keys expire
+# Returns per run: 0 stored, -1 not the lease holder (nothing written). Idempotent for the
+# lease holder: an event id not above the stream's last is already stored (a retry after
+# a lost reply) and is skipped — the stream itself never takes an id twice.
+APPEND = r"""
+local results = {}
+local a, r = 4, 0
+while a <= #ARGV do
+  local meta, log, lease = KEYS[2 + r * 3], KEYS[3 + r * 3], KEYS[4 + r * 3]
+  r = r + 1
+  local stop = a + tonumber(ARGV[a])
+  local i = a + 1
+  a = stop + 1
+  results[r] = 0
+  if ARGV[i] == 'n' then
+    redis.call('SET', lease, ARGV[1], 'PX', ARGV[3])
+  elseif redis.call('GET', lease) ~= ARGV[1] then
+    results[r] = -1
+    i = stop + 1
+  end
+  while i <= stop do
+    local op = ARGV[i]
+    if op == 'e' then
+      local frame = ARGV[i + 1]
+      local id, kind = string.match(frame, '^id: (%d+)\nevent: ([^\n]+)')
+      redis.pcall('XADD', log, id .. '-0', 'k', kind, 'f', frame)
+      i = i + 2
+    elseif op == 'c' then
+      redis.call('HSET', meta, 'checkpoint', ARGV[i + 1]); i = i + 2
+    elseif op == 'a' then
+      redis.call('HSETNX', meta, 'a:' .. ARGV[i + 1], 'open'); i = i + 2
+    elseif op == 't' then
+      if redis.call('HGET', meta, 'a:' .. ARGV[i + 1]) == 'open' then
+        redis.call('HSET', meta, 'a:' .. ARGV[i + 1], ARGV[i + 2])
+      end
+      i = i + 3
+    elseif op == 'n' then
+      local fields = cjson.decode(ARGV[i + 1])
+      for k, v in pairs(fields) do redis.call('HSET', meta, k, v) end
+      redis.call('SADD', KEYS[1], fields['id']); i = i + 2
+    elseif op == 'f' then
+      redis.call('HSET', meta, 'state', 'finished')
+      redis.call('SREM', KEYS[1], ARGV[i + 1])
+      redis.call('EXPIRE', meta, ARGV[2]); redis.call('EXPIRE', log, ARGV[2])
+      redis.call('DEL', lease); i = i + 2
+    else
+      return redis.error_reply('unknown op ' .. op)
     end
-    i = i + 3
-  elseif op == 'n' then
-    local meta = cjson.decode(ARGV[i+1])
-    for k, v in pairs(meta) do redis.call('HSET', KEYS[1], k, v) end
-    redis.call('SADD', KEYS[4], meta['id']); i = i + 2
-  elseif op == 'f' then
-    redis.call('HSET', KEYS[1], 'state', 'finished')
-    redis.call('SREM', KEYS[4], ARGV[i+1])
-    redis.call('EXPIRE', KEYS[1], ARGV[2]); redis.call('EXPIRE', KEYS[2], ARGV[2])
-    redis.call('DEL', KEYS[3]); i = i + 2
-  else
-    return redis.error_reply('unknown op ' .. op)
   end
 end
-return 0
+return results
 """
 
 # KEYS: meta, lease. ARGV: call, decision JSON, channel prefix, message.
@@ -110,8 +128,8 @@ class Keys:
     def control(self, owner: str) -> str:
         return f"{self.control_prefix}{owner}"
 
-    def run_keys(self, run_id: str) -> list[str]:
-        return [self.meta(run_id), self.log(run_id), self.lease(run_id), self.open]
+    def run_keys(self, run_id: str) -> tuple[str, str, str]:
+        return self.meta(run_id), self.log(run_id), self.lease(run_id)
 
 
 def text(meta: dict, key: str, default: str = "") -> str:
@@ -144,15 +162,19 @@ async def follow_log(
     redis: Redis, keys: Keys, run_id: str, after: int, idle: float | None
 ) -> AsyncIterator[list[bytes]]:
     """Frames after event ``after`` as they are stored (blocking reads), until ``done``;
-    an empty batch after each ``idle`` seconds without one (keep-alive cue)."""
+    an empty batch after each ``idle`` seconds without one (keep-alive cue). A run that
+    is over (or gone) is read without blocking: what is left, then the end."""
     position = f"{max(0, after)}-0"
     block = int((idle or 5.0) * 1000)
+    over = await redis.hget(keys.meta(run_id), "state") != b"running"
     while True:
-        reply = await redis.xread({keys.log(run_id): position}, count=1000, block=block)
+        wait = None if over else block
+        reply = await redis.xread({keys.log(run_id): position}, count=1000, block=wait)
         if not reply:
-            if not await redis.exists(keys.meta(run_id)):
-                return  # expired while nobody wrote: nothing will come
-            if idle is not None:
+            if over:
+                return
+            over = await redis.hget(keys.meta(run_id), "state") != b"running"
+            if idle is not None and not over:
                 yield []
             continue
         entries = reply[0][1]

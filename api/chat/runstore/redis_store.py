@@ -24,16 +24,18 @@ import json
 import logging
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client.core import CounterMetricFamily
 from redis.asyncio import Redis
 
 from sandbox_workspace.runtime.errors import ApiError, Conflict, NotFoundError
 
 from . import Resume, RunStore
 from .lease import Leases
-from .redis_log import CANCEL, DECIDE, Keys, follow_log, text
+from .redis_log import CANCEL, DECIDE, Keys, decisions, follow_log, text
 from .writer import Writer
 
 if TYPE_CHECKING:
@@ -93,7 +95,7 @@ class RedisRunStore(RunStore):
         self._scan_now = asyncio.Event()
         self._resume: Resume | None = None
         self._closing = False
-        self.taken_over = 0
+        self.counts: Counter[str] = Counter()  # takeover outcomes, hand-overs, leases lost
 
     @classmethod
     def from_settings(cls, settings) -> RedisRunStore:
@@ -148,6 +150,7 @@ class RedisRunStore(RunStore):
             if open_runs:
                 await self.redis.publish(self.keys.takeover, self.token)
             log.info("handed chat runs over", extra={"runs": len(open_runs)})
+            self.counts["handed_over"] += len(open_runs)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -221,16 +224,46 @@ class RedisRunStore(RunStore):
             run.decide(message["call"], message["approved"], message.get("reason", ""))
 
     async def _listen(self, pubsub) -> None:
-        async for item in pubsub.listen():
-            if item["channel"].decode() == self.keys.takeover:
-                self._scan_now.set()
-                continue
-            message = json.loads(item["data"])
-            run = self.local.get(message["run"])
-            if run is None:  # being taken over right now: applied once it is
-                self._early.setdefault(message["run"], []).append(message)
-            else:
-                self.apply(run, message)
+        while True:  # a dropped connection: redis-py reconnects and subscribes again
+            try:
+                async for item in pubsub.listen():
+                    self._received(item)
+            except Exception:
+                log.warning("run store control channel failed; reconnecting", exc_info=True)
+                await asyncio.sleep(1.0)
+
+    def _received(self, item: dict) -> None:
+        if item["channel"].decode() == self.keys.takeover:
+            self._scan_now.set()
+            return
+        message = json.loads(item["data"])
+        run = self.local.get(message["run"])
+        if run is None:  # being taken over right now: applied once it is
+            self._early.setdefault(message["run"], []).append(message)
+        else:
+            self.apply(run, message)
+
+    async def _reconcile(self) -> None:
+        """What pub/sub may have dropped (a reconnect) is in the metadata: cancels, and
+        decisions of approvals still awaited here."""
+        runs = [r for r in self.local.values() if not r.finished]
+        if not runs:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for run in runs:
+                pipe.hget(self.keys.meta(run.id), "cancel")
+                if run.awaiting_approval:
+                    pipe.hgetall(self.keys.meta(run.id))
+                else:
+                    pipe.echo("")
+            replies = await pipe.execute()
+        for run, cancel, meta in zip(runs, replies[::2], replies[1::2], strict=True):
+            if cancel == b"1":
+                self.apply(run, {"run": run.id, "op": "cancel"})
+            elif isinstance(meta, dict):
+                for call, decision in decisions(meta).items():
+                    if call in run._pending and not run._pending[call].decided:
+                        self.apply(run, {"run": run.id, "op": "decide", "call": call, **decision})
 
     async def _heartbeat(self) -> None:
         while True:
@@ -243,6 +276,7 @@ class RedisRunStore(RunStore):
                 for run_id in await self.leases.renew(list(self.local)):
                     if run_id in self.local:
                         self._lost(self.local[run_id])
+                await self._reconcile()
             except Exception:
                 log.warning("lease renewal failed", exc_info=True)
 
@@ -276,4 +310,17 @@ class RedisRunStore(RunStore):
     def _lost(self, run: Run) -> None:
         if run.relay is None:
             log.warning("lost the lease of a chat run", extra={"run_id": run.id})
+            self.counts["lease_lost"] += 1
             self._move(run)
+
+    def metric_families(self):
+        """For /metrics: how runs moved between replicas (this replica's view)."""
+        family = CounterMetricFamily(
+            "sandbox_chat_run_moves",
+            "Chat runs taken over (by outcome), handed over, or lost (lease) by this replica",
+            labels=["event"],
+        )
+        for event in ("resumed", "interrupted", "cancelled", "finished", "handed_over"):
+            family.add_metric([event], self.counts[event])
+        family.add_metric(["lease_lost"], self.counts["lease_lost"])
+        yield family

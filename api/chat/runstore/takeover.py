@@ -39,7 +39,6 @@ async def carry_on(store: RedisRunStore, run_id: str) -> None:
     run.frames = frames
     run.sink, run.durable = store.writer, len(frames)
     store.local[run_id] = run
-    store.taken_over += 1
     known = decisions(meta)
     for message in store._early.pop(run_id, []):
         if message["op"] == "decide":
@@ -49,16 +48,14 @@ async def carry_on(store: RedisRunStore, run_id: str) -> None:
     store.decided[run_id] = known
     raw = meta.get(b"checkpoint")
     checkpoint = json.loads(raw) if raw else None
-    log.info(
-        "taking over a chat run",
-        extra={"run_id": run_id, "events": len(frames), "checkpoint": checkpoint is not None},
-    )
     if frames and b"\nevent: done\n" in frames[-1]:
+        outcome = "finished"
         run.finish()
-        return
-    if text(meta, "cancel") == "1":
+    elif text(meta, "cancel") == "1":
+        outcome = "cancelled"
         _end(run, "cancelled", "the run was cancelled")
     elif checkpoint is not None and checkpoint.get("in_flight"):
+        outcome = "interrupted"
         _end(
             run,
             "run_interrupted",
@@ -66,6 +63,7 @@ async def carry_on(store: RedisRunStore, run_id: str) -> None:
             "may not have completed, so the run was not resumed — ask again to continue",
         )
     else:
+        outcome = "resumed"
         run.emit(
             "status",
             {
@@ -77,6 +75,11 @@ async def carry_on(store: RedisRunStore, run_id: str) -> None:
         assert store._resume is not None
         spec = json.loads(meta.get(b"spec") or b"{}")
         run.task = store._resume(run, spec, checkpoint)
+    store.counts[outcome] += 1
+    log.info(
+        "took over a chat run",
+        extra={"run_id": run_id, "outcome": outcome, "events": len(frames)},
+    )
 
 
 def _end(run, code: str, message: str) -> None:
