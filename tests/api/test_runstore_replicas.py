@@ -159,23 +159,29 @@ def test_a_killed_owners_runs_are_taken_over_or_ended_cleanly(replicas, scripted
 def test_a_rolling_restart_of_both_replicas_loses_no_run(replicas, scripted_llm):
     a, b = replicas
     user = f"u-{uuid.uuid4().hex[:8]}"
-    scripted_llm.responder = lambda body: slow_text(60, 0.1)  # 6 s per model turn
+    # Model turns far longer than the restarts: every run is in flight at both stops. A
+    # run carried on by another replica asks the model again; before the last stop the
+    # model turns short, so the runs end soon after it.
+    scripted_llm.responder = lambda body: slow_text(600, 0.1)
 
     async def scenario():
         runs = [
             follow(on(a, b), user, {"query": "go", "conversation_id": f"c{i % 5}"})
             for i in range(50)
         ]
-        await until(lambda: all(f.run_id for f, _ in runs))
+        await until(lambda: all(f.run_id and "text" in f.kinds() for f, _ in runs))
         for server in (a, b):  # one at a time, as a Deployment's rolling update does
+            assert not any(t.done() for _, t in runs)
+            if server is b:
+                scripted_llm.responder = lambda body: text_reply("after the update")
             await asyncio.to_thread(server.stop, signal.SIGTERM)
             await asyncio.to_thread(server.start)
-        assert not all(t.done() for _, t in runs), "runs ended before the restarts: too short"
         await asyncio.gather(*(t for _, t in runs))
         for followed, _ in runs:
             assert_complete(followed)
             assert followed.kinds()[-2:] == ["result", "done"], followed.kinds()
-        moved = [f for f, _ in runs if any(d.get("stage") == "resumed" for *_, d in f.events)]
-        assert moved, "no run was handed over: the restarts did not exercise the store"
+            resumed = [d for _, k, d in followed.events if d.get("stage") == "resumed"]
+            assert resumed, "each run was on the replica stopped last: it must have moved"
+            assert followed.events[-2][2]["answer"] == "after the update"
 
     asyncio.run(scenario())

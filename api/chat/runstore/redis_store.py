@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily
 from redis.asyncio import Redis
 
-from sandbox_workspace.runtime.errors import ApiError, Conflict, NotFoundError
+from sandbox_workspace.runtime.errors import Conflict, NotFoundError
 
-from . import Resume, RunStore
+from . import Resume, RunStore, control
 from .lease import Leases
-from .redis_log import CANCEL, DECIDE, Keys, decisions, follow_log, text
+from .redis_log import CANCEL, DECIDE, Keys, follow_log, text
 from .writer import Writer
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ class RedisRunStore(RunStore):
         self.local: dict[str, Run] = {}  # open runs this replica owns
         self.decided = self.writer.decided  # run → call → decision (taken over)
         self._early: dict[str, list[dict]] = {}  # control messages for runs being taken
+        self._taking: set[str] = set()  # runs whose lease is ours, not yet in ``local``
         self._tasks: list[asyncio.Task] = []
         self._scan_now = asyncio.Event()
         self._resume: Resume | None = None
@@ -122,7 +123,12 @@ class RedisRunStore(RunStore):
             ) from e
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(self.keys.control(self.token), self.keys.takeover)
-        for work in (self.writer.run(), self._listen(pubsub), self._heartbeat(), self._scan()):
+        for work in (
+            self.writer.run(),
+            control.listen(self, pubsub),
+            self._heartbeat(),
+            self._scan(),
+        ):
             self._tasks.append(asyncio.create_task(work))
 
     async def aclose(self, runs: list[Run]) -> None:
@@ -212,59 +218,6 @@ class RedisRunStore(RunStore):
         )
 
     # -- background work --------------------------------------------------------------------
-    def apply(self, run: Run, message: dict) -> None:
-        """A decision or cancel for a run this replica owns."""
-        if message["op"] == "cancel":
-            if run.task is not None and not run.task.cancelling():
-                run.cancel()
-            return
-        # Kept too for an approval the loop has not reopened yet (a run just taken over).
-        self.decided.setdefault(run.id, {})[message["call"]] = message
-        with contextlib.suppress(ApiError):  # not open yet, or timed out: stays so
-            run.decide(message["call"], message["approved"], message.get("reason", ""))
-
-    async def _listen(self, pubsub) -> None:
-        while True:  # a dropped connection: redis-py reconnects and subscribes again
-            try:
-                async for item in pubsub.listen():
-                    self._received(item)
-            except Exception:
-                log.warning("run store control channel failed; reconnecting", exc_info=True)
-                await asyncio.sleep(1.0)
-
-    def _received(self, item: dict) -> None:
-        if item["channel"].decode() == self.keys.takeover:
-            self._scan_now.set()
-            return
-        message = json.loads(item["data"])
-        run = self.local.get(message["run"])
-        if run is None:  # being taken over right now: applied once it is
-            self._early.setdefault(message["run"], []).append(message)
-        else:
-            self.apply(run, message)
-
-    async def _reconcile(self) -> None:
-        """What pub/sub may have dropped (a reconnect) is in the metadata: cancels, and
-        decisions of approvals still awaited here."""
-        runs = [r for r in self.local.values() if not r.finished]
-        if not runs:
-            return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for run in runs:
-                pipe.hget(self.keys.meta(run.id), "cancel")
-                if run.awaiting_approval:
-                    pipe.hgetall(self.keys.meta(run.id))
-                else:
-                    pipe.echo("")
-            replies = await pipe.execute()
-        for run, cancel, meta in zip(runs, replies[::2], replies[1::2], strict=True):
-            if cancel == b"1":
-                self.apply(run, {"run": run.id, "op": "cancel"})
-            elif isinstance(meta, dict):
-                for call, decision in decisions(meta).items():
-                    if call in run._pending and not run._pending[call].decided:
-                        self.apply(run, {"run": run.id, "op": "decide", "call": call, **decision})
-
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.lease_seconds / 3)
@@ -272,11 +225,13 @@ class RedisRunStore(RunStore):
                 self.local.pop(run_id, None)
                 self.writer.in_flight.pop(run_id, None)
                 self.decided.pop(run_id, None)
+            for run_id in [i for i in self._early if i not in self._taking]:
+                del self._early[run_id]  # for runs this replica gave away meanwhile
             try:
                 for run_id in await self.leases.renew(list(self.local)):
                     if run_id in self.local:
                         self._lost(self.local[run_id])
-                await self._reconcile()
+                await control.reconcile(self)
             except Exception:
                 log.warning("lease renewal failed", exc_info=True)
 
@@ -293,7 +248,11 @@ class RedisRunStore(RunStore):
                     if await self.leases.acquire(run_id):
                         from .takeover import carry_on
 
-                        await carry_on(self, run_id)
+                        self._taking.add(run_id)
+                        try:
+                            await carry_on(self, run_id)
+                        finally:
+                            self._taking.discard(run_id)
             except Exception:
                 log.warning("run takeover scan failed", exc_info=True)
 

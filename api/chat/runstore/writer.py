@@ -4,9 +4,11 @@ Contract:
 - ``Run.emit``, ``checkpoint``, ``open_approval``, a timed-out approval and ``finish``
   call the sink synchronously (the loop never waits for the network); each becomes an op
   queued per run, in call order.
-- One task flushes: everything queued, for every run, goes in one ``APPEND`` script
-  call — one round trip and one command however many runs and events, so under load
-  many events share a trip and the cost per event shrinks as load grows. Once a run's
+- Flushing: everything queued, for every run, goes in one ``APPEND`` script call — one
+  command however many runs and events, so under load many events share a trip and the
+  cost per event shrinks as load grows. Up to ``_MAX_FLIGHTS`` flushes are in flight at
+  once, each over its own connection and for runs no other flush in flight holds, so a
+  run's ops are stored in the order they were queued. Once a run's
   ops are stored, its followers are woken and see events up to the last one stored
   (``Run.durable``): a follower on any replica sees the same log, and what a client
   saw survives the owner.
@@ -36,7 +38,10 @@ if TYPE_CHECKING:
     from ..runs import Run
 
 log = logging.getLogger(__name__)
-_RETRY_MAX = 2.0
+_RETRY_FIRST, _RETRY_MAX = 0.05, 2.0
+# Flushes in flight at once, over disjoint sets of runs: an event never waits for the
+# reply to a flush it was not part of (one round trip, not up to two).
+_MAX_FLIGHTS = 4
 
 
 def _bulk(value: bytes | str | int) -> bytes:
@@ -65,7 +70,10 @@ class Writer:
         self._ops: dict[str, list[bytes]] = {}  # per run: its ops, RESP-encoded
         self._runs: dict[str, Run] = {}
         self._upto: dict[str, int] = {}
-        self._conn = None  # the writer's own connection (one command in flight at a time)
+        self._free: list = []  # the writer's own connections, one per flush in flight
+        self._busy: set[str] = set()  # runs with a flush in flight
+        self._flights: set[asyncio.Task] = set()
+        self._delay = _RETRY_FIRST
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -116,48 +124,68 @@ class Writer:
         await self._idle.wait()
 
     async def run(self) -> None:
-        delay = 0.05
         await self._redis.script_load(APPEND)
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            batch, runs, upto = self._ops, self._runs, self._upto
-            self._ops, self._runs, self._upto = {}, {}, {}
-            try:
-                results = await self._flush(batch)
-            except NoScriptError:  # the server lost its scripts (restarted): nothing ran
-                await self._redis.script_load(APPEND)
-                self._requeue(batch, runs, upto)
-                self._wake.set()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while len(self._flights) < _MAX_FLIGHTS and (batch := self._take()):
+                    flight = asyncio.create_task(self._fly(*batch))
+                    self._flights.add(flight)
+                    flight.add_done_callback(self._flights.discard)
+                if not self._ops and not self._busy:
+                    self._idle.set()
+        finally:
+            for flight in self._flights:
+                flight.cancel()
+
+    def _take(self) -> tuple[dict, dict, dict] | None:
+        """The queued ops of every run with no flush in flight (its order is kept by
+        never having two of its flushes in flight at once)."""
+        ready = [run_id for run_id in self._ops if run_id not in self._busy]
+        if not ready:
+            return None
+        batch = {r: self._ops.pop(r) for r in ready}
+        runs = {r: self._runs.pop(r) for r in ready}
+        upto = {r: self._upto.pop(r) for r in ready if r in self._upto}
+        self._busy.update(ready)
+        return batch, runs, upto
+
+    async def _fly(self, batch: dict, runs: dict, upto: dict) -> None:
+        try:
+            results = await self._flush(batch)
+        except NoScriptError:  # the server lost its scripts (restarted): nothing ran
+            await self._redis.script_load(APPEND)
+            self._requeue(batch, runs, upto)
+            return
+        except (RedisError, OSError) as e:  # keep the batch, in order, ahead of newer ops
+            log.warning("run store write failed, retrying", extra={"error": str(e)})
+            await asyncio.sleep(self._delay)
+            self._delay = min(_RETRY_MAX, self._delay * 2)
+            self._requeue(batch, runs, upto)
+            return
+        finally:
+            self._busy.difference_update(batch)
+            self._wake.set()
+        self._delay = _RETRY_FIRST
+        for run_id, result in zip(batch, results, strict=True):
+            run = runs[run_id]
+            if result != 0:  # -1: another replica holds the lease now
+                self.lost_count += 1
+                self._on_lost(run)
                 continue
-            except (RedisError, OSError) as e:  # keep the batch, in order, ahead of newer ops
-                log.warning("run store write failed, retrying", extra={"error": str(e)})
-                self._requeue(batch, runs, upto)
-                await asyncio.sleep(delay)
-                delay = min(_RETRY_MAX, delay * 2)
-                self._wake.set()
-                continue
-            delay = 0.05
-            for run_id, result in zip(batch, results, strict=True):
-                run = runs[run_id]
-                if result != 0:  # -1 another replica holds it; -2 (never expected) refused
-                    if result != -1:
-                        log.error("run store refused an event", extra={"run_id": run_id})
-                    self.lost_count += 1
-                    self._on_lost(run)
-                    continue
-                if run_id in upto and (run.durable or 0) < upto[run_id]:
-                    run.durable = upto[run_id]
-                    run._notify()
-            if not self._ops:
-                self._idle.set()
+            if run_id in upto and (run.durable or 0) < upto[run_id]:
+                run.durable = upto[run_id]
+                run._notify()
 
     def _requeue(self, batch: dict, runs: dict, upto: dict) -> None:
-        for run_id, ops in self._ops.items():
-            batch.setdefault(run_id, []).extend(ops)
-            runs[run_id] = self._runs[run_id]
-        upto.update(self._upto)
-        self._ops, self._runs, self._upto = batch, runs, upto
+        for run_id, ops in batch.items():
+            self._ops[run_id] = ops + self._ops.get(run_id, [])
+            self._runs.setdefault(run_id, runs[run_id])
+            if run_id in upto:
+                self._upto[run_id] = max(upto[run_id], self._upto.get(run_id, 0))
+        self._idle.clear()
+        self._wake.set()
 
     async def _flush(self, batch: dict[str, list[bytes]]) -> list:
         keys = [self._keys.open]
@@ -168,14 +196,17 @@ class Writer:
             body.extend(ops)
         head = [b"EVALSHA", self._script.sha, len(keys), *keys, *self._head]
         packed = b"".join([b"*%d\r\n" % (len(head) + len(body)), *map(_bulk, head), *body])
-        if self._conn is None:
-            self._conn = await self._redis.connection_pool.get_connection()
+        conn = (
+            self._free.pop() if self._free else await self._redis.connection_pool.get_connection()
+        )
         try:
-            await self._conn.send_packed_command(packed)
-            reply = await self._conn.read_response()
+            await conn.send_packed_command(packed)
+            reply = await conn.read_response()
         except BaseException:
-            await self._conn.disconnect()  # a half-read reply must not meet the next call
+            await conn.disconnect()  # a half-read reply must not meet the next call
             raise
+        finally:
+            self._free.append(conn)  # reconnects on its next use if it was dropped
         if isinstance(reply, ResponseError):
             raise reply
         return reply
