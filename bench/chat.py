@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from .harness import Figure, dev_server, wait_for_port
+from .harness import Figure, cpu_seconds, dev_server, wait_for_port
 from .stamp_client import post_and_measure
 
 
@@ -139,7 +139,9 @@ def run(quick: bool) -> list[Figure]:
                 "SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none",
             }
             with dev_server(**env) as server, _no_collector_pauses():
+                cpu = cpu_seconds(server.pid)
                 api_seconds, events = asyncio.run(_through_api(server.url, runs, via_api, ramp))
+                cpu_per_event = (cpu_seconds(server.pid) - cpu) / events * 1e6
                 gc_pauses = _gc_pauses(httpx.get(server.url + "/metrics").text)
             on_redis = _on_redis_store(env, runs, ramp, Path(tmp))
         finally:
@@ -165,6 +167,7 @@ def run(quick: bool) -> list[Figure]:
             added_p50_ms=round(quantile(via_api, 0.5) - quantile(direct, 0.5), 3),
             added_p99_ms=round(quantile(via_api, 0.99) - quantile(direct, 0.99), 3),
             api_gc_pauses=gc_pauses,
+            api_cpu_us_per_event=round(cpu_per_event, 1),
         ),
         *figures,
     ]
@@ -187,15 +190,20 @@ def _on_redis_store(env: dict, runs: int, ramp: float, tmp: Path) -> tuple | Non
             "SANDBOX_WORKSPACE_CHAT_REDIS_URL": store.url,
         }
         with dev_server(**redis_env) as server, _no_collector_pauses():
+            cpu, store_cpu = cpu_seconds(server.pid), cpu_seconds(store.proc.pid)
             seconds, events = asyncio.run(_through_api(server.url, runs, samples, ramp))
+            cpu_us = {
+                "api_cpu_us_per_event": (cpu_seconds(server.pid) - cpu) / events * 1e6,
+                "redis_cpu_us_per_event": (cpu_seconds(store.proc.pid) - store_cpu) / events * 1e6,
+            }
             gc_pauses = _gc_pauses(httpx.get(server.url + "/metrics").text)
-        return samples, seconds, events, gc_pauses
+        return samples, seconds, events, gc_pauses, cpu_us
     finally:
         store.stop()
 
 
 def _redis_figure(on_redis: tuple, in_process: list[float], runs: int, tokens: int, quantile):
-    samples, seconds, events, gc_pauses = on_redis
+    samples, seconds, events, gc_pauses, cpu_us = on_redis
     return Figure.of(
         f"chat on the Redis run store: token → SSE event latency, {runs} runs × {tokens} tokens",
         "ms",
@@ -204,6 +212,7 @@ def _redis_figure(on_redis: tuple, in_process: list[float], runs: int, tokens: i
         in_process,
         goal="added p50 ≤ 1 ms, p99 ≤ 10 ms",
         events_per_second=round(events / seconds),
+        **{k: round(v, 1) for k, v in cpu_us.items()},
         added_p50_ms=round(quantile(samples, 0.5) - quantile(in_process, 0.5), 3),
         added_p99_ms=round(quantile(samples, 0.99) - quantile(in_process, 0.99), 3),
         api_gc_pauses=gc_pauses,

@@ -21,6 +21,7 @@ Finished runs' keys expire after the retention time.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
@@ -109,6 +110,9 @@ return 1
 """
 
 
+_MAX_BLOCK = 2.0  # seconds one XREAD may block
+
+
 class Keys:
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -165,8 +169,11 @@ async def follow_log(
     an empty batch after each ``idle`` seconds without one (keep-alive cue). A run that
     is over (or gone) is read without blocking: what is left, then the end."""
     position = f"{max(0, after)}-0"
-    block = int((idle or 5.0) * 1000)
+    # Each blocking read stays well under the client's socket timeout (a read that
+    # outlasts it fails); keep-alive cues still come every ``idle`` seconds.
+    block = int(min(idle or _MAX_BLOCK, _MAX_BLOCK) * 1000)
     over = await redis.hget(keys.meta(run_id), "state") != b"running"
+    quiet_since = time.monotonic()
     while True:
         wait = None if over else block
         reply = await redis.xread({keys.log(run_id): position}, count=1000, block=wait)
@@ -174,9 +181,11 @@ async def follow_log(
             if over:
                 return
             over = await redis.hget(keys.meta(run_id), "state") != b"running"
-            if idle is not None and not over:
+            if idle is not None and not over and time.monotonic() - quiet_since >= idle:
+                quiet_since = time.monotonic()
                 yield []
             continue
+        quiet_since = time.monotonic()
         entries = reply[0][1]
         position = entries[-1][0]
         yield [fields[b"f"] for _, fields in entries]

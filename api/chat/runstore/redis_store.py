@@ -102,7 +102,13 @@ class RedisRunStore(RunStore):
     def from_settings(cls, settings) -> RedisRunStore:
         url = settings.chat_redis_url.get_secret_value()
         # Enough connections for one blocking read per follower of another replica's run.
-        redis = Redis.from_url(url, max_connections=4096, health_check_interval=30)
+        redis = Redis.from_url(
+            url,
+            max_connections=4096,
+            health_check_interval=30,
+            socket_connect_timeout=5,
+            socket_timeout=30,  # a dead server shows within this; reads block 2 s at most
+        )
         return cls(
             redis,
             prefix=settings.chat_redis_prefix,
@@ -223,12 +229,15 @@ class RedisRunStore(RunStore):
             await asyncio.sleep(self.lease_seconds / 3)
             for run_id in [i for i, r in self.local.items() if r.finished]:
                 self.local.pop(run_id, None)
+                self.writer.stored.discard(run_id)
                 self.writer.in_flight.pop(run_id, None)
                 self.decided.pop(run_id, None)
             for run_id in [i for i in self._early if i not in self._taking]:
                 del self._early[run_id]  # for runs this replica gave away meanwhile
             try:
-                for run_id in await self.leases.renew(list(self.local)):
+                # Only runs whose lease is stored: a run just started may still be queued.
+                held = [r for r in self.local if r in self.writer.stored]
+                for run_id in await self.leases.renew(held):
                     if run_id in self.local:
                         self._lost(self.local[run_id])
                 await control.reconcile(self)
@@ -267,7 +276,7 @@ class RedisRunStore(RunStore):
             run.task.cancel()
 
     def _lost(self, run: Run) -> None:
-        if run.relay is None:
+        if run.relay is None and not run.finished:  # finished: its lease went with it
             log.warning("lost the lease of a chat run", extra={"run_id": run.id})
             self.counts["lease_lost"] += 1
             self._move(run)

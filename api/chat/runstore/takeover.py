@@ -39,6 +39,7 @@ async def carry_on(store: RedisRunStore, run_id: str) -> None:
     run.frames = frames
     run.sink, run.durable = store.writer, len(frames)
     store.local[run_id] = run
+    store.writer.stored.add(run_id)  # its lease is ours already
     known = decisions(meta)
     for message in store._early.pop(run_id, []):
         if message["op"] == "decide":

@@ -72,6 +72,7 @@ class Writer:
         self._upto: dict[str, int] = {}
         self._free: list = []  # the writer's own connections, one per flush in flight
         self._busy: set[str] = set()  # runs with a flush in flight
+        self.stored: set[str] = set()  # runs with something stored (their lease exists)
         self._flights: set[asyncio.Task] = set()
         self._delay = _RETRY_FIRST
         self._wake = asyncio.Event()
@@ -174,6 +175,7 @@ class Writer:
                 self.lost_count += 1
                 self._on_lost(run)
                 continue
+            self.stored.add(run_id)
             if run_id in upto and (run.durable or 0) < upto[run_id]:
                 run.durable = upto[run_id]
                 run._notify()
