@@ -207,6 +207,17 @@ class RunRegistry:
                 raise
             return remote
 
+    async def conversation_runs(self, session_id: str, conversation_id: str) -> list[Run]:
+        """A conversation's runs on every replica: this process's, then the store's others."""
+        here = [
+            r
+            for r in self.all()
+            if r.session_id == session_id and r.conversation_id == conversation_id
+        ]
+        ids = {r.id for r in here}
+        there = await self.store.conversation_runs(session_id, conversation_id)
+        return here + [r for r in there if r.id not in ids]
+
     async def decide(self, run: Run, call_id: str, approved: bool, reason: str = "") -> None:
         await self.store.decide(run, call_id, approved, reason)
 

@@ -255,3 +255,17 @@ async def test_a_graceful_shutdown_hands_runs_over_at_once(replica):
     assert time.monotonic() - started < 5
     events = await collect(await b.find(run.id, "u"))
     assert [k for _, k, _ in events] == ["run_started", "status", "done"]
+
+
+async def test_a_conversations_runs_are_listed_on_every_replica(replica):
+    a, b = await replica(), await replica()
+    first = a.add(Run(user_id="u", session_id="s", conversation_id="c"), {})
+    second = b.add(Run(user_id="u", session_id="s", conversation_id="c"), {})
+    other = b.add(Run(user_id="u", session_id="s", conversation_id="elsewhere"), {})
+    for run in (first, second, other):
+        run.emit("run_started", {})
+    await eventually(lambda: all(stored(r)() for r in (first, second, other)))
+    listed = await a.conversation_runs("s", "c")
+    assert [r.id for r in listed] == [first.id, second.id]
+    assert listed[0] is first and not listed[1].finished  # local object, then a view
+    assert [r.id for r in await b.conversation_runs("s", "elsewhere")] == [other.id]

@@ -6,6 +6,8 @@ Contract (``RunStore``):
   the run's JSON-able request, enough for another replica to resume it.
 - ``lookup(run_id)``: a run this process does not hold, as a view that follows, decides
   and cancels through the store — or ``None`` (the in-process store never has one).
+- ``conversation_runs(session_id, conversation_id)``: views of a conversation's runs the
+  store holds (the in-process store: none beyond the registry's own).
 - ``decide`` / ``cancel``: for any run, local or not; a second decision is 409, an unknown
   tool call 404, exactly as ``Run.decide`` answers in process.
 - ``start(resume)``: begin background work; ``resume(run, spec, checkpoint)`` starts the
@@ -38,6 +40,9 @@ class RunStore(ABC):
 
     @abstractmethod
     async def lookup(self, run_id: str) -> Any | None: ...
+
+    async def conversation_runs(self, session_id: str, conversation_id: str) -> list[Any]:
+        return []
 
     @abstractmethod
     async def decide(self, run: Any, call_id: str, approved: bool, reason: str) -> None: ...

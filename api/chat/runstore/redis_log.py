@@ -8,6 +8,8 @@ Keys (``{p}`` is the configured prefix):
                          f (its SSE frame, bytes as sent)
 - ``{p}run:{id}:lease``  the owner's token; expires unless the owner renews it
 - ``{p}open``            set of the ids of runs not finished
+- ``{p}conv:{session}:{conversation}``  set of a conversation's run ids (expires after
+                         its newest run's deadline plus the retention time)
 - ``{p}ctl:{owner}``     pub/sub channel: decisions and cancels for that owner's runs
 - ``{p}takeover``        pub/sub channel: "a run has no owner now, look" (hand-overs)
 
@@ -29,7 +31,8 @@ from redis.asyncio import Redis
 # All the runs of one flush in one call (one script run per flush, not per run: the
 # client's cost per command dominated). KEYS: open, then meta, log, lease of each run.
 # ARGV: token, retention s, lease ms, then per run: how many op arguments follow, the ops:
-#   n <meta JSON>          a new run: take the lease, write metadata, mark open (first op)
+#   n <meta JSON>          a new run: take the lease, write metadata, mark open, add it to
+#                          its conversation's index (``index``, kept ``index_ttl`` s)
 #   e <frame>              append the event the SSE frame is (its id and kind are read
 #                          from the frame's first lines: the client sends each once)
 #   c <checkpoint JSON>    the loop's state after its last completed step
@@ -73,8 +76,13 @@ while a <= #ARGV do
       i = i + 3
     elseif op == 'n' then
       local fields = cjson.decode(ARGV[i + 1])
+      local index, ttl = fields['index'], tonumber(fields['index_ttl'])
+      fields['index'], fields['index_ttl'] = nil, nil
       for k, v in pairs(fields) do redis.call('HSET', meta, k, v) end
-      redis.call('SADD', KEYS[1], fields['id']); i = i + 2
+      redis.call('SADD', KEYS[1], fields['id'])
+      redis.call('SADD', index, fields['id'])
+      if redis.call('TTL', index) < ttl then redis.call('EXPIRE', index, ttl) end
+      i = i + 2
     elseif op == 'f' then
       redis.call('HSET', meta, 'state', 'finished')
       redis.call('SREM', KEYS[1], ARGV[i + 1])
@@ -128,6 +136,9 @@ class Keys:
 
     def lease(self, run_id: str) -> str:
         return f"{self.prefix}run:{run_id}:lease"
+
+    def conversation(self, session_id: str, conversation_id: str) -> str:
+        return f"{self.prefix}conv:{session_id}:{conversation_id}"
 
     def control(self, owner: str) -> str:
         return f"{self.control_prefix}{owner}"

@@ -55,6 +55,7 @@ class RemoteRun:
     finished: bool
     awaiting_approval: bool
     store: RedisRunStore
+    created_at: float = 0.0  # wall clock
 
     def follow(self, after: int = 0, idle: float | None = None):
         return follow_log(self.store.redis, self.store.keys, self.id, after, idle)
@@ -76,6 +77,7 @@ class RedisRunStore(RunStore):
         self.keys = Keys(prefix)
         self.token = f"{uuid.uuid4().hex}"  # this replica, for as long as it lives
         self.lease_seconds = lease_seconds
+        self.retention = retention_seconds
         self.handover_seconds = handover_seconds
         self.leases = Leases(redis, self.keys, self.token, int(lease_seconds * 1000))
         self.writer = Writer(
@@ -180,13 +182,29 @@ class RedisRunStore(RunStore):
             "state": "running",
             "created_at": str(time.time()),
             "spec": json.dumps(spec or {}),
+            "index": self.keys.conversation(run.session_id, run.conversation_id),
+            "index_ttl": int((spec or {}).get("deadline_seconds", 3600) + self.retention),
         }
         self.writer.new(run, meta)
 
     async def lookup(self, run_id: str) -> RemoteRun | None:
         meta = await self.redis.hgetall(self.keys.meta(run_id))
-        if not meta:
-            return None
+        return self._view(run_id, meta) if meta else None
+
+    async def conversation_runs(self, session_id: str, conversation_id: str) -> list[RemoteRun]:
+        index = self.keys.conversation(session_id, conversation_id)
+        run_ids = sorted(r.decode() for r in await self.redis.smembers(index))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for run_id in run_ids:
+                pipe.hgetall(self.keys.meta(run_id))
+            metas = await pipe.execute()
+        gone = [r for r, m in zip(run_ids, metas, strict=True) if not m]
+        if gone:  # finished and expired
+            await self.redis.srem(index, *gone)
+        views = [self._view(r, m) for r, m in zip(run_ids, metas, strict=True) if m]
+        return sorted(views, key=lambda v: v.created_at)
+
+    def _view(self, run_id: str, meta: dict) -> RemoteRun:
         return RemoteRun(
             id=run_id,
             user_id=text(meta, "user_id"),
@@ -195,6 +213,7 @@ class RedisRunStore(RunStore):
             finished=text(meta, "state") != "running",
             awaiting_approval=b"open" in meta.values(),
             store=self,
+            created_at=float(text(meta, "created_at", "0")),
         )
 
     async def decide(self, run: Any, call_id: str, approved: bool, reason: str) -> None:
