@@ -200,19 +200,26 @@ class RunRegistry:
     async def find(self, run_id: str, user_id: str) -> Run:
         """``get``, or else a run another replica holds (through the store); 404 if none."""
         try:
-            return self.get(run_id, user_id)
+            run = self.get(run_id, user_id)
+            if run.relay is None:
+                return run
         except NotFoundError:
-            remote = await self.store.lookup(run_id)
-            if remote is None or remote.user_id != user_id:
-                raise
-            return remote
+            run = None
+        remote = await self.store.lookup(run_id)  # held elsewhere, or moved on from here
+        if remote is None or remote.user_id != user_id:
+            if run is not None:
+                return run
+            raise NotFoundError(f"run '{run_id}' not found")
+        return remote
 
     async def conversation_runs(self, session_id: str, conversation_id: str) -> list[Run]:
         """A conversation's runs on every replica: this process's, then the store's others."""
         here = [
             r
             for r in self.all()
-            if r.session_id == session_id and r.conversation_id == conversation_id
+            if r.session_id == session_id
+            and r.conversation_id == conversation_id
+            and r.relay is None  # a run that moved on is listed as the store has it
         ]
         ids = {r.id for r in here}
         there = await self.store.conversation_runs(session_id, conversation_id)

@@ -159,6 +159,9 @@ async def test_a_replica_that_lost_its_lease_can_write_nothing_more(replica, red
     await a.store.redis.set(keys.lease(run.id), "another-replica")
     run.emit("text", {"delta": "late"})
     await eventually(lambda: run.relay is not None)  # stopped here; followers use the store
+    view = await a.find(run.id, "u")  # answers come from the store now, not the old object
+    assert view is not run and view.id == run.id
+    assert await a.conversation_runs("s", "c") == [view]
     assert await a.store.redis.xlen(keys.log(run.id)) == 1
     # The replica that holds the lease now ends the stream; the follower sees it, once.
     done = encode_event(2, "done", {})

@@ -289,6 +289,8 @@ class RedisRunStore(RunStore):
         """Stop the loop here without ending the stream: another replica carries it on;
         local followers continue from the store."""
         run.relay = lambda after, idle: follow_log(self.redis, self.keys, run.id, after, idle)
+        # Over here (the registry drops it after the retention time); not in the store.
+        run.finished_at = run.finished_at or time.monotonic()
         run._notify()
         self.local.pop(run.id, None)
         if run.task is not None and not run.task.done():
