@@ -120,9 +120,9 @@ def run(quick: bool) -> list[Figure]:
         print(f"ha: skipped — {reason}", flush=True)
         return []
     # Model turns outlast uvicorn's 5 s for open streams at a stop, so a stopped replica
-    # has runs to hand over. quick: 20 runs of 10 s turns, one stop and one kill; full:
+    # has runs to hand over. quick: 20 runs of 8 s turns, one stop and one kill; full:
     # 100 runs of 15 s turns, three replicas, six stops/kills.
-    runs, tokens, interval, count = (20, 200, 0.05, 2) if quick else (100, 300, 0.05, 3)
+    runs, tokens, interval, count = (20, 160, 0.05, 2) if quick else (100, 300, 0.05, 3)
     kills = [signal.SIGTERM, signal.SIGKILL] * (1 if quick else 3)
     with tempfile.TemporaryDirectory(prefix="sbw-bench-ha-") as tmp:
         root = Path(tmp)
