@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 import uuid
 
@@ -16,6 +17,7 @@ from redis_server import missing_reason, start_redis
 from sandbox_workspace.api.chat.progress import Progress
 from sandbox_workspace.api.chat.runs import Run, RunRegistry
 from sandbox_workspace.api.chat.runstore.memory import MemoryRunStore
+from sandbox_workspace.api.chat.runstore.redis_log import read_log
 from sandbox_workspace.api.chat.runstore.redis_store import RedisRunStore
 from sandbox_workspace.api.sse import encode_event
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError
@@ -272,3 +274,26 @@ async def test_a_conversations_runs_are_listed_on_every_replica(replica):
     assert [r.id for r in listed] == [first.id, second.id]
     assert listed[0] is first and not listed[1].finished  # local object, then a view
     assert [r.id for r in await b.conversation_runs("s", "elsewhere")] == [other.id]
+
+
+async def test_bursts_of_many_runs_are_stored_complete_and_in_order(replica):
+    a = await replica()
+    runs = [a.add(Run(user_id="u", session_id="s", conversation_id="c"), {}) for _ in range(100)]
+    for i in range(30):  # the writer flushes several batches at once, over disjoint runs
+        for run in runs:
+            run.emit("text", {"delta": str(i)})
+        await asyncio.sleep(0)
+    await a.store.writer.drained()
+    for run in runs:
+        frames = await read_log(a.store.redis, a.store.keys, run.id)
+        assert frames == run.frames and run.durable == 30
+
+
+async def test_an_unreachable_server_stops_the_start_with_what_to_change():
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = RedisRunStore(Redis.from_url(f"redis://127.0.0.1:{port}/0"))
+    with pytest.raises(RuntimeError, match="SANDBOX_WORKSPACE_CHAT_REDIS_URL"):
+        await store.start(lambda *args: None)
+    await store.redis.aclose()
