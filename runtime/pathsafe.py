@@ -11,6 +11,8 @@ Contract:
   ``O_NOFOLLOW``; a symlink anywhere under the root is never followed (it raises
   ``UnsafePath``), whatever code running in the sandbox planted. Nothing here resolves a
   path string with ``realpath``.
+- ``remove_tree`` (from ``tree``): iterative deletion beneath a directory descriptor that
+  never follows a symlink and survives any depth, count, name or mode.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ import stat
 import unicodedata
 from collections.abc import Iterator, Sequence
 
-MAX_NAME_BYTES = 255
+from .tree import DIR_FLAGS as _DIR_FLAGS
+from .tree import remove_tree
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+__all__ = ["NotFound", "SafeRoot", "UnsafePath", "check_name", "remove_tree", "split_relative"]
+
+MAX_NAME_BYTES = 255
 
 
 class UnsafePath(ValueError):
@@ -96,7 +101,7 @@ class SafeRoot:
             os.close(self._fd)
             self._fd = -1
 
-    def _walk(self, parts: Sequence[str], *, create: bool) -> int:
+    def open_dir(self, parts: Sequence[str], *, create: bool = False) -> int:
         """Open the directory ``parts`` beneath the root; the caller closes the fd."""
         fd = os.dup(self._fd)
         try:
@@ -124,7 +129,7 @@ class SafeRoot:
     @contextlib.contextmanager
     def directory(self, parts: Sequence[str], *, create: bool = False) -> Iterator[int]:
         """Yield an fd for the directory ``parts`` (created when asked), closing it after."""
-        fd = self._walk(parts, create=create)
+        fd = self.open_dir(parts, create=create)
         try:
             yield fd
         finally:
@@ -174,27 +179,3 @@ def _is_symlink(dir_fd: int, name: str) -> bool:
         return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
     except OSError:
         return False
-
-
-def remove_tree(dir_fd: int, name: str) -> None:
-    """Delete ``name`` beneath ``dir_fd`` recursively without following any symlink.
-
-    Symlinks are unlinked, never traversed, so a link planted to ``/`` cannot widen the
-    deletion. Missing entries are fine (idempotent).
-    """
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=dir_fd)
-        return
-    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    try:
-        for entry in os.listdir(fd):
-            remove_tree(fd, entry)
-    finally:
-        os.close(fd)
-    with contextlib.suppress(FileNotFoundError):
-        os.rmdir(name, dir_fd=dir_fd)
