@@ -10,7 +10,8 @@ Contract:
 - ``SafeRoot`` walks beneath a root directory file descriptor one component at a time with
   ``O_NOFOLLOW``; a symlink anywhere under the root is never followed (it raises
   ``UnsafePath``), whatever code running in the sandbox planted. Nothing here resolves a
-  path string with ``realpath``.
+  path string with ``realpath``. Modes code set to lock the runtime out of its own tree
+  (``chmod 000``) are given back to the owner when a lookup meets them.
 - ``remove_tree`` (from ``tree``): iterative deletion beneath a directory descriptor that
   never follows a symlink and survives any depth, count, name or mode.
 """
@@ -24,7 +25,7 @@ import unicodedata
 from collections.abc import Iterator, Sequence
 
 from .tree import DIR_FLAGS as _DIR_FLAGS
-from .tree import remove_tree
+from .tree import grant_owner_access, remove_tree
 
 __all__ = ["NotFound", "SafeRoot", "UnsafePath", "check_name", "remove_tree", "split_relative"]
 
@@ -106,11 +107,8 @@ class SafeRoot:
         fd = os.dup(self._fd)
         try:
             for part in parts:
-                if create:
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(part, 0o755, dir_fd=fd)
                 try:
-                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    nxt = _open_component(fd, part, create=create)
                 except FileNotFoundError as e:
                     raise NotFound(part) from e
                 except (NotADirectoryError, OSError) as e:
@@ -137,21 +135,25 @@ class SafeRoot:
 
     def exists_dir(self, parts: Sequence[str]) -> bool:
         """True for a real directory; False when missing or a symlink (never followed)."""
+        if not parts:
+            return True
         try:
-            with self.directory(parts):
-                return True
-        except (NotFound, UnsafePath):
+            return stat.S_ISDIR(self.lstat(parts).st_mode)
+        except (NotFound, UnsafePath, NotADirectoryError):
             return False
 
     def open_file(self, parts: Sequence[str]) -> int:
         """Open a regular file for reading; symlinks, FIFOs, devices and dirs are refused."""
         *dirs, name = parts
         with self.directory(dirs) as dfd:
+            # O_NONBLOCK: opening a FIFO planted by sandbox code must not hang us.
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             try:
-                # O_NONBLOCK: opening a FIFO planted by sandbox code must not hang us.
-                fd = os.open(
-                    name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
-                )
+                try:
+                    fd = os.open(name, flags, dir_fd=dfd)
+                except PermissionError:  # code made it unreadable: it is still ours
+                    grant_owner_access(dfd, name, want=0o600)
+                    fd = os.open(name, flags, dir_fd=dfd)
             except FileNotFoundError as e:
                 raise NotFound(name) from e
             except OSError as e:
@@ -172,6 +174,22 @@ class SafeRoot:
                 return os.stat(name, dir_fd=dfd, follow_symlinks=False)
             except FileNotFoundError as e:
                 raise NotFound(name) from e
+
+
+def _open_component(fd: int, part: str, *, create: bool) -> int:
+    """One step down. Everything under the root is the runtime's: modes that code set to
+    lock us out (chmod 000, a parent without search) are given back, then retried once."""
+    for attempt in (1, 2):
+        try:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            return os.open(part, _DIR_FLAGS, dir_fd=fd)
+        except PermissionError:
+            if attempt == 2:
+                raise
+            grant_owner_access(fd, part)
+    raise AssertionError("unreachable")
 
 
 def _is_symlink(dir_fd: int, name: str) -> bool:

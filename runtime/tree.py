@@ -9,7 +9,7 @@ Contract:
   moved under us), ``TreeChanged`` is raised instead of wandering off.
 - A symlink is never followed: it is an entry like a file (unlinked when deleting,
   skipped when walking). FIFOs, sockets and devices are never opened.
-- ``remove_tree`` makes directories it must empty accessible as it goes (``chmod 700``,
+- ``remove_tree`` makes directories it must empty accessible as it goes (``chmod u+rwx``,
   on directories only, through an ``O_PATH`` descriptor so the chmod hits the directory
   it looked at, never a link's target), handles any count and any names, is idempotent.
 - ``walk_files`` is read-only and bounded by ``max_entries``; unreadable directories are
@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_PATH_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Names read from one directory at a time: a directory of millions of entries costs
 # bounded memory (deletion reads it again batch by batch as it empties it).
 _BATCH = 10_000
@@ -158,12 +157,26 @@ def walk_files(dir_fd: int, *, max_entries: int = 1_000_000) -> Walk:
 # -- deletion -----------------------------------------------------------------------------
 
 
-def _chmod_dir(parent_fd: int, name: str, mode: int) -> None:
-    """chmod the directory ``name`` itself: O_PATH needs no permission on it and refuses a
-    symlink (O_NOFOLLOW + O_DIRECTORY), and /proc/self/fd names exactly that inode."""
-    pfd = os.open(name, _PATH_FLAGS, dir_fd=parent_fd)
+def grant_owner_access(parent_fd: int, name: str, *, want: int = 0o700) -> None:
+    """Give the owner (us) ``want`` bits back on ``parent_fd`` and on the entry ``name``
+    (a directory or regular file, never a link's target): code took them away with chmod.
+
+    The entry is reached with ``O_PATH | O_NOFOLLOW`` (no permission needed, a symlink is
+    the link itself and left alone) and changed through ``/proc/self/fd``, which names
+    exactly that inode. Raises ``PermissionError`` when we are not the owner.
+    """
+    mode = os.fstat(parent_fd).st_mode
+    if mode & 0o700 != 0o700:  # no search/write on the parent: the lookup itself fails
+        os.fchmod(parent_fd, stat.S_IMODE(mode) | 0o700)
     try:
-        os.chmod(f"/proc/self/fd/{pfd}", mode)
+        pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return
+    try:
+        st = os.fstat(pfd)
+        kind_ok = stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)
+        if kind_ok and st.st_mode & want != want:
+            os.chmod(f"/proc/self/fd/{pfd}", stat.S_IMODE(st.st_mode) | want)
     finally:
         os.close(pfd)
 
@@ -173,7 +186,7 @@ def open_dir_accessible(parent_fd: int, name: str) -> int:
     try:
         fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except PermissionError:
-        _chmod_dir(parent_fd, name, 0o700)
+        grant_owner_access(parent_fd, name)
         fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     try:
         mode = os.fstat(fd).st_mode

@@ -382,6 +382,10 @@ class Workspace:
             raise BadRequest(str(e), code="unsafe_path") from e
         except NotADirectoryError as e:
             raise BadRequest(f"'{'/'.join(parts)}' is not a directory", code="unsafe_path") from e
+        except PermissionError as e:  # not ours to chmod back (another owner)
+            raise Conflict(
+                f"'{'/'.join(parts)}' is not accessible to the runtime", code="not_accessible"
+            ) from e
 
 
 def _refuse_directory_target(dir_fd: int, name: str) -> None:
