@@ -23,11 +23,9 @@ held, nothing may create or write the conversation: 409 ``conversation_deleting`
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import mimetypes
 import os
 import stat
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,8 +33,10 @@ from pathlib import Path
 
 from . import pathsafe, tree
 from .errors import ApiError, BadRequest, Conflict, NotFoundError
+from .gate import DeletionGate
 from .metastore import MetaStore, UploadMeta
 from .migrate import migrate
+from .recover import verify_uploads
 from .schemas import UPLOAD_SUBDIR, ConversationDeleted, ConversationInfo, UploadedFile
 from .staging import Staging
 from .state import StateDir
@@ -74,11 +74,10 @@ class Workspace:
         self.meta = MetaStore(self.state)
         self.state.on_rebuilt = self.meta.rewrite_all  # state rebuilt: restore from memory
         self.staging = Staging(self.state)
-        self._deleting: dict[str, int] = {}
-        self._gate = threading.Lock()
+        self.gate = DeletionGate()
         self.meta.load()
         migrate(self.root, self.meta)
-        self._verify_uploads()
+        verify_uploads(self)
 
     def close(self) -> None:
         self.root.close()
@@ -125,31 +124,15 @@ class Workspace:
 
     # -- the deletion gate ------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def deleting(self, conversation_id: str) -> Iterator[str]:
+    def deleting(self, conversation_id: str) -> contextlib.AbstractContextManager[str]:
         """Mark the conversation as being deleted: writes to it answer 409 meanwhile."""
-        cid = self.check_conversation_id(conversation_id)
-        with self._gate:
-            self._deleting[cid] = self._deleting.get(cid, 0) + 1
-        try:
-            yield cid
-        finally:
-            with self._gate:
-                if self._deleting[cid] == 1:
-                    del self._deleting[cid]
-                else:
-                    self._deleting[cid] -= 1
+        return self.gate.deleting(self.check_conversation_id(conversation_id))
 
     def is_deleting(self, cid: str) -> bool:
-        with self._gate:
-            return cid in self._deleting
+        return self.gate.is_deleting(cid)
 
     def refuse_if_deleting(self, cid: str) -> None:
-        if self.is_deleting(cid):
-            raise Conflict(
-                f"conversation '{cid}' is being deleted; retry once the deletion completes",
-                code="conversation_deleting",
-            )
+        self.gate.refuse(cid)
 
     # -- conversations ----------------------------------------------------------------
 
@@ -229,12 +212,12 @@ class Workspace:
         cid = self.check_conversation_id(conversation_id)
         self.check_state()
         self.meta.check(cid)
-        files = [self._upload_info(cid, meta, st) for meta, st in self._current_uploads(cid) if st]
+        files = [self._upload_info(cid, meta, st) for meta, st in self.current_uploads(cid) if st]
         files.sort(key=lambda f: (f.uploaded_at, f.name))
         return files
 
     def count_uploads(self, cid: str) -> int:
-        return sum(1 for _, st in self._current_uploads(cid) if st)
+        return sum(1 for _, st in self.current_uploads(cid) if st)
 
     def has_upload(self, cid: str, name: str) -> bool:
         return self._current(cid, name) is not None
@@ -296,34 +279,7 @@ class Workspace:
         if not self.state.intact():
             self.state.repair()
 
-    def _verify_uploads(self) -> None:
-        """At start: keep what is still the upload, re-identify files whose bytes are
-        provably the uploaded ones (a restored PVC has new inodes), drop the rest."""
-        for cid in self.meta.conversations():
-            if not self.root.exists_dir([cid]):
-                self.meta.drop(cid)
-                continue
-            for meta, st in self._current_uploads(cid, any_file=True):
-                if st is not None and meta.same_file(st) and meta.unchanged(st):
-                    continue
-                same_bytes = st is not None and st.st_size == meta.size
-                if same_bytes and self._sha256(cid, meta.name) == meta.sha256:
-                    self.meta.put(cid, meta.with_identity(st))
-                elif st is None or not meta.same_file(st):
-                    self.meta.remove(cid, meta.name)
-
-    def _sha256(self, cid: str, name: str) -> str | None:
-        try:
-            fd = self.root.open_file([*self.uploads_parts(cid), name])
-        except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError):
-            return None
-        digest = hashlib.sha256()
-        with os.fdopen(fd, "rb") as f:
-            while chunk := f.read(1024 * 1024):
-                digest.update(chunk)
-        return digest.hexdigest()
-
-    def _current_uploads(
+    def current_uploads(
         self, cid: str, *, any_file: bool = False
     ) -> list[tuple[UploadMeta, os.stat_result | None]]:
         """Each recorded upload with the stat of what temparea holds under its name —
