@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator
 
 from . import pathsafe, tree
@@ -43,6 +44,8 @@ class StateDir:
         self._ident: tuple[int, int] | None = None
         # Called after a rebuild, to write back what the rebuild lost (metadata).
         self.on_rebuilt: Callable[[], None] | None = None
+        # Deletions run in worker threads: two repairs at once would undo each other.
+        self._repairing = threading.RLock()
         self.repair(reset_staging=True)
 
     def intact(self) -> bool:
@@ -56,6 +59,15 @@ class StateDir:
 
     def repair(self, *, reset_staging: bool = False) -> bool:
         """Make the state directories real and ours; True when something was rebuilt."""
+        with self._repairing:
+            rebuilt = self._repair(reset_staging=reset_staging)
+        # Outside the lock: the callback takes the metadata store's lock, and a thread
+        # holding that one may be waiting to repair (lock order).
+        if rebuilt and self.on_rebuilt is not None:
+            self.on_rebuilt()
+        return rebuilt
+
+    def _repair(self, *, reset_staging: bool) -> bool:
         rebuilt = False
         with self.root.directory([]) as rfd:
             rebuilt |= self._ensure_dir(rfd, STATE, expected=self._ident)
@@ -73,8 +85,6 @@ class StateDir:
                 os.close(fd)
         if rebuilt:
             log.warning("runtime state directory was damaged and has been rebuilt")
-            if self.on_rebuilt is not None:
-                self.on_rebuilt()
         return rebuilt
 
     @staticmethod
