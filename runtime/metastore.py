@@ -77,11 +77,8 @@ class UploadMeta:
 
     @classmethod
     def parse(cls, data: bytes) -> UploadMeta | None:
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            return None
-        if not isinstance(doc, dict):
+        doc = named_document(data)
+        if doc is None:
             return None
         values = {}
         for f in fields(cls):
@@ -90,12 +87,21 @@ class UploadMeta:
             if type(value) is not kind:  # bool is an int: refuse it too
                 return None
             values[f.name] = value
-        try:
-            if pathsafe.check_name(values["name"]) != values["name"]:
-                return None
-        except pathsafe.UnsafePath:
-            return None
         return cls(**values)
+
+
+def named_document(data: bytes) -> dict | None:
+    """A JSON object whose "name" is a valid file name exactly as stored, or None."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
+        return None
+    try:
+        return doc if pathsafe.check_name(doc["name"]) == doc["name"] else None
+    except pathsafe.UnsafePath:
+        return None
 
 
 def read_document(dir_fd: int, name: str) -> tuple[bytes, os.stat_result] | None:

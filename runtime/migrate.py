@@ -15,13 +15,19 @@ half-way leaves the marker unwritten and the next start finishes the job.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import stat
 
 from . import pathsafe, tree
-from .metastore import MetaStore, UploadMeta, meta_file_name, read_document, valid_conversation_id
+from .metastore import (
+    MetaStore,
+    UploadMeta,
+    meta_file_name,
+    named_document,
+    read_document,
+    valid_conversation_id,
+)
 from .schemas import UPLOAD_SUBDIR
 
 log = logging.getLogger(__name__)
@@ -91,21 +97,10 @@ def _migrate_conversation(root: pathsafe.SafeRoot, store: MetaStore, cid: str, u
 
 
 def _parse_layout1(data: bytes) -> dict | None:
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return None
-    if not isinstance(doc, dict):
-        return None
-    name, size = doc.get("name"), doc.get("size")
-    if not isinstance(name, str) or type(size) is not int:
+    doc = named_document(data)
+    if doc is None or type(doc.get("size")) is not int:
         return None
     if not all(isinstance(doc.get(k), str) for k in ("sha256", "uploaded_at")):
-        return None
-    try:
-        if pathsafe.check_name(name) != name:
-            return None
-    except pathsafe.UnsafePath:
         return None
     mime = doc.get("mime_type")
     return {**doc, "mime_type": mime if isinstance(mime, str) else ""}

@@ -103,6 +103,7 @@ def test_listing_alone_heals_state_replaced_while_running(runtime, outside: Path
     assert tree_of(outside) == before
     restart(runtime, signal.SIGKILL)
     assert listed(runtime, "c1") == ["a.csv"]
+    assert_healthy(runtime)
 
 
 def test_tampered_metadata_documents_are_rewritten_from_memory(runtime, outside: Path) -> None:
@@ -122,6 +123,7 @@ def test_tampered_metadata_documents_are_rewritten_from_memory(runtime, outside:
     restart(runtime, signal.SIGKILL)
     assert listed(runtime, "c1") == ["a.csv", "b.csv", "c.csv"]
     assert (outside / "forged.json").read_text() == '{"name": "a.csv"}'
+    assert_healthy(runtime)
 
 
 # -- damage done while the runtime was down ------------------------------------------------
@@ -300,6 +302,7 @@ def test_code_replacing_or_changing_uploads(runtime) -> None:
     r = runtime.upload("c1", "r1.csv", b"again")
     assert r.status_code == 201 and r.json()["modified"] is False
     assert download(runtime, "c1", "r1.csv").headers["x-content-sha256"] == r.json()["sha256"]
+    assert_healthy(runtime)
 
 
 def test_restored_volume_keeps_uploads_whose_bytes_match(runtime) -> None:
@@ -318,6 +321,7 @@ def test_restored_volume_keeps_uploads_whose_bytes_match(runtime) -> None:
     assert [(f["name"], f["modified"]) for f in files] == [("same.csv", False)]
     restart(runtime)  # re-recorded: recognised without hashing again, same answer
     assert listed(runtime, "c1") == ["same.csv"]
+    assert_healthy(runtime)
 
 
 # -- layout 1 ------------------------------------------------------------------------------
