@@ -120,6 +120,11 @@ class Workspace:
         cid = self.ensure_layout(conversation_id)
         return self.conversation_info(cid)
 
+    def is_deleting(self, cid: str) -> bool:
+        """Whether the conversation is being deleted (provisional: the deletion gate
+        arrives with the disk work; until then nothing is ever marked)."""
+        return False
+
     def ensure_layout(self, conversation_id: str) -> str:
         """Create the conversation's directories if missing; returns the checked id."""
         cid = self.check_conversation_id(conversation_id)
