@@ -66,7 +66,9 @@ class RuntimeState:
             max_concurrent=settings.max_concurrent_executions,
             kernel_idle_seconds=settings.kernel_idle_seconds,
             confinement=Confinement(
-                max_processes=settings.max_processes, mode=settings.confinement
+                max_processes=settings.max_processes,
+                mode=settings.confinement,
+                network=settings.network,
             ),
         )
 
@@ -110,6 +112,7 @@ async def stats(state: Observer) -> RuntimeStats:
         last_activity_at=state.activity.last_activity_at,
         active_operations=state.activity.active,
         conversations=len(state.workspace.conversation_ids()),
+        confinement=state.executor.confinement.report(),
     )
 
 
@@ -129,8 +132,8 @@ async def conversation_info(conversation_id: str, state: State) -> ConversationI
 async def delete_conversation(conversation_id: str, state: State) -> ConversationDeleted:
     """Delete the conversation directory; idempotent, answers only once it is gone."""
     with state.activity.track():
-        # Its interpreter goes first: no process may keep working in a deleted directory.
-        await state.executor.restart(conversation_id)
+        # Its processes go first: none may keep working in a deleted directory.
+        await state.executor.stop_conversation(conversation_id)
         return await anyio.to_thread.run_sync(state.workspace.delete_conversation, conversation_id)
 
 
@@ -277,6 +280,7 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         # Look twice per idle period (at most every 30 s) so reaping is never late by more
         # than half a period.
         interval = min(30.0, settings.kernel_idle_seconds / 2)
+        await state.executor.start()
         reaper = asyncio.create_task(state.executor.reap_forever(interval=interval))
         try:
             yield
