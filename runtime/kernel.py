@@ -117,8 +117,15 @@ class PythonKernel:
         async with self._lock:
             restarted = False
             if not self.alive:
-                await self.start()
                 restarted = True
+                try:
+                    await self.start()
+                except (KernelDied, TimeoutError):
+                    collector.finish()
+                    error = ExecutionError(
+                        name="KernelDied", value="the interpreter exited while it was starting"
+                    )
+                    return error, restarted
             cell = _Cell(
                 collector=collector, sentinel=f"\x00\x1esbw-{uuid.uuid4().hex}\x1e\x00".encode()
             )

@@ -35,7 +35,7 @@ def attempt(what, fn, ignore=()):
     try:
         out = fn()
     except OSError as e:
-        if e.errno in (errno.EACCES, errno.EPERM, errno.EXDEV):
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EXDEV, errno.EROFS):
             _refused += 1
         elif e.errno not in ignore:
             _odd.append(f"{what}: {e!r}")
