@@ -8,10 +8,11 @@ Contract of ``run_call`` (never returns):
   it, so it always knows the whole tree. It dies with the spawner (SIGTERM on parent
   death, then it cleans up as below).
 - It forks the code process, which, before ``execve``: starts a new session; gets the
-  passed fds as 0, 1, 2, 3… and nothing else open; moves to ``cwd``; joins the pids cgroup
-  or sets ``RLIMIT_NPROC``; dies with the reaper; switches uid if asked; and enforces
-  the Landlock ruleset (its own conversation and scratch read-write, the system
-  read-only). A failure in any step is reported and nothing runs unconfined.
+  passed fds as 0, 1, 2, 3… and nothing else open; moves to ``cwd``; sets
+  ``RLIMIT_NPROC`` (non-root; a root spawner joined the pids cgroup instead); dies with
+  the reaper; switches uid if asked; and enforces the Landlock ruleset (its own
+  conversation and scratch read-write, the system read-only). A failure in any step
+  is reported and nothing runs unconfined.
 - It writes one JSON line to ``report_fd``: ``{"pid": …}`` or ``{"error": …}``.
 - When the code process ends, or on SIGTERM (kill this call), it kills every remaining
   descendant — looping until it has no child left — and exits with the code's status
@@ -180,9 +181,6 @@ def _exec_code(request: dict, fds: list[int], err_w: int, config: dict) -> NoRet
         os.closerange(err_w + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
         os.chdir(request["cwd"])
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if config.get("cgroup"):
-            with open(os.path.join(config["cgroup"], "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
         if config.get("nproc"):
             resource.setrlimit(resource.RLIMIT_NPROC, (config["nproc"], config["nproc"]))
         if config.get("run_as"):

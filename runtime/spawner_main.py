@@ -193,6 +193,11 @@ def main() -> None:
     fd, parent = int(sys.argv[1]), int(sys.argv[2])
     sock = socket.socket(fileno=fd)
     config = json.loads(os.environ.pop("SBW_SPAWNER_CONFIG"))
+    if config.get("cgroup"):
+        # Joined once here, inherited by every reaper and code process: joining a cgroup-v1
+        # hierarchy costs ~10 ms (an RCU grace period), too much for every call.
+        with open(os.path.join(config["cgroup"], "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
     spawner = Spawner(sock, config)
     if os.getppid() != parent:  # the runtime died before we could ask to follow it
         return
