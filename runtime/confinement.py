@@ -49,9 +49,6 @@ _SYSTEM_READ_ONLY = (
 )  # fmt: skip
 _DEV_READ_WRITE = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty")
 _DEV_READ_ONLY = ("/dev/random", "/dev/urandom")
-# Tests force the "Landlock missing" answer with a real seccomp filter; this switch is for
-# operators who must run on a kernel whose Landlock misbehaves.
-FORCE_UNAVAILABLE_ENV = "SANDBOX_RUNTIME_LANDLOCK_DISABLED_REASON"
 
 
 class ConfinementUnavailable(ApiError):
@@ -85,9 +82,6 @@ class Confinement:
 
     @staticmethod
     def _probe() -> tuple[int, str]:
-        forced = os.environ.get(FORCE_UNAVAILABLE_ENV)
-        if forced:
-            return 0, f"disabled by {FORCE_UNAVAILABLE_ENV}: {forced}"
         abi = landlock.abi_version()
         return abi, ("" if abi else landlock.unavailable_reason())
 
@@ -178,7 +172,9 @@ class Confinement:
             sys.exec_prefix,
             str(Path(sys.executable).resolve().parent),
             *packages,
-            *(p for p in sys.path if p and os.path.isdir(p)),
+            # Not the runtime's working directory (``python -m`` puts it first): code needs
+            # none of it, and it may be a home directory.
+            *(p for p in sys.path if p and os.path.isdir(p) and p != os.getcwd()),
         ]
         rules: list[tuple[str, int]] = []
         seen = set()

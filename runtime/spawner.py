@@ -100,19 +100,23 @@ class Spawner:
         if guard is not None:
             guard()  # synchronously right before the request leaves: nothing can slip in
         call = Call(id=next(self._ids), cid=cid)
-        started = asyncio.get_running_loop().create_future()
-        self._starting[call.id] = started
-        self._calls[call.id] = call
         message = {
             "op": "spawn", "id": call.id, "cid": cid, "argv": argv, "env": env, "cwd": cwd,
             "read_write": read_write,
         }  # fmt: skip
+        self._send(message, fds)
+        # No answer can arrive before the next await: registering now is in time.
+        started = asyncio.get_running_loop().create_future()
+        self._starting[call.id] = started
+        self._calls[call.id] = call
         try:
-            self._send(message, fds)
             call.pid = await started
         except BaseException:
             self._starting.pop(call.id, None)
             self._calls.pop(call.id, None)
+            # Cancelled while starting: the spawner starts it anyway, so kill it right after.
+            with contextlib.suppress(SpawnFailed):
+                self._send({"op": "kill", "id": call.id})
             raise
         return call
 

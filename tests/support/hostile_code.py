@@ -47,6 +47,10 @@ def read(path, **kw):
 def write(path):
     with open(path, "w") as f:
         return f.write("hostile")
+def probe(path):  # a write outside that succeeds is a leak; it leaves nothing behind
+    write(path)
+    os.unlink(path)
+    return "written"
 """
 EPILOGUE = r"""
 print(json.dumps({"leaks": _leaks, "refused": _refused, "odd": _odd}))
@@ -161,13 +165,13 @@ attempt("new conversation dir", lambda: os.mkdir({root!r} + "/planted"))
         """
 scratch = os.environ["TMPDIR"]
 write(os.path.join(scratch, "own-scratch-works.txt"))
-attempt("/tmp", lambda: write("/tmp/sbw-hostile-probe"))
-attempt("/etc", lambda: write("/etc/sbw-hostile-probe"))
-attempt("/var/tmp", lambda: write("/var/tmp/sbw-hostile-probe"))
-attempt("/dev/shm", lambda: write("/dev/shm/sbw-hostile-probe"), ignore=(errno.ENOENT,))
+attempt("/tmp", lambda: probe("/tmp/sbw-hostile-probe"))
+attempt("/etc", lambda: probe("/etc/sbw-hostile-probe"))
+attempt("/var/tmp", lambda: probe("/var/tmp/sbw-hostile-probe"))
+attempt("/dev/shm", lambda: probe("/dev/shm/sbw-hostile-probe"), ignore=(errno.ENOENT,))
 attempt("scratch parent list", lambda: os.listdir(os.path.dirname(scratch)))
 attempt("B's scratch", lambda: write(os.path.join(os.path.dirname(scratch), "{b}", "planted")))
-attempt("the interpreter", lambda: write(os.path.join(os.path.dirname(os.__file__), "planted.py")))
+attempt("the interpreter", lambda: probe(os.path.join(os.path.dirname(os.__file__), "planted.py")))
 """,
     ),
     Attack(
