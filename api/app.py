@@ -38,7 +38,11 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             raise RuntimeError(
                 "SANDBOX_WORKSPACE_SANDBOX_MOUNT=bwrap but bubblewrap is not installed"
             )
-        return LocalBackend(settings.data_dir, http, bwrap=bwrap)
+        runtime_env = {
+            "SANDBOX_RUNTIME_CONFINEMENT": settings.confinement,
+            "SANDBOX_RUNTIME_NETWORK": settings.session_network,
+        }
+        return LocalBackend(settings.data_dir, http, bwrap=bwrap, runtime_env=runtime_env)
     from sandbox_workspace.operator.kube import Kube, load_credentials
 
     from .backends.kubernetes import KubernetesBackend
