@@ -68,7 +68,8 @@ async def cleanup_runtime(ctx: OperatorContext, claim: dict[str, Any]) -> Runtim
     pod = await ctx.api.get(path)
     if pod is None:
         await ctx.api.create(core_path(ns, "pods"), build_cleanup_pod(stand_in, ctx.settings, name))
-        kopf.info(claim, reason="CleanupPod", message=f"started a cleanup pod on claim {name}")
+        message = f"started a cleanup pod on claim {name}"
+        kopf.event(claim, type="Normal", reason="CleanupPod", message=message)
         raise NotReady(f"starting a cleanup pod on orphaned claim {name}")
     state = observe_pod(pod)
     if state.kind in ("failed", "broken"):

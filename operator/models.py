@@ -251,11 +251,11 @@ class SandboxSessionSpec(CamelModel):
         description="Network access of the code the sandbox runs (off by default).",
     )
 
-    @field_validator("user_id")
+    @field_validator("user_id", mode="before")
     @classmethod
-    def _user_rule(cls, value: str) -> str:
+    def _user_rule(cls, value: object) -> object:
         try:
-            return check_user_id(value)
+            return check_user_id(value) if isinstance(value, str) else value
         except UnsafePath as e:
             raise ValueError(str(e)) from None
 
@@ -328,19 +328,22 @@ class ConversationWorkspaceSpec(CamelModel):
         json_schema_extra=_cel(_NOT_DOTS, _MAX_BYTES),
     )
 
-    @field_validator("conversation_id")
+    # "before": the runtime's own message says what is wrong, not the pattern's.
+    @field_validator("conversation_id", mode="before")
     @classmethod
-    def _runtime_rule(cls, value: str) -> str:
+    def _runtime_rule(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
         try:
             return check_conversation_id(value)
         except UnsafePath as e:
             raise ValueError(str(e)) from None
 
-    @field_validator("user_id")
+    @field_validator("user_id", mode="before")
     @classmethod
-    def _user_rule(cls, value: str | None) -> str | None:
+    def _user_rule(cls, value: object) -> object:
         try:
-            return value if value is None else check_user_id(value)
+            return check_user_id(value) if isinstance(value, str) else value
         except UnsafePath as e:
             raise ValueError(str(e)) from None
 
