@@ -40,9 +40,6 @@ from ..storage import (
 from ..storage import Wait as StorageWait
 from .workspaces import KIND, Wait, backoff, now, session_runtime, ws_status
 
-# Files provably kept by an administrator's choice: look again now and then, not often.
-_RETAINED_DELAY = 60.0
-
 
 def _never_written(spec: dict[str, Any]) -> str | None:
     """Why no directory can exist for this spec (ids the runtime refuses), or None."""
@@ -91,8 +88,13 @@ async def _act(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> st
     if isinstance(decision, Release):
         return decision.why
     if isinstance(decision, StorageWait):
-        delay = _RETAINED_DELAY if decision.reason == "VolumeRetained" else None
-        raise Wait(decision.reason, decision.message, delay)
+        # Files kept by an administrator's choice: look again at the slowest retry pace.
+        slow = decision.reason == "VolumeRetained"
+        raise Wait(
+            decision.reason,
+            decision.message,
+            ctx.settings.retry_max_delay_seconds if slow else None,
+        )
     if isinstance(decision, DeletePod):
         await ctx.api.delete(
             core_path(namespace, "pods", decision.pod["metadata"]["name"]),

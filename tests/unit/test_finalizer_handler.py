@@ -181,7 +181,7 @@ async def test_unreachable_runtime_holds_the_finalizer(world) -> None:
 
 
 async def test_stopped_session_is_resumed_for_a_deletion(world, events) -> None:
-    ctx, kube, runtime = world
+    ctx, kube, _runtime = world
     running_session(kube, phase="Stopped")
     with pytest.raises(kopf.TemporaryError):
         await delete(ctx, kube, cws("c1"))
@@ -191,7 +191,7 @@ async def test_stopped_session_is_resumed_for_a_deletion(world, events) -> None:
 
 
 async def test_session_gone_but_claim_of_the_old_incarnation_remains_holds(world) -> None:
-    ctx, kube, runtime = world
+    ctx, kube, _runtime = world
     running_session(kube)
     del kube.objects[SESSION_PATH]  # background deletion: the claim is collected later
     with pytest.raises(kopf.TemporaryError):
@@ -203,7 +203,7 @@ async def test_session_gone_but_claim_of_the_old_incarnation_remains_holds(world
 
 
 async def test_retained_volume_holds_with_a_warning(world, events) -> None:
-    ctx, kube, runtime = world
+    ctx, kube, _runtime = world
     kube.put(
         "/api/v1/persistentvolumes/pvc-1",
         {
@@ -216,7 +216,7 @@ async def test_retained_volume_holds_with_a_warning(world, events) -> None:
     )
     with pytest.raises(kopf.TemporaryError) as err:
         await delete(ctx, kube, cws("c1"))
-    assert err.value.delay == 60
+    assert err.value.delay == ctx.settings.retry_max_delay_seconds  # the slowest pace
     assert ready_reason(kube) == "VolumeRetained"
     assert [(e.type, e.reason) for e in events] == [("Warning", "VolumeRetained")]
     with pytest.raises(kopf.TemporaryError):  # the same reason again: no second Event
@@ -248,7 +248,7 @@ async def test_orphaned_claim_is_cleaned_by_a_cleanup_pod(world, events) -> None
 
 
 async def test_orphaned_emptydir_pod_is_deleted_then_released(world) -> None:
-    ctx, kube, runtime = world
+    ctx, kube, _runtime = world
     kube.put(POD_PATH, {"metadata": {}})
     with pytest.raises(kopf.TemporaryError):
         await delete(ctx, kube, cws("c1"))
@@ -298,7 +298,7 @@ async def test_operator_restart_leaves_a_ready_workspace_alone(world) -> None:
 
 
 async def test_invalid_spec_is_an_error_condition_not_a_retry_loop(world, events) -> None:
-    ctx, kube, runtime = world
+    ctx, _kube, _runtime = world
     with pytest.raises(kopf.PermanentError):
         patch = kopf.Patch()
         await on_workspace_created(
