@@ -56,6 +56,8 @@ KIND = "SandboxSession"
 OLD = "OldIncarnation"
 # Ready reasons of an ordinary start: no Event each (the phase change has one).
 _ROUTINE = {"PodMissing", "PodPending", "ContainerCreating", "RuntimeNotReady", "PodTerminating"}
+# Reasons posted as Warning Events even when the phase is not Error.
+_WARN = {OLD, "Unschedulable", "PodFailed"}
 
 
 def now() -> datetime:
@@ -148,9 +150,6 @@ async def _write_status(
         kind = "Warning" if status.phase == "Error" or ready.reason in _WARN else "Normal"
         reason = "Stopped" if status.phase == "Stopped" else ready.reason
         kopf.event(body, type=kind, reason=reason, message=f"{status.phase}: {ready.message}")
-
-
-_WARN = {OLD, "Unschedulable", "PodFailed"}
 
 
 async def _invalid(ctx: OperatorContext, body: dict, error: ValidationError) -> None:
