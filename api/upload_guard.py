@@ -7,8 +7,11 @@ form's ``conversation_id`` field or else the given one (the runtime's own rule).
 runtime commits an upload only after the closing boundary, which is in the last chunk,
 so no byte of the conversation can land before the conversation is tracked (kubernetes:
 its ConversationWorkspace with the finalizer exists) and not being deleted. When
-``open_conversation`` raises, the body ends short — the runtime discards what it staged
-— and the error is kept in ``.error`` for the route to answer instead of the runtime's.
+``open_conversation`` raises, the error is kept in ``.error`` (for the route to answer
+instead of whatever the transport says) and raised out of the body: the request to the
+runtime is aborted before its body is complete, and the runtime, which commits only
+after a complete body, discards what it staged. (Ending the body gracefully instead
+would not do: a client can put the closing boundary early and pad the epilogue.)
 
 When the id is not given as a parameter the whole form is parsed (as the runtime parses
 it, the last ``conversation_id`` part counts — so a second, different field cannot slip
@@ -132,6 +135,8 @@ class GuardedBody:
     async def __aiter__(self) -> AsyncIterator[bytes]:
         held: bytes | None = None
         async for chunk in self.body:
+            if not chunk:  # the server's end-of-body marker: holding it back holds nothing
+                continue
             if held is not None:
                 yield held
             if self._finder is not None:
@@ -144,6 +149,6 @@ class GuardedBody:
                 self.opened = cid
             except ApiError as e:
                 self.error = e
-                return  # the runtime sees a body without its end and stores nothing
+                raise  # aborts the runtime request: it never sees a complete body
         if held is not None:
             yield held

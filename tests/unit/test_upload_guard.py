@@ -41,8 +41,11 @@ def run_guard(data: bytes, given: str | None = None, size: int = 7, refuse: bool
 
     async def main():
         guard = GuardedBody(source(), CONTENT_TYPE, given, open_conversation)
-        async for chunk in aiter(guard):
-            events.append(("chunk", chunk))
+        try:
+            async for chunk in aiter(guard):
+                events.append(("chunk", chunk))
+        except ConversationDeleting as e:
+            events.append(("raised", e))
         return guard
 
     guard = asyncio.run(main())
@@ -106,10 +109,10 @@ def test_a_given_id_is_used_without_parsing():
     assert [v for k, v in events if k == "open"] == ["c9"]
 
 
-def test_a_refusal_cuts_the_body_short_and_is_kept():
+def test_a_refusal_aborts_the_body_before_its_end_and_is_kept():
     data = form(field("conversation_id", "c1"), field("file", "x" * 40, "a.csv"))
     guard, events = run_guard(data, size=10, refuse=True)
     sent = b"".join(c for k, c in events if k == "chunk")
     assert isinstance(guard.error, ConversationDeleting)
+    assert events[-1] == ("raised", guard.error), "raised: the transport aborts the request"
     assert data.startswith(sent) and len(sent) < len(data)
-    assert not sent.endswith(f"--{BOUNDARY}--\r\n".encode())
