@@ -173,20 +173,23 @@ def _run_trial(world: World, fault: Fault, trial: Trial, quick: bool) -> dict:
     for thread in trial.threads:
         thread.join(60)
     fresh = world.workspace(trial.user, trial.cid)
+    first_gone_at = gone_at
     if gone_at is not None and fresh is not None:
         # A racing write started the conversation afresh: its files are tracked by the
         # new resource — which must now go the same way, leaving nothing.
         trial.notes.append("a racing write started the conversation afresh")
         deadline = time.monotonic() + limit
         _delete(world, trial, deadline)
-        gone_at, files_gone_at = _wait_gone(world, trial, fresh["metadata"]["uid"], deadline)
-        files_gone_at = None  # not a measure of the first deletion
+        gone_at, _ = _wait_gone(world, trial, fresh["metadata"]["uid"], deadline)
     time.sleep(0.5 if quick else 1.0)  # a surviving writer would have written again
     leaked = _files(trial.directory)
-    done = gone_at is not None and files_gone_at is not None and not leaked
+    # Started afresh: the first incarnation's files cannot be told from the new ones,
+    # so its delete→gone is the time its resource went.
+    end = files_gone_at if fresh is None else first_gone_at
+    done = gone_at is not None and end is not None and not leaked
     return {
         "fault": fault.name,
-        "gone_ms": (files_gone_at - start) * 1000 if done else None,
+        "gone_ms": (end - start) * 1000 if done else None,
         "stuck": gone_at is None,
         "released_early": trial.released_early and not fault.own_session,
         "leaked_files": leaked,

@@ -300,14 +300,18 @@ class KubernetesBackend:
         phase = await self.conversation_phase(session, conversation_id)
         if phase == ConversationPhase.READY:
             return
-        if phase == ConversationPhase.ABSENT:  # gone meanwhile: track what was written
-            await self.conversation_opened(session, conversation_id)
+        assert session.endpoint is not None
+        runtime = RuntimeClient(self.http, session.endpoint)
+        if phase == ConversationPhase.ABSENT:
+            # Gone meanwhile. Whatever this write left (if anything: a deletion that
+            # stopped it also deleted its files) is tracked afresh, never left alone.
+            if (await runtime.conversation_info(conversation_id)).exists:
+                await self.conversation_opened(session, conversation_id)
             return
         # Being deleted: the finalizer may have deleted and verified already, before
         # this write landed — delete again so nothing outlives the resource.
-        assert session.endpoint is not None
         with contextlib.suppress(ApiError):
-            await RuntimeClient(self.http, session.endpoint).delete_conversation(conversation_id)
+            await runtime.delete_conversation(conversation_id)
         raise ConversationDeleting(conversation_id)
 
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
