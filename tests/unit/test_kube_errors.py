@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from fastapi import FastAPI
-from fastapi.testclient import TestClient
 
 from sandbox_workspace.api.backends.kube_errors import install_kube_error_handler
 from sandbox_workspace.operator.kube import KubeError, Unreachable
@@ -24,7 +24,7 @@ from sandbox_workspace.operator.kube import KubeError, Unreachable
         pytest.param(KubeError(403, "forbidden"), 502, "kubernetes_error", id="unexpected"),
     ],
 )
-def test_kube_errors_become_answers_that_say_whether_to_retry(error, status, code):
+async def test_kube_errors_become_answers_that_say_whether_to_retry(error, status, code):
     app = FastAPI()
     install_kube_error_handler(app)
 
@@ -32,6 +32,8 @@ def test_kube_errors_become_answers_that_say_whether_to_retry(error, status, cod
     async def fail():
         raise error
 
-    r = TestClient(app).get("/x")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+        r = await client.get("/x")
     assert r.status_code == status and r.json()["error"]["code"] == code
     assert ("retry-after" in r.headers) == (status == 503)
