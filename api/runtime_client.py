@@ -34,9 +34,12 @@ from .backends.base import RuntimeEndpoint
 class RuntimeApiError(ApiError):
     """An error answered by the runtime, relayed with its own status."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, retry_after: int | None = None
+    ) -> None:
         super().__init__(message, code=code)
         self.status = status
+        self.retry_after = retry_after
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -50,7 +53,10 @@ def _raise_for(response: httpx.Response) -> None:
     if response.status_code == 401:
         # Our token was refused: an infrastructure fault, never the caller's.
         raise BadGateway("sandbox runtime refused the API's credentials")
-    raise RuntimeApiError(response.status_code, code, message)
+    retry = response.headers.get("retry-after", "")
+    raise RuntimeApiError(
+        response.status_code, code, message, int(retry) if retry.isdigit() else None
+    )
 
 
 class RuntimeClient:
