@@ -119,6 +119,10 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     app = FastAPI(title="Sandbox Workspace API", version=__version__, lifespan=lifespan)
     app.state.services = services
     install_error_handlers(app)
+    if settings.backend != "local":
+        from .backends.kube_errors import install_kube_error_handler
+
+        install_kube_error_handler(app)
     install_metrics(app, services.runs)
     for module in (health, sessions, files, conversations, execute, chat):
         app.include_router(module.router)
