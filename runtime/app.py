@@ -141,7 +141,6 @@ async def delete_conversation(conversation_id: str, state: State) -> Conversatio
             return await anyio.to_thread.run_sync(ws.delete_conversation, cid)
 
 
-
 @router.post("/uploads", status_code=201)
 async def upload(
     request: Request,
