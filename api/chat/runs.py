@@ -29,6 +29,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -40,6 +41,8 @@ from sandbox_workspace.runtime.errors import Conflict, NotFoundError
 from ..sse import encode_event
 from .runstore import RunStore
 from .runstore.memory import MemoryRunStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -192,6 +195,7 @@ class RunRegistry:
     def __init__(self, retention_seconds: float, store: RunStore | None = None) -> None:
         self.retention = retention_seconds
         self.store = store or MemoryRunStore()
+        self._background: set[asyncio.Task] = set()
         self._runs: dict[str, Run] = {}
         self._pruned_at = 0.0
 
@@ -233,8 +237,10 @@ class RunRegistry:
     async def decide(self, run: Run, call_id: str, approved: bool, reason: str = "") -> None:
         await self.store.decide(run, call_id, approved, reason)
 
-    async def cancel(self, run: Run) -> bool:
-        return await self.store.cancel(run)
+    async def cancel(
+        self, run: Run, code: str = "cancelled", message: str = "the run was cancelled"
+    ) -> bool:
+        return await self.store.cancel(run, code, message)
 
     def get(self, run_id: str, user_id: str) -> Run:
         run = self._runs.get(run_id)
@@ -254,11 +260,25 @@ class RunRegistry:
     def cancel_conversation(self, session_id: str, conversation_id: str) -> int:
         """Cancel every open run of the conversation (it is being deleted); how many."""
         message = f"conversation '{conversation_id}' was deleted; the run was stopped"
+        if self.store.replicated:  # and those other replicas run, through the store
+            task = asyncio.get_running_loop().create_task(
+                self._cancel_elsewhere(session_id, conversation_id, message)
+            )
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         return sum(
             run.cancel("conversation_deleted", message)
             for run in list(self._runs.values())
             if run.session_id == session_id and run.conversation_id == conversation_id
         )
+
+    async def _cancel_elsewhere(self, session_id: str, conversation_id: str, message: str) -> None:
+        try:
+            for run in await self.store.conversation_runs(session_id, conversation_id):
+                if not run.finished:  # this replica's own: cancelled already, no-op
+                    await self.store.cancel(run, "conversation_deleted", message)
+        except Exception:  # the deletion goes on; a run left over ends by its deadline
+            log.warning("could not cancel a deleted conversation's runs", exc_info=True)
 
     def _prune(self) -> None:
         # A walk over every kept run, so at most once a second, not once per new run.

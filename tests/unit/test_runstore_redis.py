@@ -92,15 +92,16 @@ async def collect(run, after: int = 0) -> list[tuple[int, str, dict]]:
     return parse(frames)
 
 
-def kill(registry: RunRegistry) -> None:
-    """What SIGKILL leaves behind: no more writes, no renewals, no release."""
+async def kill(registry: RunRegistry) -> None:
+    """What SIGKILL leaves behind: no more writes, no renewals, no release; its
+    connections close (as the kernel closes a dead process's sockets)."""
     store = registry.store
-    for task in store._tasks:
-        task.cancel()
-    for run in registry.all():
-        if run.task:
-            run.task.cancel()
     store._closing = True
+    tasks = [*store._tasks, *(r.task for r in registry.all() if r.task)]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await store.redis.aclose()
     registry.store = MemoryRunStore()  # the fixture's aclose: nothing left to do
 
 
@@ -178,7 +179,7 @@ async def test_a_dead_owners_run_with_a_tool_call_in_flight_is_ended_cleanly(rep
     run.checkpoint(Progress(in_flight="call_1"))
     run.emit("tool_start", {"tool_call_id": "call_1"})
     await eventually(stored(run))
-    kill(a)
+    await kill(a)
     resumed = []
     b = await replica(resume=lambda *args: resumed.append(args), lease=0.5)
     events = await collect(await b.find(run.id, "u"))
@@ -198,7 +199,7 @@ async def test_a_dead_owners_run_is_resumed_from_its_last_step_by_another(replic
     run.checkpoint(Progress(iteration=2, messages=[{"role": "user", "content": "q"}]))
     run.emit("status", {"stage": "thinking", "iteration": 2})
     await eventually(stored(run))
-    kill(a)
+    await kill(a)
     seen = []
 
     def resume(taken: Run, spec: dict, checkpoint: dict | None):
@@ -222,7 +223,7 @@ async def test_an_answer_given_while_nobody_owned_the_run_is_applied_by_the_take
     run.checkpoint(Progress(approval="call_1", approval_deadline=time.time() + 30))
     run.emit("tool_approval", {"tool_call_id": "call_1"})
     await eventually(stored(run))
-    kill(a)
+    await kill(a)
     decided = []
 
     async def reopen(taken: Run):
@@ -297,3 +298,30 @@ async def test_an_unreachable_server_stops_the_start_with_what_to_change():
     with pytest.raises(RuntimeError, match="SANDBOX_WORKSPACE_CHAT_REDIS_URL"):
         await store.start(lambda *args: None)
     await store.redis.aclose()
+
+
+async def test_deleting_a_conversation_stops_its_runs_on_every_replica(replica):
+    a, b = await replica(), await replica()
+    there = b.add(Run(user_id="u", session_id="s", conversation_id="c"), {})
+    there.task = asyncio.create_task(asyncio.sleep(60))
+    there.emit("run_started", {})
+    await eventually(stored(there))
+    assert a.cancel_conversation("s", "c") == 0  # none of them runs here
+    await eventually(lambda: there.task.cancelled())
+    assert there.cancelled_because[0] == "conversation_deleted"
+
+
+async def test_a_cancel_recorded_while_nobody_owned_the_run_ends_it_on_takeover(replica):
+    a = await replica(lease=0.5)
+    run = a.add(Run(user_id="u", session_id="s", conversation_id="c"), {})
+    run.emit("run_started", {})
+    await eventually(stored(run))
+    await kill(a)
+    c = await replica(lease=30)  # records the cancel, takes nothing over
+    view = await c.find(run.id, "u")
+    assert await c.cancel(view, "conversation_deleted", "gone") is True
+    resumed = []
+    await replica(resume=lambda *args: resumed.append(args), lease=0.5)
+    events = await collect(view)
+    assert [k for _, k, _ in events] == ["run_started", "error", "done"] and not resumed
+    assert events[1][2] == {"code": "conversation_deleted", "message": "gone"}

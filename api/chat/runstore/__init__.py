@@ -8,7 +8,8 @@ Contract (``RunStore``):
   and cancels through the store — or ``None`` (the in-process store never has one).
 - ``conversation_runs(session_id, conversation_id)``: views of a conversation's runs the
   store holds (the in-process store: none beyond the registry's own).
-- ``decide`` / ``cancel``: for any run, local or not; a second decision is 409, an unknown
+- ``decide`` / ``cancel``: for any run, local or not (``cancel`` with the code and message
+  its ``error`` event carries); a second decision is 409, an unknown
   tool call 404, exactly as ``Run.decide`` answers in process.
 - ``start(resume)``: begin background work; ``resume(run, spec, checkpoint)`` starts the
   ReAct loop of a run this process has taken over (``checkpoint`` None: from the start).
@@ -48,7 +49,9 @@ class RunStore(ABC):
     async def decide(self, run: Any, call_id: str, approved: bool, reason: str) -> None: ...
 
     @abstractmethod
-    async def cancel(self, run: Any) -> bool: ...
+    async def cancel(
+        self, run: Any, code: str = "cancelled", message: str = "the run was cancelled"
+    ) -> bool: ...
 
     async def start(self, resume: Resume) -> None:
         return None

@@ -30,7 +30,7 @@ def apply(store: RedisRunStore, run: Run, message: dict) -> None:
     """A decision or cancel for a run this replica owns."""
     if message["op"] == "cancel":
         if run.task is not None and not run.task.cancelling():
-            run.cancel()
+            run.cancel(message.get("code", "cancelled"), message.get("message", "cancelled"))
         return
     # Kept too for an approval the loop has not reopened yet (a run just taken over).
     store.decided.setdefault(run.id, {})[message["call"]] = message
@@ -68,15 +68,15 @@ async def reconcile(store: RedisRunStore) -> None:
         return
     async with store.redis.pipeline(transaction=False) as pipe:
         for run in runs:
-            pipe.hget(store.keys.meta(run.id), "cancel")
+            pipe.hget(store.keys.meta(run.id), "cancel")  # the reason (JSON), if cancelled
             if run.awaiting_approval:
                 pipe.hgetall(store.keys.meta(run.id))
             else:
                 pipe.echo("")
         replies = await pipe.execute()
     for run, cancel, meta in zip(runs, replies[::2], replies[1::2], strict=True):
-        if cancel == b"1":
-            apply(store, run, {"run": run.id, "op": "cancel"})
+        if cancel is not None:
+            apply(store, run, {"run": run.id, "op": "cancel", **json.loads(cancel)})
         elif isinstance(meta, dict):
             for call, decision in decisions(meta).items():
                 if call in run._pending and not run._pending[call].decided:

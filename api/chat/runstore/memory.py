@@ -27,8 +27,10 @@ class MemoryRunStore(RunStore):
     async def decide(self, run: Any, call_id: str, approved: bool, reason: str) -> None:
         run.decide(call_id, approved, reason)
 
-    async def cancel(self, run: Any) -> bool:
-        return run.cancel()
+    async def cancel(
+        self, run: Any, code: str = "cancelled", message: str = "the run was cancelled"
+    ) -> bool:
+        return run.cancel(code, message)
 
     async def aclose(self, runs: list[Run]) -> None:
         tasks = [r.task for r in runs if r.task and not r.task.done()]

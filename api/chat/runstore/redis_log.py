@@ -2,7 +2,7 @@
 
 Keys (``{p}`` is the configured prefix):
 - ``{p}run:{id}``        hash: user_id, session_id, conversation_id, state (running |
-                         finished), spec (JSON), checkpoint (JSON), cancel ("1"),
+                         finished), spec (JSON), checkpoint (JSON), cancel ({code, message}),
                          ``a:{tool_call_id}`` = "open" or the decision (JSON)
 - ``{p}run:{id}:log``    stream: event N has the stream id ``N-0`` and fields k (kind),
                          f (its SSE frame, bytes as sent)
@@ -108,10 +108,11 @@ if owner then redis.call('PUBLISH', ARGV[3] .. owner, ARGV[4]) end
 return 2
 """
 
-# KEYS: meta, lease. ARGV: channel prefix, message. 0 = finished already, 1 = recorded.
+# KEYS: meta, lease. ARGV: channel prefix, message, reason JSON ({code, message}).
+# 0 = finished already, 1 = recorded.
 CANCEL = """
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
-redis.call('HSET', KEYS[1], 'cancel', '1')
+redis.call('HSET', KEYS[1], 'cancel', ARGV[3])
 local owner = redis.call('GET', KEYS[2])
 if owner then redis.call('PUBLISH', ARGV[1] .. owner, ARGV[2]) end
 return 1
@@ -150,6 +151,12 @@ class Keys:
 def text(meta: dict, key: str, default: str = "") -> str:
     value = meta.get(key.encode())
     return default if value is None else value.decode()
+
+
+def cancel_reason(meta: dict) -> dict | None:
+    """The recorded cancel of a run ({code, message}), or None."""
+    raw = meta.get(b"cancel")
+    return None if raw is None else json.loads(raw)
 
 
 def decisions(meta: dict) -> dict[str, dict]:

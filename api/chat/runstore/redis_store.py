@@ -231,14 +231,17 @@ class RedisRunStore(RunStore):
         if outcome == 1:
             raise Conflict(f"tool call '{call_id}' was already decided", code="already_decided")
 
-    async def cancel(self, run: Any) -> bool:
+    async def cancel(
+        self, run: Any, code: str = "cancelled", message: str = "the run was cancelled"
+    ) -> bool:
         if run.finished:
             return False
-        message = json.dumps({"run": run.id, "op": "cancel"})
+        reason = {"code": code, "message": message}
+        note = json.dumps({"run": run.id, "op": "cancel", **reason})
         return bool(
             await self._cancel(
                 keys=[self.keys.meta(run.id), self.keys.lease(run.id)],
-                args=[self.keys.control_prefix, message],
+                args=[self.keys.control_prefix, note, json.dumps(reason)],
             )
         )
 

@@ -2,7 +2,8 @@
 
 Contract — from the run's stored state, exactly one of:
 - already ended (its last event is ``done``): mark it finished, nothing else;
-- cancelled while nobody owned it: ``error`` ``cancelled``, then ``done``;
+- cancelled while nobody owned it: ``error`` with the cancel's code (``cancelled``,
+  ``conversation_deleted``), then ``done``;
 - a tool call was in flight (``tool_start`` stored, no ``tool_end``): it may or may not
   have run, and running it again is not safe — ``error`` ``run_interrupted``, ``done``;
 - otherwise: a ``status`` event ``resumed``, and the ReAct loop continues from the last
@@ -17,7 +18,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from .redis_log import decisions, read_log, text
+from .redis_log import cancel_reason, decisions, read_log, text
 
 if TYPE_CHECKING:
     from .redis_store import RedisRunStore
@@ -45,16 +46,17 @@ async def carry_on(store: RedisRunStore, run_id: str) -> None:
         if message["op"] == "decide":
             known[message["call"]] = message
         else:
-            meta[b"cancel"] = b"1"
+            reason = {"code": message.get("code"), "message": message.get("message")}
+            meta[b"cancel"] = json.dumps(reason).encode()
     store.decided[run_id] = known
     raw = meta.get(b"checkpoint")
     checkpoint = json.loads(raw) if raw else None
     if frames and b"\nevent: done\n" in frames[-1]:
         outcome = "finished"
         run.finish()
-    elif text(meta, "cancel") == "1":
+    elif (reason := cancel_reason(meta)) is not None:
         outcome = "cancelled"
-        _end(run, "cancelled", "the run was cancelled")
+        _end(run, reason["code"], reason["message"])
     elif checkpoint is not None and checkpoint.get("in_flight"):
         outcome = "interrupted"
         _end(
