@@ -211,7 +211,7 @@ class RedisRunStore(RunStore):
             session_id=text(meta, "session_id"),
             conversation_id=text(meta, "conversation_id"),
             finished=text(meta, "state") != "running",
-            awaiting_approval=b"open" in meta.values(),
+            awaiting_approval=text(meta, "state") == "running" and b"open" in meta.values(),
             store=self,
             created_at=float(text(meta, "created_at", "0")),
         )
