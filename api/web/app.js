@@ -133,9 +133,12 @@ async function refreshUploads() {
     row.insertCell().append(use);
     row.insertCell().textContent = f.name;
     row.insertCell().textContent = formatSize(f.size);
-    row.insertCell().textContent = new Date(f.uploaded_at).toLocaleString();
+    const when = new Date(f.uploaded_at);
+    const time = row.insertCell();
+    time.textContent = when.toLocaleString([], { dateStyle: "short", timeStyle: "short" });
+    time.title = f.uploaded_at;
     const sha = row.insertCell();
-    sha.textContent = f.sha256.slice(0, 12) + "…";
+    sha.textContent = `${f.sha256.slice(0, 8)}…`;
     sha.title = f.sha256;
     sha.className = "mono";
     const actions = row.insertCell();

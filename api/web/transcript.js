@@ -30,6 +30,13 @@ export class Turn {
   apply(event) {
     if (event.id && event.id <= this.seen) return; // already drawn
     this.seen = event.id || this.seen;
+    const scroller = this.node.parentElement;
+    const atBottom = scroller && scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 40;
+    this.draw(event);
+    if (atBottom) scroller.scrollTop = scroller.scrollHeight; // follow the stream
+  }
+
+  draw(event) {
     const d = event.data;
     switch (event.kind) {
       case "run_started": this.runId = d.run_id; this.node.dataset.run = d.run_id; break;
@@ -38,7 +45,10 @@ export class Turn {
         if (!this.text) this.body.append((this.text = el("div", { class: "text" })));
         this.text.textContent += d.delta;
         break;
-      case "tool_approval": this.tool(d).askApproval(d); break;
+      case "tool_approval":
+        this.tool(d).askApproval(d);
+        this.status.textContent = `waiting for your decision on ${d.name}`;
+        break;
       case "tool_start": this.tool(d).running(); break;
       case "tool_end": this.tool(d).ended(d); break;
       case "result": this.result(d); break;
@@ -80,6 +90,10 @@ export class Turn {
       });
       if (/\.(png|jpe?g|gif|svg|webp)$/i.test(file.name)) {
         const img = el("img", { alt: file.name, class: "inline-image" });
+        img.addEventListener("load", () => {
+          const scroller = this.node.parentElement;
+          if (scroller) scroller.scrollTop = scroller.scrollHeight;
+        });
         this.hooks.fileUrl(file.download_url).then((url) => { img.src = url; });
         item.append(img);
       }
@@ -126,9 +140,16 @@ class ToolStep {
     this.badge.textContent = d.ok ? "done" : d.decision || "failed";
     this.node.classList.add(d.ok ? "ok" : "failed");
     this.output.textContent = d.output || "";
+    if (d.ok) this.node.open = false; // a finished step folds away; failures stay open
   }
 }
 
+// Code and commands read best as themselves, not as JSON-escaped strings.
 function pretty(args) {
-  try { return JSON.stringify(JSON.parse(args), null, 2); } catch { return args; }
+  try {
+    const parsed = JSON.parse(args);
+    const keys = Object.keys(parsed);
+    if (keys.length === 1 && typeof parsed[keys[0]] === "string") return parsed[keys[0]].trim();
+    return JSON.stringify(parsed, null, 2);
+  } catch { return args; }
 }

@@ -79,8 +79,8 @@ def respond(body: dict) -> Reply:
             return tool_reply("execute_code", {"code": CHART_CODE.format(path=path)}, "call_chart")
         if len(results) == 1:
             return tool_reply("present_file", {"path": "outputs/chart.png"}, "call_present")
-        words = "Here is the chart of your sales: March was the best month.".split(" ")
-        return _slow([w + " " for w in words], 0.15)
+        answer = "Here is the chart of your sales: March was the best month."
+        return _slow([w + " " for w in answer.split()], 0.15)
     return text_reply("Hello from the sandbox")
 
 
