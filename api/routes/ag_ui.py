@@ -87,7 +87,7 @@ async def ag_ui(body: RunAgentInput, caller: CallerDep, services: ServicesDep) -
     keepalive = services.settings.chat_keepalive_seconds
     if body.resume:
         answers = [resume_answer(entry) for entry in body.resume]
-        run, after, calls = answer_approvals(caller, services, answers)
+        run, after, calls = answer_approvals(caller, services, answers, "ag-ui")
         translator = AgUiStream(body.threadId, body.runId, run.id, announced=calls)
         return _respond(run, translator, after, keepalive)
     props = body.forwardedProps or {}
@@ -115,5 +115,6 @@ async def ag_ui(body: RunAgentInput, caller: CallerDep, services: ServicesDep) -
         conversation_id=conversation_id,
         selected_files=[str(s) for s in selected],
         agent_id=str(props.get("agent_id", "")),
+        protocol="ag-ui",
     )
     return _respond(run, AgUiStream(body.threadId, body.runId, run.id), 0, keepalive)

@@ -10,6 +10,7 @@ event id after which the continuation streams, and the calls it answered.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from fastapi.exceptions import RequestValidationError
@@ -23,6 +24,7 @@ from ..identity import Caller
 from .chat import ChatRequest, start_run
 
 MAX_APPROVALS = 100
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ async def start_turn(
     conversation_id: str,
     selected_files: list[str],
     agent_id: str = "",
+    protocol: str,
 ) -> Run:
     try:
         body = ChatRequest(
@@ -52,10 +55,17 @@ async def start_turn(
         )
     except ValidationError as e:
         raise RequestValidationError(e.errors()) from e
-    return await start_run(body, caller, services)
+    run = await start_run(body, caller, services)
+    log.info(
+        "run started",
+        extra={"run_id": run.id, "conversation_id": run.conversation_id, "protocol": protocol},
+    )
+    return run
 
 
-def answer_approvals(caller: Caller, services, answers: list[Answer]) -> tuple[Run, int, set[str]]:
+def answer_approvals(
+    caller: Caller, services, answers: list[Answer], protocol: str
+) -> tuple[Run, int, set[str]]:
     if not answers:
         raise BadRequest("no approval to answer", code="no_approval")
     if len(answers) > MAX_APPROVALS:
@@ -71,4 +81,13 @@ def answer_approvals(caller: Caller, services, answers: list[Answer]) -> tuple[R
     positions = [approval_event_id(run, call_id) for _, _, call_id in targets]
     for answer, _, call_id in targets:
         run.decide(call_id, answer.approved, answer.reason)
+        log.info(
+            "tool call decided",
+            extra={
+                "run_id": run.id,
+                "tool_call_id": call_id,
+                "approved": answer.approved,
+                "protocol": protocol,
+            },
+        )
     return run, max(positions), {call_id for _, _, call_id in targets}

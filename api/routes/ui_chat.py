@@ -108,7 +108,7 @@ async def ui_chat(
                 "send a user message to start a run",
                 code="nothing_to_continue",
             )
-        run, after, calls = answer_approvals(caller, services, answers)
+        run, after, calls = answer_approvals(caller, services, answers, "ui")
         index.set(caller.user_id, body.id, run.id, last.id)
         translator = UiMessageStream(run.id, last.id, _metadata(run), announced=calls)
         return _respond(run, translator, after, keepalive)
@@ -134,6 +134,7 @@ async def ui_chat(
         conversation_id=body.conversation_id,
         selected_files=body.selected_files,
         agent_id=body.agent_id,
+        protocol="ui",
     )
     message_id = f"msg_{run.id}"
     index.set(caller.user_id, body.id, run.id, message_id)

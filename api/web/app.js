@@ -52,14 +52,18 @@ async function refreshSession() {
 }
 
 // ---- conversations ----------------------------------------------------------------
+let selections = 0; // a load that finishes after the user picked a conversation must not undo it
+
 async function loadConversations() {
+  const before = selections;
   const ids = new Set(store.get(`convs:${api.userId}`, []));
   try { // the server's list, where the API offers one
     const listed = await api.call("GET", `${api.sessionUrl}/conversations`);
     for (const c of listed.conversations || []) ids.add(c.conversation_id);
   } catch { /* no session yet, or no listing route */ }
-  store.set(`convs:${api.userId}`, [...ids]);
+  store.set(`convs:${api.userId}`, [...new Set([...store.get(`convs:${api.userId}`, []), ...ids])]);
   renderConversations();
+  if (selections !== before) return;
   const last = store.get(`current:${api.userId}`, null);
   await selectConversation(ids.has(last) ? last : [...ids][0] || null);
 }
@@ -80,6 +84,7 @@ function renderConversations() {
 }
 
 async function selectConversation(id) {
+  selections += 1;
   cid = id;
   store.set(`current:${api.userId}`, id);
   $("current-conversation").textContent = id ? `in ${id}` : "(create a conversation first)";

@@ -40,6 +40,7 @@ def page():
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         context = browser.new_context(viewport={"width": 1440, "height": 900})
         context.set_default_timeout(30_000)
+        sync_api.expect.set_options(timeout=30_000)  # a first upload starts the session
         try:
             yield context.new_page()
         finally:
@@ -60,6 +61,7 @@ def test_upload_ask_approve_chart_download_delete(page, ui_server, tmp_path):
         page.goto(f"{ui_server.url}/ui/")
         page.fill("#user", user)
         page.click("#identity button[type=submit]")
+        expect(page.locator("#session-status")).to_contain_text("no session yet")
         page.fill("#conversation-name", "sales-review")
         page.click("#new-conversation button")
         expect(page.locator("#current-conversation")).to_have_text("in sales-review")
@@ -79,11 +81,12 @@ def test_upload_ask_approve_chart_download_delete(page, ui_server, tmp_path):
         shot(page, "1-uploaded")
 
         # Ask: the tool step shows its code and waits for approval.
-        page.fill("#query", f"chart {path}")
+        page.fill("#query", "Plot the monthly sales")
         page.click("#send")
         step = page.locator(".tool[data-call='call_chart']")
         expect(step.locator("button.approve")).to_be_visible()
         expect(step.locator(".args")).to_contain_text("plt.savefig")
+        expect(step.locator(".args")).to_contain_text(path)  # the selected upload's real path
         shot(page, "2-approval")
 
         # A reload re-attaches to the run, still waiting for the decision.
@@ -123,7 +126,9 @@ def test_upload_ask_approve_chart_download_delete(page, ui_server, tmp_path):
 
         # Delete the conversation: gone from the page and from the server.
         page.click("#delete-conversation")
-        expect(page.locator("#conversation-list [data-conversation='sales-review']")).to_have_count(0)
+        expect(page.locator("#conversation-list [data-conversation='sales-review']")).to_have_count(
+            0
+        )
         shot(page, "4-deleted")
         listing = httpx.get(
             f"{ui_server.url}/api/v1/sessions/sb-session-{user}/files",

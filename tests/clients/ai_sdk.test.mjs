@@ -129,6 +129,29 @@ for (const approved of [true, false]) {
   });
 }
 
+test("a reload while an approval waits shows it again, and answering it continues the run", async () => {
+  const id = "chat-reload";
+  const before = new Chat({ id, transport: transport("ai-reload") });
+  await before.sendMessage({ text: "run bash" });
+  assert.equal(before.messages.at(-1).parts.find((p) => p.type === "tool-bash").state, "approval-requested");
+
+  // A new page: no messages in memory, only the chat id; useChat({resume: true}) resumes.
+  const after = new Chat({
+    id,
+    transport: transport("ai-reload"),
+    sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
+  });
+  await after.resumeStream();
+  await until("the replay", () => after.status === "ready" && after.messages.length === 1);
+  const asked = after.messages[0].parts.find((p) => p.type === "tool-bash");
+  assert.equal(asked.state, "approval-requested");
+  assert.equal(after.messages[0].id, before.messages.at(-1).id);
+
+  await after.addToolApprovalResponse({ id: asked.approval.id, approved: true });
+  await until("the continuation", () => after.status === "ready" && /bash said/.test(textOf(after.messages.at(-1))));
+  assert.equal(after.messages[0].parts.find((p) => p.type === "tool-bash").state, "output-available");
+});
+
 test("a stream resumes after the connection dropped", async () => {
   // The first response's body breaks after its first bytes, as a dropped connection does.
   let dropped = false;

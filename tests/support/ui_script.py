@@ -7,7 +7,8 @@ clients and the browser play, concurrently:
 - ``run bash``             → ``bash`` (approval required on the server), then its output
                              or the rejection in the answer;
 - ``count slowly``         → a long answer streamed over ~3 s (for dropped connections);
-- ``chart <path>``         → ``execute_code`` plotting the CSV to outputs/chart.png
+- ``Plot the monthly sales`` → ``execute_code`` plotting the selected CSV (its path from
+                             the selected-files context message) to outputs/chart.png
                              (approval required), ``present_file``, then the answer.
 ``ui_server`` (a fixture; conftests import it) is such a ``sandbox-workspace dev`` server.
 """
@@ -15,6 +16,7 @@ clients and the browser play, concurrently:
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from scripted_llm import Reply, ScriptedLLM, text_reply, tool_reply, tool_results
@@ -52,6 +54,12 @@ def _query(body: dict) -> str:
     return users[-1] if users else ""
 
 
+def _selected_csv(body: dict) -> str:
+    context = "\n".join(m["content"] for m in body["messages"] if m["role"] == "user")
+    found = re.search(r"\((/\S+\.csv)\)", context)
+    return found.group(1) if found else "no-file-selected.csv"
+
+
 def _slow(text_pieces: list[str], pause: float) -> Reply:
     chunks: list[dict | str] = [
         {"choices": [{"index": 0, "delta": {"content": p}}]} for p in text_pieces
@@ -73,8 +81,8 @@ def respond(body: dict) -> Reply:
         return text_reply(f"bash said: {results[-1].strip()[:200]}")
     if query == "count slowly":
         return _slow([w + " " for w in SLOW_WORDS], 0.1)
-    if query.startswith("chart "):
-        path = query[6:]
+    if query.startswith("Plot the monthly sales"):
+        path = _selected_csv(body)
         if not results:
             return tool_reply("execute_code", {"code": CHART_CODE.format(path=path)}, "call_chart")
         if len(results) == 1:
