@@ -23,11 +23,10 @@ run — see run_events.py):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
-from .run_events import RunEvent, approval_id
+from .run_events import RunEvent, Translator, approval_id
 
 INTERRUPT_REASON = "tool_approval"
 RESPONSE_SCHEMA = {
@@ -37,77 +36,48 @@ RESPONSE_SCHEMA = {
 }
 
 
-def encode_event(event: dict) -> bytes:
-    body = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
-    return b"data: " + body.encode() + b"\n\n"
-
-
-class AgUiStream:
+class AgUiStream(Translator):
     def __init__(
         self, thread_id: str, run_id: str, engine_run_id: str, announced: Iterable[str] = ()
     ) -> None:
+        super().__init__(announced)
         self.thread_id = thread_id
         self.run_id = run_id
         self.engine_run_id = engine_run_id
-        self.ended = False
-        self._started = False
-        self._message: str | None = None
-        self._announced = set(announced)
 
     def _ids(self) -> dict[str, str]:
         return {"threadId": self.thread_id, "runId": self.run_id}
 
-    def feed(self, event: RunEvent) -> list[dict]:
-        if self.ended:
-            return []
-        out: list[dict] = []
-        if not self._started:
-            self._started = True
-            out.append(
-                {
-                    "type": "RUN_STARTED",
-                    **self._ids(),
-                    "metadata": {"sandbox_run_id": self.engine_run_id},
-                }
-            )
-        handler = getattr(self, f"_on_{event.kind}", None)
-        if handler is not None:
-            handler(event, out)
-        return out
+    def opening(self) -> list[dict]:
+        metadata = {"sandbox_run_id": self.engine_run_id}
+        return [{"type": "RUN_STARTED", **self._ids(), "metadata": metadata}]
 
-    def _close_text(self, out: list[dict]) -> None:
-        if self._message is not None:
-            out.append({"type": "TEXT_MESSAGE_END", "messageId": self._message})
-            self._message = None
+    def text_id(self, event: RunEvent) -> str:
+        return f"msg-{self.engine_run_id}-{event.id}"
+
+    def text_start(self, text_id: str) -> dict:
+        return {"type": "TEXT_MESSAGE_START", "messageId": text_id, "role": "assistant"}
+
+    def text_delta(self, text_id: str, delta: str) -> dict:
+        return {"type": "TEXT_MESSAGE_CONTENT", "messageId": text_id, "delta": delta}
+
+    def text_end(self, text_id: str) -> dict:
+        return {"type": "TEXT_MESSAGE_END", "messageId": text_id}
+
+    def tool_call(self, call_id: str, name: str, arguments: str) -> list[dict]:
+        out = [{"type": "TOOL_CALL_START", "toolCallId": call_id, "toolCallName": name}]
+        if arguments:
+            out.append({"type": "TOOL_CALL_ARGS", "toolCallId": call_id, "delta": arguments})
+        out.append({"type": "TOOL_CALL_END", "toolCallId": call_id})
+        return out
 
     def _finish(self, out: list[dict], **fields: Any) -> None:
         self._close_text(out)
         out.append({"type": "RUN_FINISHED", **self._ids(), **fields})
         self.ended = True
 
-    def _announce(self, out: list[dict], call_id: str, name: str, arguments: str) -> None:
-        self._close_text(out)
-        if call_id in self._announced:
-            return
-        self._announced.add(call_id)
-        out.append({"type": "TOOL_CALL_START", "toolCallId": call_id, "toolCallName": name})
-        if arguments:
-            out.append({"type": "TOOL_CALL_ARGS", "toolCallId": call_id, "delta": arguments})
-        out.append({"type": "TOOL_CALL_END", "toolCallId": call_id})
-
     def _on_status(self, event: RunEvent, out: list[dict]) -> None:
         out.append({"type": "CUSTOM", "name": "sandbox.status", "value": event.data})
-
-    def _on_text(self, event: RunEvent, out: list[dict]) -> None:
-        delta = event.data.get("delta", "")
-        if not delta:  # AG-UI refuses empty content deltas
-            return
-        if self._message is None:
-            self._message = f"msg-{self.engine_run_id}-{event.id}"
-            out.append(
-                {"type": "TEXT_MESSAGE_START", "messageId": self._message, "role": "assistant"}
-            )
-        out.append({"type": "TEXT_MESSAGE_CONTENT", "messageId": self._message, "delta": delta})
 
     def _on_tool_approval(self, event: RunEvent, out: list[dict]) -> None:
         d = event.data
@@ -122,10 +92,6 @@ class AgUiStream:
             "metadata": {"timeout_seconds": d.get("timeout_seconds")},
         }
         self._finish(out, outcome={"type": "interrupt", "interrupts": [interrupt]})
-
-    def _on_tool_start(self, event: RunEvent, out: list[dict]) -> None:
-        d = event.data
-        self._announce(out, d["tool_call_id"], d["name"], d.get("arguments", ""))
 
     def _on_tool_end(self, event: RunEvent, out: list[dict]) -> None:
         d = event.data

@@ -18,9 +18,9 @@ Contract:
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
 
@@ -47,6 +47,12 @@ def parse_frame(frame: bytes) -> RunEvent:
         elif line.startswith("data: "):
             data = line[6:]
     return RunEvent(event_id, kind, json.loads(data))
+
+
+def encode_data(message: dict) -> bytes:
+    """A data-only SSE frame (what both the AI SDK and AG-UI read): ``data: {json}``."""
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    return b"data: " + body.encode() + b"\n\n"
 
 
 def events_of(run: Run) -> list[RunEvent]:
@@ -87,10 +93,73 @@ def approval_event_id(run: Run, call_id: str) -> int:
     )
 
 
-class Translator(Protocol):
-    ended: bool
+class Translator:
+    """What the per-protocol translators share: one handler per event kind
+    (``_on_<kind>(event, out)``), an ``opening`` before the first event, at most one open
+    text part (closed before any tool step and at the end), each tool call announced
+    once (``announced``: by an earlier segment), and ``ended`` once the segment's
+    terminal message is out — after which it translates nothing more."""
 
-    def feed(self, event: RunEvent) -> list[dict]: ...
+    def __init__(self, announced: Iterable[str] = ()) -> None:
+        self.ended = False
+        self._started = False
+        self._text: str | None = None  # id of the open text part
+        self._announced = set(announced)
+
+    # The protocol's messages.
+    def opening(self) -> list[dict]:
+        raise NotImplementedError
+
+    def text_start(self, text_id: str) -> dict:
+        raise NotImplementedError
+
+    def text_delta(self, text_id: str, delta: str) -> dict:
+        raise NotImplementedError
+
+    def text_end(self, text_id: str) -> dict:
+        raise NotImplementedError
+
+    def tool_call(self, call_id: str, name: str, arguments: str) -> list[dict]:
+        raise NotImplementedError
+
+    def text_id(self, event: RunEvent) -> str:
+        return f"text-{event.id}"
+
+    def feed(self, event: RunEvent) -> list[dict]:
+        if self.ended:
+            return []
+        out: list[dict] = []
+        if not self._started:
+            self._started = True
+            out.extend(self.opening())
+        handler = getattr(self, f"_on_{event.kind}", None)
+        if handler is not None:
+            handler(event, out)
+        return out
+
+    def _close_text(self, out: list[dict]) -> None:
+        if self._text is not None:
+            out.append(self.text_end(self._text))
+            self._text = None
+
+    def _announce(self, out: list[dict], call_id: str, name: str, arguments: str) -> None:
+        self._close_text(out)
+        if call_id not in self._announced:
+            self._announced.add(call_id)
+            out.extend(self.tool_call(call_id, name, arguments))
+
+    def _on_text(self, event: RunEvent, out: list[dict]) -> None:
+        delta = event.data.get("delta", "")
+        if not delta:  # nothing to show (and AG-UI refuses empty deltas)
+            return
+        if self._text is None:
+            self._text = self.text_id(event)
+            out.append(self.text_start(self._text))
+        out.append(self.text_delta(self._text, delta))
+
+    def _on_tool_start(self, event: RunEvent, out: list[dict]) -> None:
+        d = event.data
+        self._announce(out, d["tool_call_id"], d["name"], d.get("arguments", ""))
 
 
 async def translate(

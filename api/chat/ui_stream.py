@@ -32,7 +32,7 @@ import mimetypes
 from collections.abc import Iterable
 from typing import Any
 
-from .run_events import RunEvent, approval_id
+from .run_events import RunEvent, Translator, approval_id
 
 HEADERS = {
     "x-vercel-ai-ui-message-stream": "v1",
@@ -40,14 +40,6 @@ HEADERS = {
     "X-Accel-Buffering": "no",
 }
 DONE = b"data: [DONE]\n\n"
-
-
-def encode_chunk(chunk: dict) -> bytes:
-    return (
-        b"data: "
-        + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode()
-        + (b"\n\n")
-    )
 
 
 def parse_arguments(arguments: str) -> Any:
@@ -62,7 +54,7 @@ def media_type(name: str) -> str:
     return mimetypes.guess_type(name)[0] or "application/octet-stream"
 
 
-class UiMessageStream:
+class UiMessageStream(Translator):
     def __init__(
         self,
         run_id: str,
@@ -71,34 +63,37 @@ class UiMessageStream:
         announced: Iterable[str] = (),
         decided: Iterable[str] = (),
     ) -> None:
+        super().__init__(announced)
         self.run_id = run_id
         self.message_id = message_id
         self.metadata = metadata or {}
-        self.ended = False
-        self._started = False
-        self._text: str | None = None  # id of the open text part
-        self._announced = set(announced)
         self._decided = set(decided)
 
-    def feed(self, event: RunEvent) -> list[dict]:
-        if self.ended:
-            return []
-        out: list[dict] = []
-        if not self._started:
-            self._started = True
-            out.append({"type": "start", "messageId": self.message_id})
-            if self.metadata:
-                out[0]["messageMetadata"] = self.metadata
-            out.append({"type": "start-step"})
-        handler = getattr(self, f"_on_{event.kind}", None)
-        if handler is not None:
-            handler(event, out)
-        return out
+    def opening(self) -> list[dict]:
+        start: dict[str, Any] = {"type": "start", "messageId": self.message_id}
+        if self.metadata:
+            start["messageMetadata"] = self.metadata
+        return [start, {"type": "start-step"}]
 
-    def _close_text(self, out: list[dict]) -> None:
-        if self._text is not None:
-            out.append({"type": "text-end", "id": self._text})
-            self._text = None
+    def text_start(self, text_id: str) -> dict:
+        return {"type": "text-start", "id": text_id}
+
+    def text_delta(self, text_id: str, delta: str) -> dict:
+        return {"type": "text-delta", "id": text_id, "delta": delta}
+
+    def text_end(self, text_id: str) -> dict:
+        return {"type": "text-end", "id": text_id}
+
+    def tool_call(self, call_id: str, name: str, arguments: str) -> list[dict]:
+        input_ = parse_arguments(arguments)
+        return [
+            {
+                "type": "tool-input-available",
+                "toolCallId": call_id,
+                "toolName": name,
+                "input": input_,
+            }
+        ]
 
     def _finish(self, out: list[dict], reason: str | None) -> None:
         self._close_text(out)
@@ -106,31 +101,8 @@ class UiMessageStream:
         out.append({"type": "finish", **({"finishReason": reason} if reason else {})})
         self.ended = True
 
-    def _announce(self, out: list[dict], call_id: str, name: str, arguments: str) -> None:
-        self._close_text(out)
-        if call_id in self._announced:
-            return
-        self._announced.add(call_id)
-        out.append(
-            {
-                "type": "tool-input-available",
-                "toolCallId": call_id,
-                "toolName": name,
-                "input": parse_arguments(arguments),
-            }
-        )
-
     def _on_status(self, event: RunEvent, out: list[dict]) -> None:
         out.append({"type": "data-status", "data": event.data, "transient": True})
-
-    def _on_text(self, event: RunEvent, out: list[dict]) -> None:
-        delta = event.data.get("delta", "")
-        if not delta:
-            return
-        if self._text is None:
-            self._text = f"text-{event.id}"
-            out.append({"type": "text-start", "id": self._text})
-        out.append({"type": "text-delta", "id": self._text, "delta": delta})
 
     def _on_tool_approval(self, event: RunEvent, out: list[dict]) -> None:
         d = event.data
@@ -145,10 +117,6 @@ class UiMessageStream:
         )
         if call_id not in self._decided:  # a replay goes on past answered approvals
             self._finish(out, "tool-calls")
-
-    def _on_tool_start(self, event: RunEvent, out: list[dict]) -> None:
-        d = event.data
-        self._announce(out, d["tool_call_id"], d["name"], d.get("arguments", ""))
 
     def _on_tool_end(self, event: RunEvent, out: list[dict]) -> None:
         d = event.data

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_workspace.runtime.errors import BadRequest
 
-from ..chat.ag_ui import AgUiStream, encode_event
-from ..chat.run_events import translate
+from ..chat.ag_ui import AgUiStream
+from ..chat.run_events import encode_data, translate
 from ..chat.runs import Run
 from ..deps import CallerDep, ServicesDep
 from ..sse import SSE_HEADERS
@@ -75,7 +75,7 @@ def resume_answer(entry: ResumeEntry) -> Answer:
 
 
 def _respond(run: Run, translator: AgUiStream, after: int, keepalive: float):
-    frames = translate(run, after, translator, encode_event, keepalive)
+    frames = translate(run, after, translator, encode_data, keepalive)
     return StreamingResponse(
         frames, media_type="text/event-stream", headers={**SSE_HEADERS, "X-Run-Id": run.id}
     )

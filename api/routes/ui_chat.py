@@ -23,9 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
 
 from ..chat.chat_index import ChatIndex
-from ..chat.run_events import decided_approvals, translate
+from ..chat.run_events import decided_approvals, encode_data, translate
 from ..chat.runs import Run
-from ..chat.ui_stream import DONE, HEADERS, UiMessageStream, encode_chunk
+from ..chat.ui_stream import DONE, HEADERS, UiMessageStream
 from ..deps import CallerDep, ServicesDep
 from .turns import Answer, answer_approvals, start_turn
 
@@ -82,7 +82,7 @@ def _index(request: Request) -> ChatIndex:
 
 
 def _respond(run: Run, translator: UiMessageStream, after: int, keepalive: float):
-    frames = translate(run, after, translator, encode_chunk, keepalive, tail=DONE)
+    frames = translate(run, after, translator, encode_data, keepalive, tail=DONE)
     return StreamingResponse(
         frames, media_type="text/event-stream", headers={**HEADERS, "X-Run-Id": run.id}
     )

@@ -7,8 +7,13 @@ import json
 import pytest
 
 from sandbox_workspace.api.chat.ag_ui import AgUiStream
-from sandbox_workspace.api.chat.run_events import RunEvent, parse_approval_id, parse_frame
-from sandbox_workspace.api.chat.ui_stream import UiMessageStream, encode_chunk
+from sandbox_workspace.api.chat.run_events import (
+    RunEvent,
+    encode_data,
+    parse_approval_id,
+    parse_frame,
+)
+from sandbox_workspace.api.chat.ui_stream import UiMessageStream
 from sandbox_workspace.api.sse import encode_event
 from sandbox_workspace.runtime.errors import BadRequest
 
@@ -134,7 +139,7 @@ def test_ui_stream_presents_files_and_reports_errors():
 
 
 def test_ui_chunks_are_sse_data_lines():
-    assert encode_chunk({"type": "text-delta", "delta": "a\nb"}) == (
+    assert encode_data({"type": "text-delta", "delta": "a\nb"}) == (
         b'data: {"type":"text-delta","delta":"a\\nb"}\n\n'
     )
 
