@@ -91,6 +91,18 @@ for (const approved of [true, false]) {
   });
 }
 
+test("a run that fails ends with RUN_ERROR, which the agent's subscribers get", async () => {
+  const a = agent("agui-error");
+  const errors = [];
+  a.subscribe({ onRunErrorEvent: ({ event }) => { errors.push(event); } });
+  ask(a, "break the model");
+  await a.runAgent();
+  assert.deepEqual(types(a).filter((t) => t !== "CUSTOM"), ["RUN_STARTED", "RUN_ERROR"]);
+  assert.equal(errors.length, 1);
+  assert.equal(errors[0].code, "llm_http_error");
+  assert.match(errors[0].message, /the model endpoint answered 400/);
+});
+
 test("a resume the API did not issue is refused with a clear error", async () => {
   const a = agent("agui-bad-resume");
   ask(a, "hi");

@@ -191,3 +191,12 @@ test("a stream resumes after the connection dropped", async () => {
   const again = await fetch(`${base}/api/v1/ui/chat/chat-resume/stream`, { headers });
   assert.equal(again.status, 204);
 });
+
+test("a run that fails reaches the chat as its error", async () => {
+  const reported = [];
+  const chat = new Chat({ id: "chat-error", transport: transport("ai-error"), onError: (e) => reported.push(e) });
+  await chat.sendMessage({ text: "break the model" });
+  assert.equal(chat.status, "error");
+  assert.match(chat.error.message, /the model endpoint answered 400.*\(llm_http_error\)$/s);
+  assert.deepEqual(reported, [chat.error]);
+});

@@ -7,6 +7,7 @@ clients and the browser play, concurrently:
 - ``run bash``             → ``bash`` (approval required on the server), then its output
                              or the rejection in the answer;
 - ``count slowly``         → a long answer streamed over ~3 s (for dropped connections);
+- ``break the model``      → the model answers HTTP 400 (the run ends with ``error``);
 - ``Plot the monthly sales`` → ``execute_code`` plotting the selected CSV (its path from
                              the selected-files context message) to outputs/chart.png
                              (approval required), ``present_file``, then the answer.
@@ -79,6 +80,8 @@ def respond(body: dict) -> Reply:
         if not results:
             return tool_reply("bash", {"command": "echo approved-ran"}, call_id="call_bash")
         return text_reply(f"bash said: {results[-1].strip()[:200]}")
+    if query == "break the model":
+        return Reply(status=400)
     if query == "count slowly":
         return _slow([w + " " for w in SLOW_WORDS], 0.1)
     if query.startswith("Plot the monthly sales"):
