@@ -144,3 +144,43 @@ def test_upload_ask_approve_chart_download_delete(page, ui_server, tmp_path):
             headers={"X-User-Id": user},
             timeout=30,
         )
+
+
+def test_token_mode_asks_for_a_token_and_uses_it(page, start_server, tmp_path):
+    token = "t" * 24
+    server = start_server(
+        "api",
+        SANDBOX_WORKSPACE_AUTH_MODE="required",
+        SANDBOX_WORKSPACE_SERVICE_TOKEN=token,
+        SANDBOX_WORKSPACE_WEB_UI="true",
+        SANDBOX_WORKSPACE_DATA_DIR=str(tmp_path / "data"),
+        SANDBOX_WORKSPACE_SANDBOX_MOUNT="none",
+    )
+    expect = sync_api.expect
+    user = f"tok-{uuid.uuid4().hex[:8]}"
+    try:
+        page.goto(f"{server.url}/ui/")
+        expect(page.locator("#token-field")).to_be_visible()  # hidden in dev mode
+        page.fill("#user", user)
+        page.fill("#token", "wrong-token-wrong-token")
+        page.click("#identity button[type=submit]")
+        expect(page.locator("#session-status")).to_contain_text("invalid bearer token")  # 401
+        page.fill("#token", token)
+        page.click("#identity button[type=submit]")
+        expect(page.locator("#session-status")).to_contain_text("no session yet")
+        page.fill("#conversation-name", "tokens")
+        page.click("#new-conversation button")
+        csv = tmp_path / "t.csv"
+        csv.write_bytes(CSV)
+        page.set_input_files("#file", str(csv))
+        page.click("#upload button[type=submit]")
+        expect(page.locator("#uploads tbody tr[data-name='t.csv']")).to_be_visible()
+        # The token stays in this tab only: sessionStorage, never localStorage.
+        assert page.evaluate("sessionStorage.getItem('token')") == token
+        assert token not in page.evaluate("JSON.stringify(localStorage)")
+    finally:
+        httpx.delete(
+            f"{server.url}/api/v1/sessions/sb-session-{user}",
+            headers={"X-User-Id": user, "Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
