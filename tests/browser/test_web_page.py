@@ -76,6 +76,20 @@ def test_upload_ask_approve_chart_download_delete(page, ui_server, tmp_path):
         expect(page.locator("#upload-progress")).to_have_attribute("value", "100")
         expect(row.locator("td").nth(2)).to_have_text(f"{len(CSV)} B")
         expect(row.locator("td.mono")).to_have_attribute("title", hashlib.sha256(CSV).hexdigest())
+        # A file name is data, never markup: one that is an HTML payload shows as text.
+        hostile = "<img src=x onerror=window.pwned=1>.csv"
+        r = httpx.post(
+            f"{ui_server.url}/api/v1/sessions/sb-session-{user}/files/upload",
+            headers={"X-User-Id": user},
+            data={"conversation_id": "sales-review"},
+            files={"file": (hostile, b"a,b\n")},
+        )
+        assert r.status_code == 201, r.text
+        page.click("#conversation-list [data-conversation='sales-review']")  # re-list
+        expect(page.locator("#uploads tbody tr")).to_have_count(2)
+        expect(page.locator("#uploads tbody td", has_text=hostile)).to_have_count(1)
+        assert page.evaluate("window.pwned") is None
+        page.locator("#uploads tbody tr", has_text=hostile).locator("input.select").uncheck()
         path = row.locator("input.select").get_attribute("value")
         assert path.endswith("/sales-review/uploads/temparea/sales.csv")
         shot(page, "1-uploaded")
