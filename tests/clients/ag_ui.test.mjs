@@ -91,6 +91,25 @@ for (const approved of [true, false]) {
   });
 }
 
+test("keep-alive comments while the model is silent are skipped by the client", async () => {
+  let comments = 0;
+  let drained;
+  const countingFetch = async (url, init) => {
+    const response = await fetch(url, init);
+    const [mine, theirs] = response.body.tee();
+    drained = (async () => {
+      for await (const b of mine) comments += (new TextDecoder().decode(b).match(/^: keep-alive$/gm) || []).length;
+    })();
+    return new Response(theirs, { status: response.status, headers: response.headers });
+  };
+  const a = new HttpAgent({ url: `${base}/api/v1/ag-ui`, headers, threadId: "agui-quiet", fetch: countingFetch });
+  ask(a, "think first");
+  const { result } = await a.runAgent();
+  assert.equal(result.answer, "Thought it through");
+  await drained;
+  assert.ok(comments >= 1, "a keep-alive went out while the model was silent");
+});
+
 test("a run that fails ends with RUN_ERROR, which the agent's subscribers get", async () => {
   const a = agent("agui-error");
   const errors = [];

@@ -200,3 +200,23 @@ test("a run that fails reaches the chat as its error", async () => {
   assert.match(chat.error.message, /the model endpoint answered 400.*\(llm_http_error\)$/s);
   assert.deepEqual(reported, [chat.error]);
 });
+
+test("keep-alive comments while the model is silent do not disturb the stream", async () => {
+  let raw = "";
+  let drained;
+  const teeFetch = async (url, init) => {
+    const response = await fetch(url, init);
+    const [mine, theirs] = response.body.tee();
+    drained = (async () => { for await (const b of mine) raw += new TextDecoder().decode(b); })();
+    return new Response(theirs, { status: response.status, headers: response.headers });
+  };
+  const stream = await transport("ai-quiet", { fetch: teeFetch }).sendMessages({
+    chatId: "chat-quiet", messages: [userMessage("think first")], trigger: "submit-message",
+    messageId: undefined, abortSignal: undefined,
+  });
+  const message = await lastSnapshot(stream);
+  assert.equal(textOf(message), "Thought it through");
+  await drained;
+  assert.match(raw, /^: keep-alive$/m);
+  assert.match(raw, /data: \[DONE\]\n\n$/);
+});

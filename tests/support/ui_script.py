@@ -7,6 +7,7 @@ clients and the browser play, concurrently:
 - ``run bash``             → ``bash`` (approval required on the server), then its output
                              or the rejection in the answer;
 - ``count slowly``         → a long answer streamed over ~3 s (for dropped connections);
+- ``think first``          → the model is silent 2.5 s, then answers (keep-alives go out);
 - ``break the model``      → the model answers HTTP 400 (the run ends with ``error``);
 - ``Plot the monthly sales`` → ``execute_code`` plotting the selected CSV (its path from
                              the selected-files context message) to outputs/chart.png
@@ -80,6 +81,10 @@ def respond(body: dict) -> Reply:
         if not results:
             return tool_reply("bash", {"command": "echo approved-ran"}, call_id="call_bash")
         return text_reply(f"bash said: {results[-1].strip()[:200]}")
+    if query == "think first":
+        reply = text_reply("Thought it through")
+        reply.stall_seconds = 2.5
+        return reply
     if query == "break the model":
         return Reply(status=400)
     if query == "count slowly":
