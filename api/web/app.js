@@ -228,12 +228,17 @@ async function redrawTranscript() {
   transcript.replaceChildren();
   if (!cid) return;
   const turns = store.get(key("turns"), []);
-  const pending = [];
-  turns.forEach((t, i) => {
+  try { // runs this page does not know (another tab, another browser), where the API lists them
+    const known = new Set(turns.map((t) => t.run));
+    const listed = await api.call("GET", `${api.sessionUrl}/conversations/${encodeURIComponent(cid)}/runs`);
+    for (const run of listed.runs || []) {
+      if (!run.finished && !known.has(run.run_id)) turns.push({ query: "(a run started elsewhere)", run: run.run_id });
+    }
+  } catch { /* no session yet, or no listing route */ }
+  turns.forEach((t, i) => { // each turn replays and, while its run goes on, follows it
     const turn = new Turn(transcript, t.query, hooks);
-    if (t.run) pending.push(follow(turn, api.events(`/api/v1/runs/${t.run}/events`), turns, i));
+    if (t.run) follow(turn, api.events(`/api/v1/runs/${t.run}/events`), turns, i);
   });
-  await Promise.all(pending.map((p) => p.catch(() => {})));
 }
 
 $("ask").addEventListener("submit", async (e) => {
