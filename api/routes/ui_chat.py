@@ -123,9 +123,6 @@ async def ui_chat(
         if m.role in ("user", "assistant") and (text := text_of(m))
     ]
     previous = index.get(caller.user_id, body.id)
-    if previous is not None:  # a new message supersedes the chat's run still open
-        with contextlib.suppress(NotFoundError):
-            services.runs.get(previous.run_id, caller.user_id).cancel()
     run = await start_turn(
         caller,
         services,
@@ -136,6 +133,9 @@ async def ui_chat(
         agent_id=body.agent_id,
         protocol="ui",
     )
+    if previous is not None:  # the new message supersedes the chat's run still open
+        with contextlib.suppress(NotFoundError):
+            services.runs.get(previous.run_id, caller.user_id).cancel()
     message_id = f"msg_{run.id}"
     index.set(caller.user_id, body.id, run.id, message_id)
     return _respond(run, UiMessageStream(run.id, message_id, _metadata(run)), 0, keepalive)
