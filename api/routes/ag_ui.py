@@ -3,7 +3,8 @@
 ``POST /ag-ui`` takes a ``RunAgentInput``. ``threadId`` is the conversation (or
 ``forwardedProps.conversation_id`` when the thread id is the client's own);
 ``forwardedProps.selected_files`` selects uploads. Without ``resume`` it starts a run from
-the last user message (earlier user/assistant messages become the history). A run that
+the last message, which must be the user's (earlier user/assistant messages become the
+history). A run that
 needs an approval ends with ``RUN_FINISHED`` and an interrupt outcome; the next
 ``RunAgentInput`` answers it in ``resume`` — ``status: "resolved"`` with ``payload:
 {"approved": bool, "reason"?: str}``, or ``status: "cancelled"`` (a rejection) — and its
@@ -98,13 +99,16 @@ async def ag_ui(body: RunAgentInput, caller: CallerDep, services: ServicesDep) -
             "forwardedProps.conversation_id must be a string and selected_files a list",
             code="invalid_forwarded_props",
         )
-    users = [i for i, m in enumerate(body.messages) if m.get("role") == "user"]
-    query = content_text(body.messages[users[-1]].get("content")) if users else ""
+    last = body.messages[-1] if body.messages else {}
+    query = content_text(last.get("content")) if last.get("role") == "user" else ""
     if not query:
-        raise BadRequest("messages must include a user message with text", code="invalid_messages")
+        raise BadRequest(
+            "the last message must be the user's, with text (or answer the interrupt in resume)",
+            code="invalid_messages",
+        )
     history = [
         {"role": m["role"], "content": text}
-        for m in body.messages[: users[-1]]
+        for m in body.messages[:-1]
         if m.get("role") in ("user", "assistant") and (text := content_text(m.get("content")))
     ]
     run = await start_turn(

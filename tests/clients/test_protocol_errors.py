@@ -129,6 +129,19 @@ def test_resume_without_an_active_run_is_204(client):
             {
                 "threadId": "c",
                 "runId": "r",
+                "messages": [
+                    {"id": "1", "role": "user", "content": "hi"},
+                    {"id": "2", "role": "assistant", "content": "hello"},
+                ],
+            },
+            400,
+            "invalid_messages",
+            id="assistant-last",
+        ),
+        pytest.param(
+            {
+                "threadId": "c",
+                "runId": "r",
                 "messages": [{"id": "1", "role": "user", "content": "hi"}],
                 "forwardedProps": {"selected_files": "x.csv"},
             },
