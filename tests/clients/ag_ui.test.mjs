@@ -5,10 +5,7 @@ import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { test } from "node:test";
 import { HttpAgent } from "@ag-ui/client";
-
-const base = process.env.SANDBOX_API_URL;
-const user = process.env.SANDBOX_TEST_USER;
-const headers = { "X-User-Id": user };
+import { base, headers, upload } from "./server.mjs";
 
 function agent(threadId) {
   const a = new HttpAgent({ url: `${base}/api/v1/ag-ui`, headers, threadId });
@@ -36,12 +33,7 @@ test("plain text: RUN_STARTED, one text message, RUN_FINISHED (success)", async 
 });
 
 test("a tool call reads the uploaded file at its real path (conversation in forwardedProps)", async () => {
-  const form = new FormData();
-  form.append("conversation_id", "agui-files");
-  form.append("file", new Blob(["city,temp\nOslo,3\n"]), "weather.csv");
-  const upload = await fetch(`${base}/api/v1/sessions/sb-session-${user}/files/upload`, { method: "POST", headers, body: form });
-  assert.equal(upload.status, 201);
-  const { path } = await upload.json();
+  const path = await upload("agui-files", "weather.csv", "city,temp\nOslo,3\n");
 
   const a = agent(`client-thread-${randomUUID()}`); // the client's own thread id
   ask(a, `read ${path}`);

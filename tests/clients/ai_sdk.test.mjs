@@ -10,10 +10,7 @@ import {
   lastAssistantMessageIsCompleteWithApprovalResponses,
   readUIMessageStream,
 } from "ai";
-
-const base = process.env.SANDBOX_API_URL;
-const user = process.env.SANDBOX_TEST_USER;
-const headers = { "X-User-Id": user };
+import { base, headers, upload } from "./server.mjs";
 
 // What the transport saw of each response (status, protocol header).
 const seen = [];
@@ -76,12 +73,7 @@ test("plain text arrives as a text part of one assistant message", async () => {
 });
 
 test("a tool call reads the uploaded file at its real path", async () => {
-  const form = new FormData();
-  form.append("conversation_id", "ai-files");
-  form.append("file", new Blob(["month,sales\nMar,42\n"]), "sales.csv");
-  const upload = await fetch(`${base}/api/v1/sessions/sb-session-${user}/files/upload`, { method: "POST", headers, body: form });
-  assert.equal(upload.status, 201);
-  const { path } = await upload.json();
+  const path = await upload("ai-files", "sales.csv", "month,sales\nMar,42\n");
   assert.match(path, /\/ai-files\/uploads\/temparea\/sales\.csv$/);
 
   const stream = await transport("ai-files").sendMessages({
