@@ -29,6 +29,7 @@ from ..chat.runs import Run
 from ..chat.tools import TOOL_NAMES
 from ..deps import CallerDep, ServicesDep
 from ..file_refs import parse_file_ref
+from ..identity import Caller
 from ..sse import KEEPALIVE, SSE_HEADERS
 
 router = APIRouter(prefix="/api/v1", tags=["chat"])
