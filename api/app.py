@@ -18,13 +18,14 @@ from sandbox_workspace.runtime.errors import install_error_handlers
 
 from . import garbage
 from .backends.base import Backend
+from .chat.chat_index import ChatIndex
 from .chat.llm import LlmClient, LlmConfig
 from .chat.runs import RunRegistry
 from .chat.runstore import build_store
 from .deps import Services
 from .identity import Authenticator
 from .metrics import install_metrics
-from .routes import chat, conversations, execute, files, health, sessions
+from .routes import ag_ui, chat, conversations, execute, files, health, sessions, ui_chat, web
 from .sessions import SessionService
 from .settings import ApiSettings
 
@@ -120,12 +121,14 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
 
     app = FastAPI(title="Sandbox Workspace API", version=__version__, lifespan=lifespan)
     app.state.services = services
+    app.state.ui_chats = ChatIndex()
     install_error_handlers(app)
     if settings.backend != "local":
         from .backends.kube_errors import install_kube_error_handler
 
         install_kube_error_handler(app)
     install_metrics(app, services.runs)
-    for module in (health, sessions, files, conversations, execute, chat):
+    for module in (health, sessions, files, conversations, execute, chat, ui_chat, ag_ui):
         app.include_router(module.router)
+    web.install(app, settings)
     return app

@@ -123,6 +123,10 @@ class ApiSettings(BaseSettings):
         description='Per tool: auto | require_approval | deny, e.g. {"bash": '
         '"require_approval"}; requests may only make them stricter.',
     )
+    web_ui: bool | None = Field(
+        None,
+        description="Serve the web page at /ui/ (unset: on with auth_mode=dev, off otherwise).",
+    )
     log_level: str = "info"
 
     @model_validator(mode="after")

@@ -118,6 +118,13 @@ async def _selected_names(
 @router.post("/chat", responses={200: {"content": {"text/event-stream": {}}}})
 async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> StreamingResponse:
     """Start an agent run in the conversation; answers its SSE stream."""
+    run = await start_run(body, caller, services)
+    return _stream(run, 0, services.settings.chat_keepalive_seconds)
+
+
+async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
+    """Validate a chat request and start its run in the background (the one run engine
+    behind /chat, /ui/chat and /ag-ui)."""
     settings = services.settings
     llm = services.llm
     if llm is None:
@@ -150,7 +157,7 @@ async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> S
     run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
     services.runs.add(run, spec_data(spec))
     run.task = services.spawn(run_agent(run, spec, llm, services.http))
-    return _stream(run, 0, settings.chat_keepalive_seconds)
+    return run
 
 
 def _session_callbacks(services, caller: Caller, session_id: str, cid: str):
