@@ -23,6 +23,7 @@ held, nothing may create or write the conversation: 409 ``conversation_deleting`
 from __future__ import annotations
 
 import contextlib
+import logging
 import mimetypes
 import os
 import stat
@@ -40,6 +41,8 @@ from .recover import verify_uploads
 from .schemas import UPLOAD_SUBDIR, ConversationDeleted, ConversationInfo, UploadedFile
 from .staging import Staging
 from .state import StateDir
+
+log = logging.getLogger(__name__)
 
 # Counting a conversation's files stops here: a tree code made huge costs bounded time.
 MAX_COUNTED_ENTRIES = 500_000
@@ -191,6 +194,7 @@ class Workspace:
         if not (gone and state_gone):
             what = "its directory" if not gone else "its upload metadata"
             raise DeletionIncomplete(f"conversation '{cid}': {what} is still on disk; retry")
+        log.info("conversation deleted", extra={"conversation_id": cid, "existed": existed})
         return ConversationDeleted(conversation_id=cid, deleted=existed, exists=False)
 
     @contextlib.contextmanager
