@@ -57,6 +57,12 @@ class UploadMeta:
     ctime_ns: int
     mtime_ns: int
 
+    @classmethod
+    def of(cls, st: os.stat_result, **recorded: str | int) -> UploadMeta:
+        """The record of the file ``st`` describes, with ``recorded`` (name, size, sha256,
+        mime_type, uploaded_at)."""
+        return cls(**recorded, ino=0, ctime_ns=0, mtime_ns=0).with_identity(st)
+
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
 

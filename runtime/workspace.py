@@ -235,7 +235,7 @@ class Workspace:
             raise missing
         try:
             fd = self.root.open_file([*self.uploads_parts(cid), fname])
-        except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError) as e:
+        except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError, PermissionError) as e:
             raise missing from e
         st = os.fstat(fd)
         if not meta.same_file(st):  # checked on the open descriptor: no race to win
@@ -262,16 +262,15 @@ class Workspace:
         with self.directory(self.uploads_parts(cid), create=True) as ufd:
             _refuse_directory_target(ufd, name)
             identity = self.staging.move_into(staged_name, staged_fd, ufd, name)
-        meta = UploadMeta(
+        now = datetime.now(UTC).isoformat()
+        meta = UploadMeta.of(
+            identity,
             name=name,
             size=size,
             sha256=sha256,
             mime_type=guess_mime(name),
-            uploaded_at=datetime.now(UTC).isoformat(),
-            ino=0,
-            ctime_ns=0,
-            mtime_ns=0,
-        ).with_identity(identity)
+            uploaded_at=now,
+        )
         self.meta.put(cid, meta)
         return self._upload_info(cid, meta, identity)
 
@@ -315,7 +314,7 @@ class Workspace:
             return None
         try:
             st = self.root.lstat([*self.uploads_parts(cid), name])
-        except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError):
+        except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError, PermissionError):
             return None
         return meta if meta.same_file(st) else None
 
