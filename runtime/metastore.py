@@ -14,7 +14,8 @@ Contract:
   rebuilt.
 - ``load`` trusts a document only when it is a regular file that parses, names a valid
   file name whose hash is its own file name, in a directory named by a valid
-  conversation id; anything else is removed. It never follows a link nor opens a FIFO.
+  conversation id; anything else is removed. It never follows a link, never blocks on a
+  FIFO (opened non-blocking, then refused as not a regular file).
 """
 
 from __future__ import annotations
