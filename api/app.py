@@ -38,7 +38,11 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             raise RuntimeError(
                 "SANDBOX_WORKSPACE_SANDBOX_MOUNT=bwrap but bubblewrap is not installed"
             )
-        return LocalBackend(settings.data_dir, http, bwrap=bwrap)
+        runtime_env = {
+            "SANDBOX_RUNTIME_CONFINEMENT": settings.confinement,
+            "SANDBOX_RUNTIME_NETWORK": settings.session_network,
+        }
+        return LocalBackend(settings.data_dir, http, bwrap=bwrap, runtime_env=runtime_env)
     from sandbox_workspace.operator.kube import Kube, load_credentials
 
     from .backends.kubernetes import KubernetesBackend
@@ -115,6 +119,10 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     app = FastAPI(title="Sandbox Workspace API", version=__version__, lifespan=lifespan)
     app.state.services = services
     install_error_handlers(app)
+    if settings.backend != "local":
+        from .backends.kube_errors import install_kube_error_handler
+
+        install_kube_error_handler(app)
     install_metrics(app, services.runs)
     for module in (health, sessions, files, conversations, execute, chat):
         app.include_router(module.router)

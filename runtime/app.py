@@ -67,7 +67,9 @@ class RuntimeState:
             max_concurrent=settings.max_concurrent_executions,
             kernel_idle_seconds=settings.kernel_idle_seconds,
             confinement=Confinement(
-                max_processes=settings.max_processes, mode=settings.confinement
+                max_processes=settings.max_processes,
+                mode=settings.confinement,
+                network=settings.network,
             ),
         )
 
@@ -111,6 +113,7 @@ async def stats(state: Observer) -> RuntimeStats:
         last_activity_at=state.activity.last_activity_at,
         active_operations=state.activity.active,
         conversations=len(state.workspace.conversation_ids()),
+        confinement=state.executor.confinement.report(),
     )
 
 
@@ -134,18 +137,8 @@ async def delete_conversation(conversation_id: str, state: State) -> Conversatio
         # One deletion of a conversation at a time; writes are refused (409) meanwhile.
         async with state.deletions.get(cid):
             # Its processes go first: nothing may keep writing into what we delete.
-            await _stop_processes(state.executor, cid)
+            await state.executor.stop_conversation(cid)
             return await anyio.to_thread.run_sync(ws.delete_conversation, cid)
-
-
-async def _stop_processes(executor: Executor, cid: str) -> None:
-    # stop_conversation (every process of the conversation) is being added beside this
-    # route; until it is there, restarting the interpreter is what we can do.
-    stop = getattr(executor, "stop_conversation", None)
-    if stop is not None:
-        await stop(cid)
-    else:
-        await executor.restart(cid)
 
 
 @router.post("/uploads", status_code=201)
@@ -292,6 +285,7 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         # Look twice per idle period (at most every 30 s) so reaping is never late by more
         # than half a period.
         interval = min(30.0, settings.kernel_idle_seconds / 2)
+        await state.executor.start()
         reaper = asyncio.create_task(state.executor.reap_forever(interval=interval))
         try:
             yield

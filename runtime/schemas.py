@@ -61,6 +61,17 @@ class ConversationDeleted(BaseModel):
     exists: bool = Field(False, description="Always false on success: verified gone.")
 
 
+class ConfinementReport(BaseModel):
+    """What confines executed code in this runtime (see runtime/confinement.py)."""
+
+    mode: str = Field(description="The setting: auto, require or none.")
+    confined: bool = Field(description="Executed code runs under Landlock.")
+    landlock_abi: int = Field(description="The kernel's Landlock ABI; 0 = unavailable.")
+    network: str = Field(description="TCP for code: denied, allowed or unrestricted.")
+    features: list[str] = Field(description="Measures applied (filesystem, tcp, scope_signal…).")
+    reason: str = Field(description="Empty when fully confined; else what is missing and why.")
+
+
 class RuntimeStats(BaseModel):
     status: str = "ok"
     workspace_path: str
@@ -68,6 +79,7 @@ class RuntimeStats(BaseModel):
     last_activity_at: datetime
     active_operations: int
     conversations: int
+    confinement: ConfinementReport | None = None
 
 
 class Health(BaseModel):
