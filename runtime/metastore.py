@@ -14,7 +14,8 @@ Contract:
   rebuilt.
 - ``load`` trusts a document only when it is a regular file that parses, names a valid
   file name whose hash is its own file name, in a directory named by a valid
-  conversation id; anything else is removed. It never follows a link nor opens a FIFO.
+  conversation id; anything else is removed. It never follows a link, never blocks on a
+  FIFO (opened non-blocking, then refused as not a regular file).
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ class UploadMeta:
     ino: int
     ctime_ns: int
     mtime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result, **recorded: str | int) -> UploadMeta:
+        """The record of the file ``st`` describes, with ``recorded`` (name, size, sha256,
+        mime_type, uploaded_at)."""
+        return cls(**recorded, ino=0, ctime_ns=0, mtime_ns=0).with_identity(st)
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()

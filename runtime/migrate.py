@@ -79,16 +79,8 @@ def _migrate_conversation(root: pathsafe.SafeRoot, store: MetaStore, cid: str, u
                 continue
             if not stat.S_ISREG(fst.st_mode) or fst.st_size != old["size"]:
                 continue
-            meta = UploadMeta(
-                name=old["name"],
-                size=old["size"],
-                sha256=old["sha256"],
-                mime_type=old["mime_type"],
-                uploaded_at=old["uploaded_at"],
-                ino=0,
-                ctime_ns=0,
-                mtime_ns=0,
-            ).with_identity(fst)
+            recorded = {k: old[k] for k in ("name", "size", "sha256", "mime_type", "uploaded_at")}
+            meta = UploadMeta.of(fst, **recorded)
             store.put(cid, meta)
             count += 1
     finally:

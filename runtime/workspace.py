@@ -23,6 +23,7 @@ held, nothing may create or write the conversation: 409 ``conversation_deleting`
 from __future__ import annotations
 
 import contextlib
+import logging
 import mimetypes
 import os
 import stat
@@ -40,6 +41,8 @@ from .recover import verify_uploads
 from .schemas import UPLOAD_SUBDIR, ConversationDeleted, ConversationInfo, UploadedFile
 from .staging import Staging
 from .state import StateDir
+
+log = logging.getLogger(__name__)
 
 # Counting a conversation's files stops here: a tree code made huge costs bounded time.
 MAX_COUNTED_ENTRIES = 500_000
@@ -191,6 +194,7 @@ class Workspace:
         if not (gone and state_gone):
             what = "its directory" if not gone else "its upload metadata"
             raise DeletionIncomplete(f"conversation '{cid}': {what} is still on disk; retry")
+        log.info("conversation deleted", extra={"conversation_id": cid, "existed": existed})
         return ConversationDeleted(conversation_id=cid, deleted=existed, exists=False)
 
     @contextlib.contextmanager
@@ -231,7 +235,7 @@ class Workspace:
             raise missing
         try:
             fd = self.root.open_file([*self.uploads_parts(cid), fname])
-        except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError) as e:
+        except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError, PermissionError) as e:
             raise missing from e
         st = os.fstat(fd)
         if not meta.same_file(st):  # checked on the open descriptor: no race to win
@@ -258,16 +262,15 @@ class Workspace:
         with self.directory(self.uploads_parts(cid), create=True) as ufd:
             _refuse_directory_target(ufd, name)
             identity = self.staging.move_into(staged_name, staged_fd, ufd, name)
-        meta = UploadMeta(
+        now = datetime.now(UTC).isoformat()
+        meta = UploadMeta.of(
+            identity,
             name=name,
             size=size,
             sha256=sha256,
             mime_type=guess_mime(name),
-            uploaded_at=datetime.now(UTC).isoformat(),
-            ino=0,
-            ctime_ns=0,
-            mtime_ns=0,
-        ).with_identity(identity)
+            uploaded_at=now,
+        )
         self.meta.put(cid, meta)
         return self._upload_info(cid, meta, identity)
 
@@ -311,7 +314,7 @@ class Workspace:
             return None
         try:
             st = self.root.lstat([*self.uploads_parts(cid), name])
-        except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError):
+        except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError, PermissionError):
             return None
         return meta if meta.same_file(st) else None
 

@@ -160,7 +160,7 @@ def test_delete_what_code_locked_linked_and_scattered(hostile, tmp_path: Path) -
     assert result["exit_code"] == 0, result
     assert stat.S_IMODE((hostile.root / "c1").stat().st_mode) == 0
 
-    # Counting a locked tree answers (not a 5xx) and says it is partial: it changes nothing.
+    # Counting a locked tree answers (not a 5xx) and says it is partial.
     info = hostile.client.get("/v1/conversations/c1")
     assert info.status_code == 200, info.text
     assert info.json()["complete"] is False

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,45 @@ def test_state_symlinked_to_a_conversation_heals_on_the_next_upload(runtime) -> 
     assert listed(runtime, "c1") == ["a.csv", "new.csv"]
     assert listed(runtime, "c2") == ["b.csv"]
     assert download(runtime, "c1", "a.csv").content == b"a"
+    assert_healthy(runtime)
+
+
+def test_upload_in_flight_survives_its_staging_being_destroyed(runtime) -> None:
+    """.runtime is replaced while an upload streams into staging: the upload still lands
+    whole (staged again from the runtime's open descriptor), and nothing else is lost."""
+    assert runtime.upload("c1", "a.csv", b"a").status_code == 201
+    staging = state(runtime) / "staging"
+    boundary = "in-flight-boundary"
+    payload = b"0123456789" * 100_000
+
+    def body():
+        yield (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="conversation_id"\r\n\r\n'
+            f'c1\r\n--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+            f'filename="big.bin"\r\n\r\n'
+        ).encode() + payload[:500_000]
+        deadline = time.monotonic() + 20
+        while not (staging.is_dir() and os.listdir(staging)):
+            assert time.monotonic() < deadline, "the upload never reached staging"
+            time.sleep(0.01)
+        remove(state(runtime))
+        state(runtime).symlink_to("c1", target_is_directory=True)
+        yield payload[500_000:] + f"\r\n--{boundary}--\r\n".encode()
+
+    r = runtime.client.post(
+        "/v1/uploads",
+        content=body(),
+        headers={"content-type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["sha256"] == hashlib.sha256(payload).hexdigest()
+    assert "staging it again" in runtime.server.log()  # the recovery path really ran
+    assert (temparea(runtime, "c1") / "big.bin").read_bytes() == payload
+    assert listed(runtime, "c1") == ["a.csv", "big.bin"]
+    assert not state(runtime).is_symlink() and os.listdir(state(runtime) / "staging") == []
+    assert sorted(os.listdir(runtime.root / "c1")) == ["outputs", "uploads"]
+    restart(runtime, signal.SIGKILL)
+    assert listed(runtime, "c1") == ["a.csv", "big.bin"]
     assert_healthy(runtime)
 
 
