@@ -438,6 +438,11 @@ def test_operator_identity_is_minimal(installed: Installed) -> None:
         ("watch", "pods", sessions, ""),
         ("create", "secrets", sessions, ""),
         ("create", "persistentvolumeclaims", sessions, ""),
+        # An earlier incarnation's token and a cleanup pod's are deleted; a claim left by
+        # `--cascade=orphan` is adopted; retained volumes are looked at (read-only).
+        ("delete", "secrets", sessions, ""),
+        ("patch", "persistentvolumeclaims", sessions, ""),
+        ("list", "persistentvolumes", "", ""),
         ("patch", "conversationworkspaces", sessions, "sandboxworkspace.io"),
         ("patch", "sandboxsessions/status", sessions, "sandboxworkspace.io"),
         ("create", "events", sessions, ""),
@@ -450,13 +455,15 @@ def test_operator_identity_is_minimal(installed: Installed) -> None:
     refused = [
         ("get", "secrets", ns, ""),
         ("list", "secrets", sessions, ""),
-        ("delete", "secrets", sessions, ""),
+        ("delete", "secrets", ns, ""),
         ("create", "pods", ns, ""),
         ("create", "pods", "default", ""),
         ("patch", "pods", sessions, ""),
         ("create", "pods/exec", sessions, ""),
         ("create", "sandboxsessions", sessions, "sandboxworkspace.io"),
         ("delete", "persistentvolumeclaims", sessions, ""),
+        ("patch", "persistentvolumes", "", ""),
+        ("delete", "persistentvolumes", "", ""),
         ("create", "roles", sessions, "rbac.authorization.k8s.io"),
         ("get", "secrets", "", ""),
         ("delete", "namespaces", "", ""),
