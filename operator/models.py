@@ -15,7 +15,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -106,6 +106,20 @@ def check_user_id(value: str) -> str:
     """A user id obeys the runtime's rule for a name (``UnsafePath`` otherwise)."""
     check_name(value, what="userId")
     return value
+
+
+def _runtime_rule(check: Callable[[str], str]) -> Callable[[object], object]:
+    """A pydantic validator applying one of the runtime's naming rules to a string."""
+
+    def validate(value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        try:
+            return check(value)
+        except UnsafePath as e:
+            raise ValueError(str(e)) from None
+
+    return validate
 
 
 class CamelModel(BaseModel):
@@ -251,13 +265,8 @@ class SandboxSessionSpec(CamelModel):
         description="Network access of the code the sandbox runs (off by default).",
     )
 
-    @field_validator("user_id", mode="before")
-    @classmethod
-    def _user_rule(cls, value: object) -> object:
-        try:
-            return check_user_id(value) if isinstance(value, str) else value
-        except UnsafePath as e:
-            raise ValueError(str(e)) from None
+    # "before": the runtime's own message says what is wrong, not the pattern's.
+    _user_rule = field_validator("user_id", mode="before")(_runtime_rule(check_user_id))
 
 
 SessionPhase = Literal["Pending", "Running", "Stopped", "Error"]
@@ -328,24 +337,11 @@ class ConversationWorkspaceSpec(CamelModel):
         json_schema_extra=_cel(_NOT_DOTS, _MAX_BYTES),
     )
 
+    _id_rule = field_validator("conversation_id", mode="before")(
+        _runtime_rule(check_conversation_id)
+    )
     # "before": the runtime's own message says what is wrong, not the pattern's.
-    @field_validator("conversation_id", mode="before")
-    @classmethod
-    def _runtime_rule(cls, value: object) -> object:
-        if not isinstance(value, str):
-            return value
-        try:
-            return check_conversation_id(value)
-        except UnsafePath as e:
-            raise ValueError(str(e)) from None
-
-    @field_validator("user_id", mode="before")
-    @classmethod
-    def _user_rule(cls, value: object) -> object:
-        try:
-            return check_user_id(value) if isinstance(value, str) else value
-        except UnsafePath as e:
-            raise ValueError(str(e)) from None
+    _user_rule = field_validator("user_id", mode="before")(_runtime_rule(check_user_id))
 
 
 class ConversationWorkspaceStatus(StatusModel):

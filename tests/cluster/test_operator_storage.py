@@ -18,6 +18,7 @@ from operator_env import (
     running_session,
     runtime_of,
     sbs_path,
+    stats_count_as_activity,
     wait_phase,
 )
 
@@ -62,11 +63,6 @@ def create_workspace(api: KubeClient, ns: str, name: str, cid: str) -> dict:
         "spec": {"conversationId": cid, "sessionRef": SESSION},
     }
     return api.create(cws_path(ns), body)
-
-
-def _stats_count_as_activity(runtime) -> bool:
-    first = runtime.request("GET", "/v1/stats").json()["last_activity_at"]
-    return runtime.request("GET", "/v1/stats").json()["last_activity_at"] != first
 
 
 @pytest.mark.parametrize(
@@ -176,7 +172,7 @@ def test_operator_restart_with_stopped_sessions_starts_no_pod(
 ):
     first = start_operator()
     _, runtime = running_session(kube_api, namespace, idleTimeoutSeconds=2)
-    if _stats_count_as_activity(runtime):
+    if stats_count_as_activity(runtime):
         pytest.xfail("the runtime counts GET /v1/stats as activity, so no session is ever idle")
     make_workspace(kube_api, namespace, "c1")
     wait_phase(kube_api, cws_path(namespace, "cws-c1"), "Ready")
