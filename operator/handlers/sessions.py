@@ -107,6 +107,11 @@ async def _ensure_claim(ctx: OperatorContext, session: SandboxSession, body: dic
         await ctx.api.create(core_path(ns, "persistentvolumeclaims"), manifest)
         return None
     if state == "ours":
+        if ((claim or {}).get("status") or {}).get("phase") == "Lost":
+            raise _ClaimLost(
+                f"claim {name} lost its PersistentVolume: the workspace files are gone; "
+                "delete the session to start over with a new claim"
+            )
         return None
     if state == "orphaned":
         # Left by `--cascade=orphan`: the user's files, kept on purpose; the session they
@@ -119,18 +124,27 @@ async def _ensure_claim(ctx: OperatorContext, session: SandboxSession, body: dic
     return f"waiting for the garbage collector to delete claim {name} of a previous incarnation"
 
 
+class _ClaimLost(Exception):
+    """The session's own claim is Lost (its volume is gone); the message says so."""
+
+
 async def _ensure_children(
     ctx: OperatorContext, session: SandboxSession, body: dict, *, trust_cache: bool
-) -> str | None:
-    """Secret and (persistent) claim of this incarnation; why we wait, or None."""
+) -> PodState | None:
+    """Secret and (persistent) claim of this incarnation; None when both are there, else
+    what blocks a pod: an old incarnation's child to wait for (reason ``OldIncarnation``),
+    or a lost claim (``ClaimLost``: reported, never replaced — that is a data decision)."""
     if trust_cache and session.uid in ctx.children_seen:
         return None  # verified for this incarnation; owner refs keep them
     waiting = await _ensure_secret(ctx, session, body)
     if session.spec.storage.persistent:
-        waiting = await _ensure_claim(ctx, session, body) or waiting
+        try:
+            waiting = await _ensure_claim(ctx, session, body) or waiting
+        except _ClaimLost as e:
+            return PodState("broken", "ClaimLost", str(e))
     if waiting is None and session.uid:
         ctx.children_seen.add(session.uid)
-    return waiting
+    return None if waiting is None else PodState("pending", OLD, waiting)
 
 
 async def _write_status(
@@ -184,10 +198,10 @@ async def reconcile_session(ctx: OperatorContext, namespace: str, name: str) -> 
         pod_path = core_path(namespace, "pods", naming.runtime_pod_name(name))
         pod = await ctx.api.get(pod_path)
         serving = judge(pod, session.uid) == "ours" and observe_pod(pod).kind == "ready"
-        waiting = await _ensure_children(ctx, session, body, trust_cache=serving)
+        blocked = await _ensure_children(ctx, session, body, trust_cache=serving)
         desired = build_sandbox_pod(session, ctx.settings)
         pod, state, outdated = await _converge_pod(
-            ctx, session, body, pod, desired, stopped=stopped, waiting=waiting
+            ctx, session, body, pod, desired, stopped=stopped, blocked=blocked
         )
         status = session_status(session, state, now(), stopped=stopped, restart_required=outdated)
         await _write_status(ctx, body, session, status)
@@ -199,7 +213,7 @@ async def reconcile_session(ctx: OperatorContext, namespace: str, name: str) -> 
             )
             if session.status.phase == "Stopped":
                 kopf.event(body, type="Normal", reason="Resumed", message="resume requested")
-        waits = waiting is not None or state.reason == OLD
+        waits = state.reason == OLD
         return Reconciled(session.model_copy(update={"status": status}), body, waits)
 
 
@@ -211,7 +225,7 @@ async def _converge_pod(
     desired: dict,
     *,
     stopped: bool,
-    waiting: str | None,
+    blocked: PodState | None,
 ) -> tuple[dict | None, PodState, bool]:
     """Delete, await or create the pod; its observed state; whether it is outdated."""
     ns, path = session.namespace, core_path(session.namespace, "pods", desired["metadata"]["name"])
@@ -235,12 +249,14 @@ async def _converge_pod(
             kopf.event(body, type="Normal", reason="SpecChanged", message="replacing the pod")
             await ctx.api.delete(path, uid=uid_of(pod))
             pod = await ctx.api.get(path)
+        elif blocked is not None and state.kind != "ready":
+            return pod, blocked, False  # why it cannot start
         else:
             return pod, state, outdated and state.kind == "ready"
         return pod, observe_pod(pod), False
     if pod is None and not stopped:
-        if waiting is not None:
-            return None, PodState("pending", OLD, waiting), False
+        if blocked is not None:
+            return None, blocked, False
         kopf.adopt(desired, owner=body)
         pod = await ctx.api.create(core_path(ns, "pods"), desired)
         if pod is None:  # created meanwhile by another trigger: read it
