@@ -29,7 +29,6 @@ Contract:
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -38,8 +37,8 @@ import kopf
 from pydantic import ValidationError
 
 from .. import naming
-from ..builders import build_runtime_secret, build_sandbox_pod, build_workspace_pvc
-from ..children import judge, owner_reference, uid_of
+from ..builders import build_sandbox_pod
+from ..children import judge, uid_of
 from ..context import OperatorContext
 from ..kube import KubeError, core_path, custom_path
 from ..models import (
@@ -51,9 +50,9 @@ from ..models import (
     SandboxSessionStatus,
 )
 from ..status import PodState, is_stopped, observe_pod, session_status, set_condition
+from .incarnation import OLD, ensure_children
 
 KIND = "SandboxSession"
-OLD = "OldIncarnation"
 # Ready reasons of an ordinary start: no Event each (the phase change has one).
 _ROUTINE = {"PodMissing", "PodPending", "ContainerCreating", "RuntimeNotReady", "PodTerminating"}
 # Reasons posted as Warning Events even when the phase is not Error.
@@ -73,78 +72,6 @@ class Reconciled:
     session: SandboxSession
     body: dict[str, Any]
     waiting: bool  # an old incarnation's child must go first: retry soon
-
-
-async def _ensure_secret(ctx: OperatorContext, session: SandboxSession, body: dict) -> str | None:
-    """The session's token Secret, or why we wait for it."""
-    ns = session.namespace
-    path = core_path(ns, "secrets", naming.runtime_secret_name(session.name))
-    secret = await ctx.api.get(path)
-    state = judge(secret, session.uid)
-    if state == "absent":
-        manifest = build_runtime_secret(session, secrets.token_urlsafe(32))
-        kopf.adopt(manifest, owner=body)
-        await ctx.api.create(core_path(ns, "secrets"), manifest)
-        return None
-    if state == "ours":
-        return None
-    assert secret is not None
-    if state != "terminating":
-        await ctx.api.delete(path, uid=uid_of(secret))
-    return "waiting for the token Secret of a previous incarnation to go"
-
-
-async def _ensure_claim(ctx: OperatorContext, session: SandboxSession, body: dict) -> str | None:
-    """The session's workspace claim, or why we wait for it."""
-    ns = session.namespace
-    name = naming.workspace_claim_name(session.name)
-    path = core_path(ns, "persistentvolumeclaims", name)
-    claim = await ctx.api.get(path)
-    state = judge(claim, session.uid)
-    if state == "absent":
-        manifest = build_workspace_pvc(session)
-        kopf.adopt(manifest, owner=body)
-        await ctx.api.create(core_path(ns, "persistentvolumeclaims"), manifest)
-        return None
-    if state == "ours":
-        if ((claim or {}).get("status") or {}).get("phase") == "Lost":
-            raise _ClaimLost(
-                f"claim {name} lost its PersistentVolume: the workspace files are gone; "
-                "delete the session to start over with a new claim"
-            )
-        return None
-    if state == "orphaned":
-        # Left by `--cascade=orphan`: the user's files, kept on purpose; the session they
-        # were made for (same name, same user) takes them back.
-        await ctx.api.patch(path, {"metadata": {"ownerReferences": [owner_reference(body)]}})
-        kopf.event(body, type="Normal", reason="ClaimAdopted", message=f"adopted claim {name}")
-        return None
-    if state == "terminating":
-        return f"waiting for claim {name} of a previous incarnation to be deleted"
-    return f"waiting for the garbage collector to delete claim {name} of a previous incarnation"
-
-
-class _ClaimLost(Exception):
-    """The session's own claim is Lost (its volume is gone); the message says so."""
-
-
-async def _ensure_children(
-    ctx: OperatorContext, session: SandboxSession, body: dict, *, trust_cache: bool
-) -> PodState | None:
-    """Secret and (persistent) claim of this incarnation; None when both are there, else
-    what blocks a pod: an old incarnation's child to wait for (reason ``OldIncarnation``),
-    or a lost claim (``ClaimLost``: reported, never replaced — that is a data decision)."""
-    if trust_cache and session.uid in ctx.children_seen:
-        return None  # verified for this incarnation; owner refs keep them
-    waiting = await _ensure_secret(ctx, session, body)
-    if session.spec.storage.persistent:
-        try:
-            waiting = await _ensure_claim(ctx, session, body) or waiting
-        except _ClaimLost as e:
-            return PodState("broken", "ClaimLost", str(e))
-    if waiting is None and session.uid:
-        ctx.children_seen.add(session.uid)
-    return None if waiting is None else PodState("pending", OLD, waiting)
 
 
 async def _write_status(
@@ -198,7 +125,7 @@ async def reconcile_session(ctx: OperatorContext, namespace: str, name: str) -> 
         pod_path = core_path(namespace, "pods", naming.runtime_pod_name(name))
         pod = await ctx.api.get(pod_path)
         serving = judge(pod, session.uid) == "ours" and observe_pod(pod).kind == "ready"
-        blocked = await _ensure_children(ctx, session, body, trust_cache=serving)
+        blocked = await ensure_children(ctx, session, body, trust_cache=serving)
         desired = build_sandbox_pod(session, ctx.settings)
         pod, state, outdated = await _converge_pod(
             ctx, session, body, pod, desired, stopped=stopped, blocked=blocked
