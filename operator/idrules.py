@@ -14,9 +14,10 @@ from collections.abc import Callable
 from sandbox_workspace.runtime.pathsafe import MAX_NAME_BYTES, UnsafePath, check_name
 
 # The runtime's rules for a name (runtime/pathsafe.check_name), as far as a pattern can
-# say them: no '/', '\\', C0/C1 control character or surrounding whitespace. The CEL rules
-# NOT_DOTS and MAX_BYTES add "not '.' or '..'" and the 255-byte limit; the models then re-check with the
-# runtime's own function, which also refuses invisible and NFKC-lookalike characters.
+# say them: no '/', '\\', C0/C1 control character or surrounding whitespace. The CEL
+# rules NOT_DOTS and MAX_BYTES add "not '.' or '..'" and the 255-byte limit; the models
+# re-check with the runtime's own function, which also refuses invisible and
+# NFKC-lookalike characters.
 _BAD = r"/\\\x00-\x1f\x7f-\x9f"
 NAME_PATTERN = rf"^[^\s{_BAD}]([^{_BAD}]*[^\s{_BAD}])?$"
 # A conversation id is a name that does not start with '.' (the runtime keeps its own

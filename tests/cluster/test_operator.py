@@ -321,7 +321,8 @@ def test_ttl_deletes_the_session_and_everything_in_it(
     kube_api.wait_gone(sbs_path(namespace, "sb-session-alice"), timeout=TIMEOUT)
     wait_until(
         lambda: _children_gone(kube_api, namespace),
-        timeout=TIMEOUT,
+        # pod, then claim, then volume: the finalizer waits for the storage to be gone
+        timeout=2 * TIMEOUT,
         message="pod, secret, PVC and workspaces to be collected",
     )
 
@@ -334,7 +335,8 @@ def test_deleting_a_session_collects_its_children(kube_api: KubeClient, namespac
     kube_api.wait_gone(sbs_path(namespace, "sb-session-alice"), timeout=TIMEOUT)
     wait_until(
         lambda: _children_gone(kube_api, namespace),
-        timeout=TIMEOUT,
+        # pod, then claim, then volume: the finalizer waits for the storage to be gone
+        timeout=2 * TIMEOUT,
         message="pod, secret, PVC and workspaces to be collected",
     )
 
