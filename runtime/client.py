@@ -60,9 +60,12 @@ class RuntimeBadAnswer(RuntimeClientError):
 class RuntimeRefused(RuntimeClientError):
     """The runtime's own error answer, with its status, code and message."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, retry_after: int | None = None
+    ) -> None:
         super().__init__(message, code=code)
         self.status = status
+        self.retry_after = retry_after  # relayed to our caller as Retry-After
 
     @property
     def retryable(self) -> bool:
@@ -92,7 +95,10 @@ def raise_for(response: httpx.Response) -> None:
         code, message = str(err["code"]), str(err["message"])
     except (ValueError, KeyError, TypeError):
         raise RuntimeBadAnswer(f"sandbox runtime answered {response.status_code}") from None
-    raise RuntimeRefused(response.status_code, code, message)
+    retry = response.headers.get("retry-after", "")
+    raise RuntimeRefused(
+        response.status_code, code, message, int(retry) if retry.isdigit() else None
+    )
 
 
 def _unreachable(e: Exception) -> RuntimeUnavailable:

@@ -49,6 +49,8 @@ class RunSpec:
     tool_timeout: float
     ensure_session: Callable[[], Awaitable[Session]]
     record_activity: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
+    # Before each tool call: raises when the conversation may no longer be written.
+    before_tool: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
 
 
 async def _noop() -> None:
@@ -84,7 +86,8 @@ async def run_agent(run: Run, spec: RunSpec, llm: LlmClient, http) -> None:
             },
         )
     except asyncio.CancelledError:
-        run.emit("error", {"code": "cancelled", "message": "the run was cancelled"})
+        code, message = run.cancelled_because
+        run.emit("error", {"code": code, "message": message})
     except RunFailed as e:
         run.emit("error", {"code": e.code, "message": e.message})
     except LlmError as e:
@@ -242,6 +245,7 @@ async def _act(
                 },
             )
             return f"The user rejected this tool call ({why}). Do not retry it unchanged."
+    await spec.before_tool()
     run.emit("tool_start", {"tool_call_id": call_id, "name": name, "arguments": arguments})
     outcome = await tools.call(name, arguments)
     run.emit(

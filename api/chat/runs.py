@@ -17,6 +17,8 @@ Contract:
   counts as a rejection. Deciding twice is a 409, an unknown call a 404.
 - ``RunRegistry`` owns runs per process: only the user who started a run can see it (any
   other answers 404), finished runs are dropped after ``retention`` seconds.
+  ``cancel_conversation`` cancels every open run of a conversation being deleted: each
+  stream ends with ``error`` (code ``conversation_deleted``) and ``done``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class Run:
     frames: list[bytes] = field(default_factory=list)  # frames[i] is event i + 1
     finished_at: float | None = None
     task: asyncio.Task | None = None
+    # Why the run was cancelled (code, message): what its ``error`` event says.
+    cancelled_because: tuple[str, str] = ("cancelled", "the run was cancelled")
     _followers: list[asyncio.Future] = field(default_factory=list)  # waiting for events
     _pending: dict[str, _Pending] = field(default_factory=dict)
 
@@ -140,9 +144,10 @@ class Run:
         pending.decided = True
         pending.future.set_result(Decision(approved, reason))
 
-    def cancel(self) -> bool:
+    def cancel(self, code: str = "cancelled", message: str = "the run was cancelled") -> bool:
         if self.finished or self.task is None:
             return False
+        self.cancelled_because = (code, message)
         self.task.cancel()
         return True
 
@@ -175,6 +180,15 @@ class RunRegistry:
 
     def all(self) -> list[Run]:
         return list(self._runs.values())
+
+    def cancel_conversation(self, session_id: str, conversation_id: str) -> int:
+        """Cancel every open run of the conversation (it is being deleted); how many."""
+        message = f"conversation '{conversation_id}' was deleted; the run was stopped"
+        return sum(
+            run.cancel("conversation_deleted", message)
+            for run in list(self._runs.values())
+            if run.session_id == session_id and run.conversation_id == conversation_id
+        )
 
     def _prune(self) -> None:
         # A walk over every kept run, so at most once a second, not once per new run.

@@ -2,7 +2,10 @@
 
 ``POST /chat`` validates everything it can before answering (a model is configured, the
 conversation id, tool policies, every selected file belongs to this conversation's
-temparea), then starts the run in the background and answers its SSE stream. The stream
+temparea, the conversation is not being deleted — 409 ``conversation_deleting``), then
+starts the run in the background and answers its SSE stream. The run opens the
+conversation (kubernetes: creates its ConversationWorkspace with the finalizer) before
+anything of it is written, and checks it again before each tool call. The stream
 is only a view: a client that drops loses nothing, and ``GET /runs/{id}/events`` with
 ``Last-Event-ID`` re-attaches from where it left off.
 """
@@ -19,6 +22,7 @@ from sandbox_workspace.operator.naming import session_id_for
 from sandbox_workspace.runtime.errors import BadRequest, Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
+from ..backends.base import ConversationDeleting, ConversationPhase, Session
 from ..chat.loop import RunSpec, run_agent
 from ..chat.policy import Policy, effective_policies
 from ..chat.runs import Run
@@ -80,13 +84,19 @@ def _stream(run: Run, after: int, keepalive: float) -> StreamingResponse:
     )
 
 
+async def _refuse_deleting(services, session: Session | None, cid: str) -> None:
+    if session is None:
+        return
+    if await services.backend.conversation_phase(session, cid) == ConversationPhase.DELETING:
+        raise ConversationDeleting(cid)
+
+
 async def _selected_names(
-    services, caller: Caller, cid: str, selected: list[SelectedFile | str]
+    services, session: Session | None, cid: str, selected: list[SelectedFile | str]
 ) -> list[str]:
     refs = [s.file_name if isinstance(s, SelectedFile) else s for s in selected]
     if not refs:
         return []
-    session = await services.backend.get_session(session_id_for(caller.user_id))
     if session is None:
         raise BadRequest(
             "selected_files: this user has no session, so no uploads yet",
@@ -107,6 +117,13 @@ async def _selected_names(
 @router.post("/chat", responses={200: {"content": {"text/event-stream": {}}}})
 async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> StreamingResponse:
     """Start an agent run in the conversation; answers its SSE stream."""
+    run = await start_run(body, caller, services)
+    return _stream(run, 0, services.settings.chat_keepalive_seconds)
+
+
+async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
+    """Validate a chat request and start its run in the background (the one run engine
+    behind /chat, /ui/chat and /ag-ui)."""
     settings = services.settings
     llm = services.llm
     if llm is None:
@@ -118,13 +135,21 @@ async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> S
         )
     cid = Workspace.check_conversation_id(body.conversation_id)
     policies = effective_policies(TOOL_NAMES, settings.tool_policies, body.tool_policies)
-    names = await _selected_names(services, caller, cid, body.selected_files)
     session_id = session_id_for(caller.user_id)
+    existing = await services.backend.get_session(session_id)
+    await _refuse_deleting(services, existing, cid)
+    names = await _selected_names(services, existing, cid, body.selected_files)
+    opened: list[Session] = []
 
     async def ensure():
         session = await services.sessions.ensure_running(caller, session_id)
         await services.backend.conversation_opened(session, cid)
+        opened[:] = [session]
         return session
+
+    async def before_tool():
+        if opened:  # a deletion accepted by another replica reaches us this way
+            await services.backend.conversation_opened(opened[0], cid)
 
     spec = RunSpec(
         query=body.query,
@@ -136,11 +161,12 @@ async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> S
         approval_timeout=settings.chat_approval_timeout_seconds,
         tool_timeout=settings.chat_tool_timeout_seconds,
         ensure_session=ensure,
+        before_tool=before_tool,
         record_activity=lambda: services.backend.record_activity(session_id),
     )
     run = services.runs.add(Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid))
     run.task = services.spawn(run_agent(run, spec, llm, services.http))
-    return _stream(run, 0, settings.chat_keepalive_seconds)
+    return run
 
 
 @router.get("/runs/{run_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
