@@ -384,6 +384,8 @@ def test_api_identity_is_minimal(installed: Installed) -> None:
         ("watch", "sandboxsessions", sessions, "sandboxworkspace.io"),
         ("patch", "sandboxsessions", sessions, "sandboxworkspace.io"),
         ("delete", "conversationworkspaces", sessions, "sandboxworkspace.io"),
+        # The conversations being deleted, from a watch (writes to them are refused).
+        ("watch", "conversationworkspaces", sessions, "sandboxworkspace.io"),
     ]
     for verb, resource, where, group in needed:
         assert api.can(verb, resource, where, group), f"API cannot {verb} {resource} in {where}"
@@ -400,6 +402,7 @@ def test_api_identity_is_minimal(installed: Installed) -> None:
         ("create", "pods/exec", sessions, ""),
         ("list", "sandboxsessions", sessions, "sandboxworkspace.io"),
         ("patch", "sandboxsessions/status", sessions, "sandboxworkspace.io"),
+        ("patch", "conversationworkspaces", sessions, "sandboxworkspace.io"),  # finalizers
         ("create", "sandboxsessions", ns, "sandboxworkspace.io"),
         ("create", "rolebindings", sessions, "rbac.authorization.k8s.io"),
         ("create", "serviceaccounts/token", ns, ""),
