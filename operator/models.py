@@ -222,7 +222,10 @@ class SandboxSessionSpec(CamelModel):
         None, min_length=1, description="Runtime image; unset uses the operator's default."
     )
     storage: StorageSpec = Field(
-        default_factory=StorageSpec, description="Where the workspace is kept."
+        default_factory=StorageSpec,
+        description="Where the workspace is kept. Immutable: the files live there, and the "
+        "deletion guarantee follows them (a change would strand them on the old storage).",
+        json_schema_extra=_cel(_immutable("storage")),
     )
     network: NetworkSpec = Field(
         default_factory=NetworkSpec,

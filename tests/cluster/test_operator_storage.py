@@ -214,3 +214,11 @@ def test_delete_and_recreate_a_session_is_not_wedged(
     # A fresh claim: the deleted session's files are not there.
     r = runtime_of(kube_api, namespace, new).request("GET", "/v1/conversations/c1/uploads")
     assert r.status_code == 404 or r.json()["files"] == []
+
+
+def test_storage_cannot_change_under_the_files(kube_api: KubeClient, namespace: str):
+    make_session(kube_api, namespace)
+    with pytest.raises(ApiError) as err:
+        kube_api.patch(sbs_path(namespace, SESSION), {"spec": {"storage": {"persistent": False}}})
+    assert err.value.status == 422 and "storage is immutable" in str(err.value)
+    kube_api.delete(sbs_path(namespace, SESSION))
