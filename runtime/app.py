@@ -58,6 +58,7 @@ class RuntimeState:
             allowed_types=tuple(settings.allowed_file_types),
         )
         self.locks = ConversationLocks()
+        self.deletions = ConversationLocks()
         self.activity = Activity()
         self.executor = Executor(
             self.workspace,
@@ -130,11 +131,14 @@ async def conversation_info(conversation_id: str, state: State) -> ConversationI
 
 @router.delete("/conversations/{conversation_id}")
 async def delete_conversation(conversation_id: str, state: State) -> ConversationDeleted:
-    """Delete the conversation directory; idempotent, answers only once it is gone."""
-    with state.activity.track():
-        # Its processes go first: none may keep working in a deleted directory.
-        await state.executor.stop_conversation(conversation_id)
-        return await anyio.to_thread.run_sync(state.workspace.delete_conversation, conversation_id)
+    """Delete the conversation's files and state; idempotent, answers once verified gone."""
+    ws = state.workspace
+    with state.activity.track(), ws.deleting(conversation_id) as cid:
+        # One deletion of a conversation at a time; writes are refused (409) meanwhile.
+        async with state.deletions.get(cid):
+            # Its processes go first: nothing may keep writing into what we delete.
+            await state.executor.stop_conversation(cid)
+            return await anyio.to_thread.run_sync(ws.delete_conversation, cid)
 
 
 @router.post("/uploads", status_code=201)
@@ -177,8 +181,9 @@ async def download(conversation_id: str, name: str, state: State) -> StreamingRe
         "Content-Length": str(opened.size),
         "Content-Disposition": content_disposition(opened.info.name),
         "X-Sandbox-Path": urllib.parse.quote(opened.info.path),
-        "X-Content-SHA256": opened.info.sha256,
     }
+    if not opened.info.modified:  # after code changed the bytes, the digest would lie
+        headers["X-Content-SHA256"] = opened.info.sha256
     return StreamingResponse(
         _read_fd(opened.fd, state.activity), media_type=opened.info.mime_type, headers=headers
     )

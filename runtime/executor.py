@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -85,7 +86,11 @@ class Executor:
 
     def environment(self, cid: str, cwd: str) -> dict[str, str]:
         """The whole environment executed code sees (nothing inherited by accident)."""
-        path = os.environ.get("PATH", _SAFE_PATH)
+        # The runtime's own interpreter first: `python3` in code is the one with the
+        # sandbox libraries, and its directory is readable under confinement (a shim
+        # elsewhere on the runtime's PATH, e.g. pyenv's, may not be).
+        interpreter_dir = os.path.dirname(sys.executable)
+        path = os.pathsep.join([interpreter_dir, os.environ.get("PATH", _SAFE_PATH)])
         scratch = self.scratch(cid)
         return {
             "PATH": path,

@@ -21,6 +21,12 @@ class UploadedFile(BaseModel):
     uploaded_at: datetime
     conversation_id: str
     subdir: str = UPLOAD_SUBDIR
+    modified: bool = Field(
+        False,
+        description="True when executed code changed the file after the upload (its bytes "
+        "or its inode: write, chmod, link): size is the current one, sha256 the uploaded "
+        "bytes' digest.",
+    )
 
 
 class UploadResult(UploadedFile):
@@ -42,6 +48,11 @@ class ConversationInfo(BaseModel):
     outputs_path: str
     file_count: int = 0
     total_bytes: int = 0
+    complete: bool = Field(
+        True,
+        description="False when the tree was too large or partly unreadable to count "
+        "whole: file_count and total_bytes are then lower bounds.",
+    )
 
 
 class ConversationDeleted(BaseModel):
