@@ -57,6 +57,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         http,
         idle_timeout_seconds=settings.session_idle_timeout_seconds,
         storage=settings.session_storage,
+        network_enabled=settings.session_network == "allow",
     )
 
 

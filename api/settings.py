@@ -61,7 +61,9 @@ class ApiSettings(BaseSettings):
         "(`auto`: when the kernel allows; `require`: refuse to run code otherwise; `none`).",
     )
     session_network: Literal["deny", "allow"] = Field(
-        "deny", description="Local backend: whether executed code may open TCP connections."
+        "deny",
+        description="Whether executed code of new sessions may open TCP connections (local "
+        "runtimes; on Kubernetes written into new SandboxSessions as `spec.network.enabled`).",
     )
     kubeconfig: Path | None = Field(
         None, description="Kubernetes backend: kubeconfig (default: $KUBECONFIG, then in-pod)."

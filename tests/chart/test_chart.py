@@ -273,7 +273,7 @@ def test_rbac_is_namespaced_and_minimal(rendered: tuple[str, list[dict[str, Any]
     api = grants(roles[f"{RELEASE}-sandbox-workspace-api"])
     assert api == {
         "sandboxworkspace.io/sandboxsessions": {"get", "watch", "create", "patch", "delete"},
-        "sandboxworkspace.io/conversationworkspaces": {"create", "delete"},
+        "sandboxworkspace.io/conversationworkspaces": {"get", "list", "watch", "create", "delete"},
         "/secrets": {"get"},
     }
     operator = grants(roles[f"{RELEASE}-sandbox-workspace-operator"])
