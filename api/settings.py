@@ -55,6 +55,14 @@ class ApiSettings(BaseSettings):
         description="Local backend: `bwrap` shows each session's workspace at /workspace "
         "(as in a pod); `none` uses the data directory path; `auto` picks bwrap if present.",
     )
+    confinement: Literal["auto", "require", "none"] = Field(
+        "auto",
+        description="Local backend: how runtimes confine executed code with Landlock "
+        "(`auto`: when the kernel allows; `require`: refuse to run code otherwise; `none`).",
+    )
+    session_network: Literal["deny", "allow"] = Field(
+        "deny", description="Local backend: whether executed code may open TCP connections."
+    )
     kubeconfig: Path | None = Field(
         None, description="Kubernetes backend: kubeconfig (default: $KUBECONFIG, then in-pod)."
     )
@@ -99,6 +107,10 @@ class ApiSettings(BaseSettings):
         default_factory=dict,
         description='Per tool: auto | require_approval | deny, e.g. {"bash": '
         '"require_approval"}; requests may only make them stricter.',
+    )
+    web_ui: bool | None = Field(
+        None,
+        description="Serve the web page at /ui/ (unset: on with auth_mode=dev, off otherwise).",
     )
     log_level: str = "info"
 

@@ -22,6 +22,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from sandbox_workspace.runtime.pathsafe import MAX_NAME_BYTES, UnsafePath, check_name
+
 GROUP = "sandboxworkspace.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -44,6 +46,11 @@ ANNOTATION_RESUME = f"{PREFIX}/resume-requested"
 # Set by the API while chat runs are open or approvals pending (activity the runtime
 # cannot see); the idle check uses the later of this and the runtime's own activity.
 ANNOTATION_LAST_ACTIVITY = f"{PREFIX}/last-activity"
+# On a sandbox pod: digest of the spec it was built from (a different digest: the session's
+# spec changed in a way that needs a new pod).
+ANNOTATION_POD_SPEC = f"{PREFIX}/pod-spec"
+# On a cleanup pod and its Secret: the orphaned claim it serves.
+LABEL_CLEANUP = f"{PREFIX}/cleanup-of"
 FINALIZER_FILES = f"{PREFIX}/files"
 COMPONENT_RUNTIME = "runtime"
 
@@ -62,11 +69,43 @@ Quantity = int | Annotated[str, Field(pattern=QUANTITY_PATTERN)]
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
+# The runtime's rules for a name (runtime/pathsafe.check_name), as far as a pattern can
+# say them: no '/', '\\', C0/C1 control character or surrounding whitespace. The CEL rules
+# below add "not '.' or '..'" and the 255-byte limit; the models then re-check with the
+# runtime's own function, which also refuses invisible and NFKC-lookalike characters.
+_BAD = r"/\\\x00-\x1f\x7f-\x9f"
+NAME_PATTERN = rf"^[^\s{_BAD}]([^{_BAD}]*[^\s{_BAD}])?$"
+# A conversation id is a name that does not start with '.' (the runtime keeps its own
+# state in dot-directories), which also rules out '.' and '..'.
+CONVERSATION_ID_PATTERN = rf"^[^.\s{_BAD}]([^{_BAD}]*[^\s{_BAD}])?$"
+_NOT_DOTS = {"rule": "self != '.' && self != '..'", "message": "must not be '.' or '..'"}
+_MAX_BYTES = {
+    "rule": f"size(bytes(self)) <= {MAX_NAME_BYTES}",
+    "message": f"must be at most {MAX_NAME_BYTES} bytes in UTF-8",
+}
+
+
 def _immutable(what: str) -> dict:
     """CEL rule making a field write-once (the apiserver refuses a change)."""
-    return {
-        "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": f"{what} is immutable"}]
-    }
+    return {"rule": "self == oldSelf", "message": f"{what} is immutable"}
+
+
+def _cel(*rules: dict) -> dict:
+    return {"x-kubernetes-validations": list(rules)}
+
+
+def check_conversation_id(value: str) -> str:
+    """The runtime's rule for a conversation id (``UnsafePath`` says what is wrong)."""
+    check_name(value, what="conversationId")
+    if value.startswith("."):
+        raise UnsafePath("conversationId must not start with '.'")
+    return value
+
+
+def check_user_id(value: str) -> str:
+    """A user id obeys the runtime's rule for a name (``UnsafePath`` otherwise)."""
+    check_name(value, what="userId")
+    return value
 
 
 class CamelModel(BaseModel):
@@ -156,14 +195,27 @@ class StorageSpec(CamelModel):
     )
 
 
+class NetworkSpec(CamelModel):
+    """Network access of executed code."""
+
+    enabled: bool = Field(
+        False,
+        description="Let code open TCP connections (SANDBOX_RUNTIME_NETWORK=allow). Off: "
+        "the runtime denies TCP bind/connect to every process it starts for code.",
+    )
+
+
 class SandboxSessionSpec(CamelModel):
     """One user's sandbox: a pod running the runtime, with the user's workspace."""
 
     user_id: str = Field(
         min_length=1,
         max_length=253,
-        description="The platform's user id (verbatim; the resource name is its DNS slug).",
-        json_schema_extra=_immutable("userId"),
+        pattern=NAME_PATTERN,
+        description="The platform's user id (verbatim; the resource name is its DNS slug). "
+        "A name as the runtime accepts it: no '/', '\\', control characters or surrounding "
+        "whitespace, not '.' or '..'.",
+        json_schema_extra=_cel(_immutable("userId"), _NOT_DOTS, _MAX_BYTES),
     )
     agent_id: str | None = Field(None, max_length=253, description="Agent the session serves.")
     business_domain_id: str | None = Field(
@@ -194,6 +246,18 @@ class SandboxSessionSpec(CamelModel):
     storage: StorageSpec = Field(
         default_factory=StorageSpec, description="Where the workspace is kept."
     )
+    network: NetworkSpec = Field(
+        default_factory=NetworkSpec,
+        description="Network access of the code the sandbox runs (off by default).",
+    )
+
+    @field_validator("user_id", mode="before")
+    @classmethod
+    def _user_rule(cls, value: object) -> object:
+        try:
+            return check_user_id(value) if isinstance(value, str) else value
+        except UnsafePath as e:
+            raise ValueError(str(e)) from None
 
 
 SessionPhase = Literal["Pending", "Running", "Stopped", "Error"]
@@ -242,18 +306,46 @@ class ConversationWorkspaceSpec(CamelModel):
     conversation_id: str = Field(
         min_length=1,
         max_length=255,
-        description="The conversation id; the directory is `/workspace/{conversationId}`.",
-        json_schema_extra=_immutable("conversationId"),
+        pattern=CONVERSATION_ID_PATTERN,
+        description="The conversation id; the directory is `/workspace/{conversationId}`. "
+        "One directory name as the runtime accepts it: no '/', '\\', control characters, "
+        "leading '.' or surrounding whitespace; at most 255 bytes in UTF-8.",
+        json_schema_extra=_cel(_immutable("conversationId"), _MAX_BYTES),
     )
     session_ref: str = Field(
         min_length=1,
         max_length=63,
         pattern=DNS_LABEL_PATTERN,
         description="Name of the SandboxSession (same namespace) holding the directory.",
-        json_schema_extra=_immutable("sessionRef"),
+        json_schema_extra=_cel(_immutable("sessionRef")),
     )
     agent_id: str | None = Field(None, max_length=253, description="Agent of the conversation.")
-    user_id: str | None = Field(None, max_length=253, description="User owning the conversation.")
+    user_id: str | None = Field(
+        None,
+        max_length=253,
+        pattern=NAME_PATTERN,
+        description="User owning the conversation (the rules of SandboxSession `userId`).",
+        json_schema_extra=_cel(_NOT_DOTS, _MAX_BYTES),
+    )
+
+    # "before": the runtime's own message says what is wrong, not the pattern's.
+    @field_validator("conversation_id", mode="before")
+    @classmethod
+    def _runtime_rule(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        try:
+            return check_conversation_id(value)
+        except UnsafePath as e:
+            raise ValueError(str(e)) from None
+
+    @field_validator("user_id", mode="before")
+    @classmethod
+    def _user_rule(cls, value: object) -> object:
+        try:
+            return check_user_id(value) if isinstance(value, str) else value
+        except UnsafePath as e:
+            raise ValueError(str(e)) from None
 
 
 class ConversationWorkspaceStatus(StatusModel):

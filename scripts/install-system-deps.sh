@@ -2,6 +2,8 @@
 # Installs the optional system tools the tests exercise, where this machine allows it:
 #   bubblewrap — the local backend presents workspaces at /workspace (tests/api/test_bwrap.py)
 #   curl       — the README walk-through test
+#   chromium  — the web page's browser test (tests/browser; Playwright drives Debian's
+#               Chromium, since Playwright's own browser download is not used)
 #   podman, runc, debootstrap — the image smoke test (tests/image; scripts/build-image.sh):
 #                a Debian base made with debootstrap, the Dockerfile built and run by
 #                podman with runc (~10 s to install; the first image build ~90 s)
@@ -15,6 +17,7 @@ command -v nsenter >/dev/null || missing+=(util-linux)
 command -v podman >/dev/null || missing+=(podman)
 [ -x /usr/sbin/runc ] || missing+=(runc)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v chromium >/dev/null || missing+=(chromium)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
   echo "installing ${missing[*]} (apt-get)"

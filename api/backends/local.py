@@ -118,8 +118,11 @@ class LocalBackend:
         *,
         bwrap: str | None = None,
         runtime_command: list[str] | None = None,
+        runtime_env: dict[str, str] | None = None,
     ) -> None:
-        """``bwrap``: path of bubblewrap to present workspaces at /workspace, or None."""
+        """``bwrap``: path of bubblewrap to present workspaces at /workspace, or None;
+        ``runtime_env``: further SANDBOX_RUNTIME_* settings of every runtime (confinement,
+        network)."""
         self.data_dir = data_dir.resolve()
         self.sessions_dir = self.data_dir / "sessions"
         self.http = http
@@ -130,6 +133,7 @@ class LocalBackend:
             "sandbox_workspace",
             "runtime",
         ]
+        self.runtime_env = dict(runtime_env or {})
         self._records: dict[str, _Record] = {}
         self._procs: dict[str, _Process] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -284,6 +288,7 @@ class LocalBackend:
                 *command,
             ]
         env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
+        env.update(self.runtime_env)
         env.update(
             {
                 "SANDBOX_RUNTIME_TOKEN": token,

@@ -29,6 +29,7 @@ from ..chat.runs import Run
 from ..chat.tools import TOOL_NAMES
 from ..deps import CallerDep, ServicesDep
 from ..file_refs import parse_file_ref
+from ..identity import Caller
 from ..sse import KEEPALIVE, SSE_HEADERS
 
 router = APIRouter(prefix="/api/v1", tags=["chat"])
@@ -116,6 +117,13 @@ async def _selected_names(
 @router.post("/chat", responses={200: {"content": {"text/event-stream": {}}}})
 async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> StreamingResponse:
     """Start an agent run in the conversation; answers its SSE stream."""
+    run = await start_run(body, caller, services)
+    return _stream(run, 0, services.settings.chat_keepalive_seconds)
+
+
+async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
+    """Validate a chat request and start its run in the background (the one run engine
+    behind /chat, /ui/chat and /ag-ui)."""
     settings = services.settings
     llm = services.llm
     if llm is None:
@@ -158,7 +166,7 @@ async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> S
     )
     run = services.runs.add(Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid))
     run.task = services.spawn(run_agent(run, spec, llm, services.http))
-    return _stream(run, 0, settings.chat_keepalive_seconds)
+    return run
 
 
 @router.get("/runs/{run_id}/events", responses={200: {"content": {"text/event-stream": {}}}})

@@ -230,7 +230,8 @@ def test_the_sessions_namespace_enforces_restricted_pods(
 def test_rbac_is_namespaced_and_minimal(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     name, docs = rendered
     sessions_ns = "agent-sandboxes" if name == "hardened" else "sandbox-sessions"
-    # The one cluster-scoped grant: kopf's read-only discovery, for the operator only.
+    # The cluster-scoped grants, read-only and for the operator only: kopf's discovery,
+    # and the volumes the deletion finalizer checks for retained files.
     (cluster_role,) = by_kind(docs, "ClusterRole")
     assert cluster_role["rules"] == [
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
@@ -239,6 +240,7 @@ def test_rbac_is_namespaced_and_minimal(rendered: tuple[str, list[dict[str, Any]
             "resources": ["customresourcedefinitions"],
             "verbs": ["list", "watch"],
         },
+        {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get", "list"]},
     ]
     (cluster_binding,) = by_kind(docs, "ClusterRoleBinding")
     assert cluster_binding["subjects"] == [
@@ -274,7 +276,8 @@ def test_rbac_is_namespaced_and_minimal(rendered: tuple[str, list[dict[str, Any]
         "/secrets": {"get"},
     }
     operator = grants(roles[f"{RELEASE}-sandbox-workspace-operator"])
-    assert operator["/secrets"] == {"get", "create"}
+    assert operator["/secrets"] == {"get", "create", "delete"}  # old incarnations' tokens
+    assert operator["/persistentvolumeclaims"] == {"get", "create", "patch"}  # adoption
     assert operator["/pods"] == {"get", "list", "watch", "create", "delete"}
     assert ("kopf.dev/kopfpeerings" in operator) == (name == "hardened")
     for binding in by_kind(docs, "RoleBinding") + by_kind(docs, "ClusterRoleBinding"):
@@ -324,6 +327,7 @@ def test_api_deployment_and_service(rendered: tuple[str, list[dict[str, Any]]]) 
     env = env_of(container)
     assert env["SANDBOX_WORKSPACE_BACKEND"] == "kubernetes"
     assert env["SANDBOX_WORKSPACE_AUTH_MODE"] == "required"
+    assert env["SANDBOX_WORKSPACE_SESSION_NETWORK"] == "deny"  # sandbox.network.enabled
     token = env["SANDBOX_WORKSPACE_SERVICE_TOKEN"]["secretKeyRef"]
     if name == "defaults":
         assert env["SANDBOX_WORKSPACE_NAMESPACE"] == "sandbox-sessions"
@@ -388,6 +392,7 @@ def test_operator_workload(rendered: tuple[str, list[dict[str, Any]]]) -> None:
             "registry.example.internal/platform/sandbox-runtime:0.1.0-py311"
         )
         assert env["SANDBOX_OPERATOR_CHECK_INTERVAL_SECONDS"] == "15"
+    assert env["SANDBOX_OPERATOR_CONFINEMENT"] == ("require" if name == "hardened" else "auto")
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"health": 8081, "metrics": 9090}
 
@@ -442,6 +447,8 @@ def test_the_processes_accept_the_charts_settings(
             assert settings.liveness_endpoint == "http://0.0.0.0:8081/healthz"
             assert settings.metrics_port == 9090
             assert settings.standalone is (name == "defaults")
+            # The hardened values refuse to run code unconfined.
+            assert settings.confinement == ("require" if name == "hardened" else "auto")
 
 
 def test_notes_tell_how_to_reach_and_try_the_api(tools: Tools, tmp_path: Path) -> None:
