@@ -21,6 +21,7 @@ from .backends.base import Backend
 from .chat.chat_index import ChatIndex
 from .chat.llm import LlmClient, LlmConfig
 from .chat.runs import RunRegistry
+from .chat.runstore import build_store
 from .deps import Services
 from .identity import Authenticator
 from .metrics import install_metrics
@@ -56,6 +57,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         http,
         idle_timeout_seconds=settings.session_idle_timeout_seconds,
         storage=settings.session_storage,
+        network_enabled=settings.session_network == "allow",
     )
 
 
@@ -102,13 +104,14 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         ),
         authenticator=Authenticator(settings),
         http=http,
-        runs=RunRegistry(settings.chat_run_retention_seconds),
+        runs=RunRegistry(settings.chat_run_retention_seconds, build_store(settings)),
         llm=build_llm(settings, http),
     )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await backend.start()
+        await services.runs.store.start(lambda *a: chat.resume_run(services, *a))
         garbage.tune()
         try:
             yield

@@ -22,7 +22,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from sandbox_workspace.runtime.pathsafe import MAX_NAME_BYTES, UnsafePath, check_name
+from .idrules import (
+    CONVERSATION_ID_PATTERN,
+    MAX_BYTES,
+    NAME_PATTERN,
+    NOT_DOTS,
+    check_conversation_id,
+    check_user_id,
+    runtime_rule,
+)
 
 GROUP = "sandboxworkspace.io"
 VERSION = "v1alpha1"
@@ -69,22 +77,6 @@ Quantity = int | Annotated[str, Field(pattern=QUANTITY_PATTERN)]
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
-# The runtime's rules for a name (runtime/pathsafe.check_name), as far as a pattern can
-# say them: no '/', '\\', C0/C1 control character or surrounding whitespace. The CEL rules
-# below add "not '.' or '..'" and the 255-byte limit; the models then re-check with the
-# runtime's own function, which also refuses invisible and NFKC-lookalike characters.
-_BAD = r"/\\\x00-\x1f\x7f-\x9f"
-NAME_PATTERN = rf"^[^\s{_BAD}]([^{_BAD}]*[^\s{_BAD}])?$"
-# A conversation id is a name that does not start with '.' (the runtime keeps its own
-# state in dot-directories), which also rules out '.' and '..'.
-CONVERSATION_ID_PATTERN = rf"^[^.\s{_BAD}]([^{_BAD}]*[^\s{_BAD}])?$"
-_NOT_DOTS = {"rule": "self != '.' && self != '..'", "message": "must not be '.' or '..'"}
-_MAX_BYTES = {
-    "rule": f"size(bytes(self)) <= {MAX_NAME_BYTES}",
-    "message": f"must be at most {MAX_NAME_BYTES} bytes in UTF-8",
-}
-
-
 def _immutable(what: str) -> dict:
     """CEL rule making a field write-once (the apiserver refuses a change)."""
     return {"rule": "self == oldSelf", "message": f"{what} is immutable"}
@@ -92,20 +84,6 @@ def _immutable(what: str) -> dict:
 
 def _cel(*rules: dict) -> dict:
     return {"x-kubernetes-validations": list(rules)}
-
-
-def check_conversation_id(value: str) -> str:
-    """The runtime's rule for a conversation id (``UnsafePath`` says what is wrong)."""
-    check_name(value, what="conversationId")
-    if value.startswith("."):
-        raise UnsafePath("conversationId must not start with '.'")
-    return value
-
-
-def check_user_id(value: str) -> str:
-    """A user id obeys the runtime's rule for a name (``UnsafePath`` otherwise)."""
-    check_name(value, what="userId")
-    return value
 
 
 class CamelModel(BaseModel):
@@ -215,7 +193,7 @@ class SandboxSessionSpec(CamelModel):
         description="The platform's user id (verbatim; the resource name is its DNS slug). "
         "A name as the runtime accepts it: no '/', '\\', control characters or surrounding "
         "whitespace, not '.' or '..'.",
-        json_schema_extra=_cel(_immutable("userId"), _NOT_DOTS, _MAX_BYTES),
+        json_schema_extra=_cel(_immutable("userId"), NOT_DOTS, MAX_BYTES),
     )
     agent_id: str | None = Field(None, max_length=253, description="Agent the session serves.")
     business_domain_id: str | None = Field(
@@ -244,20 +222,18 @@ class SandboxSessionSpec(CamelModel):
         None, min_length=1, description="Runtime image; unset uses the operator's default."
     )
     storage: StorageSpec = Field(
-        default_factory=StorageSpec, description="Where the workspace is kept."
+        default_factory=StorageSpec,
+        description="Where the workspace is kept. Immutable: the files live there, and the "
+        "deletion guarantee follows them (a change would strand them on the old storage).",
+        json_schema_extra=_cel(_immutable("storage")),
     )
     network: NetworkSpec = Field(
         default_factory=NetworkSpec,
         description="Network access of the code the sandbox runs (off by default).",
     )
 
-    @field_validator("user_id", mode="before")
-    @classmethod
-    def _user_rule(cls, value: object) -> object:
-        try:
-            return check_user_id(value) if isinstance(value, str) else value
-        except UnsafePath as e:
-            raise ValueError(str(e)) from None
+    # "before": the runtime's own message says what is wrong, not the pattern's.
+    _user_rule = field_validator("user_id", mode="before")(runtime_rule(check_user_id))
 
 
 SessionPhase = Literal["Pending", "Running", "Stopped", "Error"]
@@ -310,7 +286,7 @@ class ConversationWorkspaceSpec(CamelModel):
         description="The conversation id; the directory is `/workspace/{conversationId}`. "
         "One directory name as the runtime accepts it: no '/', '\\', control characters, "
         "leading '.' or surrounding whitespace; at most 255 bytes in UTF-8.",
-        json_schema_extra=_cel(_immutable("conversationId"), _MAX_BYTES),
+        json_schema_extra=_cel(_immutable("conversationId"), MAX_BYTES),
     )
     session_ref: str = Field(
         min_length=1,
@@ -325,27 +301,14 @@ class ConversationWorkspaceSpec(CamelModel):
         max_length=253,
         pattern=NAME_PATTERN,
         description="User owning the conversation (the rules of SandboxSession `userId`).",
-        json_schema_extra=_cel(_NOT_DOTS, _MAX_BYTES),
+        json_schema_extra=_cel(NOT_DOTS, MAX_BYTES),
     )
 
+    _id_rule = field_validator("conversation_id", mode="before")(
+        runtime_rule(check_conversation_id)
+    )
     # "before": the runtime's own message says what is wrong, not the pattern's.
-    @field_validator("conversation_id", mode="before")
-    @classmethod
-    def _runtime_rule(cls, value: object) -> object:
-        if not isinstance(value, str):
-            return value
-        try:
-            return check_conversation_id(value)
-        except UnsafePath as e:
-            raise ValueError(str(e)) from None
-
-    @field_validator("user_id", mode="before")
-    @classmethod
-    def _user_rule(cls, value: object) -> object:
-        try:
-            return check_user_id(value) if isinstance(value, str) else value
-        except UnsafePath as e:
-            raise ValueError(str(e)) from None
+    _user_rule = field_validator("user_id", mode="before")(runtime_rule(check_user_id))
 
 
 class ConversationWorkspaceStatus(StatusModel):

@@ -4,14 +4,18 @@ that ``make bench`` keeps working and writes its results."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.timeout(960)  # the suite's own limit below, not the default 300 s
 def test_bench_runs_in_quick_mode():
     started = time.time()
     result = subprocess.run(
@@ -34,3 +38,8 @@ def test_bench_runs_in_quick_mode():
         trials = json.loads(faults.read_text())
         assert trials["trials"] >= 2 * len(trials["faults"])
         assert trials["leaked_files"] == 0 and trials["stuck"] == 0, trials
+    if shutil.which("redis-server") or shutil.which("valkey-server"):
+        assert any(n.startswith("chat on the Redis run store") for n in names)
+        ha = json.loads((ROOT / "bench" / "results" / "ha.json").read_text())
+        assert ha["kills"] >= 2 and ha["replicas"] >= 2 and ha["runs"] > 0
+        assert ha["lost_events"] == ha["duplicated_events"] == ha["unfinished_streams"] == 0

@@ -57,6 +57,41 @@ _PHASES = {
 POD_WORKSPACE = "/workspace"
 
 
+def session_body(
+    spec: SessionSpec,
+    *,
+    idle_timeout_seconds: int | None,
+    storage: models.StorageSpec | None,
+    network_enabled: bool,
+) -> dict:
+    """The SandboxSession a caller's spec becomes, with the API's defaults for new
+    sessions (idle timeout, storage, network) applied; pure, so it is tested whole."""
+    body_spec = models.SandboxSessionSpec(
+        user_id=spec.user_id,
+        agent_id=spec.agent_id or None,
+        business_domain_id=spec.business_domain_id or None,
+        ttl_seconds=spec.ttl_seconds,
+        file_upload_config=spec.file_upload,
+        **(
+            {"idle_timeout_seconds": idle_timeout_seconds}
+            if idle_timeout_seconds is not None
+            else {}
+        ),
+        **({"storage": storage} if storage is not None else {}),
+        **({"network": models.NetworkSpec(enabled=True)} if network_enabled else {}),
+    )
+    return {
+        "apiVersion": models.API_VERSION,
+        "kind": models.SESSION_KIND,
+        "metadata": {
+            "name": naming.session_name_for(spec.user_id),
+            "labels": {models.LABEL_USER: naming.dns_name(spec.user_id)},
+            "annotations": {models.ANNOTATION_USER_ID: spec.user_id},
+        },
+        "spec": body_spec.model_dump(by_alias=True, exclude_none=True),
+    }
+
+
 class KubernetesBackend:
     def __init__(
         self,
@@ -66,8 +101,10 @@ class KubernetesBackend:
         *,
         idle_timeout_seconds: int | None = None,
         storage: models.StorageSpec | None = None,
+        network_enabled: bool = False,
     ) -> None:
         self.kube = kube
+        self.network_enabled = network_enabled
         self.namespace = namespace
         self.http = http
         self.idle_timeout_seconds = idle_timeout_seconds
@@ -172,30 +209,12 @@ class KubernetesBackend:
         return self._workspace_paths[incarnation]
 
     async def create_session(self, spec: SessionSpec) -> Session:
-        name = naming.session_name_for(spec.user_id)
-        body_spec = models.SandboxSessionSpec(
-            user_id=spec.user_id,
-            agent_id=spec.agent_id or None,
-            business_domain_id=spec.business_domain_id or None,
-            ttl_seconds=spec.ttl_seconds,
-            file_upload_config=spec.file_upload,
-            **(
-                {"idle_timeout_seconds": self.idle_timeout_seconds}
-                if self.idle_timeout_seconds is not None
-                else {}
-            ),
-            **({"storage": self.storage} if self.storage is not None else {}),
+        body = session_body(
+            spec,
+            idle_timeout_seconds=self.idle_timeout_seconds,
+            storage=self.storage,
+            network_enabled=self.network_enabled,
         )
-        body = {
-            "apiVersion": models.API_VERSION,
-            "kind": models.SESSION_KIND,
-            "metadata": {
-                "name": name,
-                "labels": {models.LABEL_USER: naming.dns_name(spec.user_id)},
-                "annotations": {models.ANNOTATION_USER_ID: spec.user_id},
-            },
-            "spec": body_spec.model_dump(by_alias=True, exclude_none=True),
-        }
         try:
             obj = await self.kube.request("POST", self._sessions(), body)
         except Conflict as e:

@@ -25,6 +25,7 @@ from sandbox_workspace.runtime.workspace import Workspace
 from ..backends.base import ConversationDeleting, ConversationPhase, Session
 from ..chat.loop import RunSpec, run_agent
 from ..chat.policy import Policy, effective_policies
+from ..chat.progress import Progress, spec_data, spec_from_data
 from ..chat.runs import Run
 from ..chat.tools import TOOL_NAMES
 from ..deps import CallerDep, ServicesDep
@@ -139,6 +140,29 @@ async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
     existing = await services.backend.get_session(session_id)
     await _refuse_deleting(services, existing, cid)
     names = await _selected_names(services, existing, cid, body.selected_files)
+    ensure, before_tool, record_activity = _session_callbacks(services, caller, session_id, cid)
+    spec = RunSpec(
+        query=body.query,
+        history=[m.model_dump() for m in body.history],
+        selected_files=names,
+        policies=policies,
+        max_iterations=body.max_iterations or settings.chat_max_iterations,
+        deadline_seconds=settings.chat_run_deadline_seconds,
+        approval_timeout=settings.chat_approval_timeout_seconds,
+        tool_timeout=settings.chat_tool_timeout_seconds,
+        ensure_session=ensure,
+        before_tool=before_tool,
+        record_activity=record_activity,
+    )
+    run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
+    services.runs.add(run, spec_data(spec))
+    run.task = services.spawn(run_agent(run, spec, llm, services.http))
+    return run
+
+
+def _session_callbacks(services, caller: Caller, session_id: str, cid: str):
+    """What a run calls back: ensure its session (opening the conversation), check the
+    conversation again before each tool call, record activity."""
     opened: list[Session] = []
 
     async def ensure():
@@ -151,22 +175,19 @@ async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
         if opened:  # a deletion accepted by another replica reaches us this way
             await services.backend.conversation_opened(opened[0], cid)
 
-    spec = RunSpec(
-        query=body.query,
-        history=[m.model_dump() for m in body.history],
-        selected_files=names,
-        policies=policies,
-        max_iterations=body.max_iterations or settings.chat_max_iterations,
-        deadline_seconds=settings.chat_run_deadline_seconds,
-        approval_timeout=settings.chat_approval_timeout_seconds,
-        tool_timeout=settings.chat_tool_timeout_seconds,
-        ensure_session=ensure,
-        before_tool=before_tool,
-        record_activity=lambda: services.backend.record_activity(session_id),
+    return ensure, before_tool, lambda: services.backend.record_activity(session_id)
+
+
+def resume_run(services, run: Run, data: dict, checkpoint: dict | None):
+    """Carry on a run taken over from another replica (see chat/runstore/takeover.py)."""
+    caller = Caller(user_id=run.user_id, via="resumed")
+    ensure, before_tool, record_activity = _session_callbacks(
+        services, caller, run.session_id, run.conversation_id
     )
-    run = services.runs.add(Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid))
-    run.task = services.spawn(run_agent(run, spec, llm, services.http))
-    return run
+    spec = spec_from_data(data, ensure, record_activity)
+    spec.before_tool = before_tool
+    progress = None if checkpoint is None else Progress.from_data(checkpoint)
+    return services.spawn(run_agent(run, spec, services.llm, services.http, progress, resumed=True))
 
 
 @router.get("/runs/{run_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
@@ -179,7 +200,7 @@ async def run_events(
     after: Annotated[int | None, Query(ge=0, description="Same as Last-Event-ID.")] = None,
 ) -> StreamingResponse:
     """Re-attach to a run: every event after Last-Event-ID, then live ones."""
-    run = services.runs.get(run_id, caller.user_id)
+    run = await services.runs.find(run_id, caller.user_id)
     position = after or 0
     if last_event_id is not None:
         if not last_event_id.strip().isdigit():
@@ -195,8 +216,8 @@ async def approve(
     run_id: str, body: ApprovalRequest, caller: CallerDep, services: ServicesDep
 ) -> dict:
     """Approve or reject a tool call the run is waiting on (a second decision is 409)."""
-    run = services.runs.get(run_id, caller.user_id)
-    run.decide(body.tool_call_id, body.approved, body.reason)
+    run = await services.runs.find(run_id, caller.user_id)
+    await services.runs.decide(run, body.tool_call_id, body.approved, body.reason)
     return {
         "run_id": run.id,
         "tool_call_id": body.tool_call_id,
@@ -207,6 +228,6 @@ async def approve(
 @router.post("/runs/{run_id}/cancel")
 async def cancel(run_id: str, caller: CallerDep, services: ServicesDep) -> dict:
     """Stop a run; its stream ends with error (cancelled) and done."""
-    run = services.runs.get(run_id, caller.user_id)
-    cancelled = run.cancel()
+    run = await services.runs.find(run_id, caller.user_id)
+    cancelled = await services.runs.cancel(run)
     return {"run_id": run.id, "status": "cancelling" if cancelled else "finished"}

@@ -21,13 +21,13 @@ from .. import naming
 from ..children import uid_of
 from ..cleanup import NotReady, cleanup_runtime, remove_cleanup
 from ..context import OperatorContext
+from ..idrules import check_conversation_id
 from ..kube import KubeError, core_path, custom_path
 from ..models import (
     DNS_LABEL_PATTERN,
     SESSION_PLURAL,
     WORKSPACE_PLURAL,
     ConversationWorkspaceStatus,
-    check_conversation_id,
 )
 from ..storage import (
     CleanupRuntime,

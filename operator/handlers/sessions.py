@@ -29,7 +29,6 @@ Contract:
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -38,8 +37,8 @@ import kopf
 from pydantic import ValidationError
 
 from .. import naming
-from ..builders import build_runtime_secret, build_sandbox_pod, build_workspace_pvc
-from ..children import judge, owner_reference, uid_of
+from ..builders import build_sandbox_pod
+from ..children import judge, uid_of
 from ..context import OperatorContext
 from ..kube import KubeError, core_path, custom_path
 from ..models import (
@@ -51,9 +50,9 @@ from ..models import (
     SandboxSessionStatus,
 )
 from ..status import PodState, is_stopped, observe_pod, session_status, set_condition
+from .incarnation import OLD, ensure_children
 
 KIND = "SandboxSession"
-OLD = "OldIncarnation"
 # Ready reasons of an ordinary start: no Event each (the phase change has one).
 _ROUTINE = {"PodMissing", "PodPending", "ContainerCreating", "RuntimeNotReady", "PodTerminating"}
 # Reasons posted as Warning Events even when the phase is not Error.
@@ -73,64 +72,6 @@ class Reconciled:
     session: SandboxSession
     body: dict[str, Any]
     waiting: bool  # an old incarnation's child must go first: retry soon
-
-
-async def _ensure_secret(ctx: OperatorContext, session: SandboxSession, body: dict) -> str | None:
-    """The session's token Secret, or why we wait for it."""
-    ns = session.namespace
-    path = core_path(ns, "secrets", naming.runtime_secret_name(session.name))
-    secret = await ctx.api.get(path)
-    state = judge(secret, session.uid)
-    if state == "absent":
-        manifest = build_runtime_secret(session, secrets.token_urlsafe(32))
-        kopf.adopt(manifest, owner=body)
-        await ctx.api.create(core_path(ns, "secrets"), manifest)
-        return None
-    if state == "ours":
-        return None
-    assert secret is not None
-    if state != "terminating":
-        await ctx.api.delete(path, uid=uid_of(secret))
-    return "waiting for the token Secret of a previous incarnation to go"
-
-
-async def _ensure_claim(ctx: OperatorContext, session: SandboxSession, body: dict) -> str | None:
-    """The session's workspace claim, or why we wait for it."""
-    ns = session.namespace
-    name = naming.workspace_claim_name(session.name)
-    path = core_path(ns, "persistentvolumeclaims", name)
-    claim = await ctx.api.get(path)
-    state = judge(claim, session.uid)
-    if state == "absent":
-        manifest = build_workspace_pvc(session)
-        kopf.adopt(manifest, owner=body)
-        await ctx.api.create(core_path(ns, "persistentvolumeclaims"), manifest)
-        return None
-    if state == "ours":
-        return None
-    if state == "orphaned":
-        # Left by `--cascade=orphan`: the user's files, kept on purpose; the session they
-        # were made for (same name, same user) takes them back.
-        await ctx.api.patch(path, {"metadata": {"ownerReferences": [owner_reference(body)]}})
-        kopf.event(body, type="Normal", reason="ClaimAdopted", message=f"adopted claim {name}")
-        return None
-    if state == "terminating":
-        return f"waiting for claim {name} of a previous incarnation to be deleted"
-    return f"waiting for the garbage collector to delete claim {name} of a previous incarnation"
-
-
-async def _ensure_children(
-    ctx: OperatorContext, session: SandboxSession, body: dict, *, trust_cache: bool
-) -> str | None:
-    """Secret and (persistent) claim of this incarnation; why we wait, or None."""
-    if trust_cache and session.uid in ctx.children_seen:
-        return None  # verified for this incarnation; owner refs keep them
-    waiting = await _ensure_secret(ctx, session, body)
-    if session.spec.storage.persistent:
-        waiting = await _ensure_claim(ctx, session, body) or waiting
-    if waiting is None and session.uid:
-        ctx.children_seen.add(session.uid)
-    return waiting
 
 
 async def _write_status(
@@ -184,10 +125,10 @@ async def reconcile_session(ctx: OperatorContext, namespace: str, name: str) -> 
         pod_path = core_path(namespace, "pods", naming.runtime_pod_name(name))
         pod = await ctx.api.get(pod_path)
         serving = judge(pod, session.uid) == "ours" and observe_pod(pod).kind == "ready"
-        waiting = await _ensure_children(ctx, session, body, trust_cache=serving)
+        blocked = await ensure_children(ctx, session, body, trust_cache=serving)
         desired = build_sandbox_pod(session, ctx.settings)
         pod, state, outdated = await _converge_pod(
-            ctx, session, body, pod, desired, stopped=stopped, waiting=waiting
+            ctx, session, body, pod, desired, stopped=stopped, blocked=blocked
         )
         status = session_status(session, state, now(), stopped=stopped, restart_required=outdated)
         await _write_status(ctx, body, session, status)
@@ -199,7 +140,7 @@ async def reconcile_session(ctx: OperatorContext, namespace: str, name: str) -> 
             )
             if session.status.phase == "Stopped":
                 kopf.event(body, type="Normal", reason="Resumed", message="resume requested")
-        waits = waiting is not None or state.reason == OLD
+        waits = state.reason == OLD
         return Reconciled(session.model_copy(update={"status": status}), body, waits)
 
 
@@ -211,7 +152,7 @@ async def _converge_pod(
     desired: dict,
     *,
     stopped: bool,
-    waiting: str | None,
+    blocked: PodState | None,
 ) -> tuple[dict | None, PodState, bool]:
     """Delete, await or create the pod; its observed state; whether it is outdated."""
     ns, path = session.namespace, core_path(session.namespace, "pods", desired["metadata"]["name"])
@@ -235,12 +176,14 @@ async def _converge_pod(
             kopf.event(body, type="Normal", reason="SpecChanged", message="replacing the pod")
             await ctx.api.delete(path, uid=uid_of(pod))
             pod = await ctx.api.get(path)
+        elif blocked is not None and state.kind != "ready":
+            return pod, blocked, False  # why it cannot start
         else:
             return pod, state, outdated and state.kind == "ready"
         return pod, observe_pod(pod), False
     if pod is None and not stopped:
-        if waiting is not None:
-            return None, PodState("pending", OLD, waiting), False
+        if blocked is not None:
+            return None, blocked, False
         kopf.adopt(desired, owner=body)
         pod = await ctx.api.create(core_path(ns, "pods"), desired)
         if pod is None:  # created meanwhile by another trigger: read it

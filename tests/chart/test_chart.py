@@ -103,6 +103,7 @@ def test_values_schema_covers_every_default_key() -> None:
         pytest.param("operator.podSecurityContext.runAsNonRoot", "false", "", id="root"),
         pytest.param("sessions.ttlSeconds", "10", "ttlSeconds", id="ttl"),
         pytest.param("sandbox.networkPolicy.egressCIDRs[0]", "anywhere", "", id="cidr"),
+        pytest.param("chat.runStore", "etcd", "runStore", id="run-store"),
     ],
 )
 def test_values_schema_refuses_bad_values(tools: Tools, key: str, value: str, complaint: str):
@@ -272,7 +273,7 @@ def test_rbac_is_namespaced_and_minimal(rendered: tuple[str, list[dict[str, Any]
     api = grants(roles[f"{RELEASE}-sandbox-workspace-api"])
     assert api == {
         "sandboxworkspace.io/sandboxsessions": {"get", "watch", "create", "patch", "delete"},
-        "sandboxworkspace.io/conversationworkspaces": {"create", "delete"},
+        "sandboxworkspace.io/conversationworkspaces": {"get", "list", "watch", "create", "delete"},
         "/secrets": {"get"},
     }
     operator = grants(roles[f"{RELEASE}-sandbox-workspace-operator"])
@@ -358,6 +359,48 @@ def test_api_deployment_and_service(rendered: tuple[str, list[dict[str, Any]]]) 
         assert pod["imagePullSecrets"] == [{"name": "platform-registry"}]
 
 
+def test_api_replicas_share_runs_through_the_redis_run_store(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """memory (defaults): one replica, no PodDisruptionBudget; redis (hardened): the URL
+    from a Secret, two replicas, a PodDisruptionBudget, a surge-first rolling update and
+    a grace period long enough for the hand-over."""
+    name, docs = rendered
+    full = f"{RELEASE}-sandbox-workspace-api"
+    deployment = one(docs, "Deployment", full)
+    pod = deployment["spec"]["template"]["spec"]
+    env = env_of(pod["containers"][0])
+    if name == "defaults":
+        assert env["SANDBOX_WORKSPACE_CHAT_RUN_STORE"] == "memory"
+        assert "SANDBOX_WORKSPACE_CHAT_REDIS_URL" not in env
+        assert deployment["spec"]["replicas"] == 1 and "strategy" not in deployment["spec"]
+        assert not by_kind(docs, "PodDisruptionBudget")
+        return
+    assert env["SANDBOX_WORKSPACE_CHAT_RUN_STORE"] == "redis"
+    assert env["SANDBOX_WORKSPACE_CHAT_REDIS_URL"]["secretKeyRef"] == {
+        "name": "chat-run-store",
+        "key": "url",
+    }
+    assert env["SANDBOX_WORKSPACE_CHAT_RUN_LEASE_SECONDS"] == "10"
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert pod["terminationGracePeriodSeconds"] == 40  # handoverSeconds 20 + 20
+    pdb = one(docs, "PodDisruptionBudget", full)
+    assert pdb["spec"] == {
+        "minAvailable": 1,
+        "selector": deployment["spec"]["selector"],
+    }
+
+
+def test_the_redis_run_store_needs_the_secret_of_its_url(tools: Tools) -> None:
+    result = render_text(tools, set_values={"chat.runStore": "redis"}, check=False)
+    assert result.returncode != 0
+    assert "chat.runStore=redis needs chat.redis.existingSecret" in result.stderr
+
+
 def test_operator_workload(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     name, docs = rendered
     full = f"{RELEASE}-sandbox-workspace-operator"
@@ -437,6 +480,7 @@ def test_the_processes_accept_the_charts_settings(
                 expected
             )
             assert settings.session_idle_timeout_seconds == (900 if name == "hardened" else 1800)
+            assert settings.chat_run_store == ("redis" if name == "hardened" else "memory")
         else:
             assert settings.namespaces == [
                 "agent-sandboxes" if name == "hardened" else "sandbox-sessions"

@@ -185,3 +185,9 @@ def conversation_dir(agent: NodeAgent, ns: str, cid: str) -> Path:
     root = agent.data_dir_of(ns, runtime_pod_name("sb-session-alice"))
     assert root is not None
     return root / cid
+
+
+def stats_count_as_activity(runtime: Runtime) -> bool:
+    """Whether the runtime counts ``GET /v1/stats`` as activity (then nothing is idle)."""
+    first = runtime.request("GET", "/v1/stats").json()["last_activity_at"]
+    return runtime.request("GET", "/v1/stats").json()["last_activity_at"] != first

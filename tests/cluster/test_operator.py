@@ -16,7 +16,6 @@ import pytest
 from kubeenv import ApiError, KubeClient, NodeAgent, wait_until
 from operator_env import (
     TIMEOUT,
-    Runtime,
     conversation_dir,
     cws_path,
     make_session,
@@ -24,6 +23,7 @@ from operator_env import (
     running_session,
     runtime_of,
     sbs_path,
+    stats_count_as_activity,
     wait_phase,
 )
 
@@ -250,17 +250,11 @@ def test_finalizer_completes_after_the_runtime_crashed(
 # -- idle stop, resume, TTL, garbage collection -----------------------------------------
 
 
-def _stats_count_as_activity(runtime: Runtime) -> bool:
-    first = runtime.request("GET", "/v1/stats").json()["last_activity_at"]
-    second = runtime.request("GET", "/v1/stats").json()["last_activity_at"]
-    return first != second
-
-
 def test_idle_session_stops_and_resumes_with_its_files(
     kube_api: KubeClient, namespace: str, operator, node_agent: NodeAgent
 ):
     _, runtime = running_session(kube_api, namespace, idleTimeoutSeconds=2)
-    if _stats_count_as_activity(runtime):
+    if stats_count_as_activity(runtime):
         pytest.xfail("the runtime counts GET /v1/stats as activity, so no session is ever idle")
     runtime.upload("conv-1", "data.csv", b"kept")
     session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Stopped", timeout=20)
@@ -288,7 +282,7 @@ def test_deleting_a_stopped_sessions_conversation_resumes_it(
     kube_api: KubeClient, namespace: str, operator, node_agent: NodeAgent
 ):
     _, runtime = running_session(kube_api, namespace, idleTimeoutSeconds=2)
-    if _stats_count_as_activity(runtime):
+    if stats_count_as_activity(runtime):
         pytest.xfail("the runtime counts GET /v1/stats as activity, so no session is ever idle")
     make_workspace(kube_api, namespace, "conv-1")
     wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
@@ -327,7 +321,8 @@ def test_ttl_deletes_the_session_and_everything_in_it(
     kube_api.wait_gone(sbs_path(namespace, "sb-session-alice"), timeout=TIMEOUT)
     wait_until(
         lambda: _children_gone(kube_api, namespace),
-        timeout=TIMEOUT,
+        # pod, then claim, then volume: the finalizer waits for the storage to be gone
+        timeout=2 * TIMEOUT,
         message="pod, secret, PVC and workspaces to be collected",
     )
 
@@ -340,7 +335,8 @@ def test_deleting_a_session_collects_its_children(kube_api: KubeClient, namespac
     kube_api.wait_gone(sbs_path(namespace, "sb-session-alice"), timeout=TIMEOUT)
     wait_until(
         lambda: _children_gone(kube_api, namespace),
-        timeout=TIMEOUT,
+        # pod, then claim, then volume: the finalizer waits for the storage to be gone
+        timeout=2 * TIMEOUT,
         message="pod, secret, PVC and workspaces to be collected",
     )
 

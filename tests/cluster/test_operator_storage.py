@@ -18,6 +18,7 @@ from operator_env import (
     running_session,
     runtime_of,
     sbs_path,
+    stats_count_as_activity,
     wait_phase,
 )
 
@@ -62,11 +63,6 @@ def create_workspace(api: KubeClient, ns: str, name: str, cid: str) -> dict:
         "spec": {"conversationId": cid, "sessionRef": SESSION},
     }
     return api.create(cws_path(ns), body)
-
-
-def _stats_count_as_activity(runtime) -> bool:
-    first = runtime.request("GET", "/v1/stats").json()["last_activity_at"]
-    return runtime.request("GET", "/v1/stats").json()["last_activity_at"] != first
 
 
 @pytest.mark.parametrize(
@@ -176,7 +172,7 @@ def test_operator_restart_with_stopped_sessions_starts_no_pod(
 ):
     first = start_operator()
     _, runtime = running_session(kube_api, namespace, idleTimeoutSeconds=2)
-    if _stats_count_as_activity(runtime):
+    if stats_count_as_activity(runtime):
         pytest.xfail("the runtime counts GET /v1/stats as activity, so no session is ever idle")
     make_workspace(kube_api, namespace, "c1")
     wait_phase(kube_api, cws_path(namespace, "cws-c1"), "Ready")
@@ -218,3 +214,11 @@ def test_delete_and_recreate_a_session_is_not_wedged(
     # A fresh claim: the deleted session's files are not there.
     r = runtime_of(kube_api, namespace, new).request("GET", "/v1/conversations/c1/uploads")
     assert r.status_code == 404 or r.json()["files"] == []
+
+
+def test_storage_cannot_change_under_the_files(kube_api: KubeClient, namespace: str):
+    make_session(kube_api, namespace)
+    with pytest.raises(ApiError) as err:
+        kube_api.patch(sbs_path(namespace, SESSION), {"spec": {"storage": {"persistent": False}}})
+    assert err.value.status == 422 and "storage is immutable" in str(err.value)
+    kube_api.delete(sbs_path(namespace, SESSION))

@@ -302,3 +302,18 @@ async def test_confined_condition_follows_the_runtime(world, events, report, sta
     assert events.reasons().count(reason) == 1
     await check_session(ctx, NS, NAME, logging.getLogger("t"))
     assert events.reasons().count(reason) == 1  # an Event on change only
+
+
+async def test_a_lost_claim_is_reported_not_replaced(world, events) -> None:
+    ctx, kube, _ = world
+    put_session(kube)
+    await reconcile_session(ctx, NS, NAME)
+    kube.objects[CLAIM]["status"] = {"phase": "Lost"}
+    claim_uid = kube.objects[CLAIM]["metadata"]["uid"]
+    await reconcile_session(ctx, NS, NAME)  # the pod waits for its volume
+    status = kube.objects[SESSION_PATH]["status"]
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (status["phase"], ready["reason"]) == ("Error", "ClaimLost")
+    assert "delete the session" in ready["message"]
+    assert "ClaimLost" in events.reasons()
+    assert kube.objects[CLAIM]["metadata"]["uid"] == claim_uid  # a data decision: not ours
