@@ -18,6 +18,7 @@ import httpx
 from sandbox_workspace.runtime.errors import ApiError, BadGateway, Unavailable
 from sandbox_workspace.runtime.schemas import (
     ConversationDeleted,
+    ConversationIds,
     ConversationInfo,
     ExecuteRequest,
     ExecutionResult,
@@ -80,6 +81,11 @@ class RuntimeClient:
 
     async def stats(self) -> RuntimeStats:
         return RuntimeStats.model_validate((await self._request("GET", "/v1/stats")).json())
+
+    async def list_conversations(self, holding: str | None = None) -> list[str]:
+        params = {"holding": holding} if holding is not None else None
+        r = await self._request("GET", "/v1/conversations", params=params)
+        return ConversationIds.model_validate(r.json()).conversations
 
     async def ensure_conversation(self, cid: str) -> ConversationInfo:
         r = await self._request("PUT", f"/v1/conversations/{_seg(cid)}")

@@ -44,6 +44,10 @@ class ConversationInfo(BaseModel):
     total_bytes: int = 0
 
 
+class ConversationIds(BaseModel):
+    conversations: list[str] = Field(description="Conversation ids, sorted.")
+
+
 class ConversationDeleted(BaseModel):
     conversation_id: str
     deleted: bool = Field(description="False when there was nothing to delete.")

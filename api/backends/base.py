@@ -26,6 +26,14 @@ class SessionStatus(StrEnum):
     ERROR = "error"
 
 
+class ConversationPhase(StrEnum):
+    """Where a conversation's files are (INTERFACES.md; provisional until apidel's lands)."""
+
+    READY = "ready"
+    DELETING = "deleting"
+    ABSENT = "absent"
+
+
 @dataclass(frozen=True)
 class SessionSpec:
     """What a caller asks for when creating a session."""
@@ -88,6 +96,9 @@ class Backend(Protocol):
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
         """Record that a conversation is in use (the kubernetes backend creates its CR)."""
+
+    async def conversation_phase(self, session: Session, conversation_id: str) -> ConversationPhase:
+        """Whether the conversation's files exist, are being deleted, or are absent."""
 
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
         """Delete a conversation's files. True when deletion is complete on return,

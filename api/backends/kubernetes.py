@@ -32,7 +32,14 @@ from sandbox_workspace.operator import models, naming
 from sandbox_workspace.operator.kube import Conflict, Kube, core_path, custom_path
 
 from ..runtime_client import RuntimeClient
-from .base import RuntimeEndpoint, Session, SessionExists, SessionSpec, SessionStatus
+from .base import (
+    ConversationPhase,
+    RuntimeEndpoint,
+    Session,
+    SessionExists,
+    SessionSpec,
+    SessionStatus,
+)
 
 _PHASES = {
     "Pending": SessionStatus.PENDING,
@@ -265,6 +272,19 @@ class KubernetesBackend:
             "spec": spec.model_dump(by_alias=True, exclude_none=True),
         }
         await self.kube.create(self._workspaces(), body)  # exists already: fine
+
+    async def conversation_phase(self, session: Session, conversation_id: str) -> ConversationPhase:
+        session_name = naming.session_name_for(session.spec.user_id)
+        cr = await self.kube.get(
+            self._workspaces(naming.workspace_name(session_name, conversation_id))
+        )
+        if cr is not None:
+            if cr.get("metadata", {}).get("deletionTimestamp"):
+                return ConversationPhase.DELETING
+            return ConversationPhase.READY
+        assert session.endpoint is not None  # files written before the CR existed
+        info = await RuntimeClient(self.http, session.endpoint).conversation_info(conversation_id)
+        return ConversationPhase.READY if info.exists else ConversationPhase.ABSENT
 
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
         session_name = naming.session_name_for(session.spec.user_id)

@@ -35,7 +35,14 @@ from sandbox_workspace.operator.models import FileUploadConfig
 from sandbox_workspace.operator.naming import dns_name
 
 from ..runtime_client import RuntimeClient
-from .base import RuntimeEndpoint, Session, SessionExists, SessionSpec, SessionStatus
+from .base import (
+    ConversationPhase,
+    RuntimeEndpoint,
+    Session,
+    SessionExists,
+    SessionSpec,
+    SessionStatus,
+)
 from .bwrap import SANDBOX_WORKSPACE, bwrap_argv
 
 log = logging.getLogger(__name__)
@@ -122,6 +129,7 @@ class LocalBackend:
         self._procs: dict[str, _Process] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiters: set[asyncio.Task] = set()
+        self._deleting: set[tuple[str, str]] = set()  # (session, conversation) being deleted
 
     # -- lifecycle of the backend ------------------------------------------------------
 
@@ -225,11 +233,23 @@ class LocalBackend:
         # The runtime creates directories on first upload; nothing to record locally.
         return None
 
+    async def conversation_phase(self, session: Session, conversation_id: str) -> ConversationPhase:
+        if (session.session_id, conversation_id) in self._deleting:
+            return ConversationPhase.DELETING
+        assert session.endpoint is not None
+        info = await RuntimeClient(self.http, session.endpoint).conversation_info(conversation_id)
+        return ConversationPhase.READY if info.exists else ConversationPhase.ABSENT
+
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
         assert session.endpoint is not None
-        result = await RuntimeClient(self.http, session.endpoint).delete_conversation(
-            conversation_id
-        )
+        key = (session.session_id, conversation_id)
+        self._deleting.add(key)
+        try:
+            result = await RuntimeClient(self.http, session.endpoint).delete_conversation(
+                conversation_id
+            )
+        finally:
+            self._deleting.discard(key)
         return not result.exists
 
     # -- processes -----------------------------------------------------------------------
