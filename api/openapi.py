@@ -14,13 +14,15 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
 
 from sandbox_workspace.runtime.errors import _STATUS_CODES, ApiError, error_response
 
@@ -162,9 +164,19 @@ def operation_id(route: APIRoute) -> str:
     return route.name
 
 
+def _leaf_routes(routes: list) -> Iterator[BaseRoute]:
+    # FastAPI >= 0.16x keeps included routers as wrappers (``original_router``).
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            yield from _leaf_routes(inner.routes)
+        else:
+            yield route
+
+
 def _allowed(request: Request) -> list[str]:
     methods: set[str] = set()
-    for route in request.app.router.routes:
+    for route in _leaf_routes(request.app.router.routes):
         match, _ = route.matches(request.scope)
         if match != Match.NONE and getattr(route, "methods", None):
             methods |= route.methods

@@ -2,6 +2,7 @@
 # Installs the optional system tools the tests exercise, where this machine allows it:
 #   bubblewrap — the local backend presents workspaces at /workspace (tests/api/test_bwrap.py)
 #   curl       — the README walk-through test
+#   nodejs     — seed 000 §6's frontend snippets run as written (tests/api/test_seed_snippets.py)
 #   podman, runc, debootstrap — the image smoke test (tests/image; scripts/build-image.sh):
 #                a Debian base made with debootstrap, the Dockerfile built and run by
 #                podman with runc (~10 s to install; the first image build ~90 s)
@@ -11,6 +12,7 @@ set -euo pipefail
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v curl >/dev/null || missing+=(curl)
+command -v node >/dev/null || missing+=(nodejs)
 command -v nsenter >/dev/null || missing+=(util-linux)
 command -v podman >/dev/null || missing+=(podman)
 [ -x /usr/sbin/runc ] || missing+=(runc)

@@ -28,8 +28,8 @@ def _accepted(name: str) -> bool:
 
 
 # No surrogates: a URL or JSON text carries code points, not UTF-16 halves.
-_NAMES = st.text(
-    st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=80
-).filter(_accepted)
+_NAMES = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=80).filter(
+    _accepted
+)
 
 schemathesis.openapi.format(NAME_FORMAT, _NAMES)
