@@ -26,6 +26,8 @@ from starlette.routing import BaseRoute, Match
 
 from sandbox_workspace.runtime.errors import _STATUS_CODES, ApiError, error_response
 
+from .openapi_deployment import document_deployment
+
 # Seconds a client should wait before retrying: a session that is starting is usually
 # running within a few seconds; a busy runtime frees an execution slot about as fast.
 RETRY_AFTER_SECONDS = 2
@@ -175,85 +177,20 @@ def _leaf_routes(routes: list) -> Iterator[BaseRoute]:
 
 
 def _allowed(request: Request) -> list[str]:
-    methods: set[str] = set()
-    for route in _leaf_routes(request.app.router.routes):
-        match, _ = route.matches(request.scope)
-        if match != Match.NONE and getattr(route, "methods", None):
-            methods |= route.methods
-    if methods:
-        methods.add("OPTIONS")
+    """The methods of the resource the path names: the path template of the first route
+    that matches it (routing order), as the OpenAPI document lists them."""
+    matching = [
+        route
+        for route in _leaf_routes(request.app.router.routes)
+        if getattr(route, "methods", None) and route.matches(request.scope)[0] != Match.NONE
+    ]
+    if not matching:
+        return []
+    template = matching[0].path
+    methods = {m for route in matching if route.path == template for m in route.methods}
+    methods.add("OPTIONS")
     order = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
     return sorted(methods, key=lambda m: order.index(m) if m in order else len(order))
-
-
-_UNIT_BYTES = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
-
-
-def _upload_ceiling(schema: dict, ceiling: int) -> None:
-    """State the platform's upload ceiling per unit, so a schema-valid config is accepted."""
-    config = schema.get("components", {}).get("schemas", {}).get("UploadConfig")
-    if config is None:
-        return
-    fields = config["properties"]
-    default_size, default_unit = (
-        fields["max_file_size"]["default"],
-        fields["max_file_size_unit"]["default"],
-    )
-    branches = []
-    for unit, factor in _UNIT_BYTES.items():
-        largest = ceiling // factor
-        if largest < 1:
-            continue
-        branch: dict = {"properties": {"max_file_size": {"maximum": largest}}, "required": []}
-        if unit == default_unit:  # the unit may be left out
-            branch["properties"]["max_file_size_unit"] = {"enum": [unit]}
-        else:
-            branch["properties"]["max_file_size_unit"] = {"const": unit}
-            branch["required"].append("max_file_size_unit")
-        if default_size > largest:  # the default size would exceed it: must be given
-            branch["required"].append("max_file_size")
-        branches.append(branch)
-    config["anyOf"] = branches
-    config["description"] = (
-        f"{config.get('description', '')} The file size may not exceed this platform's "
-        f"ceiling of {ceiling} bytes (the `anyOf` states it per unit)."
-    ).strip()
-
-
-def _tool_policies(schema: dict, allowed: dict[str, list[str]]) -> None:
-    """Name each tool and the policies a request may pick for it here (only stricter)."""
-    chat = schema.get("components", {}).get("schemas", {}).get("ChatRequest")
-    if chat is None:
-        return
-    field = chat["properties"]["tool_policies"]
-    field["anyOf"] = [
-        {
-            "type": "object",
-            "properties": {name: {"enum": values} for name, values in allowed.items()},
-            "additionalProperties": False,
-        },
-        {"type": "null"},
-    ]
-
-
-def _parameters_not_null(schema: dict) -> None:
-    """An absent query parameter or header is left out, never sent as null: drop the
-    ``null`` branch FastAPI derives from ``X | None`` (a client would send "null")."""
-    for operations in schema.get("paths", {}).values():
-        for operation in operations.values():
-            for parameter in operation.get("parameters", []):
-                options = parameter.get("schema", {}).get("anyOf")
-                if options and {"type": "null"} in options:
-                    rest = [o for o in options if o != {"type": "null"}]
-                    extra = {k: v for k, v in parameter["schema"].items() if k != "anyOf"}
-                    parameter["schema"] = (
-                        {**extra, **rest[0]}
-                        if len(rest) == 1
-                        else {
-                            **extra,
-                            "anyOf": rest,
-                        }
-                    )
 
 
 def install(app: FastAPI, upload_ceiling: int, tool_policies: dict[str, list[str]]) -> None:
@@ -269,9 +206,7 @@ def install(app: FastAPI, upload_ceiling: int, tool_policies: dict[str, list[str
                 routes=app.routes,
                 tags=app.openapi_tags,
             )
-            _upload_ceiling(schema, upload_ceiling)
-            _tool_policies(schema, tool_policies)
-            _parameters_not_null(schema)
+            document_deployment(schema, upload_ceiling, tool_policies)
             app.openapi_schema = schema
         return app.openapi_schema
 

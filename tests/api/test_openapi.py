@@ -8,6 +8,7 @@ implies (405 + Allow, OPTIONS, Retry-After), each checked against the live serve
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -163,3 +164,18 @@ def test_name_pattern_matches_exactly_what_the_server_accepts(name):
     assert bool(re.match(NAME_PATTERN, name)) == accepted
     cid_accepted = accepted and not name.startswith(".")
     assert bool(re.match(CONVERSATION_ID_PATTERN, name)) == cid_accepted
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_api_table_matches_the_document(document):
+    section = README.read_text().split("## API (v1)", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(
+        r"^\| (GET|POST|PUT|PATCH|DELETE) \| `([^`]+)` \| .*\(`(\w+)`\) \|$", section, re.M
+    )
+    in_readme = {(method.lower(), path, op_id) for method, path, op_id in rows}
+    in_document = {
+        (method, path, op["operationId"]) for path, method, op in api_operations(document)
+    }
+    assert in_readme == in_document
