@@ -8,7 +8,8 @@ Contract:
 - Operation ids are the handlers' names (``create_session``, ``list_files``…): unique,
   stable, and what a generated client calls its methods.
 - ``install`` makes the server keep those promises: 405 answers carry an ``Allow`` header
-  listing every method of the path (not only the first route's), ``OPTIONS`` without a
+  listing every method of the resource the path names (all routes of its template, not
+  only the first route's), ``OPTIONS`` without a
   CORS preflight answers 204 with that ``Allow``, and 429/503 carry ``Retry-After``.
 """
 
