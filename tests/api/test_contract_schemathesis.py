@@ -5,7 +5,8 @@ runs are real, and every file type accepted (which types a session accepts is it
 config; the schema cannot know a file's extension rule). Schemathesis runs as its CLI
 with tests/api/schemathesis.toml (why the stateful phase is off is written there) and the
 hooks in tests/support/schemathesis_hooks.py (the ``sandbox-name`` format). Bounded:
-``MAX_EXAMPLES`` per operation keeps the run near a minute on two cores.
+``MAX_EXAMPLES`` per operation keeps the run near a minute on two idle cores
+(measured: 55 s idle, about 3.5 min at load average 10).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.local_backend
 
-MAX_EXAMPLES = 10
+MAX_EXAMPLES = 8
 HERE = Path(__file__).parent
 SUPPORT = HERE.parent / "support"
 
