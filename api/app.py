@@ -20,14 +20,27 @@ from sandbox_workspace.runtime.errors import install_error_handlers
 
 from . import garbage, openapi
 from .backends.base import Backend
+from .chat.chat_index import ChatIndex
 from .chat.llm import LlmClient, LlmConfig
 from .chat.policy import allowed_policies
 from .chat.runs import RunRegistry
+from .chat.runstore import build_store
 from .chat.tools import TOOL_NAMES
 from .deps import Services
 from .identity import Authenticator, StreamTokens
 from .metrics import install_metrics
-from .routes import chat, conversation_state, conversations, execute, files, health, sessions
+from .routes import (
+    ag_ui,
+    chat,
+    conversation_state,
+    conversations,
+    execute,
+    files,
+    health,
+    sessions,
+    ui_chat,
+    web,
+)
 from .sessions import SessionService
 from .settings import ApiSettings
 
@@ -42,7 +55,11 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             raise RuntimeError(
                 "SANDBOX_WORKSPACE_SANDBOX_MOUNT=bwrap but bubblewrap is not installed"
             )
-        return LocalBackend(settings.data_dir, http, bwrap=bwrap)
+        runtime_env = {
+            "SANDBOX_RUNTIME_CONFINEMENT": settings.confinement,
+            "SANDBOX_RUNTIME_NETWORK": settings.session_network,
+        }
+        return LocalBackend(settings.data_dir, http, bwrap=bwrap, runtime_env=runtime_env)
     from sandbox_workspace.operator.kube import Kube, load_credentials
 
     from .backends.kubernetes import KubernetesBackend
@@ -55,6 +72,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         http,
         idle_timeout_seconds=settings.session_idle_timeout_seconds,
         storage=settings.session_storage,
+        network_enabled=settings.session_network == "allow",
     )
 
 
@@ -101,7 +119,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         ),
         authenticator=Authenticator(settings),
         http=http,
-        runs=RunRegistry(settings.chat_run_retention_seconds),
+        runs=RunRegistry(settings.chat_run_retention_seconds, build_store(settings)),
         stream_tokens=StreamTokens(
             settings.stream_token_secret.get_secret_value().encode()
             if settings.stream_token_secret
@@ -114,6 +132,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await backend.start()
+        await services.runs.store.start(lambda *a: chat.resume_run(services, *a))
         garbage.tune()
         try:
             yield
@@ -131,6 +150,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         openapi_tags=openapi.TAGS,
     )
     app.state.services = services
+    app.state.ui_chats = ChatIndex()
     install_error_handlers(app)
     openapi.install(
         app, settings.max_upload_bytes, allowed_policies(TOOL_NAMES, settings.tool_policies)
@@ -150,4 +170,12 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     app.include_router(health.router)
     for module in (sessions, files, conversation_state, conversations, execute, chat):
         app.include_router(module.router, responses=openapi.errors(*openapi.COMMON_ERRORS))
+    if settings.backend != "local":
+        from .backends.kube_errors import install_kube_error_handler
+
+        install_kube_error_handler(app)
+    install_metrics(app, services.runs)
+    for module in (health, sessions, files, conversations, execute, chat, ui_chat, ag_ui):
+        app.include_router(module.router)
+    web.install(app, settings)
     return app

@@ -3,6 +3,11 @@
 #   bubblewrap — the local backend presents workspaces at /workspace (tests/api/test_bwrap.py)
 #   curl       — the README walk-through test
 #   nodejs     — seed 000 §6's frontend snippets run as written (tests/api/test_seed_snippets.py)
+#   redis-server — the Redis-protocol chat run store shared by API replicas
+#                (tests/api/test_runstore_replicas.py, tests/unit/test_runstore_redis.py,
+#                bench/ha.py); Debian's Redis 7 (valkey-server, where installed, is used too)
+#   chromium  — the web page's browser test (tests/browser; Playwright drives Debian's
+#               Chromium, since Playwright's own browser download is not used)
 #   podman, runc, debootstrap — the image smoke test (tests/image; scripts/build-image.sh):
 #                a Debian base made with debootstrap, the Dockerfile built and run by
 #                podman with runc (~10 s to install; the first image build ~90 s)
@@ -14,9 +19,11 @@ command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v curl >/dev/null || missing+=(curl)
 command -v node >/dev/null || missing+=(nodejs)
 command -v nsenter >/dev/null || missing+=(util-linux)
+command -v redis-server >/dev/null || command -v valkey-server >/dev/null || missing+=(redis-server)
 command -v podman >/dev/null || missing+=(podman)
 [ -x /usr/sbin/runc ] || missing+=(runc)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v chromium >/dev/null || missing+=(chromium)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
   echo "installing ${missing[*]} (apt-get)"

@@ -7,6 +7,13 @@ sandbox path ``{workspace}/{conversation_id}/uploads/temparea/{name}``. A bare n
 conversation (seed 000 §6.4's ``downloadFile``) resolves within the caller's session:
 exactly one conversation holds it → that file; several → 409 naming them; none → 404.
 Without a conversation, the listing covers every conversation of the session.
+sandbox path ``{workspace}/{conversation_id}/uploads/temparea/{name}``.
+
+An upload never lands in a conversation that is not tracked: the conversation is
+opened (kubernetes: its ConversationWorkspace, finalizer included, is created) before
+the body's last chunk reaches the runtime (``upload_guard``), a conversation being
+deleted answers 409 ``conversation_deleting``, and after the commit the backend checks
+that no deletion slipped in between (``conversation_written``).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from ..names import NAME_RULES, SessionIdPath, conversation_id_schema, name_sche
 from ..openapi import SESSION_ERRORS, errors
 from ..runtime_client import RuntimeClient
 from ..schemas import FileDeleted, FileList, FileUploaded, SessionFileList
+from ..upload_guard import GuardedBody
 
 router = APIRouter(prefix="/api/v1/sessions/{session_id}/files", tags=["files"])
 
@@ -156,8 +164,24 @@ async def upload_file(
         header = request.headers.get(key) or request.headers.get("x-" + key.replace("_", "-"))
         if value := request.query_params.get(key) or header:
             params[key] = value
-    result = await client.upload(request.stream(), request.headers.get("content-type", ""), params)
-    await services.backend.conversation_opened(session, result.conversation_id)
+    given = params.get("conversation_id")
+    if given is not None:  # known up front: refuse before the body is sent
+        given = Workspace.check_conversation_id(given)
+        await services.backend.conversation_opened(session, given)
+    content_type = request.headers.get("content-type", "")
+    body = GuardedBody(
+        request.stream(),
+        content_type,
+        given,
+        lambda cid: services.backend.conversation_opened(session, cid),
+    )
+    try:
+        result = await client.upload(aiter(body), content_type, params)
+    except Exception:
+        if body.error is not None:  # the guard cut the body short: say why
+            raise body.error from None
+        raise
+    await services.backend.conversation_written(session, result.conversation_id)
     return FileUploaded(**result.model_dump(), session_id=session.session_id)
 
 
