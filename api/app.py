@@ -155,6 +155,10 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     openapi.install(
         app, settings.max_upload_bytes, allowed_policies(TOOL_NAMES, settings.tool_policies)
     )
+    if settings.backend != "local":
+        from .backends.kube_errors import install_kube_error_handler
+
+        install_kube_error_handler(app)
     install_metrics(app, services.runs)
     if settings.cors_allow_origins:
         # Outermost, so preflights are answered before routing and error answers carry
@@ -168,14 +172,17 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
             max_age=600,
         )
     app.include_router(health.router)
-    for module in (sessions, files, conversation_state, conversations, execute, chat):
+    api_modules = (
+        sessions,
+        files,
+        conversation_state,
+        conversations,
+        execute,
+        chat,
+        ui_chat,
+        ag_ui,
+    )
+    for module in api_modules:
         app.include_router(module.router, responses=openapi.errors(*openapi.COMMON_ERRORS))
-    if settings.backend != "local":
-        from .backends.kube_errors import install_kube_error_handler
-
-        install_kube_error_handler(app)
-    install_metrics(app, services.runs)
-    for module in (health, sessions, files, conversations, execute, chat, ui_chat, ag_ui):
-        app.include_router(module.router)
     web.install(app, settings)
     return app
