@@ -133,7 +133,12 @@ _UPLOAD_BODY = {
                 "properties": {
                     "file": {"type": "string", "format": "binary"},
                     "conversation_id": conversation_id_schema(),
-                    "subdir": {"type": "string", "enum": [UPLOAD_SUBDIR], "default": UPLOAD_SUBDIR},
+                    "subdir": {
+                        "type": "string",
+                        "enum": [UPLOAD_SUBDIR, ""],
+                        "default": UPLOAD_SUBDIR,
+                        "description": "Always `temparea` in v1 (empty means the same).",
+                    },
                 },
             }
         }
