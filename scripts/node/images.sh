@@ -6,11 +6,15 @@
 #   $IMAGE — the product image (scripts/build-image.sh --no-smoke; podman's layer cache
 #            makes an unchanged rebuild take seconds)
 #
-#   scripts/node/images.sh                  build (or reuse) both archives; print
-#                                           "pause=REF ARCHIVE" and "image=REF ARCHIVE"
-#   scripts/node/images.sh --import SOCKET  the same, then import both into the containerd
-#                                           listening on SOCKET (namespace k8s.io),
-#                                           skipping an archive that store already holds
+#   scripts/node/images.sh        build (or reuse) both archives; print one line each:
+#                                 "pause=REF ARCHIVE" and "image=REF ARCHIVE"
+#   scripts/node/images.sh --import SOCKET 'REF ARCHIVE'...
+#                                 import those archives (as a build printed them) into
+#                                 the containerd listening on SOCKET (namespace k8s.io),
+#                                 skipping one that store already holds; builds nothing
+#                                 (it runs inside the node tier's namespace, without
+#                                 network). The archives are named explicitly because
+#                                 podman's tag is shared by every checkout on the machine.
 #
 # Archives are cached in .cache/node/ by content: the pause archive by the hash of
 # pause.c, the product's by podman's image ID — so only a changed image is saved again.
@@ -31,9 +35,31 @@ START=$SECONDS
 log() { printf '[node-images %4ds] %s\n' "$((SECONDS - START))" "$*" >&2; }
 die() { printf '[node-images] ERROR: %s\n' "$1" >&2; exit "${2:-1}"; }
 
-socket=""
+# ---- import ----------------------------------------------------------------------------
+import_one() { # ref archive
+  local ref="$1" tar="$2" have
+  have="$("$CTR" --address "$socket" -n k8s.io images ls "name==$ref" 2>/dev/null \
+    | grep -F "$LABEL=$(basename "$tar")" || true)"
+  if [[ -n "$have" ]]; then
+    log "import: $ref already in the store"
+    return
+  fi
+  local t=$SECONDS
+  # The OCI archive names the image by its reference (annotation); --base-name keeps
+  # only that one.
+  "$CTR" --address "$socket" -n k8s.io images import --base-name "${ref%:*}" "$tar" >/dev/null
+  "$CTR" --address "$socket" -n k8s.io images label "$ref" "$LABEL=$(basename "$tar")" >/dev/null
+  log "import: $ref in $((SECONDS - t))s"
+}
 if [[ "${1:-}" == "--import" ]]; then
   socket="${2:?--import needs the containerd socket}"
+  shift 2
+  for pair in "$@"; do
+    read -r ref tar <<<"$pair"
+    [[ -s "$tar" ]] || die "no archive $tar: run scripts/node/images.sh (without --import) first" 3
+    import_one "$ref" "$tar"
+  done
+  exit 0
 fi
 
 PODMAN=(podman)
@@ -64,39 +90,19 @@ if [[ ! -s "$PAUSE_TAR" ]]; then
 fi
 
 # ---- the product image -------------------------------------------------------------
-t0=$SECONDS
 IMAGE="$IMAGE" bash "$ROOT/scripts/build-image.sh" --no-smoke 2>"$CACHE/build-image.log" \
   || { tail -30 "$CACHE/build-image.log" >&2; die "scripts/build-image.sh failed (log: $CACHE/build-image.log)"; }
 image_id="$("${PODMAN[@]}" image inspect --format '{{.Id}}' "$IMAGE" | cut -c1-12)"
 IMAGE_TAR="$CACHE/sandbox-workspace-$image_id.tar"
 if [[ ! -s "$IMAGE_TAR" ]]; then
-  rm -f "$IMAGE_TAR.tmp" "$CACHE"/sandbox-workspace-*.tar  # older builds: no longer needed
+  # Older builds' archives (kept an hour: a concurrent run may be importing one).
+  find "$CACHE" -maxdepth 1 -name 'sandbox-workspace-*.tar' -mmin +60 -delete
+  rm -f "$IMAGE_TAR.tmp"
   "${PODMAN[@]}" save -q --format oci-archive -o "$IMAGE_TAR.tmp" "$IMAGE"
   mv -f "$IMAGE_TAR.tmp" "$IMAGE_TAR"
   log "image: saved $IMAGE ($image_id, $(($(stat -c %s "$IMAGE_TAR") / 1000000)) MB)"
 fi
 log "image: $IMAGE is $image_id (build check ${SECONDS}s)"
-
-# ---- import ----------------------------------------------------------------------------
-import_one() { # ref archive
-  local ref="$1" tar="$2" have
-  have="$("$CTR" --address "$socket" -n k8s.io images ls "name==$ref" 2>/dev/null \
-    | grep -F "$LABEL=$(basename "$tar")" || true)"
-  if [[ -n "$have" ]]; then
-    log "import: $ref already in the store"
-    return
-  fi
-  local t=$SECONDS
-  # The OCI archive names the image by its reference (annotation); --base-name keeps
-  # only that one.
-  "$CTR" --address "$socket" -n k8s.io images import --base-name "${ref%:*}" "$tar" >/dev/null
-  "$CTR" --address "$socket" -n k8s.io images label "$ref" "$LABEL=$(basename "$tar")" >/dev/null
-  log "import: $ref in $((SECONDS - t))s"
-}
-if [[ -n "$socket" ]]; then
-  import_one "$PAUSE_REF" "$PAUSE_TAR"
-  import_one "$IMAGE" "$IMAGE_TAR"
-fi
 
 echo "pause=$PAUSE_REF $PAUSE_TAR"
 echo "image=$IMAGE $IMAGE_TAR"
