@@ -13,7 +13,9 @@ Inside (SANDBOX_NODE_NETNS=1), the fixtures:
 - ``node_cluster`` (session): control plane + kube-scheduler + containerd + kubelet,
   the node Ready (``nodeenv.node.NodeCluster``).
 - ``kube`` (session): a ``kubeenv.KubeClient`` as admin.
-- ``release`` (session, tests/node/release.py): the chart installed as the README says.
+- ``release`` (session, ``nodeenv.release``): the chart installed as the README says,
+  with ``node_llm`` (the scripted model on the node's address) as its chat model.
+- ``session``: a fresh user's session through the API pod (tests/node/sessions.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +39,7 @@ from nodeenv.node import NodeCluster
 from nodeenv.prepare import PrepareFailed, prepare, skip_reason
 from nodeenv.release import Release
 from scripted_llm import ScriptedLLM
+from sessions import UserSession
 
 # The whole inner session (cold image import and chart install included) must fit.
 INNER_TIMEOUT = 1500.0
@@ -155,6 +159,16 @@ def release(release_result, kube: KubeClient) -> Release:
     if result.returncode != 0:
         pytest.fail(f"helm install as the README says failed:\n{result.stdout}\n{result.stderr}")
     return release.connect(kube)
+
+
+@pytest.fixture
+def session(release: Release, kube: KubeClient) -> Iterator[UserSession]:
+    """A fresh user's session (created through the API), deleted afterwards."""
+    s = UserSession(release, kube, f"u-{uuid.uuid4().hex[:8]}")
+    r = s.api.post("/sessions", json={})
+    assert r.status_code in (200, 201, 202), r.text
+    yield s
+    s.delete()
 
 
 @pytest.hookimpl(wrapper=True)
