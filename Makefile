@@ -33,6 +33,7 @@ format: $(STAMP)
 
 test: lint
 	bash scripts/install-system-deps.sh
+	bash scripts/install-node-deps.sh
 	$(BIN)/pytest
 
 bench: $(STAMP)

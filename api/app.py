@@ -18,12 +18,14 @@ from sandbox_workspace.runtime.errors import install_error_handlers
 
 from . import garbage
 from .backends.base import Backend
+from .chat.chat_index import ChatIndex
 from .chat.llm import LlmClient, LlmConfig
 from .chat.runs import RunRegistry
+from .chat.runstore import build_store
 from .deps import Services
 from .identity import Authenticator
 from .metrics import install_metrics
-from .routes import chat, conversations, execute, files, health, sessions
+from .routes import ag_ui, chat, conversations, execute, files, health, sessions, ui_chat, web
 from .sessions import SessionService
 from .settings import ApiSettings
 
@@ -38,7 +40,11 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             raise RuntimeError(
                 "SANDBOX_WORKSPACE_SANDBOX_MOUNT=bwrap but bubblewrap is not installed"
             )
-        return LocalBackend(settings.data_dir, http, bwrap=bwrap)
+        runtime_env = {
+            "SANDBOX_RUNTIME_CONFINEMENT": settings.confinement,
+            "SANDBOX_RUNTIME_NETWORK": settings.session_network,
+        }
+        return LocalBackend(settings.data_dir, http, bwrap=bwrap, runtime_env=runtime_env)
     from sandbox_workspace.operator.kube import Kube, load_credentials
 
     from .backends.kubernetes import KubernetesBackend
@@ -51,6 +57,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         http,
         idle_timeout_seconds=settings.session_idle_timeout_seconds,
         storage=settings.session_storage,
+        network_enabled=settings.session_network == "allow",
     )
 
 
@@ -97,13 +104,14 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         ),
         authenticator=Authenticator(settings),
         http=http,
-        runs=RunRegistry(settings.chat_run_retention_seconds),
+        runs=RunRegistry(settings.chat_run_retention_seconds, build_store(settings)),
         llm=build_llm(settings, http),
     )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await backend.start()
+        await services.runs.store.start(lambda *a: chat.resume_run(services, *a))
         garbage.tune()
         try:
             yield
@@ -114,8 +122,14 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
 
     app = FastAPI(title="Sandbox Workspace API", version=__version__, lifespan=lifespan)
     app.state.services = services
+    app.state.ui_chats = ChatIndex()
     install_error_handlers(app)
+    if settings.backend != "local":
+        from .backends.kube_errors import install_kube_error_handler
+
+        install_kube_error_handler(app)
     install_metrics(app, services.runs)
-    for module in (health, sessions, files, conversations, execute, chat):
+    for module in (health, sessions, files, conversations, execute, chat, ui_chat, ag_ui):
         app.include_router(module.router)
+    web.install(app, settings)
     return app

@@ -79,6 +79,7 @@ class _RunsCollector:
         for state, value in counts.items():
             family.add_metric([state], value)
         yield family
+        yield from getattr(self.runs.store, "metric_families", list)()  # a replicated store
 
 
 def install_metrics(app: FastAPI, runs=None) -> CollectorRegistry:

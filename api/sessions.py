@@ -6,6 +6,11 @@ Contract:
 - ``ensure_running`` is the seed's EnsureSandboxSession: get → create when missing (a 409
   from a concurrent creator is fine) → resume when stopped or failed → wait, bounded by
   the ready timeout, until ``running``. It never returns a session that is not running.
+- A session being deleted (``terminating``) gets no traffic: 503 ``session_terminating``
+  with ``Retry-After``; once it is gone the next call creates a fresh one.
+- After a resume request the status is the one from before it (an old ``Error``): it is
+  judged only once the backend says the resume was acted on (``resume_pending`` false),
+  so recovering a failed session works on the first try.
 """
 
 from __future__ import annotations
@@ -16,7 +21,14 @@ from sandbox_workspace.operator.models import FileUploadConfig
 from sandbox_workspace.operator.naming import session_id_for
 from sandbox_workspace.runtime.errors import NotFoundError, Unavailable
 
-from .backends.base import Backend, Session, SessionExists, SessionSpec, SessionStatus
+from .backends.base import (
+    Backend,
+    Session,
+    SessionExists,
+    SessionSpec,
+    SessionStatus,
+    SessionTerminating,
+)
 from .identity import Caller
 
 
@@ -59,12 +71,18 @@ class SessionService:
     ) -> Session:
         sid = self.own_session_id(caller, session_id)
         session = await self.backend.get_session(sid)
+        _refuse_terminating(session)
         if session is None:
             try:
                 session = await self.backend.create_session(spec or self.default_spec(caller))
             except SessionExists:
                 session = await self.backend.get_session(sid)
-        if session is not None and session.status in (SessionStatus.STOPPED, SessionStatus.ERROR):
+                _refuse_terminating(session)
+        if (
+            session is not None
+            and session.status in (SessionStatus.STOPPED, SessionStatus.ERROR)
+            and not session.resume_pending
+        ):
             session = await self.backend.resume_session(sid)
         if session is not None and session.status == SessionStatus.RUNNING and session.endpoint:
             return session  # the common case: no second look-up
@@ -76,9 +94,10 @@ class SessionService:
             session = await self.backend.get_session(session_id)
             if session is None:
                 raise NotFoundError(f"session '{session_id}' was deleted while starting")
+            _refuse_terminating(session)
             if session.status == SessionStatus.RUNNING and session.endpoint is not None:
                 return session
-            if session.status == SessionStatus.ERROR:
+            if session.status == SessionStatus.ERROR and not session.resume_pending:
                 raise Unavailable(
                     f"session '{session_id}' failed to start: {session.message}",
                     code="session_failed",
@@ -90,3 +109,11 @@ class SessionService:
                     code="session_not_ready",
                 )
             await self.backend.wait_changed(session_id, max(0.0, deadline - time.monotonic()))
+
+
+def _refuse_terminating(session: Session | None) -> None:
+    if session is not None and session.terminating:
+        raise SessionTerminating(
+            f"session '{session.session_id}' is being deleted; retry once it is gone "
+            "(a fresh session is then started)"
+        )

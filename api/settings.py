@@ -55,6 +55,16 @@ class ApiSettings(BaseSettings):
         description="Local backend: `bwrap` shows each session's workspace at /workspace "
         "(as in a pod); `none` uses the data directory path; `auto` picks bwrap if present.",
     )
+    confinement: Literal["auto", "require", "none"] = Field(
+        "auto",
+        description="Local backend: how runtimes confine executed code with Landlock "
+        "(`auto`: when the kernel allows; `require`: refuse to run code otherwise; `none`).",
+    )
+    session_network: Literal["deny", "allow"] = Field(
+        "deny",
+        description="Whether executed code of new sessions may open TCP connections (local "
+        "runtimes; on Kubernetes written into new SandboxSessions as `spec.network.enabled`).",
+    )
     kubeconfig: Path | None = Field(
         None, description="Kubernetes backend: kubeconfig (default: $KUBECONFIG, then in-pod)."
     )
@@ -93,12 +103,31 @@ class ApiSettings(BaseSettings):
     chat_run_retention_seconds: float = Field(
         900.0, ge=0, description="Finished runs stay re-attachable this long."
     )
+    chat_run_store: Literal["memory", "redis"] = Field(
+        "memory",
+        description="Where chat runs live: `memory` (this process; one replica) or `redis` "
+        "(a Redis-protocol server: several replicas, runs survive restarts).",
+    )
+    chat_redis_url: SecretStr | None = Field(
+        None, description="Run store `redis`: redis://[:password@]host:port/db (or rediss://)."
+    )
+    chat_redis_prefix: str = Field("sbw:", description="Run store `redis`: key prefix.")
+    chat_run_lease_seconds: float = Field(
+        10.0, gt=0, description="Run store `redis`: a dead owner's runs move after this."
+    )
+    chat_run_handover_seconds: float = Field(
+        20.0, ge=0, description="Run store `redis`: shutdown waits this long for tool calls."
+    )
     chat_keepalive_seconds: float = Field(15.0, gt=0, description="SSE keep-alive interval.")
     chat_tool_timeout_seconds: float = Field(120.0, gt=0, description="Per tool call.")
     tool_policies: dict[str, Literal["auto", "require_approval", "deny"]] = Field(
         default_factory=dict,
         description='Per tool: auto | require_approval | deny, e.g. {"bash": '
         '"require_approval"}; requests may only make them stricter.',
+    )
+    web_ui: bool | None = Field(
+        None,
+        description="Serve the web page at /ui/ (unset: on with auth_mode=dev, off otherwise).",
     )
     log_level: str = "info"
 
@@ -115,6 +144,11 @@ class ApiSettings(BaseSettings):
             raise ValueError(
                 f"auth_mode=required needs {ENV_PREFIX}SERVICE_TOKEN, {ENV_PREFIX}JWT_SECRET "
                 f"or {ENV_PREFIX}JWT_JWKS_URL"
+            )
+        if self.chat_run_store == "redis" and self.chat_redis_url is None:
+            raise ValueError(
+                f"{ENV_PREFIX}CHAT_RUN_STORE=redis needs {ENV_PREFIX}CHAT_REDIS_URL "
+                "(redis://host:6379/0)"
             )
         if self.service_token is not None and len(self.service_token.get_secret_value()) < 16:
             raise ValueError(f"{ENV_PREFIX}SERVICE_TOKEN must be at least 16 characters")

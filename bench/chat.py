@@ -9,6 +9,11 @@ spread over 5 s (0.2 s in --quick), as users do, so all 200 stream at once for t
 (bench/llm_server.py, bench/stamp_client.py) with their collectors off while measuring:
 the apparatus must neither steal the API's CPU nor book its own pauses as the API's.
 The API's garbage-collector pauses (from its /metrics) are reported beside the figures.
+
+Where a Redis-protocol server is installed, the same load runs a third time through an
+API on the Redis run store (chat.runStore=redis, a local redis-server over TCP): its
+per-event latency against the in-process store's, same run (issue 16 goal: Redis adds
+at most 1 ms at p50 and 10 ms at p99).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from .harness import Figure, dev_server, wait_for_port
+from .harness import Figure, cpu_seconds, dev_server, wait_for_port
 from .stamp_client import post_and_measure
 
 
@@ -134,8 +139,11 @@ def run(quick: bool) -> list[Figure]:
                 "SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none",
             }
             with dev_server(**env) as server, _no_collector_pauses():
+                cpu = cpu_seconds(server.pid)
                 api_seconds, events = asyncio.run(_through_api(server.url, runs, via_api, ramp))
+                cpu_per_event = (cpu_seconds(server.pid) - cpu) / events * 1e6
                 gc_pauses = _gc_pauses(httpx.get(server.url + "/metrics").text)
+            on_redis = _on_redis_store(env, runs, ramp, Path(tmp))
         finally:
             os.killpg(llm.pid, signal.SIGTERM)
             llm.wait(timeout=10)
@@ -144,6 +152,7 @@ def run(quick: bool) -> list[Figure]:
         ordered = sorted(values)
         return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
+    figures = [] if on_redis is None else [_redis_figure(on_redis, via_api, runs, tokens, quantile)]
     return [
         Figure.of(
             f"chat: token → SSE event latency, {runs} runs × {tokens} tokens",
@@ -158,5 +167,53 @@ def run(quick: bool) -> list[Figure]:
             added_p50_ms=round(quantile(via_api, 0.5) - quantile(direct, 0.5), 3),
             added_p99_ms=round(quantile(via_api, 0.99) - quantile(direct, 0.99), 3),
             api_gc_pauses=gc_pauses,
+            api_cpu_us_per_event=round(cpu_per_event, 1),
         ),
+        *figures,
     ]
+
+
+def _on_redis_store(env: dict, runs: int, ramp: float, tmp: Path) -> tuple | None:
+    """The same load through an API whose runs live on a local Redis-protocol server."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+    from redis_server import missing_reason, start_redis
+
+    if missing_reason():
+        print(f"chat: Redis run store not measured — {missing_reason()}", flush=True)
+        return None
+    store = start_redis(tmp / "redis")
+    try:
+        samples: list[float] = []
+        redis_env = {
+            **env,
+            "SANDBOX_WORKSPACE_CHAT_RUN_STORE": "redis",
+            "SANDBOX_WORKSPACE_CHAT_REDIS_URL": store.url,
+        }
+        with dev_server(**redis_env) as server, _no_collector_pauses():
+            cpu, store_cpu = cpu_seconds(server.pid), cpu_seconds(store.proc.pid)
+            seconds, events = asyncio.run(_through_api(server.url, runs, samples, ramp))
+            cpu_us = {
+                "api_cpu_us_per_event": (cpu_seconds(server.pid) - cpu) / events * 1e6,
+                "redis_cpu_us_per_event": (cpu_seconds(store.proc.pid) - store_cpu) / events * 1e6,
+            }
+            gc_pauses = _gc_pauses(httpx.get(server.url + "/metrics").text)
+        return samples, seconds, events, gc_pauses, cpu_us
+    finally:
+        store.stop()
+
+
+def _redis_figure(on_redis: tuple, in_process: list[float], runs: int, tokens: int, quantile):
+    samples, seconds, events, gc_pauses, cpu_us = on_redis
+    return Figure.of(
+        f"chat on the Redis run store: token → SSE event latency, {runs} runs × {tokens} tokens",
+        "ms",
+        samples,
+        "in-process run store (same run)",
+        in_process,
+        goal="added p50 ≤ 1 ms, p99 ≤ 10 ms",
+        events_per_second=round(events / seconds),
+        **{k: round(v, 1) for k, v in cpu_us.items()},
+        added_p50_ms=round(quantile(samples, 0.5) - quantile(in_process, 0.5), 3),
+        added_p99_ms=round(quantile(samples, 0.99) - quantile(in_process, 0.99), 3),
+        api_gc_pauses=gc_pauses,
+    )

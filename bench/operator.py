@@ -41,7 +41,7 @@ from pathlib import Path
 
 import httpx
 
-from .harness import Figure
+from .harness import Figure, cpu_seconds
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests" / "cluster"), str(REPO / "tests" / "support")]  # kubeenv
@@ -281,19 +281,14 @@ def _delete_to_gone(
     return files_gone, cr_gone, baseline, files
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 def _rss_samples(op: Operator, seconds: float) -> tuple[list[float], float]:
     """RSS samples (MB) over ``seconds``, and the CPU the operator used meanwhile (%)."""
     samples = []
-    cpu, start = _cpu_seconds(op.proc.pid), time.monotonic()
+    cpu, start = cpu_seconds(op.proc.pid), time.monotonic()
     while time.monotonic() < start + seconds:
         samples.append(op.rss_mb())
         time.sleep(0.1)
-    used = _cpu_seconds(op.proc.pid) - cpu
+    used = cpu_seconds(op.proc.pid) - cpu
     return samples, 100 * used / (time.monotonic() - start)
 
 

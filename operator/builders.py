@@ -15,12 +15,16 @@ notices and reports it.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from . import naming
 from .models import (
+    ANNOTATION_POD_SPEC,
     ANNOTATION_USER_ID,
     COMPONENT_RUNTIME,
+    LABEL_CLEANUP,
     LABEL_COMPONENT,
     LABEL_SESSION,
     LABEL_USER,
@@ -99,21 +103,28 @@ def container_resources(session: SandboxSession, settings: OperatorSettings) -> 
     return out
 
 
-def runtime_env(session: SandboxSession) -> list[dict[str, Any]]:
-    """SANDBOX_RUNTIME_* settings of the runtime (runtime/settings.py)."""
+def runtime_env(
+    session: SandboxSession, settings: OperatorSettings, secret: str | None = None
+) -> list[dict[str, Any]]:
+    """SANDBOX_RUNTIME_* settings of the runtime (runtime/settings.py); the token comes
+    from ``secret`` (default: the session's runtime Secret)."""
     upload = session.spec.file_upload_config
+    secret = secret or naming.runtime_secret_name(session.name)
     return [
         {
             "name": "SANDBOX_RUNTIME_TOKEN",
-            "valueFrom": {
-                "secretKeyRef": {"name": naming.runtime_secret_name(session.name), "key": TOKEN_KEY}
-            },
+            "valueFrom": {"secretKeyRef": {"name": secret, "key": TOKEN_KEY}},
         },
         {"name": "SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES", "value": str(upload.max_file_size_bytes)},
         {"name": "SANDBOX_RUNTIME_MAX_FILE_COUNT", "value": str(upload.max_file_count)},
         {
             "name": "SANDBOX_RUNTIME_ALLOWED_FILE_TYPES",
             "value": ",".join(upload.allowed_file_types),
+        },
+        {"name": "SANDBOX_RUNTIME_CONFINEMENT", "value": settings.confinement},
+        {
+            "name": "SANDBOX_RUNTIME_NETWORK",
+            "value": "allow" if session.spec.network.enabled else "deny",
         },
         # The root filesystem is read-only; tools that want a home get the scratch space.
         {"name": "HOME", "value": "/tmp"},
@@ -128,8 +139,47 @@ def _workspace_volume(session: SandboxSession) -> dict[str, Any]:
     return {"name": "workspace", "emptyDir": {"sizeLimit": storage.size}}
 
 
+def spec_hash(manifest: dict[str, Any]) -> str:
+    """A digest of a pod manifest's spec: equal digests, equal pods."""
+    text = json.dumps(manifest["spec"], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def build_sandbox_pod(session: SandboxSession, settings: OperatorSettings) -> dict[str, Any]:
-    """The pod running the runtime for ``session``."""
+    """The pod running the runtime for ``session``, annotated with the digest of its
+    spec (``ANNOTATION_POD_SPEC``) so a spec change that needs a new pod is noticed."""
+    pod = _runtime_pod(session, settings)
+    pod["metadata"]["annotations"][ANNOTATION_POD_SPEC] = spec_hash(pod)
+    return pod
+
+
+def build_cleanup_pod(
+    session: SandboxSession, settings: OperatorSettings, claim: str
+) -> dict[str, Any]:
+    """A short-lived runtime on an orphaned ``claim``, only to delete conversations'
+    directories from it (``session``: a stand-in giving the user id and defaults).
+    Never labelled with a session: no session's reconciler mistakes it for its pod."""
+    pod = _runtime_pod(session, settings, secret=naming.cleanup_secret_name(claim))
+    pod["metadata"]["name"] = naming.cleanup_pod_name(claim)
+    pod["metadata"]["labels"].pop(LABEL_SESSION)
+    pod["metadata"]["labels"][LABEL_CLEANUP] = claim
+    volume = {"name": "workspace", "persistentVolumeClaim": {"claimName": claim}}
+    pod["spec"]["volumes"][0] = volume
+    return pod
+
+
+def build_cleanup_secret(session: SandboxSession, claim: str, token: str) -> dict[str, Any]:
+    """The bearer token of the cleanup pod on ``claim``."""
+    secret = build_runtime_secret(session, token)
+    secret["metadata"]["name"] = naming.cleanup_secret_name(claim)
+    secret["metadata"]["labels"].pop(LABEL_SESSION)
+    secret["metadata"]["labels"][LABEL_CLEANUP] = claim
+    return secret
+
+
+def _runtime_pod(
+    session: SandboxSession, settings: OperatorSettings, secret: str | None = None
+) -> dict[str, Any]:
     image = session.spec.image or settings.image
     container = {
         "name": CONTAINER_NAME,
@@ -146,7 +196,7 @@ def build_sandbox_pod(session: SandboxSession, settings: OperatorSettings) -> di
             WORKSPACE_MOUNT,
         ],
         "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
-        "env": runtime_env(session),
+        "env": runtime_env(session, settings, secret),
         "resources": container_resources(session, settings),
         "readinessProbe": {
             "httpGet": {"path": "/healthz", "port": RUNTIME_PORT},

@@ -22,6 +22,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from .idrules import (
+    CONVERSATION_ID_PATTERN,
+    MAX_BYTES,
+    NAME_PATTERN,
+    NOT_DOTS,
+    check_conversation_id,
+    check_user_id,
+    runtime_rule,
+)
+
 GROUP = "sandboxworkspace.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -44,6 +54,11 @@ ANNOTATION_RESUME = f"{PREFIX}/resume-requested"
 # Set by the API while chat runs are open or approvals pending (activity the runtime
 # cannot see); the idle check uses the later of this and the runtime's own activity.
 ANNOTATION_LAST_ACTIVITY = f"{PREFIX}/last-activity"
+# On a sandbox pod: digest of the spec it was built from (a different digest: the session's
+# spec changed in a way that needs a new pod).
+ANNOTATION_POD_SPEC = f"{PREFIX}/pod-spec"
+# On a cleanup pod and its Secret: the orphaned claim it serves.
+LABEL_CLEANUP = f"{PREFIX}/cleanup-of"
 FINALIZER_FILES = f"{PREFIX}/files"
 COMPONENT_RUNTIME = "runtime"
 
@@ -64,9 +79,11 @@ DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 def _immutable(what: str) -> dict:
     """CEL rule making a field write-once (the apiserver refuses a change)."""
-    return {
-        "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": f"{what} is immutable"}]
-    }
+    return {"rule": "self == oldSelf", "message": f"{what} is immutable"}
+
+
+def _cel(*rules: dict) -> dict:
+    return {"x-kubernetes-validations": list(rules)}
 
 
 class CamelModel(BaseModel):
@@ -156,14 +173,27 @@ class StorageSpec(CamelModel):
     )
 
 
+class NetworkSpec(CamelModel):
+    """Network access of executed code."""
+
+    enabled: bool = Field(
+        False,
+        description="Let code open TCP connections (SANDBOX_RUNTIME_NETWORK=allow). Off: "
+        "the runtime denies TCP bind/connect to every process it starts for code.",
+    )
+
+
 class SandboxSessionSpec(CamelModel):
     """One user's sandbox: a pod running the runtime, with the user's workspace."""
 
     user_id: str = Field(
         min_length=1,
         max_length=253,
-        description="The platform's user id (verbatim; the resource name is its DNS slug).",
-        json_schema_extra=_immutable("userId"),
+        pattern=NAME_PATTERN,
+        description="The platform's user id (verbatim; the resource name is its DNS slug). "
+        "A name as the runtime accepts it: no '/', '\\', control characters or surrounding "
+        "whitespace, not '.' or '..'.",
+        json_schema_extra=_cel(_immutable("userId"), NOT_DOTS, MAX_BYTES),
     )
     agent_id: str | None = Field(None, max_length=253, description="Agent the session serves.")
     business_domain_id: str | None = Field(
@@ -192,8 +222,18 @@ class SandboxSessionSpec(CamelModel):
         None, min_length=1, description="Runtime image; unset uses the operator's default."
     )
     storage: StorageSpec = Field(
-        default_factory=StorageSpec, description="Where the workspace is kept."
+        default_factory=StorageSpec,
+        description="Where the workspace is kept. Immutable: the files live there, and the "
+        "deletion guarantee follows them (a change would strand them on the old storage).",
+        json_schema_extra=_cel(_immutable("storage")),
     )
+    network: NetworkSpec = Field(
+        default_factory=NetworkSpec,
+        description="Network access of the code the sandbox runs (off by default).",
+    )
+
+    # "before": the runtime's own message says what is wrong, not the pattern's.
+    _user_rule = field_validator("user_id", mode="before")(runtime_rule(check_user_id))
 
 
 SessionPhase = Literal["Pending", "Running", "Stopped", "Error"]
@@ -242,18 +282,33 @@ class ConversationWorkspaceSpec(CamelModel):
     conversation_id: str = Field(
         min_length=1,
         max_length=255,
-        description="The conversation id; the directory is `/workspace/{conversationId}`.",
-        json_schema_extra=_immutable("conversationId"),
+        pattern=CONVERSATION_ID_PATTERN,
+        description="The conversation id; the directory is `/workspace/{conversationId}`. "
+        "One directory name as the runtime accepts it: no '/', '\\', control characters, "
+        "leading '.' or surrounding whitespace; at most 255 bytes in UTF-8.",
+        json_schema_extra=_cel(_immutable("conversationId"), MAX_BYTES),
     )
     session_ref: str = Field(
         min_length=1,
         max_length=63,
         pattern=DNS_LABEL_PATTERN,
         description="Name of the SandboxSession (same namespace) holding the directory.",
-        json_schema_extra=_immutable("sessionRef"),
+        json_schema_extra=_cel(_immutable("sessionRef")),
     )
     agent_id: str | None = Field(None, max_length=253, description="Agent of the conversation.")
-    user_id: str | None = Field(None, max_length=253, description="User owning the conversation.")
+    user_id: str | None = Field(
+        None,
+        max_length=253,
+        pattern=NAME_PATTERN,
+        description="User owning the conversation (the rules of SandboxSession `userId`).",
+        json_schema_extra=_cel(NOT_DOTS, MAX_BYTES),
+    )
+
+    _id_rule = field_validator("conversation_id", mode="before")(
+        runtime_rule(check_conversation_id)
+    )
+    # "before": the runtime's own message says what is wrong, not the pattern's.
+    _user_rule = field_validator("user_id", mode="before")(runtime_rule(check_user_id))
 
 
 class ConversationWorkspaceStatus(StatusModel):

@@ -76,3 +76,12 @@ def workspace_name(session_name: str, conversation_id: str) -> str:
     name contains (so the split is unambiguous) and a slug never keeps (so the result is
     always hashed over both ids): no two pairs share a name."""
     return dns_name(f"{session_name}/{conversation_id}")
+
+
+def cleanup_pod_name(claim_name: str) -> str:
+    """The short-lived pod deleting directories from an orphaned claim."""
+    return dns_name(f"{claim_name}-cleanup")
+
+
+def cleanup_secret_name(claim_name: str) -> str:
+    return dns_name(f"{claim_name}-cleanup-token")

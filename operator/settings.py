@@ -54,6 +54,12 @@ class OperatorSettings(BaseSettings):
         default_factory=_default_resources,
         description="Resources of sandbox pods, key by key, where the session sets none.",
     )
+    confinement: Literal["auto", "require"] = Field(
+        "auto",
+        description="Landlock confinement of executed code in sandbox pods "
+        "(SANDBOX_RUNTIME_CONFINEMENT): auto confines when the node's kernel allows and "
+        "reports it (condition Confined); require refuses to run code unconfined.",
+    )
     tmp_size_limit: str = Field("256Mi", description="sizeLimit of the /tmp emptyDir.")
     termination_grace_seconds: int = Field(
         10, ge=0, description="Grace period of sandbox pods (the runtime stops fast)."

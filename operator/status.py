@@ -10,6 +10,7 @@ carried over from the previous status: a session stays Stopped until resumed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -63,6 +64,18 @@ def observe_pod(pod: dict[str, Any] | None) -> PodState:
         reason = status.get("reason") or "PodFailed"
         return PodState("failed", reason, status.get("message") or detail, ip=ip, name=name)
     waiting = state.get("waiting") or {}
+    unschedulable = next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+        ),
+        None,
+    )
+    if unschedulable is not None and phase == "Pending":
+        # Reported, not replaced: the scheduler retries, and a new pod would wait the same.
+        message = unschedulable.get("message") or "no node can run the sandbox pod"
+        return PodState("pending", "Unschedulable", message, name=name)
     if waiting.get("reason") in _BROKEN_WAITING:
         return PodState("broken", waiting["reason"], waiting.get("message", ""), ip=ip, name=name)
     started = (state.get("running") or {}).get("startedAt") or status.get("startTime")
@@ -133,11 +146,29 @@ def session_status(
     *,
     stopped: bool = False,
     stop_reason: tuple[str, str] = ("IdleTimeout", "stopped after idleTimeoutSeconds"),
+    restart_required: bool = False,
 ) -> SandboxSessionStatus:
     """The whole status of ``session`` given its pod (``stopped``: the pod is gone on
-    purpose; ``stop_reason``: reason and message of that stop)."""
+    purpose; ``stop_reason``: reason and message of that stop; ``restart_required``: the
+    running pod was built from an older spec and is replaced once the session is idle).
+
+    ``observedGeneration`` tells the truth: it moves to the spec's generation only when
+    what runs (or the absence of a pod) reflects that spec."""
     prev = session.status
     conds = list(prev.conditions)
+    if restart_required:
+        conds = set_condition(
+            conds,
+            "RestartRequired",
+            True,
+            "SpecChanged",
+            "the spec changed; the pod is replaced with the new spec once the session is idle",
+            now,
+        )
+    elif condition(prev, "RestartRequired") is not None:
+        conds = set_condition(
+            conds, "RestartRequired", False, "UpToDate", "the pod runs the current spec", now
+        )
     if stopped:
         phase: SessionPhase = "Stopped"
         old = condition(prev, "Stopped")
@@ -171,11 +202,26 @@ def session_status(
         last_activity_time=prev.last_activity_time,
         started_at=None if stopped else (pod.started_at or None),
         expires_at=expiry,
-        observed_generation=session.generation,
+        observed_generation=prev.observed_generation if restart_required else session.generation,
     )
 
 
-_ORDER = {"Ready": 0, "Stopped": 1, "Expired": 2}
+def confined_condition(report: Mapping[str, Any] | None) -> tuple[bool, str, str] | None:
+    """The ``Confined`` condition (status, reason, message) from the runtime's
+    confinement report (``GET /v1/stats``); None when the runtime reports none."""
+    if not report:
+        return None
+    if report.get("confined"):
+        abi, network = report.get("landlock_abi", 0), report.get("network", "")
+        features = ", ".join(report.get("features") or [])
+        return True, "Landlock", f"Landlock ABI {abi}; network {network}; {features}".strip()
+    reason = str(report.get("reason") or "")
+    if report.get("mode") == "none":
+        return False, "ConfinementDisabled", reason or "confinement is turned off (mode none)"
+    return False, "LandlockUnavailable", reason or "the kernel offers no Landlock"
+
+
+_ORDER = {"Ready": 0, "Stopped": 1, "Expired": 2, "Confined": 3, "RestartRequired": 4}
 
 
 def _ordered(conds: list[Condition]) -> list[Condition]:

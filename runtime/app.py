@@ -58,6 +58,7 @@ class RuntimeState:
             allowed_types=tuple(settings.allowed_file_types),
         )
         self.locks = ConversationLocks()
+        self.deletions = ConversationLocks()
         self.activity = Activity()
         self.executor = Executor(
             self.workspace,
@@ -66,7 +67,9 @@ class RuntimeState:
             max_concurrent=settings.max_concurrent_executions,
             kernel_idle_seconds=settings.kernel_idle_seconds,
             confinement=Confinement(
-                max_processes=settings.max_processes, mode=settings.confinement
+                max_processes=settings.max_processes,
+                mode=settings.confinement,
+                network=settings.network,
             ),
         )
 
@@ -110,6 +113,7 @@ async def stats(state: Observer) -> RuntimeStats:
         last_activity_at=state.activity.last_activity_at,
         active_operations=state.activity.active,
         conversations=len(state.workspace.conversation_ids()),
+        confinement=state.executor.confinement.report(),
     )
 
 
@@ -127,11 +131,14 @@ async def conversation_info(conversation_id: str, state: State) -> ConversationI
 
 @router.delete("/conversations/{conversation_id}")
 async def delete_conversation(conversation_id: str, state: State) -> ConversationDeleted:
-    """Delete the conversation directory; idempotent, answers only once it is gone."""
-    with state.activity.track():
-        # Its interpreter goes first: no process may keep working in a deleted directory.
-        await state.executor.restart(conversation_id)
-        return await anyio.to_thread.run_sync(state.workspace.delete_conversation, conversation_id)
+    """Delete the conversation's files and state; idempotent, answers once verified gone."""
+    ws = state.workspace
+    with state.activity.track(), ws.deleting(conversation_id) as cid:
+        # One deletion of a conversation at a time; writes are refused (409) meanwhile.
+        async with state.deletions.get(cid):
+            # Its processes go first: nothing may keep writing into what we delete.
+            await state.executor.stop_conversation(cid)
+            return await anyio.to_thread.run_sync(ws.delete_conversation, cid)
 
 
 @router.post("/uploads", status_code=201)
@@ -174,8 +181,9 @@ async def download(conversation_id: str, name: str, state: State) -> StreamingRe
         "Content-Length": str(opened.size),
         "Content-Disposition": content_disposition(opened.info.name),
         "X-Sandbox-Path": urllib.parse.quote(opened.info.path),
-        "X-Content-SHA256": opened.info.sha256,
     }
+    if not opened.info.modified:  # after code changed the bytes, the digest would lie
+        headers["X-Content-SHA256"] = opened.info.sha256
     return StreamingResponse(
         _read_fd(opened.fd, state.activity), media_type=opened.info.mime_type, headers=headers
     )
@@ -277,6 +285,7 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         # Look twice per idle period (at most every 30 s) so reaping is never late by more
         # than half a period.
         interval = min(30.0, settings.kernel_idle_seconds / 2)
+        await state.executor.start()
         reaper = asyncio.create_task(state.executor.reap_forever(interval=interval))
         try:
             yield

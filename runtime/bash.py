@@ -1,24 +1,23 @@
 """``language: bash``: a fresh process per call, in the conversation's directory.
 
-Contract: the script runs as ``bash --noprofile --norc -c CODE`` in its own session with
-stdin closed and a scrubbed environment; stdout and stderr are read concurrently into the
-collector as they come. At the deadline the whole process group is killed. When the
-script ends, whatever it left running in its group (``sleep 1000 &``) is killed too, so
-one call cannot leave work behind. The exit code is data: 124 on timeout, like
+Contract: the script runs as ``bash --noprofile --norc -c CODE``, started through the
+spawner (confined, in its own session, stdin ``/dev/null``, a scrubbed environment);
+stdout and stderr are read concurrently into the collector as they come. At the deadline
+the call's whole process tree is killed — whatever it started, daemons included. When the
+script ends, whatever it left running (``sleep 1000 &``, ``setsid … &``) is killed too,
+so one call cannot leave work behind. The exit code is data: 124 on timeout, like
 ``timeout(1)``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
+from collections.abc import Callable
 
-from .confinement import Confinement
-from .identity import identity
 from .output import OutputCollector
+from .pipes import CodePipes
 from .schemas import ExecutionError
+from .spawner import Spawner
 
 _READ_CHUNK = 64 * 1024
 _DRAIN_GRACE = 2.0
@@ -28,54 +27,48 @@ TIMEOUT_EXIT_CODE = 124
 async def run_bash(
     code: str,
     *,
+    cid: str,
     cwd: str,
     env: dict[str, str],
+    read_write: list[str],
     timeout: float,
     collector: OutputCollector,
-    confinement: Confinement,
-    user: int | None = None,
-    group: int | None = None,
+    spawner: Spawner,
+    guard: Callable[[], None] | None = None,
 ) -> tuple[int, ExecutionError | None]:
-    proc = await asyncio.create_subprocess_exec(
-        *confinement.wrap(["bash", "--noprofile", "--norc", "-c", code]),
-        cwd=cwd,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-        **identity(user, group),
-    )
-    confinement.after_spawn(proc.pid)
-    assert proc.stdout is not None and proc.stderr is not None
-    readers = [
-        asyncio.create_task(_pump("stdout", proc.stdout, collector)),
-        asyncio.create_task(_pump("stderr", proc.stderr, collector)),
-    ]
-    error = None
+    pipes = CodePipes()
     try:
-        async with asyncio.timeout(timeout):
-            await proc.wait()
-    except TimeoutError:
-        error = ExecutionError(name="TimeoutError", value=f"execution exceeded {timeout:g}s")
+        try:
+            call = await spawner.spawn(
+                cid, ["bash", "--noprofile", "--norc", "-c", code], env=env, cwd=cwd,
+                read_write=read_write, fds=pipes.child_fds, guard=guard,
+            )  # fmt: skip
+        finally:
+            pipes.close_child_ends()
+        readers = [
+            asyncio.create_task(_pump("stdout", await pipes.reader(pipes.stdout), collector)),
+            asyncio.create_task(_pump("stderr", await pipes.reader(pipes.stderr), collector)),
+        ]
+        error = None
+        try:
+            async with asyncio.timeout(timeout):
+                exit_code = await asyncio.shield(call.exited)
+        except BaseException as e:  # timeout, or the request was cancelled: kill the tree
+            spawner.kill(call)
+            exit_code = await asyncio.shield(call.exited)
+            if not isinstance(e, TimeoutError):
+                raise
+            error = ExecutionError(name="TimeoutError", value=f"execution exceeded {timeout:g}s")
+        # The tree is gone, so the pipes are at EOF; the grace only bounds a slow drain.
+        _, pending = await asyncio.wait(readers, timeout=_DRAIN_GRACE)
+        for task in pending:
+            task.cancel()
     finally:
-        _kill_group(proc.pid)
-        await proc.wait()
-    # Descendants that escaped the group could hold the pipes open: bound the wait.
-    _, pending = await asyncio.wait(readers, timeout=_DRAIN_GRACE)
-    for task in pending:
-        task.cancel()
+        pipes.close()
     collector.finish()
-    exit_code = TIMEOUT_EXIT_CODE if error else proc.returncode
-    assert exit_code is not None
-    return exit_code, error
+    return (TIMEOUT_EXIT_CODE if error else exit_code), error
 
 
 async def _pump(name: str, reader: asyncio.StreamReader, collector: OutputCollector) -> None:
     while chunk := await reader.read(_READ_CHUNK):
         collector.feed(name, chunk)
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)

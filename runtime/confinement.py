@@ -1,35 +1,60 @@
-"""How executed code is started: limits and isolation around every process we spawn for it.
+"""What confines executed code: decided once at start-up, applied by the spawner.
 
-Contract: ``Confinement.wrap(argv)`` returns the argv to spawn instead, and
-``after_spawn(pid)`` applies what cannot be set before. What is applied depends on what
-this machine allows, decided once at start-up and reported by ``describe``:
+Contract: ``Confinement(settings…)`` probes the machine and holds the decision;
+``report()`` says what is applied (``/v1/stats``); ``spawner_config(…)`` is the plain data
+the spawner process needs to confine every code process it starts;
+``check_can_execute()`` raises ``ConfinementUnavailable`` (503) when the mode is
+``require`` and Landlock is missing.
 
-- ``pids cgroup`` (a writable cgroup-v1 ``pids`` hierarchy, e.g. a root runtime on a
-  development machine): every process of executed code joins one cgroup of this runtime
-  with ``pids.max`` — a fork bomb hits the ceiling instead of the machine's pid table. The
-  process joins *before* exec, through ``sh -c 'echo $$ > cgroup.procs; exec …'``, so no
-  child escapes the limit.
-- ``pid namespace`` (root with util-linux ``unshare``): code gets its own PID namespace
-  and ``/proc``, so it cannot see the runtime's process (its environment holds the bearer
-  token) and killing the namespace's first process reliably ends everything in it.
-- ``setpriv --pdeathsig`` (util-linux): executed code dies with the runtime even when the
-  runtime is SIGKILLed, so no interpreter outlives it.
-- ``RLIMIT_NPROC`` (non-root, as in a pod): set right after spawn; the pod's own pid limit
-  and ``PR_SET_DUMPABLE=0`` on the runtime (see ``harden_runtime_process``) do the rest.
+What a code process gets, when Landlock is available (highest ABI, best effort):
+- read-only (read, execute, list): the system (``/usr``, ``/lib*``, ``/bin``, ``/sbin``,
+  ``/etc``, ``/opt``, ``/proc``, ``/sys``), the interpreter and its libraries
+  (``sys.prefix``, ``sys.base_prefix``, ``sys.path``), this package's source, and a few
+  device nodes (``/dev/null`` … read-write);
+- read-write (every right, ``refer`` and ``truncate`` included): its conversation's
+  directory and its private scratch directory — nothing else, so no other conversation,
+  no runtime state (``{root}/.runtime``), not the runtime's temporary files;
+- TCP bind/connect denied unless ``network == "allow"`` (ABI 4);
+- abstract unix sockets and signals scoped to its own domain (ABI 6): it cannot signal
+  the runtime, the spawner or its reapers, nor talk to their abstract sockets.
+A read-only candidate that contains the workspace root or the scratch base is dropped
+(e.g. ``sys.path[0]`` being a parent of the root), so read access never reaches them.
+
+Other limits, as the machine allows: a cgroup-v1 ``pids`` hierarchy with ``pids.max``
+(a root runtime on a development machine), else ``RLIMIT_NPROC`` for a non-root runtime;
+``PR_SET_DUMPABLE=0`` on the runtime (``harden_runtime_process``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
-import resource
-import shutil
+import sys
 import time
 from pathlib import Path
 
+from . import landlock
+from .errors import ApiError
+from .schemas import ConfinementReport
+
+log = logging.getLogger(__name__)
+
 _PR_SET_DUMPABLE = 4
 _CGROUP_V1_PIDS = Path("/sys/fs/cgroup/pids")
+_SYSTEM_READ_ONLY = (
+    "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/opt",
+    "/proc", "/sys",
+)  # fmt: skip
+_DEV_READ_WRITE = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty")
+_DEV_READ_ONLY = ("/dev/random", "/dev/urandom")
+
+
+class ConfinementUnavailable(ApiError):
+    """``confinement: require`` and Landlock cannot be applied."""
+
+    status, code = 503, "confinement_unavailable"
 
 
 def harden_runtime_process() -> None:
@@ -39,13 +64,143 @@ def harden_runtime_process() -> None:
 
 
 class Confinement:
-    def __init__(self, *, max_processes: int, mode: str = "auto") -> None:
+    def __init__(self, *, max_processes: int, mode: str = "auto", network: str = "deny") -> None:
+        self.mode = mode
+        self.network = network
         self.max_processes = max_processes
         self.root = os.geteuid() == 0
-        enabled = mode != "none"
-        self.cgroup = self._make_cgroup() if enabled and self.root else None
-        self.unshare = shutil.which("unshare") if enabled and self.root else None
-        self.setpriv = shutil.which("setpriv") if enabled else None
+        self.abi, self.unavailable = self._probe() if mode != "none" else (0, "")
+        self.cgroup = self._make_cgroup() if mode != "none" and self.root else None
+        if mode != "none" and not self.abi:
+            log.warning(
+                "EXECUTED CODE IS NOT CONFINED: Landlock is unavailable (%s); mode %s %s",
+                self.unavailable,
+                mode,
+                "refuses to run code" if mode == "require" else "runs code unconfined",
+                extra={"confinement": self.report().model_dump()},
+            )
+
+    @staticmethod
+    def _probe() -> tuple[int, str]:
+        abi = landlock.abi_version()
+        return abi, ("" if abi else landlock.unavailable_reason())
+
+    @property
+    def confined(self) -> bool:
+        return self.abi > 0
+
+    def policy(self) -> landlock.Policy:
+        net = 0 if self.network == "allow" else landlock.NET_BIND_TCP | landlock.NET_CONNECT_TCP
+        scoped = landlock.SCOPE_ABSTRACT_UNIX_SOCKET | landlock.SCOPE_SIGNAL
+        return landlock.Policy(landlock.fs_all(5), net, scoped).for_abi(self.abi)
+
+    def features(self) -> list[str]:
+        policy = self.policy()
+        found = ["subreaper"]
+        if self.confined:
+            found.append("filesystem")
+            for name, bit in (
+                ("refer", landlock.FS_REFER),
+                ("truncate", landlock.FS_TRUNCATE),
+                ("ioctl_dev", landlock.FS_IOCTL_DEV),
+            ):
+                if policy.fs & bit:
+                    found.append(name)
+            if policy.net:
+                found.append("tcp")
+            if policy.scoped & landlock.SCOPE_ABSTRACT_UNIX_SOCKET:
+                found.append("scope_abstract_unix_socket")
+            if policy.scoped & landlock.SCOPE_SIGNAL:
+                found.append("scope_signal")
+        if self.cgroup:
+            found.append("pids_cgroup")
+        elif not self.root:
+            found.append("rlimit_nproc")
+        return found
+
+    def report(self) -> ConfinementReport:
+        if self.mode == "none":
+            reason = "confinement is off (confinement: none)"
+        elif not self.confined:
+            reason = self.unavailable
+        else:
+            missing = [f"ABI {abi}: {what}" for abi, what in _LATER_FEATURES if self.abi < abi]
+            if self.network != "allow" and self.abi < 4:
+                missing.append("TCP cannot be denied")
+            reason = ("kernel lacks " + "; ".join(missing)) if missing else ""
+        if self.network == "allow":
+            network = "allowed"
+        else:
+            network = "denied" if self.confined and self.abi >= 4 else "unrestricted"
+        return ConfinementReport(
+            mode=self.mode,
+            confined=self.confined,
+            landlock_abi=self.abi,
+            network=network,
+            features=self.features(),
+            reason=reason,
+        )
+
+    def describe(self) -> list[str]:
+        """One line per applied measure, for the start-up log."""
+        return self.features()
+
+    def check_can_execute(self) -> None:
+        if self.mode == "require" and not self.confined:
+            raise ConfinementUnavailable(
+                f"this sandbox refuses to run code unconfined (confinement: require) and "
+                f"Landlock is unavailable: {self.unavailable}. Run on Linux >= 5.13 with "
+                "Landlock enabled (lsm=…,landlock), allow the landlock_* syscalls in the "
+                "seccomp profile, or set confinement to auto"
+            )
+
+    def read_only_rules(self, *, protected: list[str]) -> list[tuple[str, int]]:
+        """Read-only paths: system, interpreter, package — minus any parent of ``protected``."""
+        import sandbox_workspace
+        import sandbox_workspace.runtime
+
+        # Only the two package directories the interpreter needs (kernel_main), not the
+        # source tree around them: a development data directory may live inside it.
+        packages = [
+            os.path.dirname(m.__file__ or "")
+            for m in (sandbox_workspace, sandbox_workspace.runtime)
+        ]
+        candidates = [
+            *_SYSTEM_READ_ONLY,
+            sys.prefix,
+            sys.base_prefix,
+            sys.exec_prefix,
+            str(Path(sys.executable).resolve().parent),
+            *packages,
+            # Not the runtime's working directory (``python -m`` puts it first): code needs
+            # none of it, and it may be a home directory.
+            *(p for p in sys.path if p and os.path.isdir(p) and p != os.getcwd()),
+        ]
+        rules: list[tuple[str, int]] = []
+        seen = set()
+        for candidate in candidates:
+            path = os.path.realpath(candidate)
+            if path in seen or any(_contains(path, p) or _contains(p, path) for p in protected):
+                continue
+            seen.add(path)
+            rules.append((path, landlock.FS_READ))
+        read_write_dev = landlock.FS_READ_FILE | landlock.FS_WRITE_FILE | landlock.FS_TRUNCATE
+        rules += [(p, read_write_dev | landlock.FS_IOCTL_DEV) for p in _DEV_READ_WRITE]
+        rules += [(p, landlock.FS_READ_FILE) for p in _DEV_READ_ONLY]
+        return rules
+
+    def spawner_config(self, *, protected: list[str], run_as: tuple[int, int] | None) -> dict:
+        """Everything the spawner needs, as JSON-able data."""
+        policy = self.policy()
+        return {
+            "landlock": self.confined,
+            "policy": [policy.fs, policy.net, policy.scoped],
+            "read_only": self.read_only_rules(protected=protected) if self.confined else [],
+            "read_write": landlock.fs_all(self.abi) if self.confined else 0,
+            "cgroup": str(self.cgroup) if self.cgroup else None,
+            "nproc": self.max_processes if not self.root else None,
+            "run_as": list(run_as) if run_as else None,
+        }
 
     def _make_cgroup(self) -> Path | None:
         if not os.access(_CGROUP_V1_PIDS, os.W_OK):
@@ -60,38 +215,6 @@ class Confinement:
             return None
         return path
 
-    def describe(self) -> list[str]:
-        parts = []
-        if self.cgroup:
-            parts.append(f"pids cgroup (max {self.max_processes})")
-        if self.unshare:
-            parts.append("pid namespace")
-        if not self.root:
-            parts.append(f"RLIMIT_NPROC {self.max_processes}")
-        return parts or ["none"]
-
-    def wrap(self, argv: list[str]) -> list[str]:
-        if self.unshare:
-            argv = [self.unshare, "--pid", "--fork", "--mount-proc", "--kill-child", *argv]
-        if self.setpriv:
-            # If the runtime is killed outright, its code processes must die with it.
-            argv = [self.setpriv, "--pdeathsig", "KILL", "--", *argv]
-        if self.cgroup:
-            argv = [
-                "/bin/sh",
-                "-c",
-                'echo $$ > "$0/cgroup.procs" && exec "$@"',
-                str(self.cgroup),
-                *argv,
-            ]
-        return argv
-
-    def after_spawn(self, pid: int) -> None:
-        if not self.root:
-            limit = (self.max_processes, self.max_processes)
-            with contextlib.suppress(OSError, ValueError):
-                resource.prlimit(pid, resource.RLIMIT_NPROC, limit)
-
     def close(self) -> None:
         if self.cgroup is None:
             return
@@ -103,6 +226,19 @@ class Confinement:
                 return
             except OSError:
                 time.sleep(0.01)
+
+
+_LATER_FEATURES = (
+    (2, "refer (cross-directory links and renames are refused)"),
+    (3, "truncate"),
+    (5, "ioctl on devices"),
+    (6, "signal and abstract unix socket scoping"),
+)
+
+
+def _contains(parent: str, child: str) -> bool:
+    """Whether ``child`` is ``parent`` or lies beneath it (both real paths)."""
+    return child == parent or child.startswith(parent.rstrip("/") + "/")
 
 
 def _remove_stale(parent: Path) -> None:

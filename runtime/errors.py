@@ -39,6 +39,8 @@ class ApiError(Exception):
 
     status = 500
     code = "internal_error"
+    # Seconds after which a retry may succeed: sent as ``Retry-After`` when set.
+    retry_after: int | None = None
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -114,8 +116,10 @@ def _describe_validation(exc: RequestValidationError) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return error_response(exc.status, exc.code, exc.message, headers)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+        if exc.retry_after is not None:
+            headers["Retry-After"] = str(exc.retry_after)
+        return error_response(exc.status, exc.code, exc.message, headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -8,8 +8,13 @@ Contract:
   ``bash`` a fresh process. A non-zero exit code or an exception is data in the result.
 - At most ``max_concurrent`` executions run at once; a call waits up to its own timeout
   for a slot, then gets 429. Running executions count as activity (``Activity.track``).
-- Kernels idle longer than ``kernel_idle_seconds`` are reaped; deleting a conversation
-  kills its kernel first, so no process keeps its directory alive.
+- Every code process is started by the spawner (``runtime/spawner.py``): confined with
+  Landlock to its conversation directory and a private scratch directory (its ``HOME``,
+  ``TMPDIR``, ``MPLCONFIGDIR``, outside the workspace), tracked with everything it starts.
+- Nothing is spawned for a conversation being deleted (409 ``conversation_deleting``,
+  checked right before the spawn request leaves); ``stop_conversation`` kills every
+  process of a conversation and removes its scratch directory.
+- Kernels idle longer than ``kernel_idle_seconds`` are reaped.
 """
 
 from __future__ import annotations
@@ -17,15 +22,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
+import tempfile
 import time
+from collections.abc import Callable
 
+from . import pathsafe
 from .activity import Activity
 from .bash import run_bash
 from .confinement import Confinement
-from .errors import ApiError
+from .errors import ApiError, Conflict
 from .kernel import PythonKernel
 from .output import EventSink, OutputCollector
-from .schemas import ExecuteRequest, ExecutionResult
+from .schemas import ExecuteRequest, ExecutionError, ExecutionResult
+from .spawner import Spawner, SpawnFailed
 from .workspace import Workspace
 
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -35,6 +45,12 @@ class TooBusy(ApiError):
     """Every execution slot is taken."""
 
     status, code = 429, "too_many_executions"
+
+
+class ConversationDeleting(Conflict):
+    """The conversation is being deleted: nothing may start in it."""
+
+    code = "conversation_deleting"
 
 
 class Executor:
@@ -54,29 +70,54 @@ class Executor:
         self.activity = activity
         self.output_cap = output_cap
         self.kernel_idle_seconds = kernel_idle_seconds
-        self.run_as = run_as
         self._slots = asyncio.Semaphore(max_concurrent)
         self._kernels: dict[str, PythonKernel] = {}
+        # Bumped by stop_conversation: executions that started before it report the stop.
+        self._generation: dict[str, int] = {}
+        self.scratch_root = tempfile.mkdtemp(prefix="sbw-scratch-")  # mode 0700
+        protected = [os.path.realpath(workspace.root.path), os.path.realpath(self.scratch_root)]
+        self.spawner = Spawner(confinement.spawner_config(protected=protected, run_as=run_as))
 
-    def environment(self, cwd: str) -> dict[str, str]:
+    async def start(self) -> None:
+        await self.spawner.start()
+
+    def scratch(self, cid: str) -> str:
+        return os.path.join(self.scratch_root, cid)
+
+    def environment(self, cid: str, cwd: str) -> dict[str, str]:
         """The whole environment executed code sees (nothing inherited by accident)."""
-        path = os.environ.get("PATH", _SAFE_PATH)
+        # The runtime's own interpreter first: `python3` in code is the one with the
+        # sandbox libraries, and its directory is readable under confinement (a shim
+        # elsewhere on the runtime's PATH, e.g. pyenv's, may not be).
+        interpreter_dir = os.path.dirname(sys.executable)
+        path = os.pathsep.join([interpreter_dir, os.environ.get("PATH", _SAFE_PATH)])
+        scratch = self.scratch(cid)
         return {
             "PATH": path,
-            "HOME": "/tmp",
+            "HOME": scratch,
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",
             "PYTHONDONTWRITEBYTECODE": "1",
             "MPLBACKEND": "Agg",
-            "MPLCONFIGDIR": os.path.join("/tmp", f"mpl-{os.getuid()}"),
-            "TMPDIR": "/tmp",
+            "MPLCONFIGDIR": scratch,
+            "TMPDIR": scratch,
             "WORKSPACE_DIR": cwd,
         }
+
+    def _guard(self, cid: str) -> Callable[[], None]:
+        def check() -> None:
+            if self.workspace.is_deleting(cid):
+                raise ConversationDeleting(
+                    f"conversation '{cid}' is being deleted; retry once deletion completes"
+                )
+
+        return check
 
     async def execute(
         self, conversation_id: str, request: ExecuteRequest, on_event: EventSink | None = None
     ) -> ExecutionResult:
+        self.confinement.check_can_execute()
         cid = self.workspace.ensure_layout(conversation_id)
         cwd = self.workspace.real_path(cid)
         collector = OutputCollector(self.output_cap, on_event)
@@ -86,29 +127,41 @@ class Executor:
                 await self._slots.acquire()
         except TimeoutError:
             raise TooBusy("every execution slot is busy; retry shortly") from None
+        generation = self._generation.get(cid, 0)
         try:
             with self.activity.track():
-                user, group = self.run_as or (None, None)
+                os.makedirs(self.scratch(cid), mode=0o700, exist_ok=True)
+                read_write = [cwd, self.scratch(cid)]
+                restarted = False
                 if request.language == "python":
-                    kernel = self._kernel(cid, cwd)
+                    kernel = self._kernel(cid, cwd, read_write)
                     error, restarted = await kernel.execute(
                         request.code, request.timeout, collector
                     )
                     exit_code = 0 if error is None else 1
                 else:
-                    restarted = False
                     exit_code, error = await run_bash(
                         request.code,
+                        cid=cid,
                         cwd=cwd,
-                        env=self.environment(cwd),
+                        env=self.environment(cid, cwd),
+                        read_write=read_write,
                         timeout=request.timeout,
                         collector=collector,
-                        confinement=self.confinement,
-                        user=user,
-                        group=group,
+                        spawner=self.spawner,
+                        guard=self._guard(cid),
                     )
+        except SpawnFailed as e:
+            collector.finish()
+            exit_code = 126
+            error = ExecutionError(name="SpawnError", value=f"the code could not start: {e}")
         finally:
             self._slots.release()
+        if self._generation.get(cid, 0) != generation:
+            error = ExecutionError(
+                name="ConversationStopped",
+                value="the conversation's processes were stopped: it is being deleted",
+            )
         return ExecutionResult(
             conversation_id=cid,
             language=request.language,
@@ -122,12 +175,16 @@ class Executor:
             kernel_restarted=restarted,
         )
 
-    def _kernel(self, cid: str, cwd: str) -> PythonKernel:
+    def _kernel(self, cid: str, cwd: str, read_write: list[str]) -> PythonKernel:
         kernel = self._kernels.get(cid)
         if kernel is None:
-            user, group = self.run_as or (None, None)
             kernel = PythonKernel(
-                cwd, self.environment(cwd), self.confinement, user=user, group=group
+                cid,
+                cwd,
+                self.environment(cid, cwd),
+                self.spawner,
+                read_write=read_write,
+                guard=self._guard(cid),
             )
             self._kernels[cid] = kernel
         return kernel
@@ -140,6 +197,24 @@ class Executor:
             return False
         await kernel.kill()
         return True
+
+    async def stop_conversation(self, conversation_id: str) -> None:
+        """Afterwards no process of the conversation exists and its scratch dir is gone.
+
+        Every call is killed with its whole tree (interpreter, running bash, daemons);
+        executions in flight end with a ``ConversationStopped`` error.
+        """
+        cid = self.workspace.check_conversation_id(conversation_id)
+        self._generation[cid] = self._generation.get(cid, 0) + 1
+        kernel = self._kernels.pop(cid, None)
+        await self.spawner.stop(cid)
+        if kernel is not None:
+            await kernel.kill()
+        fd = os.open(self.scratch_root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            await asyncio.to_thread(pathsafe.remove_tree, fd, cid)
+        finally:
+            os.close(fd)
 
     async def reap_idle(self) -> list[str]:
         now = time.monotonic()
@@ -159,6 +234,12 @@ class Executor:
                 await self.reap_idle()
 
     async def aclose(self) -> None:
-        kernels, self._kernels = self._kernels, {}
-        await asyncio.gather(*(k.kill() for k in kernels.values()), return_exceptions=True)
+        self._kernels = {}
+        await self.spawner.aclose()  # the spawner kills every call before it exits
         self.confinement.close()
+        parent, name = os.path.split(self.scratch_root)
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            pathsafe.remove_tree(fd, name)
+        finally:
+            os.close(fd)

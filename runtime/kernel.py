@@ -4,7 +4,8 @@ Contract: ``PythonKernel.execute`` runs one cell at a time (a lock serialises ca
 starting the interpreter on first use. Output reaches the ``OutputCollector`` as it is
 produced; the call returns only once the interpreter said ``done`` *and* the per-cell
 sentinel arrived on both stdout and stderr, so no output is lost or attributed to the
-wrong cell. A cell over its timeout kills the interpreter's whole process group (state is
+wrong cell. The interpreter is started through the spawner (confined, tracked with every
+process it starts). A cell over its timeout kills that whole process tree (state is
 lost; the next call starts a fresh one and says so with ``kernel_restarted``). An
 interpreter that dies mid-cell is reported as ``KernelDied``, never as an HTTP error.
 """
@@ -15,16 +16,16 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .confinement import Confinement
-from .identity import identity
 from .output import OutputCollector
+from .pipes import CodePipes
 from .schemas import ExecutionError
+from .spawner import Call, Spawner
 
 _READ_CHUNK = 64 * 1024
 _START_TIMEOUT = 30.0
@@ -48,29 +49,32 @@ class KernelDied(Exception):
 class PythonKernel:
     def __init__(
         self,
+        cid: str,
         cwd: str,
         env: dict[str, str],
-        confinement: Confinement,
+        spawner: Spawner,
         *,
-        user: int | None = None,
-        group: int | None = None,
+        read_write: list[str],
+        guard: Callable[[], None] | None = None,
     ) -> None:
-        self.confinement = confinement
+        self.cid = cid
         self.cwd = cwd
         self.env = env
-        self.user = user
-        self.group = group
-        self.proc: asyncio.subprocess.Process | None = None
+        self.spawner = spawner
+        self.read_write = read_write
+        self.guard = guard
+        self.call: Call | None = None
         self.last_used = time.monotonic()
         self._lock = asyncio.Lock()
         self._cell: _Cell | None = None
         self._cmd_w: int | None = None
+        self._pipes: CodePipes | None = None
         self._readers: list[asyncio.Task] = []
         self._ready: asyncio.Future | None = None
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
+        return self.call is not None and not self.call.exited.done()
 
     @property
     def busy(self) -> bool:
@@ -78,37 +82,27 @@ class PythonKernel:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        cmd_r, cmd_w = os.pipe()
-        evt_r, evt_w = os.pipe()
-        env = {**self.env, "SBW_KERNEL_CMD_FD": str(cmd_r), "SBW_KERNEL_EVT_FD": str(evt_w)}
+        pipes = self._pipes = CodePipes(to_child=1, from_child=1)
+        # The command and event pipes are the code process's fds 3 and 4.
+        env = {**self.env, "SBW_KERNEL_CMD_FD": "3", "SBW_KERNEL_EVT_FD": "4"}
+        argv = [sys.executable, "-u", "-m", "sandbox_workspace.runtime.kernel_main"]
         try:
-            argv = [sys.executable, "-u", "-m", "sandbox_workspace.runtime.kernel_main"]
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.confinement.wrap(argv),
-                cwd=self.cwd,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=(cmd_r, evt_w),
-                start_new_session=True,
-                **identity(self.user, self.group),
-            )
+            self.call = await self.spawner.spawn(
+                self.cid, argv, env=env, cwd=self.cwd, read_write=self.read_write,
+                fds=pipes.child_fds, guard=self.guard,
+            )  # fmt: skip
+        except BaseException:
+            pipes.close()
+            self._pipes = None
+            raise
         finally:
-            os.close(cmd_r)
-            os.close(evt_w)
-        self.confinement.after_spawn(self.proc.pid)
-        self._cmd_w = cmd_w
+            pipes.close_child_ends()
+        self._cmd_w = pipes.writers[0]
         self._ready = loop.create_future()
-        evt_reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
-        await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(evt_reader), os.fdopen(evt_r, "rb", buffering=0)
-        )
-        assert self.proc.stdout is not None and self.proc.stderr is not None
         self._readers = [
-            asyncio.create_task(self._read_events(evt_reader)),
-            asyncio.create_task(self._read_stream("stdout", self.proc.stdout)),
-            asyncio.create_task(self._read_stream("stderr", self.proc.stderr)),
+            asyncio.create_task(self._read_events(await pipes.reader(pipes.readers[0]))),
+            asyncio.create_task(self._read_stream("stdout", await pipes.reader(pipes.stdout))),
+            asyncio.create_task(self._read_stream("stderr", await pipes.reader(pipes.stderr))),
         ]
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), _START_TIMEOUT)
@@ -123,8 +117,15 @@ class PythonKernel:
         async with self._lock:
             restarted = False
             if not self.alive:
-                await self.start()
                 restarted = True
+                try:
+                    await self.start()
+                except (KernelDied, TimeoutError):
+                    collector.finish()
+                    error = ExecutionError(
+                        name="KernelDied", value="the interpreter exited while it was starting"
+                    )
+                    return error, restarted
             cell = _Cell(
                 collector=collector, sentinel=f"\x00\x1esbw-{uuid.uuid4().hex}\x1e\x00".encode()
             )
@@ -167,25 +168,26 @@ class PythonKernel:
             return (ExecutionError(**error) if error else None), restarted
 
     async def _exit_code(self) -> int | None:
-        if self.proc is None:
+        call = self.call
+        if call is None:
             return None
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.proc.wait(), 1.0)
-        return self.proc.returncode
+            return await asyncio.wait_for(asyncio.shield(call.exited), 1.0)
+        return None
 
     async def kill(self) -> None:
-        proc, self.proc = self.proc, None
-        if self._cmd_w is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._cmd_w)
-            self._cmd_w = None
-        if proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+        """Kill the interpreter and everything it started; returns once they are gone."""
+        call, self.call = self.call, None
+        pipes, self._pipes = self._pipes, None
+        self._cmd_w = None
+        if call is not None:
+            self.spawner.kill(call)
+            await asyncio.shield(call.exited)
         for task in self._readers:
             task.cancel()
         self._readers = []
+        if pipes is not None:
+            pipes.close()
 
     async def _read_events(self, reader: asyncio.StreamReader) -> None:
         try:

@@ -1,6 +1,7 @@
 """Agent outputs: what code wrote under ``{conversation}/outputs/``.
 
-Contract: listing walks outputs/ without following symlinks (bounded by ``limit``);
+Contract: listing walks outputs/ iteratively without following symlinks, bounded by
+``limit`` files and ten times as many entries visited (``truncated`` says so);
 opening a file resolves its relative path component by component through the same
 path-safety rules as uploads, so a symlink planted there is refused, never followed.
 These files are the agent's, never shown as user uploads; the chat's ``present_file``
@@ -19,6 +20,7 @@ from .schemas import OutputFile, OutputList
 from .workspace import Workspace, guess_mime
 
 OUTPUTS = "outputs"
+_ENTRIES_PER_FILE = 10
 
 
 @dataclass(frozen=True)
@@ -32,20 +34,25 @@ class OpenedOutput:
 
 def list_outputs(ws: Workspace, conversation_id: str, limit: int = 2000) -> OutputList:
     cid = ws.check_conversation_id(conversation_id)
-    files, truncated = [], False
-    for rel, st in ws.walk_files([cid, OUTPUTS]):
-        if len(files) >= limit:
-            truncated = True
-            break
-        files.append(
-            OutputFile(
-                relative_path="/".join(rel),
-                path=ws.visible(cid, OUTPUTS, *rel),
-                size=st.st_size,
-                modified_at=datetime.fromtimestamp(st.st_mtime, UTC),
-                mime_type=guess_mime(rel[-1]),
+    files: list[OutputFile] = []
+    truncated = False
+    # Entries visited are bounded too: a directory of a million empty subdirectories
+    # holds no file but must not cost a million stats per listing.
+    with ws.walk([cid, OUTPUTS], max_entries=limit * _ENTRIES_PER_FILE) as walk:
+        for rel, st in walk:
+            if len(files) >= limit:
+                truncated = True
+                break
+            files.append(
+                OutputFile(
+                    relative_path="/".join(rel),
+                    path=ws.visible(cid, OUTPUTS, *rel),
+                    size=st.st_size,
+                    modified_at=datetime.fromtimestamp(st.st_mtime, UTC),
+                    mime_type=guess_mime(rel[-1]),
+                )
             )
-        )
+        truncated = truncated or not walk.complete
     return OutputList(
         conversation_id=cid, path=ws.visible(cid, OUTPUTS), files=files, truncated=truncated
     )

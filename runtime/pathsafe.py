@@ -10,7 +10,10 @@ Contract:
 - ``SafeRoot`` walks beneath a root directory file descriptor one component at a time with
   ``O_NOFOLLOW``; a symlink anywhere under the root is never followed (it raises
   ``UnsafePath``), whatever code running in the sandbox planted. Nothing here resolves a
-  path string with ``realpath``.
+  path string with ``realpath``. Modes code set to lock the runtime out of its own tree
+  (``chmod 000``) are given back to the owner when a lookup meets them.
+- ``remove_tree`` (from ``tree``): iterative deletion beneath a directory descriptor that
+  never follows a symlink and survives any depth, count, name or mode.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ import stat
 import unicodedata
 from collections.abc import Iterator, Sequence
 
-MAX_NAME_BYTES = 255
+from .tree import DIR_FLAGS as _DIR_FLAGS
+from .tree import grant_owner_access, remove_tree
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+__all__ = ["NotFound", "SafeRoot", "UnsafePath", "check_name", "remove_tree", "split_relative"]
+
+MAX_NAME_BYTES = 255
 
 
 class UnsafePath(ValueError):
@@ -96,16 +102,13 @@ class SafeRoot:
             os.close(self._fd)
             self._fd = -1
 
-    def _walk(self, parts: Sequence[str], *, create: bool) -> int:
+    def open_dir(self, parts: Sequence[str], *, create: bool = False) -> int:
         """Open the directory ``parts`` beneath the root; the caller closes the fd."""
         fd = os.dup(self._fd)
         try:
             for part in parts:
-                if create:
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(part, 0o755, dir_fd=fd)
                 try:
-                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    nxt = _open_component(fd, part, create=create)
                 except FileNotFoundError as e:
                     raise NotFound(part) from e
                 except (NotADirectoryError, OSError) as e:
@@ -124,7 +127,7 @@ class SafeRoot:
     @contextlib.contextmanager
     def directory(self, parts: Sequence[str], *, create: bool = False) -> Iterator[int]:
         """Yield an fd for the directory ``parts`` (created when asked), closing it after."""
-        fd = self._walk(parts, create=create)
+        fd = self.open_dir(parts, create=create)
         try:
             yield fd
         finally:
@@ -132,21 +135,25 @@ class SafeRoot:
 
     def exists_dir(self, parts: Sequence[str]) -> bool:
         """True for a real directory; False when missing or a symlink (never followed)."""
+        if not parts:
+            return True
         try:
-            with self.directory(parts):
-                return True
-        except (NotFound, UnsafePath):
+            return stat.S_ISDIR(self.lstat(parts).st_mode)
+        except (NotFound, UnsafePath, NotADirectoryError):
             return False
 
     def open_file(self, parts: Sequence[str]) -> int:
         """Open a regular file for reading; symlinks, FIFOs, devices and dirs are refused."""
         *dirs, name = parts
         with self.directory(dirs) as dfd:
+            # O_NONBLOCK: opening a FIFO planted by sandbox code must not hang us.
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             try:
-                # O_NONBLOCK: opening a FIFO planted by sandbox code must not hang us.
-                fd = os.open(
-                    name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
-                )
+                try:
+                    fd = os.open(name, flags, dir_fd=dfd)
+                except PermissionError:  # code made it unreadable: it is still ours
+                    grant_owner_access(dfd, name, want=0o600)
+                    fd = os.open(name, flags, dir_fd=dfd)
             except FileNotFoundError as e:
                 raise NotFound(name) from e
             except OSError as e:
@@ -169,32 +176,24 @@ class SafeRoot:
                 raise NotFound(name) from e
 
 
+def _open_component(fd: int, part: str, *, create: bool) -> int:
+    """One step down. Everything under the root is the runtime's: modes that code set to
+    lock us out (chmod 000, a parent without search) are given back, then retried once."""
+    for attempt in (1, 2):
+        try:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            return os.open(part, _DIR_FLAGS, dir_fd=fd)
+        except PermissionError:
+            if attempt == 2:
+                raise
+            grant_owner_access(fd, part)
+    raise AssertionError("unreachable")
+
+
 def _is_symlink(dir_fd: int, name: str) -> bool:
     try:
         return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
     except OSError:
         return False
-
-
-def remove_tree(dir_fd: int, name: str) -> None:
-    """Delete ``name`` beneath ``dir_fd`` recursively without following any symlink.
-
-    Symlinks are unlinked, never traversed, so a link planted to ``/`` cannot widen the
-    deletion. Missing entries are fine (idempotent).
-    """
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=dir_fd)
-        return
-    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    try:
-        for entry in os.listdir(fd):
-            remove_tree(fd, entry)
-    finally:
-        os.close(fd)
-    with contextlib.suppress(FileNotFoundError):
-        os.rmdir(name, dir_fd=dir_fd)

@@ -21,6 +21,12 @@ class UploadedFile(BaseModel):
     uploaded_at: datetime
     conversation_id: str
     subdir: str = UPLOAD_SUBDIR
+    modified: bool = Field(
+        False,
+        description="True when executed code changed the file after the upload (its bytes "
+        "or its inode: write, chmod, link): size is the current one, sha256 the uploaded "
+        "bytes' digest.",
+    )
 
 
 class UploadResult(UploadedFile):
@@ -42,12 +48,28 @@ class ConversationInfo(BaseModel):
     outputs_path: str
     file_count: int = 0
     total_bytes: int = 0
+    complete: bool = Field(
+        True,
+        description="False when the tree was too large or partly unreadable to count "
+        "whole: file_count and total_bytes are then lower bounds.",
+    )
 
 
 class ConversationDeleted(BaseModel):
     conversation_id: str
     deleted: bool = Field(description="False when there was nothing to delete.")
     exists: bool = Field(False, description="Always false on success: verified gone.")
+
+
+class ConfinementReport(BaseModel):
+    """What confines executed code in this runtime (see runtime/confinement.py)."""
+
+    mode: str = Field(description="The setting: auto, require or none.")
+    confined: bool = Field(description="Executed code runs under Landlock.")
+    landlock_abi: int = Field(description="The kernel's Landlock ABI; 0 = unavailable.")
+    network: str = Field(description="TCP for code: denied, allowed or unrestricted.")
+    features: list[str] = Field(description="Measures applied (filesystem, tcp, scope_signal…).")
+    reason: str = Field(description="Empty when fully confined; else what is missing and why.")
 
 
 class RuntimeStats(BaseModel):
@@ -57,6 +79,7 @@ class RuntimeStats(BaseModel):
     last_activity_at: datetime
     active_operations: int
     conversations: int
+    confinement: ConfinementReport | None = None
 
 
 class Health(BaseModel):

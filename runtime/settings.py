@@ -46,8 +46,14 @@ class RuntimeSettings(BaseSettings):
     max_processes: int = Field(
         512, ge=16, description="Ceiling on processes of executed code (fork bombs stop here)."
     )
-    confinement: Literal["auto", "none"] = Field(
-        "auto", description="`auto`: pids cgroup / pid namespace / RLIMIT_NPROC as available."
+    confinement: Literal["auto", "require", "none"] = Field(
+        "auto",
+        description="`auto`: confine executed code with Landlock when the kernel allows, "
+        "say so loudly when not; `require`: refuse to run code unconfined (execute answers "
+        "503 confinement_unavailable); `none`: no Landlock (a baseline for benchmarks).",
+    )
+    network: Literal["deny", "allow"] = Field(
+        "deny", description="TCP bind/connect for executed code (Landlock ABI >= 4)."
     )
     kernel_idle_seconds: float = Field(
         1800.0, gt=0, description="A Python interpreter unused this long is stopped."

@@ -140,7 +140,7 @@ class _Receiver:
                 raise BadRequest("the 'file' field must carry a filename")
             self.file_name = self.ws.check_file_name(part.file_name)
             self.limits.check_type(self.file_name)
-            name, fd = self.ws.new_staging_file()
+            name, fd = self.ws.staging.new_file()
             self.staged = _StagedFile(name=name, fd=fd)
 
     def _on_data(self, data: bytes) -> None:
@@ -180,7 +180,7 @@ class _Receiver:
     def discard(self) -> None:
         if self.staged is not None:
             os.close(self.staged.fd)
-            self.ws.discard_staging_file(self.staged.name)
+            self.ws.staging.discard(self.staged.name)
             self.staged = None
 
 
@@ -224,25 +224,22 @@ async def receive_upload(
         workspace.check_subdir(_pick("subdir", receiver.fields.get("subdir"), subdir))
         await anyio.to_thread.run_sync(os.fsync, staged.fd)
         async with locks.get(cid):
+            # Checked again in commit_upload, synchronously with the rename: a deletion
+            # that starts while we waited for the lock still wins.
+            workspace.refuse_if_deleting(cid)
             name = receiver.file_name
-            if (
-                not workspace.has_upload(cid, name)
-                and workspace.count_uploads(cid) >= limits.max_file_count
-            ):
+            replaced = workspace.has_upload(cid, name)
+            if not replaced and workspace.count_uploads(cid) >= limits.max_file_count:
                 raise Conflict(
                     f"conversation '{cid}' already has {limits.max_file_count} files, the "
                     "limit; delete one first",
                     code="file_count_exceeded",
                 )
-            os.close(staged.fd)
-            receiver.staged = None
-            try:
-                return workspace.commit_upload(
-                    staged.name, cid, name, staged.size, staged.digest.hexdigest()
-                )
-            except BaseException:
-                workspace.discard_staging_file(staged.name)
-                raise
+            info = workspace.commit_upload(
+                staged.name, staged.fd, cid, name, staged.size, staged.digest.hexdigest()
+            )
+            receiver.discard()  # closes our descriptor; the name has moved already
+            return UploadResult(**info.model_dump(), replaced=replaced)
     except ApiError:
         receiver.discard()
         await _drain(iterator)

@@ -1,53 +1,61 @@
-"""The workspace on disk: conversation directories, user uploads and their metadata.
+"""The workspace on disk: conversation directories, user uploads, deletion.
 
 Layout beneath the root (``/workspace`` in a pod)::
 
     {conversation_id}/uploads/temparea/{file}   user uploads — the path agent code opens
-    {conversation_id}/uploads/.meta/{hash}.json  upload metadata (what makes a file an upload)
     {conversation_id}/outputs/                   agent outputs, never listed as uploads
-    .runtime/staging/                            partial uploads, renamed into place when whole
+    .runtime/                                    the runtime's own state (``state``):
+        staging/                                 partial uploads, renamed into place whole
+        meta/{conversation_id}/{hash}.json       upload metadata (``metastore``)
 
 Contract: every access goes through ``pathsafe.SafeRoot`` (no symlink is ever followed);
-a file counts as a user upload only while its metadata exists, so files that code writes
-into temparea are not listed; uploads become visible atomically (rename) or not at all;
-conversation ids starting with "." are refused because the runtime keeps its own state in
-dot-directories.
+conversation ids starting with "." are refused (the runtime's state lives there).
+A file is listed, served and counted as a user upload only while its metadata exists
+and it is still the very file we stored (same inode): a file code wrote into temparea,
+or put in an upload's place (new file, hard link, symlink, FIFO), is not an upload. If
+code changed an upload's bytes in place, it stays listed with its current size and
+``modified: true`` (its ``sha256`` is the uploaded bytes'; downloads then omit the digest).
+Uploads become visible atomically (rename) or not at all. State damaged anyway is
+repaired at start (``migrate`` for old layouts) and on use. While ``deleting(cid)`` is
+held, nothing may create or write the conversation: 409 ``conversation_deleting``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
+import logging
 import mimetypes
 import os
 import stat
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import pathsafe
-from .errors import BadRequest, NotFoundError
-from .schemas import (
-    UPLOAD_SUBDIR,
-    ConversationDeleted,
-    ConversationInfo,
-    UploadedFile,
-    UploadResult,
-)
+from . import pathsafe, tree
+from .errors import ApiError, BadRequest, Conflict, NotFoundError
+from .gate import DeletionGate
+from .metastore import MetaStore, UploadMeta
+from .migrate import migrate
+from .recover import verify_uploads
+from .schemas import UPLOAD_SUBDIR, ConversationDeleted, ConversationInfo, UploadedFile
+from .staging import Staging
+from .state import StateDir
 
-_STAGING = (".runtime", "staging")
+log = logging.getLogger(__name__)
+
+# Counting a conversation's files stops here: a tree code made huge costs bounded time.
+MAX_COUNTED_ENTRIES = 500_000
+
+
+class DeletionIncomplete(ApiError):
+    """Something of the conversation is still on disk after deleting; retry."""
+
+    status, code = 503, "deletion_incomplete"
 
 
 def guess_mime(name: str) -> str:
     return mimetypes.guess_type(name, strict=False)[0] or "application/octet-stream"
-
-
-def _meta_name(file_name: str) -> str:
-    # Hash, not the name itself: "{name}.json" could exceed the 255-byte limit.
-    return hashlib.sha256(file_name.encode()).hexdigest()[:40] + ".json"
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,14 @@ class Workspace:
     def __init__(self, root: Path, visible_root: str) -> None:
         self.root = pathsafe.SafeRoot(root)
         self.visible_root = visible_root.rstrip("/") or "/"
-        self._reset_staging()
+        self.state = StateDir(self.root)
+        self.meta = MetaStore(self.state)
+        self.state.on_rebuilt = self.meta.rewrite_all  # state rebuilt: restore from memory
+        self.staging = Staging(self.state)
+        self.gate = DeletionGate()
+        self.meta.load()
+        migrate(self.root, self.meta)
+        verify_uploads(self)
 
     def close(self) -> None:
         self.root.close()
@@ -107,12 +122,20 @@ class Workspace:
         return "/".join([self.visible_root.rstrip("/"), *parts]) if parts else self.visible_root
 
     @staticmethod
-    def _uploads(cid: str) -> list[str]:
+    def uploads_parts(cid: str) -> list[str]:
         return [cid, "uploads", UPLOAD_SUBDIR]
 
-    @staticmethod
-    def _meta(cid: str) -> list[str]:
-        return [cid, "uploads", ".meta"]
+    # -- the deletion gate ------------------------------------------------------------
+
+    def deleting(self, conversation_id: str) -> contextlib.AbstractContextManager[str]:
+        """Mark the conversation as being deleted: writes to it answer 409 meanwhile."""
+        return self.gate.deleting(self.check_conversation_id(conversation_id))
+
+    def is_deleting(self, cid: str) -> bool:
+        return self.gate.is_deleting(cid)
+
+    def refuse_if_deleting(self, cid: str) -> None:
+        self.gate.refuse(cid)
 
     # -- conversations ----------------------------------------------------------------
 
@@ -123,8 +146,9 @@ class Workspace:
     def ensure_layout(self, conversation_id: str) -> str:
         """Create the conversation's directories if missing; returns the checked id."""
         cid = self.check_conversation_id(conversation_id)
-        for parts in (self._uploads(cid), self._meta(cid), [cid, "outputs"]):
-            with self._directory(parts, create=True):
+        self.refuse_if_deleting(cid)
+        for parts in (self.uploads_parts(cid), [cid, "outputs"]):
+            with self.directory(parts, create=True):
                 pass
         return cid
 
@@ -132,18 +156,19 @@ class Workspace:
         cid = self.check_conversation_id(conversation_id)
         count = total = 0
         exists = self.root.exists_dir([cid])
-        if exists:
-            for _, st in self.walk_files([cid]):
+        with self.walk([cid], max_entries=MAX_COUNTED_ENTRIES) as walk:
+            for _, st in walk:
                 count += 1
                 total += st.st_size
         return ConversationInfo(
             conversation_id=cid,
             exists=exists,
             path=self.visible(cid),
-            uploads_path=self.visible(*self._uploads(cid)),
+            uploads_path=self.visible(*self.uploads_parts(cid)),
             outputs_path=self.visible(cid, "outputs"),
             file_count=count,
             total_bytes=total,
+            complete=walk.complete,
         )
 
     def conversation_ids(self) -> list[str]:
@@ -151,190 +176,162 @@ class Workspace:
             return sorted(n for n in os.listdir(fd) if not n.startswith("."))
 
     def delete_conversation(self, conversation_id: str) -> ConversationDeleted:
+        """Delete the directory and the conversation's state, then verify both are gone.
+        Call it inside ``deleting(cid)``, once no process of the conversation runs."""
         cid = self.check_conversation_id(conversation_id)
-        with self.root.directory([]) as fd:
-            # Whatever is there — a directory, or a symlink planted by code (removed, never
-            # followed) — goes.
-            existed = _entry_exists(fd, cid)
-            pathsafe.remove_tree(fd, cid)
-            gone = not _entry_exists(fd, cid)
-        if not gone:  # pragma: no cover - would mean a concurrent writer raced us
-            raise OSError(f"conversation {cid} still exists after deletion")
+        try:
+            with self.root.directory([]) as fd:
+                # Whatever is there — a directory, or a symlink planted by code (removed,
+                # never followed) — goes.
+                existed = tree.entry_exists(fd, cid)
+                pathsafe.remove_tree(fd, cid)
+                gone = not tree.entry_exists(fd, cid)
+            state_gone = self.meta.drop(cid)
+        except OSError as e:
+            raise DeletionIncomplete(
+                f"conversation '{cid}' could not be deleted completely ({e}); retry"
+            ) from e
+        if not (gone and state_gone):
+            what = "its directory" if not gone else "its upload metadata"
+            raise DeletionIncomplete(f"conversation '{cid}': {what} is still on disk; retry")
+        log.info("conversation deleted", extra={"conversation_id": cid, "existed": existed})
         return ConversationDeleted(conversation_id=cid, deleted=existed, exists=False)
 
-    def walk_files(
-        self, parts: list[str], _rel: tuple[str, ...] = ()
-    ) -> Iterator[tuple[tuple[str, ...], os.stat_result]]:
-        """(path relative to ``parts``, stat) of every regular file beneath ``parts``,
-        never following a symlink, skipping upload metadata."""
+    @contextlib.contextmanager
+    def walk(self, parts: list[str], *, max_entries: int) -> Iterator[tree.Walk]:
+        """Regular files beneath ``parts`` (iterative, bounded, no link followed)."""
         try:
-            with self.root.directory([*parts, *_rel]) as fd:
-                entries = sorted(os.listdir(fd))
-                for name in entries:
-                    try:
-                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    if stat.S_ISREG(st.st_mode):
-                        yield (*_rel, name), st
-                    elif stat.S_ISDIR(st.st_mode) and name != ".meta":
-                        yield from self.walk_files(parts, (*_rel, name))
-        except (pathsafe.NotFound, pathsafe.UnsafePath):
+            fd = self.root.open_dir(parts)
+        except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError, PermissionError):
+            yield tree.walk_files(-1, max_entries=max_entries)
             return
+        try:
+            yield tree.walk_files(fd, max_entries=max_entries)
+        finally:
+            os.close(fd)
 
     # -- uploads ----------------------------------------------------------------------
 
     def list_uploads(self, conversation_id: str) -> list[UploadedFile]:
         cid = self.check_conversation_id(conversation_id)
-        files = []
-        for meta in self._read_all_meta(cid):
-            try:
-                st = self.root.lstat([*self._uploads(cid), meta["name"]])
-            except (pathsafe.NotFound, pathsafe.UnsafePath):
-                continue
-            if stat.S_ISREG(st.st_mode):
-                files.append(self._upload_info(cid, meta, st.st_size))
+        self.check_state()
+        self.meta.check(cid)
+        files = [self._upload_info(cid, meta, st) for meta, st in self.current_uploads(cid) if st]
         files.sort(key=lambda f: (f.uploaded_at, f.name))
         return files
 
     def count_uploads(self, cid: str) -> int:
-        return len(self.list_uploads(cid))
+        return sum(1 for _, st in self.current_uploads(cid) if st)
 
     def has_upload(self, cid: str, name: str) -> bool:
-        return self._read_meta(cid, name) is not None
+        return self._current(cid, name) is not None
 
     def open_upload(self, conversation_id: str, name: str) -> OpenedUpload:
         cid = self.check_conversation_id(conversation_id)
         fname = self.check_file_name(name)
-        meta = self._read_meta(cid, fname)
+        missing = NotFoundError(f"no uploaded file '{fname}' in conversation '{cid}'")
+        meta = self.meta.get(cid, fname)
         if meta is None:
-            raise NotFoundError(f"no uploaded file '{fname}' in conversation '{cid}'")
+            raise missing
         try:
-            fd = self.root.open_file([*self._uploads(cid), fname])
-        except pathsafe.NotFound as e:
-            raise NotFoundError(f"no uploaded file '{fname}' in conversation '{cid}'") from e
-        except pathsafe.UnsafePath as e:
-            raise BadRequest(str(e), code="unsafe_path") from e
-        size = os.fstat(fd).st_size
-        return OpenedUpload(fd=fd, size=size, info=self._upload_info(cid, meta, size))
+            fd = self.root.open_file([*self.uploads_parts(cid), fname])
+        except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError, PermissionError) as e:
+            raise missing from e
+        st = os.fstat(fd)
+        if not meta.same_file(st):  # checked on the open descriptor: no race to win
+            os.close(fd)
+            raise missing
+        return OpenedUpload(fd=fd, size=st.st_size, info=self._upload_info(cid, meta, st))
 
     def delete_upload(self, conversation_id: str, name: str) -> None:
         cid = self.check_conversation_id(conversation_id)
         fname = self.check_file_name(name)
-        if self._read_meta(cid, fname) is None:
+        current = self._current(cid, fname)
+        if self.meta.get(cid, fname) is not None:
+            self.meta.remove(cid, fname)
+        if current is None:
             raise NotFoundError(f"no uploaded file '{fname}' in conversation '{cid}'")
-        with self._directory(self._uploads(cid)) as fd, contextlib.suppress(FileNotFoundError):
+        with self.directory(self.uploads_parts(cid)) as fd, contextlib.suppress(FileNotFoundError):
             os.unlink(fname, dir_fd=fd)
-        with self._directory(self._meta(cid)) as fd, contextlib.suppress(FileNotFoundError):
-            os.unlink(_meta_name(fname), dir_fd=fd)
-
-    # -- staging and commit ----------------------------------------------------------
-
-    def _reset_staging(self) -> None:
-        # Partial uploads left by a crash are garbage: nobody can resume them.
-        with self.root.directory([".runtime"], create=True) as fd:
-            pathsafe.remove_tree(fd, "staging")
-        with self.root.directory(list(_STAGING), create=True):
-            pass
-
-    def new_staging_file(self) -> tuple[str, int]:
-        name = f"upload-{uuid.uuid4().hex}.part"
-        if not self.root.exists_dir(list(_STAGING)):
-            self._reset_staging()  # removed or replaced by a symlink: rebuild, never follow
-        with self.root.directory(list(_STAGING)) as fd:
-            wfd = os.open(
-                name,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
-                0o644,
-                dir_fd=fd,
-            )
-        return name, wfd
-
-    def discard_staging_file(self, name: str) -> None:
-        with self.root.directory(list(_STAGING)) as fd, contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=fd)
 
     def commit_upload(
-        self, staging_name: str, cid: str, name: str, size: int, sha256: str
-    ) -> UploadResult:
+        self, staged_name: str, staged_fd: int, cid: str, name: str, size: int, sha256: str
+    ) -> UploadedFile:
         """Move a complete staged file into temparea and record it; caller holds the lock."""
-        self.ensure_layout(cid)
-        replaced = self.has_upload(cid, name)
-        now = datetime.now(UTC)
-        meta = {
-            "name": name,
-            "size": size,
-            "sha256": sha256,
-            "mime_type": guess_mime(name),
-            "uploaded_at": now.isoformat(),
-        }
-        with (
-            self.root.directory(list(_STAGING)) as sfd,
-            self._directory(self._uploads(cid), create=True) as ufd,
-        ):
+        self.ensure_layout(cid)  # refuses while the conversation is being deleted
+        with self.directory(self.uploads_parts(cid), create=True) as ufd:
             _refuse_directory_target(ufd, name)
-            os.rename(staging_name, name, src_dir_fd=sfd, dst_dir_fd=ufd)
-        self._write_meta(cid, name, meta)
-        info = self._upload_info(cid, meta, size)
-        return UploadResult(**info.model_dump(), replaced=replaced)
-
-    # -- metadata ---------------------------------------------------------------------
-
-    def _upload_info(self, cid: str, meta: dict, size: int) -> UploadedFile:
-        name = meta["name"]
-        return UploadedFile(
+            identity = self.staging.move_into(staged_name, staged_fd, ufd, name)
+        now = datetime.now(UTC).isoformat()
+        meta = UploadMeta.of(
+            identity,
             name=name,
-            path=self.visible(*self._uploads(cid), name),
             size=size,
-            sha256=meta["sha256"],
-            mime_type=meta.get("mime_type") or guess_mime(name),
-            uploaded_at=meta["uploaded_at"],
+            sha256=sha256,
+            mime_type=guess_mime(name),
+            uploaded_at=now,
+        )
+        self.meta.put(cid, meta)
+        return self._upload_info(cid, meta, identity)
+
+    # -- state ------------------------------------------------------------------------
+
+    def check_state(self) -> None:
+        """One fstatat; when ``.runtime`` was replaced, rebuild it (metadata is rewritten
+        from memory by ``StateDir.on_rebuilt``)."""
+        if not self.state.intact():
+            self.state.repair()
+
+    def current_uploads(
+        self, cid: str, *, any_file: bool = False
+    ) -> list[tuple[UploadMeta, os.stat_result | None]]:
+        """Each recorded upload with the stat of what temparea holds under its name —
+        None unless that is the stored file (``any_file``: any regular file)."""
+        metas = self.meta.entries(cid)
+        if not metas:
+            return []
+        try:
+            fd = self.root.open_dir(self.uploads_parts(cid))
+        except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError, PermissionError):
+            return [(m, None) for m in metas]
+        result = []
+        try:
+            for meta in metas:
+                try:
+                    st = os.stat(meta.name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    st = None
+                keep = st is not None and stat.S_ISREG(st.st_mode)
+                keep = keep and (any_file or meta.same_file(st))
+                result.append((meta, st if keep else None))
+        finally:
+            os.close(fd)
+        return result
+
+    def _current(self, cid: str, name: str) -> UploadMeta | None:
+        meta = self.meta.get(cid, name)
+        if meta is None:
+            return None
+        try:
+            st = self.root.lstat([*self.uploads_parts(cid), name])
+        except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError, PermissionError):
+            return None
+        return meta if meta.same_file(st) else None
+
+    def _upload_info(self, cid: str, meta: UploadMeta, st: os.stat_result) -> UploadedFile:
+        return UploadedFile(
+            name=meta.name,
+            path=self.visible(*self.uploads_parts(cid), meta.name),
+            size=st.st_size,
+            sha256=meta.sha256,
+            mime_type=meta.mime_type or guess_mime(meta.name),
+            uploaded_at=meta.uploaded_at,
             conversation_id=cid,
+            modified=not meta.unchanged(st),
         )
 
-    def _write_meta(self, cid: str, name: str, meta: dict) -> None:
-        data = json.dumps(meta).encode()
-        target = _meta_name(name)
-        tmp = f".{target}.{uuid.uuid4().hex}.tmp"
-        with self._directory(self._meta(cid), create=True) as fd:
-            wfd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=fd
-            )
-            try:
-                os.write(wfd, data)
-            finally:
-                os.close(wfd)
-            os.rename(tmp, target, src_dir_fd=fd, dst_dir_fd=fd)
-
-    def _read_meta(self, cid: str, name: str) -> dict | None:
-        try:
-            fd = self.root.open_file([*self._meta(cid), _meta_name(name)])
-        except (pathsafe.NotFound, pathsafe.UnsafePath):
-            return None
-        with os.fdopen(fd, "rb") as f:
-            meta = _parse_meta(f.read())
-        return meta if meta and meta["name"] == name else None
-
-    def _read_all_meta(self, cid: str) -> list[dict]:
-        metas = []
-        try:
-            with self.root.directory(self._meta(cid)) as fd:
-                names = [n for n in os.listdir(fd) if n.endswith(".json")]
-        except (pathsafe.NotFound, pathsafe.UnsafePath):
-            return []
-        for n in names:
-            try:
-                mfd = self.root.open_file([*self._meta(cid), n])
-            except (pathsafe.NotFound, pathsafe.UnsafePath):
-                continue
-            with os.fdopen(mfd, "rb") as f:
-                meta = _parse_meta(f.read())
-            if meta and _meta_name(meta["name"]) == n:
-                metas.append(meta)
-        return metas
-
     @contextlib.contextmanager
-    def _directory(self, parts: list[str], *, create: bool = False) -> Iterator[int]:
+    def directory(self, parts: list[str], *, create: bool = False) -> Iterator[int]:
         try:
             with self.root.directory(parts, create=create) as fd:
                 yield fd
@@ -344,26 +341,10 @@ class Workspace:
             raise BadRequest(str(e), code="unsafe_path") from e
         except NotADirectoryError as e:
             raise BadRequest(f"'{'/'.join(parts)}' is not a directory", code="unsafe_path") from e
-
-
-def _parse_meta(data: bytes) -> dict | None:
-    try:
-        meta = json.loads(data)
-    except ValueError:
-        return None
-    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
-        return None
-    if not {"sha256", "uploaded_at"} <= meta.keys():
-        return None
-    return meta
-
-
-def _entry_exists(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
+        except PermissionError as e:  # not ours to chmod back (another owner)
+            raise Conflict(
+                f"'{'/'.join(parts)}' is not accessible to the runtime", code="not_accessible"
+            ) from e
 
 
 def _refuse_directory_target(dir_fd: int, name: str) -> None:

@@ -116,12 +116,25 @@ def runtime_env() -> dict[str, str]:
 
 
 @pytest.fixture
-def runtime(tmp_path: Path, runtime_env: dict[str, str]) -> Iterator[RuntimeHandle]:
+def runtime_wrapper() -> list[str]:
+    """A command the ``runtime`` fixture runs the runtime under (a uid switch, a seccomp
+    filter); override to use one."""
+    return []
+
+
+@pytest.fixture
+def runtime(
+    tmp_path: Path, runtime_env: dict[str, str], runtime_wrapper: list[str]
+) -> Iterator[RuntimeHandle]:
     token = secrets.token_urlsafe(24)
     root = tmp_path / "workspace"
     root.mkdir()
     server = ServerProcess(
-        [PYTHON, "-m", "sandbox_workspace", "runtime", "--host", "127.0.0.1", "--root", str(root)],
+        [
+            *runtime_wrapper,
+            *(PYTHON, "-m", "sandbox_workspace", "runtime", "--host", "127.0.0.1"),
+            *("--root", str(root)),
+        ],
         _base_env(
             SANDBOX_RUNTIME_TOKEN=token,
             SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES="1048576",

@@ -4,13 +4,17 @@ that ``make bench`` keeps working and writes its results."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.timeout(660)  # the suite's own limit below, not the default 300 s
 def test_bench_runs_in_quick_mode():
     result = subprocess.run(
         [sys.executable, "-m", "bench", "--quick"],
@@ -25,3 +29,8 @@ def test_bench_runs_in_quick_mode():
     assert any("execute python" in n for n in names)
     assert any(n.startswith("upload") for n in names)
     assert all(f["p50"] > 0 and f["baseline_p50"] > 0 for f in data["figures"])
+    if shutil.which("redis-server") or shutil.which("valkey-server"):
+        assert any(n.startswith("chat on the Redis run store") for n in names)
+        ha = json.loads((ROOT / "bench" / "results" / "ha.json").read_text())
+        assert ha["kills"] >= 2 and ha["replicas"] >= 2 and ha["runs"] > 0
+        assert ha["lost_events"] == ha["duplicated_events"] == ha["unfinished_streams"] == 0

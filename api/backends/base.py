@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from sandbox_workspace.operator.models import FileUploadConfig
-from sandbox_workspace.runtime.errors import Conflict
+from sandbox_workspace.runtime.errors import Conflict, Unavailable
 
 
 class SessionStatus(StrEnum):
@@ -52,6 +52,11 @@ class Session:
     workspace_path: str
     message: str = ""
     endpoint: RuntimeEndpoint | None = None
+    # Being deleted (kubernetes: deletionTimestamp set): no traffic may reach it.
+    terminating: bool = False
+    # A resume was requested and the operator has not acted on it yet: its status is
+    # from before the resume and must not be judged (an old Error is not a new one).
+    resume_pending: bool = False
 
     @property
     def session_id(self) -> str:
@@ -62,6 +67,35 @@ class SessionExists(Conflict):
     """A session with that id exists already."""
 
     code = "session_exists"
+
+
+class SessionTerminating(Unavailable):
+    """The session is being deleted; a new one can be started once it is gone."""
+
+    code = "session_terminating"
+    retry_after = 2
+
+
+class ConversationPhase(StrEnum):
+    """Where a conversation stands with respect to deletion."""
+
+    READY = "ready"  # tracked (kubernetes: its ConversationWorkspace exists)
+    DELETING = "deleting"  # deletion accepted, files not yet verified gone
+    ABSENT = "absent"  # never opened, or deleted: the next write starts it afresh
+
+
+class ConversationDeleting(Conflict):
+    """The conversation is being deleted: writes are refused until it is gone."""
+
+    code = "conversation_deleting"
+    retry_after = 1
+
+    def __init__(self, conversation_id: str) -> None:
+        super().__init__(
+            f"conversation '{conversation_id}' is being deleted; its files cannot be "
+            "written now. Retry once the deletion completes (the same id then starts a "
+            "fresh, empty conversation)."
+        )
 
 
 class Backend(Protocol):
@@ -86,9 +120,21 @@ class Backend(Protocol):
     async def record_activity(self, session_id: str) -> None:
         """Note activity the runtime cannot see (open chat runs, pending approvals)."""
 
+    async def conversation_phase(
+        self, session: Session, conversation_id: str
+    ) -> ConversationPhase: ...
+
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
-        """Record that a conversation is in use (the kubernetes backend creates its CR)."""
+        """Make sure the conversation is tracked before anything of it is written (the
+        kubernetes backend creates its CR, finalizer included); raises
+        ``ConversationDeleting`` while it is being deleted. Cheap when already known."""
 
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
         """Delete a conversation's files. True when deletion is complete on return,
         False when it was requested and completes asynchronously (finalizer)."""
+
+    async def conversation_written(self, session: Session, conversation_id: str) -> None:
+        """After a write that may have raced a deletion: leave no untracked files behind.
+        Still tracked → nothing; being deleted → the files are deleted (the finalizer
+        may have looked already) and ``ConversationDeleting`` raised; gone → tracked
+        afresh (the write counts as the first of a new conversation)."""

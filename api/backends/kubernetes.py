@@ -9,11 +9,15 @@ Contract:
 - ``resume_session`` sets the ``resume-requested`` annotation; the operator starts a pod.
 - ``wait_changed`` watches the one CR (bounded), so waiting for ``running`` is woken by
   the change instead of polling.
-- ``conversation_opened`` creates the ConversationWorkspace (409 is fine);
-  ``delete_conversation`` deletes it and returns at once — the operator's finalizer
-  deletes the files and verifies they are gone, and the CR disappears only then. A
-  conversation that never had a CR (files written by code only) is deleted through the
-  runtime directly.
+- A session with a ``deletionTimestamp`` is ``terminating`` (no traffic goes to it); one
+  carrying the ``resume-requested`` annotation is ``resume_pending`` — the operator
+  removes the annotation once it has acted, so its status is not judged before that.
+- Conversations (``kube_conversations.ConversationTracker``): ``conversation_opened``
+  creates the ConversationWorkspace with its finalizer before the first byte is
+  written (cached: no round trip once known); ``conversation_phase`` reads the watched
+  cache; ``delete_conversation`` deletes the CR and returns at once — the operator's
+  finalizer deletes the files and verifies they are gone, and the CR disappears only
+  then. A conversation that never had a CR is deleted through the runtime directly.
 - ``delete_session`` deletes the CR; owner references take the pod, Secret, claim and
   workspaces with it.
 """
@@ -30,9 +34,19 @@ import httpx
 
 from sandbox_workspace.operator import models, naming
 from sandbox_workspace.operator.kube import Conflict, Kube, core_path, custom_path
+from sandbox_workspace.runtime.errors import ApiError
 
 from ..runtime_client import RuntimeClient
-from .base import RuntimeEndpoint, Session, SessionExists, SessionSpec, SessionStatus
+from .base import (
+    ConversationDeleting,
+    ConversationPhase,
+    RuntimeEndpoint,
+    Session,
+    SessionExists,
+    SessionSpec,
+    SessionStatus,
+)
+from .kube_conversations import ConversationTracker
 
 _PHASES = {
     "Pending": SessionStatus.PENDING,
@@ -41,6 +55,41 @@ _PHASES = {
     "Error": SessionStatus.ERROR,
 }
 POD_WORKSPACE = "/workspace"
+
+
+def session_body(
+    spec: SessionSpec,
+    *,
+    idle_timeout_seconds: int | None,
+    storage: models.StorageSpec | None,
+    network_enabled: bool,
+) -> dict:
+    """The SandboxSession a caller's spec becomes, with the API's defaults for new
+    sessions (idle timeout, storage, network) applied; pure, so it is tested whole."""
+    body_spec = models.SandboxSessionSpec(
+        user_id=spec.user_id,
+        agent_id=spec.agent_id or None,
+        business_domain_id=spec.business_domain_id or None,
+        ttl_seconds=spec.ttl_seconds,
+        file_upload_config=spec.file_upload,
+        **(
+            {"idle_timeout_seconds": idle_timeout_seconds}
+            if idle_timeout_seconds is not None
+            else {}
+        ),
+        **({"storage": storage} if storage is not None else {}),
+        **({"network": models.NetworkSpec(enabled=True)} if network_enabled else {}),
+    )
+    return {
+        "apiVersion": models.API_VERSION,
+        "kind": models.SESSION_KIND,
+        "metadata": {
+            "name": naming.session_name_for(spec.user_id),
+            "labels": {models.LABEL_USER: naming.dns_name(spec.user_id)},
+            "annotations": {models.ANNOTATION_USER_ID: spec.user_id},
+        },
+        "spec": body_spec.model_dump(by_alias=True, exclude_none=True),
+    }
 
 
 class KubernetesBackend:
@@ -52,8 +101,10 @@ class KubernetesBackend:
         *,
         idle_timeout_seconds: int | None = None,
         storage: models.StorageSpec | None = None,
+        network_enabled: bool = False,
     ) -> None:
         self.kube = kube
+        self.network_enabled = network_enabled
         self.namespace = namespace
         self.http = http
         self.idle_timeout_seconds = idle_timeout_seconds
@@ -61,11 +112,13 @@ class KubernetesBackend:
         self._tokens: dict[str, str] = {}  # session uid → runtime token
         self._workspace_paths: dict[tuple, str] = {}  # (endpoint, pod incarnation) → path
         self._seen_versions: dict[str, str] = {}  # CR name → resourceVersion last read
+        self.conversations = ConversationTracker(kube, self._workspaces())
 
     async def start(self) -> None:
-        return None
+        await self.conversations.start()
 
     async def aclose(self) -> None:
+        await self.conversations.aclose()
         await self.kube.aclose()
 
     # -- paths -------------------------------------------------------------------------
@@ -110,7 +163,8 @@ class KubernetesBackend:
                 # Keyed by the pod's incarnation too: a new pod may reuse an address.
                 incarnation = (endpoint.url, status.pod_name, status.started_at)
                 workspace_path = await self._workspace_path(endpoint, incarnation)
-        created = obj["metadata"].get("creationTimestamp")
+        meta = obj["metadata"]
+        created = meta.get("creationTimestamp")
         return Session(
             spec=SessionSpec(
                 session_id=session_id,
@@ -125,6 +179,8 @@ class KubernetesBackend:
             workspace_path=workspace_path,
             message=_message(status),
             endpoint=endpoint,
+            terminating=bool(meta.get("deletionTimestamp")),
+            resume_pending=models.ANNOTATION_RESUME in (meta.get("annotations") or {}),
         )
 
     async def _token(self, obj: dict[str, Any]) -> str | None:
@@ -153,30 +209,12 @@ class KubernetesBackend:
         return self._workspace_paths[incarnation]
 
     async def create_session(self, spec: SessionSpec) -> Session:
-        name = naming.session_name_for(spec.user_id)
-        body_spec = models.SandboxSessionSpec(
-            user_id=spec.user_id,
-            agent_id=spec.agent_id or None,
-            business_domain_id=spec.business_domain_id or None,
-            ttl_seconds=spec.ttl_seconds,
-            file_upload_config=spec.file_upload,
-            **(
-                {"idle_timeout_seconds": self.idle_timeout_seconds}
-                if self.idle_timeout_seconds is not None
-                else {}
-            ),
-            **({"storage": self.storage} if self.storage is not None else {}),
+        body = session_body(
+            spec,
+            idle_timeout_seconds=self.idle_timeout_seconds,
+            storage=self.storage,
+            network_enabled=self.network_enabled,
         )
-        body = {
-            "apiVersion": models.API_VERSION,
-            "kind": models.SESSION_KIND,
-            "metadata": {
-                "name": name,
-                "labels": {models.LABEL_USER: naming.dns_name(spec.user_id)},
-                "annotations": {models.ANNOTATION_USER_ID: spec.user_id},
-            },
-            "spec": body_spec.model_dump(by_alias=True, exclude_none=True),
-        }
         try:
             obj = await self.kube.request("POST", self._sessions(), body)
         except Conflict as e:
@@ -240,6 +278,13 @@ class KubernetesBackend:
 
     # -- conversations -------------------------------------------------------------------
 
+    @staticmethod
+    def _workspace_name(session: Session, conversation_id: str) -> str:
+        return naming.workspace_name(naming.session_name_for(session.spec.user_id), conversation_id)
+
+    async def conversation_phase(self, session: Session, conversation_id: str) -> ConversationPhase:
+        return await self.conversations.phase(self._workspace_name(session, conversation_id))
+
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
         session_name = naming.session_name_for(session.spec.user_id)
         spec = models.ConversationWorkspaceSpec(
@@ -248,11 +293,15 @@ class KubernetesBackend:
             agent_id=session.spec.agent_id or None,
             user_id=session.spec.user_id,
         )
+        name = naming.workspace_name(session_name, conversation_id)
         body = {
             "apiVersion": models.API_VERSION,
             "kind": models.WORKSPACE_KIND,
             "metadata": {
-                "name": naming.workspace_name(session_name, conversation_id),
+                "name": name,
+                # Set at creation, not when the operator first sees it: a deletion while
+                # the operator is down must still wait for the files to be deleted.
+                "finalizers": [models.FINALIZER_FILES],
                 "labels": {
                     models.LABEL_SESSION: session_name,
                     models.LABEL_CONVERSATION: naming.dns_name(conversation_id),
@@ -264,13 +313,28 @@ class KubernetesBackend:
             },
             "spec": spec.model_dump(by_alias=True, exclude_none=True),
         }
-        await self.kube.create(self._workspaces(), body)  # exists already: fine
+        await self.conversations.ensure(name, conversation_id, body)
+
+    async def conversation_written(self, session: Session, conversation_id: str) -> None:
+        phase = await self.conversation_phase(session, conversation_id)
+        if phase == ConversationPhase.READY:
+            return
+        assert session.endpoint is not None
+        runtime = RuntimeClient(self.http, session.endpoint)
+        if phase == ConversationPhase.ABSENT:
+            # Gone meanwhile. Whatever this write left (if anything: a deletion that
+            # stopped it also deleted its files) is tracked afresh, never left alone.
+            if (await runtime.conversation_info(conversation_id)).exists:
+                await self.conversation_opened(session, conversation_id)
+            return
+        # Being deleted: the finalizer may have deleted and verified already, before
+        # this write landed — delete again so nothing outlives the resource.
+        with contextlib.suppress(ApiError):
+            await runtime.delete_conversation(conversation_id)
+        raise ConversationDeleting(conversation_id)
 
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
-        session_name = naming.session_name_for(session.spec.user_id)
-        if await self.kube.delete(
-            self._workspaces(naming.workspace_name(session_name, conversation_id))
-        ):
+        if await self.conversations.delete(self._workspace_name(session, conversation_id)):
             return False  # the finalizer finishes the job; status shows progress
         assert session.endpoint is not None
         result = await RuntimeClient(self.http, session.endpoint).delete_conversation(

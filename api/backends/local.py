@@ -8,6 +8,10 @@ Contract:
   through a port file), with a fresh bearer token and the session's upload limits.
   Status: no process → ``stopped``; starting → ``pending``; answering health →
   ``running``; exited without being asked to → ``error``.
+- Conversations are tracked in-process: one being deleted (from the API's acceptance of
+  the deletion until the runtime confirmed it gone) is DELETING and refuses writes with
+  409 ``conversation_deleting``; the runtime refuses them too while it deletes (its own
+  409, relayed). A conversation whose directory exists is READY, else ABSENT.
 - ``aclose`` stops every runtime; each child also gets SIGTERM from the kernel if the API
   process dies (``PR_SET_PDEATHSIG``), so no runtime outlives its API.
 """
@@ -35,7 +39,15 @@ from sandbox_workspace.operator.models import FileUploadConfig
 from sandbox_workspace.operator.naming import dns_name
 
 from ..runtime_client import RuntimeClient
-from .base import RuntimeEndpoint, Session, SessionExists, SessionSpec, SessionStatus
+from .base import (
+    ConversationDeleting,
+    ConversationPhase,
+    RuntimeEndpoint,
+    Session,
+    SessionExists,
+    SessionSpec,
+    SessionStatus,
+)
 from .bwrap import SANDBOX_WORKSPACE, bwrap_argv
 
 log = logging.getLogger(__name__)
@@ -106,8 +118,11 @@ class LocalBackend:
         *,
         bwrap: str | None = None,
         runtime_command: list[str] | None = None,
+        runtime_env: dict[str, str] | None = None,
     ) -> None:
-        """``bwrap``: path of bubblewrap to present workspaces at /workspace, or None."""
+        """``bwrap``: path of bubblewrap to present workspaces at /workspace, or None;
+        ``runtime_env``: further SANDBOX_RUNTIME_* settings of every runtime (confinement,
+        network)."""
         self.data_dir = data_dir.resolve()
         self.sessions_dir = self.data_dir / "sessions"
         self.http = http
@@ -118,10 +133,12 @@ class LocalBackend:
             "sandbox_workspace",
             "runtime",
         ]
+        self.runtime_env = dict(runtime_env or {})
         self._records: dict[str, _Record] = {}
         self._procs: dict[str, _Process] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiters: set[asyncio.Task] = set()
+        self._deleting: dict[tuple[str, str], int] = {}  # (session, conversation) → deleters
 
     # -- lifecycle of the backend ------------------------------------------------------
 
@@ -221,15 +238,36 @@ class LocalBackend:
     async def record_activity(self, session_id: str) -> None:
         return None  # local sessions are not stopped for idleness
 
+    async def conversation_phase(self, session: Session, conversation_id: str) -> ConversationPhase:
+        if (session.session_id, conversation_id) in self._deleting:
+            return ConversationPhase.DELETING
+        directory = self.workspace_dir(session.session_id) / conversation_id
+        exists = await asyncio.to_thread(directory.is_dir)
+        return ConversationPhase.READY if exists else ConversationPhase.ABSENT
+
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
-        # The runtime creates directories on first upload; nothing to record locally.
+        # The runtime creates directories on first write; only a deletion matters here.
+        if (session.session_id, conversation_id) in self._deleting:
+            raise ConversationDeleting(conversation_id)
+
+    async def conversation_written(self, session: Session, conversation_id: str) -> None:
+        # Deletion here is synchronous and the runtime refuses commits while it deletes:
+        # a write that landed either came before (and is deleted) or starts afresh after.
         return None
 
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
         assert session.endpoint is not None
-        result = await RuntimeClient(self.http, session.endpoint).delete_conversation(
-            conversation_id
-        )
+        key = (session.session_id, conversation_id)
+        self._deleting[key] = self._deleting.get(key, 0) + 1
+        try:
+            result = await RuntimeClient(self.http, session.endpoint).delete_conversation(
+                conversation_id
+            )
+        finally:
+            if self._deleting[key] <= 1:
+                del self._deleting[key]
+            else:
+                self._deleting[key] -= 1
         return not result.exists
 
     # -- processes -----------------------------------------------------------------------
@@ -250,6 +288,7 @@ class LocalBackend:
                 *command,
             ]
         env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
+        env.update(self.runtime_env)
         env.update(
             {
                 "SANDBOX_RUNTIME_TOKEN": token,

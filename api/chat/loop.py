@@ -9,6 +9,11 @@ and the presented files with their download URLs. While the session starts, ``st
 events keep the client informed. A tool under ``require_approval`` emits
 ``tool_approval`` and runs only once approved; a rejection (or no decision in time) is
 told to the model, and the loop goes on.
+
+Every completed step is handed to ``Run.checkpoint`` (a ``Progress``); with a replicated
+run store another replica resumes from there (``run_agent(..., progress, resumed=True)``)
+when the owner is gone. A run handed over (``Run.relay`` set) stops here without ending
+its stream: the replica that carries it on emits the rest.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from ..runtime_client import RuntimeClient
 from .context import build_messages, system_prompt, workspace_context_message
 from .llm import Completion, LlmClient, LlmError, TextDelta
 from .policy import Policy
+from .progress import Progress
 from .runs import Run
-from .tools import TOOL_SPECS, SandboxTools
+from .tools import TOOL_SPECS, PresentedFile, SandboxTools
 
 log = logging.getLogger(__name__)
 _STATUS_EVERY = 2.0
@@ -49,6 +55,8 @@ class RunSpec:
     tool_timeout: float
     ensure_session: Callable[[], Awaitable[Session]]
     record_activity: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
+    # Before each tool call: raises when the conversation may no longer be written.
+    before_tool: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
 
 
 async def _noop() -> None:
@@ -61,11 +69,24 @@ class RunFailed(Exception):
         self.code, self.message = code, message
 
 
-async def run_agent(run: Run, spec: RunSpec, llm: LlmClient, http) -> None:
-    run.emit(
-        "run_started",
-        {"run_id": run.id, "session_id": run.session_id, "conversation_id": run.conversation_id},
-    )
+async def run_agent(
+    run: Run,
+    spec: RunSpec,
+    llm: LlmClient,
+    http,
+    progress: Progress | None = None,
+    *,
+    resumed: bool = False,
+) -> None:
+    if not resumed:
+        run.emit(
+            "run_started",
+            {
+                "run_id": run.id,
+                "session_id": run.session_id,
+                "conversation_id": run.conversation_id,
+            },
+        )
     heartbeat: asyncio.Task | None = None
 
     def started(session: Session) -> None:
@@ -74,7 +95,7 @@ async def run_agent(run: Run, spec: RunSpec, llm: LlmClient, http) -> None:
 
     try:
         async with asyncio.timeout(spec.deadline_seconds):
-            await _loop(run, spec, llm, http, started)
+            await _loop(run, spec, llm, http, started, progress)
     except TimeoutError:
         run.emit(
             "error",
@@ -84,7 +105,10 @@ async def run_agent(run: Run, spec: RunSpec, llm: LlmClient, http) -> None:
             },
         )
     except asyncio.CancelledError:
-        run.emit("error", {"code": "cancelled", "message": "the run was cancelled"})
+        if run.relay is not None:  # handed over: another replica carries the stream on
+            raise
+        code, message = run.cancelled_because
+        run.emit("error", {"code": code, "message": message})
     except RunFailed as e:
         run.emit("error", {"code": e.code, "message": e.message})
     except LlmError as e:
@@ -97,8 +121,9 @@ async def run_agent(run: Run, spec: RunSpec, llm: LlmClient, http) -> None:
     finally:
         if heartbeat is not None:
             heartbeat.cancel()
-        run.emit("done", {"run_id": run.id})
-        run.finish()
+        if run.relay is None:
+            run.emit("done", {"run_id": run.id})
+            run.finish()
 
 
 async def _heartbeat(spec: RunSpec) -> None:
@@ -141,18 +166,18 @@ def _resolve_selected(names: list[str], uploads: list[UploadedFile]) -> list[Upl
 
 
 async def _loop(
-    run: Run, spec: RunSpec, llm: LlmClient, http, started: Callable[[Session], None]
+    run: Run,
+    spec: RunSpec,
+    llm: LlmClient,
+    http,
+    started: Callable[[Session], None],
+    progress: Progress | None = None,
 ) -> None:
     session = await _ensure(run, spec)
     started(session)
     assert session.endpoint is not None
     client = RuntimeClient(http, session.endpoint)
     cid = run.conversation_id
-    uploads = (await client.list_uploads(cid)).files
-    selected = _resolve_selected(spec.selected_files, uploads)
-    # Only tools change outputs/, so the "before" listing waits for the first tool call:
-    # a run that only talks costs the runtime one call (the uploads), not three.
-    before: OutputList | None = None
     tools = SandboxTools(
         client,
         session_id=run.session_id,
@@ -160,47 +185,80 @@ async def _loop(
         workspace_path=session.workspace_path,
         exec_timeout=spec.tool_timeout,
     )
-    messages = build_messages(
-        system_prompt(session.workspace_path, cid, run.session_id, uploads),
-        spec.history,
-        workspace_context_message(session.workspace_path, cid, run.session_id, selected),
-        spec.query,
-    )
+    if progress is None:
+        uploads = (await client.list_uploads(cid)).files
+        selected = _resolve_selected(spec.selected_files, uploads)
+        messages = build_messages(
+            system_prompt(session.workspace_path, cid, run.session_id, uploads),
+            spec.history,
+            workspace_context_message(session.workspace_path, cid, run.session_id, selected),
+            spec.query,
+        )
+        progress = Progress(messages=messages)
+    else:  # carried on from another replica's last completed step
+        tools.presented = [PresentedFile(**p) for p in progress.presented]
+    messages = progress.messages
+    # Only tools change outputs/, so the "before" listing waits for the first tool call:
+    # a run that only talks costs the runtime one call (the uploads), not three.
+    before = None if progress.before is None else OutputList.model_validate(progress.before)
     offered = [TOOL_SPECS[n] for n, p in spec.policies.items() if p != "deny"]
-    for iteration in range(1, spec.max_iterations + 1):
-        run.emit("status", {"stage": "thinking", "iteration": iteration})
-        completion: Completion | None = None
-        async for item in llm.stream(messages, offered):
-            if isinstance(item, TextDelta):
-                run.emit("text", {"delta": item.text})
-            else:
-                completion = item
-        assert completion is not None
-        messages.append(completion.as_message())
-        if not completion.tool_calls:
-            files = [] if before is None else _changed(before, await _outputs(client, cid))
-            run.emit(
-                "result",
-                {
-                    "success": True,
-                    "answer": completion.content,
-                    "files": files,
-                    "presented": [p.__dict__ for p in tools.presented],
-                    "iterations": iteration,
-                },
-            )
-            return
+    for iteration in range(progress.iteration, spec.max_iterations + 1):
+        if not progress.calls:  # a model turn (resumed runs may still owe tool calls)
+            progress.iteration = iteration
+            run.checkpoint(progress)
+            run.emit("status", {"stage": "thinking", "iteration": iteration})
+            completion: Completion | None = None
+            async for item in llm.stream(messages, offered):
+                if isinstance(item, TextDelta):
+                    run.emit("text", {"delta": item.text})
+                else:
+                    completion = item
+            assert completion is not None
+            messages.append(completion.as_message())
+            if not completion.tool_calls:
+                files = [] if before is None else _changed(before, await _outputs(client, cid))
+                run.emit(
+                    "result",
+                    {
+                        "success": True,
+                        "answer": completion.content,
+                        "files": files,
+                        "presented": [p.__dict__ for p in tools.presented],
+                        "iterations": iteration,
+                    },
+                )
+                return
+            progress.calls = [
+                {"id": c.id, "name": c.name, "arguments": c.arguments}
+                for c in completion.tool_calls
+            ]
+            run.checkpoint(progress)
         if before is None:
             before = await _outputs(client, cid)
-        for call in completion.tool_calls:
-            output = await _act(run, spec, tools, call.id, call.name, call.arguments)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+            progress.before = before.model_dump(mode="json")
+        while progress.calls:
+            call = progress.calls[0]
+            output = await _act(
+                run, spec, tools, call["id"], call["name"], call["arguments"], progress
+            )
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
+            progress.calls.pop(0)
+            progress.in_flight = progress.approval = None
+            progress.presented = [p.__dict__ for p in tools.presented]
+            run.checkpoint(progress)
     raise RunFailed("max_iterations", f"no answer after {spec.max_iterations} iterations")
 
 
 async def _act(
-    run: Run, spec: RunSpec, tools: SandboxTools, call_id: str, name: str, arguments: str
+    run: Run,
+    spec: RunSpec,
+    tools: SandboxTools,
+    call_id: str,
+    name: str,
+    arguments: str,
+    progress: Progress | None = None,
 ) -> str:
+    progress = progress or Progress()
     policy = spec.policies.get(name)
     if policy == "deny" or policy is None:
         reason = "denied by policy" if policy == "deny" else "unknown tool"
@@ -217,18 +275,25 @@ async def _act(
         return f"The tool call was not run: {reason}."
     if policy == "require_approval":
         run.open_approval(call_id, name)  # before the event: the client may answer at once
-        run.emit(
-            "tool_approval",
-            {
-                "tool_call_id": call_id,
-                "name": name,
-                "arguments": arguments,
-                "timeout_seconds": spec.approval_timeout,
-            },
-        )
+        if progress.approval == call_id and progress.approval_deadline is not None:
+            # Announced before the run changed replicas: the same approval, same deadline.
+            timeout = max(0.0, progress.approval_deadline - time.time())
+        else:
+            timeout = spec.approval_timeout
+            progress.approval, progress.approval_deadline = call_id, time.time() + timeout
+            run.checkpoint(progress)
+            run.emit(
+                "tool_approval",
+                {
+                    "tool_call_id": call_id,
+                    "name": name,
+                    "arguments": arguments,
+                    "timeout_seconds": spec.approval_timeout,
+                },
+            )
         with contextlib.suppress(Exception):  # a pending approval is activity, now
             await spec.record_activity()
-        decision = await run.decision(call_id, spec.approval_timeout)
+        decision = await run.decision(call_id, timeout)
         if not decision.approved:
             why = decision.reason or "no reason given"
             run.emit(
@@ -242,6 +307,9 @@ async def _act(
                 },
             )
             return f"The user rejected this tool call ({why}). Do not retry it unchanged."
+    await spec.before_tool()
+    progress.in_flight = call_id  # from here on, this step must not be repeated elsewhere
+    run.checkpoint(progress)
     run.emit("tool_start", {"tool_call_id": call_id, "name": name, "arguments": arguments})
     outcome = await tools.call(name, arguments)
     run.emit(

@@ -17,20 +17,32 @@ Contract:
   counts as a rejection. Deciding twice is a 409, an unknown call a 404.
 - ``RunRegistry`` owns runs per process: only the user who started a run can see it (any
   other answers 404), finished runs are dropped after ``retention`` seconds.
+  ``cancel_conversation`` cancels every open run of a conversation being deleted: each
+  stream ends with ``error`` (code ``conversation_deleted``) and ``done``.
+- Where runs live beyond this process is the registry's ``RunStore`` (``runstore/``): the
+  in-process store keeps all of the above as is; a replicated store (Redis) gets every
+  event, checkpoint and approval through ``Run.sink`` and makes an event visible to
+  followers only once it is stored (``durable``), so every replica shows the same log.
+  ``find``/``decide``/``cancel`` reach runs held by other replicas through the store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError
 
 from ..sse import encode_event
+from .runstore import RunStore
+from .runstore.memory import MemoryRunStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -61,8 +73,15 @@ class Run:
     frames: list[bytes] = field(default_factory=list)  # frames[i] is event i + 1
     finished_at: float | None = None
     task: asyncio.Task | None = None
+    # Why the run was cancelled (code, message): what its ``error`` event says.
+    cancelled_because: tuple[str, str] = ("cancelled", "the run was cancelled")
     _followers: list[asyncio.Future] = field(default_factory=list)  # waiting for events
     _pending: dict[str, _Pending] = field(default_factory=dict)
+    # Replicated stores only: the store's writer, how many frames are stored (followers
+    # see no further), and where followers go once another replica carries the run on.
+    sink: Any = field(default=None, repr=False)
+    durable: int | None = None
+    relay: Callable[[int, float | None], AsyncIterator[list[bytes]]] | None = None
 
     @property
     def finished(self) -> bool:
@@ -75,14 +94,26 @@ class Run:
     def emit(self, kind: str, data: dict[str, Any] | None = None) -> int:
         """Append an event; returns its id."""
         event_id = len(self.frames) + 1
-        self.frames.append(encode_event(event_id, kind, data or {}))
-        self._notify()
+        frame = encode_event(event_id, kind, data or {})
+        self.frames.append(frame)
+        if self.sink is None:
+            self._notify()
+        else:  # followers are woken once the store has it
+            self.sink.event(self, event_id, kind, frame)
         return event_id
 
     def finish(self) -> None:
         if self.finished_at is None:
             self.finished_at = time.monotonic()
+            if self.sink is not None:
+                self.sink.finished(self)
         self._notify()
+
+    def checkpoint(self, progress: Any) -> None:
+        """The loop's state after a completed step (a replicated store keeps it, so another
+        replica can carry the run on from there; the in-process store needs nothing)."""
+        if self.sink is not None:
+            self.sink.checkpoint(self, progress)
 
     def _notify(self) -> None:
         # A plain future per waiting follower (not an Event per emit): on a busy run most
@@ -98,12 +129,17 @@ class Run:
         position = max(0, after)
         loop = asyncio.get_running_loop()
         while True:
-            if position < len(self.frames):
-                batch = self.frames[position:]
+            end = len(self.frames) if self.durable is None else self.durable
+            if position < end:
+                batch = self.frames[position:end]
                 position += len(batch)
                 yield batch
                 continue
-            if self.finished:
+            if self.relay is not None:  # the run moved on to another replica
+                async for batch in self.relay(position, idle):
+                    yield batch
+                return
+            if self.finished and position >= len(self.frames):
                 return
             waiter = loop.create_future()
             self._followers.append(waiter)
@@ -119,6 +155,8 @@ class Run:
     def open_approval(self, call_id: str, name: str) -> None:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending[call_id] = _Pending(name=name, future=future)
+        if self.sink is not None:
+            self.sink.approval_opened(self, call_id)
 
     async def decision(self, call_id: str, timeout: float) -> Decision:
         future = self._pending[call_id].future
@@ -126,6 +164,8 @@ class Run:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
             self._pending[call_id].decided = True
+            if self.sink is not None:
+                self.sink.approval_timed_out(self, call_id)
             return Decision(False, f"no decision within {timeout:g}s", by_timeout=True)
 
     def decide(self, call_id: str, approved: bool, reason: str = "") -> None:
@@ -140,9 +180,10 @@ class Run:
         pending.decided = True
         pending.future.set_result(Decision(approved, reason))
 
-    def cancel(self) -> bool:
+    def cancel(self, code: str = "cancelled", message: str = "the run was cancelled") -> bool:
         if self.finished or self.task is None:
             return False
+        self.cancelled_because = (code, message)
         self.task.cancel()
         return True
 
@@ -151,15 +192,55 @@ _PRUNE_EVERY = 1.0
 
 
 class RunRegistry:
-    def __init__(self, retention_seconds: float) -> None:
+    def __init__(self, retention_seconds: float, store: RunStore | None = None) -> None:
         self.retention = retention_seconds
+        self.store = store or MemoryRunStore()
+        self._background: set[asyncio.Task] = set()
         self._runs: dict[str, Run] = {}
         self._pruned_at = 0.0
 
-    def add(self, run: Run) -> Run:
+    def add(self, run: Run, spec: dict | None = None) -> Run:
+        """Hold a run started here; ``spec`` (JSON data) lets another replica resume it."""
         self._prune()
         self._runs[run.id] = run
+        self.store.register(run, spec)
         return run
+
+    async def find(self, run_id: str, user_id: str) -> Run:
+        """``get``, or else a run another replica holds (through the store); 404 if none."""
+        try:
+            run = self.get(run_id, user_id)
+            if run.relay is None:
+                return run
+        except NotFoundError:
+            run = None
+        remote = await self.store.lookup(run_id)  # held elsewhere, or moved on from here
+        if remote is None or remote.user_id != user_id:
+            if run is not None:
+                return run
+            raise NotFoundError(f"run '{run_id}' not found")
+        return remote
+
+    async def conversation_runs(self, session_id: str, conversation_id: str) -> list[Run]:
+        """A conversation's runs on every replica: this process's, then the store's others."""
+        here = [
+            r
+            for r in self.all()
+            if r.session_id == session_id
+            and r.conversation_id == conversation_id
+            and r.relay is None  # a run that moved on is listed as the store has it
+        ]
+        ids = {r.id for r in here}
+        there = await self.store.conversation_runs(session_id, conversation_id)
+        return here + [r for r in there if r.id not in ids]
+
+    async def decide(self, run: Run, call_id: str, approved: bool, reason: str = "") -> None:
+        await self.store.decide(run, call_id, approved, reason)
+
+    async def cancel(
+        self, run: Run, code: str = "cancelled", message: str = "the run was cancelled"
+    ) -> bool:
+        return await self.store.cancel(run, code, message)
 
     def get(self, run_id: str, user_id: str) -> Run:
         run = self._runs.get(run_id)
@@ -176,6 +257,29 @@ class RunRegistry:
     def all(self) -> list[Run]:
         return list(self._runs.values())
 
+    def cancel_conversation(self, session_id: str, conversation_id: str) -> int:
+        """Cancel every open run of the conversation (it is being deleted); how many."""
+        message = f"conversation '{conversation_id}' was deleted; the run was stopped"
+        if self.store.replicated:  # and those other replicas run, through the store
+            task = asyncio.get_running_loop().create_task(
+                self._cancel_elsewhere(session_id, conversation_id, message)
+            )
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        return sum(
+            run.cancel("conversation_deleted", message)
+            for run in list(self._runs.values())
+            if run.session_id == session_id and run.conversation_id == conversation_id
+        )
+
+    async def _cancel_elsewhere(self, session_id: str, conversation_id: str, message: str) -> None:
+        try:
+            for run in await self.store.conversation_runs(session_id, conversation_id):
+                if not run.finished:  # this replica's own: cancelled already, no-op
+                    await self.store.cancel(run, "conversation_deleted", message)
+        except Exception:  # the deletion goes on; a run left over ends by its deadline
+            log.warning("could not cancel a deleted conversation's runs", exc_info=True)
+
     def _prune(self) -> None:
         # A walk over every kept run, so at most once a second, not once per new run.
         now = time.monotonic()
@@ -186,7 +290,5 @@ class RunRegistry:
             del self._runs[run_id]
 
     async def aclose(self) -> None:
-        tasks = [r.task for r in self._runs.values() if r.task and not r.task.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Stop this process's runs — or, with a replicated store, hand them over."""
+        await self.store.aclose(self.all())

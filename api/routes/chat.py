@@ -2,7 +2,10 @@
 
 ``POST /chat`` validates everything it can before answering (a model is configured, the
 conversation id, tool policies, every selected file belongs to this conversation's
-temparea), then starts the run in the background and answers its SSE stream. The stream
+temparea, the conversation is not being deleted — 409 ``conversation_deleting``), then
+starts the run in the background and answers its SSE stream. The run opens the
+conversation (kubernetes: creates its ConversationWorkspace with the finalizer) before
+anything of it is written, and checks it again before each tool call. The stream
 is only a view: a client that drops loses nothing, and ``GET /runs/{id}/events`` with
 ``Last-Event-ID`` re-attaches from where it left off.
 """
@@ -19,8 +22,10 @@ from sandbox_workspace.operator.naming import session_id_for
 from sandbox_workspace.runtime.errors import BadRequest, Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
+from ..backends.base import ConversationDeleting, ConversationPhase, Session
 from ..chat.loop import RunSpec, run_agent
 from ..chat.policy import Policy, effective_policies
+from ..chat.progress import Progress, spec_data, spec_from_data
 from ..chat.runs import Run
 from ..chat.tools import TOOL_NAMES
 from ..deps import CallerDep, ServicesDep
@@ -80,13 +85,19 @@ def _stream(run: Run, after: int, keepalive: float) -> StreamingResponse:
     )
 
 
+async def _refuse_deleting(services, session: Session | None, cid: str) -> None:
+    if session is None:
+        return
+    if await services.backend.conversation_phase(session, cid) == ConversationPhase.DELETING:
+        raise ConversationDeleting(cid)
+
+
 async def _selected_names(
-    services, caller: Caller, cid: str, selected: list[SelectedFile | str]
+    services, session: Session | None, cid: str, selected: list[SelectedFile | str]
 ) -> list[str]:
     refs = [s.file_name if isinstance(s, SelectedFile) else s for s in selected]
     if not refs:
         return []
-    session = await services.backend.get_session(session_id_for(caller.user_id))
     if session is None:
         raise BadRequest(
             "selected_files: this user has no session, so no uploads yet",
@@ -107,6 +118,13 @@ async def _selected_names(
 @router.post("/chat", responses={200: {"content": {"text/event-stream": {}}}})
 async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> StreamingResponse:
     """Start an agent run in the conversation; answers its SSE stream."""
+    run = await start_run(body, caller, services)
+    return _stream(run, 0, services.settings.chat_keepalive_seconds)
+
+
+async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
+    """Validate a chat request and start its run in the background (the one run engine
+    behind /chat, /ui/chat and /ag-ui)."""
     settings = services.settings
     llm = services.llm
     if llm is None:
@@ -118,14 +136,11 @@ async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> S
         )
     cid = Workspace.check_conversation_id(body.conversation_id)
     policies = effective_policies(TOOL_NAMES, settings.tool_policies, body.tool_policies)
-    names = await _selected_names(services, caller, cid, body.selected_files)
     session_id = session_id_for(caller.user_id)
-
-    async def ensure():
-        session = await services.sessions.ensure_running(caller, session_id)
-        await services.backend.conversation_opened(session, cid)
-        return session
-
+    existing = await services.backend.get_session(session_id)
+    await _refuse_deleting(services, existing, cid)
+    names = await _selected_names(services, existing, cid, body.selected_files)
+    ensure, before_tool, record_activity = _session_callbacks(services, caller, session_id, cid)
     spec = RunSpec(
         query=body.query,
         history=[m.model_dump() for m in body.history],
@@ -136,11 +151,43 @@ async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> S
         approval_timeout=settings.chat_approval_timeout_seconds,
         tool_timeout=settings.chat_tool_timeout_seconds,
         ensure_session=ensure,
-        record_activity=lambda: services.backend.record_activity(session_id),
+        before_tool=before_tool,
+        record_activity=record_activity,
     )
-    run = services.runs.add(Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid))
+    run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
+    services.runs.add(run, spec_data(spec))
     run.task = services.spawn(run_agent(run, spec, llm, services.http))
-    return _stream(run, 0, settings.chat_keepalive_seconds)
+    return run
+
+
+def _session_callbacks(services, caller: Caller, session_id: str, cid: str):
+    """What a run calls back: ensure its session (opening the conversation), check the
+    conversation again before each tool call, record activity."""
+    opened: list[Session] = []
+
+    async def ensure():
+        session = await services.sessions.ensure_running(caller, session_id)
+        await services.backend.conversation_opened(session, cid)
+        opened[:] = [session]
+        return session
+
+    async def before_tool():
+        if opened:  # a deletion accepted by another replica reaches us this way
+            await services.backend.conversation_opened(opened[0], cid)
+
+    return ensure, before_tool, lambda: services.backend.record_activity(session_id)
+
+
+def resume_run(services, run: Run, data: dict, checkpoint: dict | None):
+    """Carry on a run taken over from another replica (see chat/runstore/takeover.py)."""
+    caller = Caller(user_id=run.user_id, via="resumed")
+    ensure, before_tool, record_activity = _session_callbacks(
+        services, caller, run.session_id, run.conversation_id
+    )
+    spec = spec_from_data(data, ensure, record_activity)
+    spec.before_tool = before_tool
+    progress = None if checkpoint is None else Progress.from_data(checkpoint)
+    return services.spawn(run_agent(run, spec, services.llm, services.http, progress, resumed=True))
 
 
 @router.get("/runs/{run_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
@@ -153,7 +200,7 @@ async def run_events(
     after: Annotated[int | None, Query(ge=0, description="Same as Last-Event-ID.")] = None,
 ) -> StreamingResponse:
     """Re-attach to a run: every event after Last-Event-ID, then live ones."""
-    run = services.runs.get(run_id, caller.user_id)
+    run = await services.runs.find(run_id, caller.user_id)
     position = after or 0
     if last_event_id is not None:
         if not last_event_id.strip().isdigit():
@@ -169,8 +216,8 @@ async def approve(
     run_id: str, body: ApprovalRequest, caller: CallerDep, services: ServicesDep
 ) -> dict:
     """Approve or reject a tool call the run is waiting on (a second decision is 409)."""
-    run = services.runs.get(run_id, caller.user_id)
-    run.decide(body.tool_call_id, body.approved, body.reason)
+    run = await services.runs.find(run_id, caller.user_id)
+    await services.runs.decide(run, body.tool_call_id, body.approved, body.reason)
     return {
         "run_id": run.id,
         "tool_call_id": body.tool_call_id,
@@ -181,6 +228,6 @@ async def approve(
 @router.post("/runs/{run_id}/cancel")
 async def cancel(run_id: str, caller: CallerDep, services: ServicesDep) -> dict:
     """Stop a run; its stream ends with error (cancelled) and done."""
-    run = services.runs.get(run_id, caller.user_id)
-    cancelled = run.cancel()
+    run = await services.runs.find(run_id, caller.user_id)
+    cancelled = await services.runs.cancel(run)
     return {"run_id": run.id, "status": "cancelling" if cancelled else "finished"}

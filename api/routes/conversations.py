@@ -1,4 +1,9 @@
-"""/api/v1/sessions/{id}/conversations/{cid} — delete a conversation and its files."""
+"""/api/v1/sessions/{id}/conversations/{cid} — delete a conversation and its files.
+
+Once a deletion is accepted the conversation refuses writes (409
+``conversation_deleting``) until its files are verified gone, and its open chat runs
+are cancelled (their streams end with ``error`` ``conversation_deleted``, then ``done``).
+"""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ async def delete_conversation(
     cid = Workspace.check_conversation_id(conversation_id)
     session = await services.sessions.ensure_running(caller, session_id)
     done = await services.backend.delete_conversation(session, cid)
+    services.runs.cancel_conversation(session.session_id, cid)
     body = ConversationDeletion(
         session_id=session.session_id, conversation_id=cid, status="deleted" if done else "deleting"
     )

@@ -4,6 +4,11 @@
 / ``stderr`` / ``result`` events as they are produced, then ``done`` carrying the same
 result object (or ``error``). A non-zero exit code or an exception is data in the result,
 never an HTTP error.
+
+Executed code writes into the conversation, so the conversation is opened first (kubernetes:
+its ConversationWorkspace with the finalizer exists before the code runs); one being
+deleted answers 409 ``conversation_deleting``; after the run the backend checks that no
+deletion slipped in meanwhile (``conversation_written``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from sandbox_workspace.runtime.errors import ApiError, BadGateway
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult, KernelRestarted
 from sandbox_workspace.runtime.workspace import Workspace
 
+from ..backends.base import Backend, Session
 from ..deps import CallerDep, ServicesDep
 from ..runtime_client import RuntimeClient
 from ..sse import SSE_HEADERS, encode_event, with_keepalive
@@ -43,12 +49,15 @@ async def execute(
     cid = Workspace.check_conversation_id(body.conversation_id)
     session = await services.sessions.ensure_running(caller, session_id)
     assert session.endpoint is not None
+    await services.backend.conversation_opened(session, cid)
     client = RuntimeClient(services.http, session.endpoint)
     request = ExecuteRequest(language=body.language, code=body.code, timeout=body.timeout)
     if not body.stream:
         # Relayed byte for byte: the runtime already produced a valid ExecutionResult.
-        return Response(await client.execute_raw(cid, request), media_type="application/json")
-    events = client.execute_stream(cid, request)
+        raw = await client.execute_raw(cid, request)
+        await services.backend.conversation_written(session, cid)
+        return Response(raw, media_type="application/json")
+    events = _then(client.execute_stream(cid, request), services.backend, session, cid)
     try:  # errors before the first event still get a proper status code
         first = await anext(events)
     except StopAsyncIteration:
@@ -58,6 +67,21 @@ async def execute(
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )
+
+
+async def _then(
+    events: AsyncIterator[dict], backend: Backend, session: Session, cid: str
+) -> AsyncIterator[dict]:
+    """The events, the after-write check just before ``done`` (a refusal becomes the
+    stream's ``error`` instead)."""
+    checked = False
+    async for event in events:
+        if event.get("type") == "done":
+            checked = True
+            await backend.conversation_written(session, cid)
+        yield event
+    if not checked:
+        await backend.conversation_written(session, cid)
 
 
 async def _sse(first: dict, events: AsyncIterator[dict]) -> AsyncIterator[bytes]:

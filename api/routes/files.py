@@ -4,6 +4,12 @@ Bodies are streamed through to the runtime in both directions. The conversation 
 from a ``conversation_id`` header (as the seed's frontend sends it), an
 ``X-Conversation-Id`` header, a query parameter, or — for downloads and deletes — a full
 sandbox path ``{workspace}/{conversation_id}/uploads/temparea/{name}``.
+
+An upload never lands in a conversation that is not tracked: the conversation is
+opened (kubernetes: its ConversationWorkspace, finalizer included, is created) before
+the body's last chunk reaches the runtime (``upload_guard``), a conversation being
+deleted answers 409 ``conversation_deleting``, and after the commit the backend checks
+that no deletion slipped in between (``conversation_written``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from ..deps import CallerDep, ServicesDep
 from ..file_refs import parse_file_ref
 from ..runtime_client import RuntimeClient
 from ..schemas import FileDeleted, FileList, FileUploaded
+from ..upload_guard import GuardedBody
 
 router = APIRouter(prefix="/api/v1/sessions/{session_id}/files", tags=["files"])
 
@@ -78,8 +85,24 @@ async def upload_file(
     if declared and declared.isdigit() and int(declared) > limit + _MULTIPART_OVERHEAD:
         raise TooLarge(f"file is larger than the limit of {limit} bytes")
     params = {k: v for k in ("conversation_id", "subdir") if (v := _param(request, k))}
-    result = await client.upload(request.stream(), request.headers.get("content-type", ""), params)
-    await services.backend.conversation_opened(session, result.conversation_id)
+    given = params.get("conversation_id")
+    if given is not None:  # known up front: refuse before the body is sent
+        given = Workspace.check_conversation_id(given)
+        await services.backend.conversation_opened(session, given)
+    content_type = request.headers.get("content-type", "")
+    body = GuardedBody(
+        request.stream(),
+        content_type,
+        given,
+        lambda cid: services.backend.conversation_opened(session, cid),
+    )
+    try:
+        result = await client.upload(aiter(body), content_type, params)
+    except Exception:
+        if body.error is not None:  # the guard cut the body short: say why
+            raise body.error from None
+        raise
+    await services.backend.conversation_written(session, result.conversation_id)
     return FileUploaded(**result.model_dump(), session_id=session.session_id)
 
 

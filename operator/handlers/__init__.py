@@ -11,7 +11,7 @@ import kopf
 
 from ..models import GROUP, SESSION_PLURAL, VERSION, WORKSPACE_PLURAL
 from ..settings import OperatorSettings
-from . import sessions, startup, workspaces
+from . import checks, deletion, sessions, startup, workspaces
 
 SESSIONS = (GROUP, VERSION, SESSION_PLURAL)
 WORKSPACES = (GROUP, VERSION, WORKSPACE_PLURAL)
@@ -38,7 +38,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         interval=settings.check_interval_seconds,
         initial_delay=settings.check_interval_seconds,
         registry=registry,
-    )(sessions.on_session_timer)
+    )(checks.on_session_timer)
 
     for decorator in (on.create, on.resume):
         decorator(*WORKSPACES, registry=registry, id="ensure", retries=None)(
@@ -46,6 +46,6 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         )
     # retries=None: a deletion that guards files is retried forever (STYLE 5).
     on.delete(*WORKSPACES, registry=registry, id="delete-files", retries=None)(
-        workspaces.on_workspace_deleted
+        deletion.on_workspace_deleted
     )
     return registry

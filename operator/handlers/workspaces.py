@@ -1,41 +1,42 @@
 """ConversationWorkspace → its directory in the session's runtime; deletion guarded.
 
 Contract:
-- Create/resume: the workspace is adopted by its session (so deleting the session
-  deletes the workspaces), the directory is ensured through the runtime
+- Create/resume ("ensure"): the workspace is adopted by its session (so deleting the
+  session deletes the workspaces), the directory is ensured through the runtime
   (``PUT /v1/conversations/{cid}``) and the status set Ready with path, file count and
-  bytes. A missing, stopped or starting session is waited for (a stopped one is asked to
-  resume); a conversation id the runtime refuses is an Error (it can never work).
-- Delete (finalizer ``sandboxworkspace.io/files``): the status says Deleting; the
-  runtime deletes the directory (``DELETE``) and a ``GET`` must confirm ``exists`` is
-  false before the handler returns and kopf releases the finalizer. Unreachable runtime
-  → ``kopf.TemporaryError`` with backoff, forever: never a PermanentError, never a
-  release while the files may exist. Stopped session → resume requested, retried.
-  Released without the runtime only when the storage provably no longer exists: the
-  session is gone, or it has neither pod nor PVC (or is being deleted and has no pod —
-  its PVC goes with it).
+  bytes. A missing, stopped or starting session is waited for — a stopped one is never
+  asked to resume from here, so an operator restart starts no pod; the directory is made
+  by the session's next real use. On resume, a workspace already Ready for its
+  generation is left alone. An invalid spec (a conversation id the runtime refuses) is an
+  Error with reason ``InvalidSpec``, not a retry loop.
+- Delete (finalizer ``sandboxworkspace.io/files``): the status says Deleting; what
+  happens next is decided by the storage (``operator/storage.py``): the session's runtime
+  or a cleanup pod's (``operator/cleanup.py``) deletes the directory (``DELETE``) and a
+  ``GET`` must confirm ``exists`` is false before the handler returns and kopf releases
+  the finalizer. A stopped session is asked to resume (real demand). Anything not yet
+  possible → ``kopf.TemporaryError`` with backoff, forever, the reason in the status:
+  never a PermanentError, never a release while storage that may hold the files exists.
+  A conversation id the runtime's rules refuse was never written: released at once.
 """
 
 from __future__ import annotations
 
-import contextlib
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 from pydantic import ValidationError
 
-from .. import naming
+from sandbox_workspace.runtime.client import RuntimeClient, RuntimeClientError, RuntimeRefused
+
 from ..context import OperatorContext
-from ..kube import KubeError, core_path, custom_path
+from ..kube import KubeError, custom_path
 from ..models import (
     SESSION_PLURAL,
-    WORKSPACE_PLURAL,
     ConversationWorkspace,
     ConversationWorkspaceStatus,
     SandboxSession,
 )
-from ..runtime_client import RuntimeClient, RuntimeClientError, RuntimeRefused
 from ..status import is_stopped, set_condition
 from .sessions import request_resume
 
@@ -46,7 +47,7 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-def _status(
+def ws_status(
     previous: ConversationWorkspaceStatus,
     phase: str,
     ready: bool,
@@ -59,7 +60,7 @@ def _status(
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-class _Wait(Exception):
+class Wait(Exception):
     """Not yet possible; retry after ``delay`` (reason and message go to the status)."""
 
     def __init__(self, reason: str, message: str, delay: float | None = None) -> None:
@@ -67,20 +68,25 @@ class _Wait(Exception):
         self.reason, self.delay = reason, delay
 
 
-async def _runtime_of(
-    ctx: OperatorContext, cws: ConversationWorkspace, session_body: dict
+async def session_runtime(
+    ctx: OperatorContext, session_body: dict, *, resume: bool
 ) -> RuntimeClient:
-    """The session's runtime, or ``_Wait`` until there is one."""
+    """The session's runtime, or ``Wait`` until there is one (``resume``: a stopped
+    session is asked to start — only for real demand, such as deleting files)."""
     session = SandboxSession.from_body(session_body)
     if is_stopped(session):
+        if not resume:
+            raise Wait("SessionStopped", "the session is stopped; waiting for its next use")
         await request_resume(ctx, session.namespace, session.name)
-        raise _Wait("SessionStopped", "the session is stopped; resume requested", 0.5)
+        raise Wait("SessionStopped", "the session is stopped; resume requested", 0.5)
     if session.status.phase != "Running" or not session.status.endpoint:
         phase = session.status.phase or "Pending"
-        raise _Wait("SessionNotRunning", f"waiting for the session's runtime ({phase})")
-    client = await ctx.runtime(cws.namespace, session.name, session.status.endpoint, session.uid)
+        raise Wait("SessionNotRunning", f"waiting for the session's runtime ({phase})")
+    client = await ctx.runtime(
+        session.namespace, session.name, session.status.endpoint, session.uid
+    )
     if client is None:
-        raise _Wait("TokenMissing", "the session's runtime token is not there yet")
+        raise Wait("TokenMissing", "the session's runtime token is not there yet")
     return client
 
 
@@ -102,6 +108,10 @@ def _owner_patch(body: dict, session_body: dict) -> dict | None:
     return {"ownerReferences": [*refs, ref]}
 
 
+def _invalid_message(error: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+
+
 async def on_workspace_created(
     body: kopf.Body,
     name: str,
@@ -109,6 +119,7 @@ async def on_workspace_created(
     patch: kopf.Patch,
     memo: kopf.Memo,
     retry: int,
+    reason: str,
     logger: kopf.Logger,
     **_: Any,
 ) -> None:
@@ -117,39 +128,54 @@ async def on_workspace_created(
     try:
         cws = ConversationWorkspace.from_body(raw)
     except ValidationError as e:
+        message = _invalid_message(e)
         patch.status.update(
-            _status(ConversationWorkspaceStatus(), "Error", False, "InvalidSpec", str(e))
+            ws_status(ConversationWorkspaceStatus(), "Error", False, "InvalidSpec", message)
         )
-        raise kopf.PermanentError(f"invalid spec: {e}") from e  # can never work
-    delay = _backoff(ctx, retry)
+        kopf.warn(raw, reason="InvalidSpec", message=message)
+        raise kopf.PermanentError(f"invalid spec: {message}") from e  # can never work
+    if (
+        reason == kopf.Reason.RESUME
+        and cws.status.phase == "Ready"
+        and cws.status.observed_generation == cws.generation
+    ):
+        return  # an operator restart: nothing to do, and no reason to wake the session
+    delay = backoff(ctx, retry)
     try:
         session_body = await ctx.api.get(
             custom_path(namespace, SESSION_PLURAL, cws.spec.session_ref)
         )
         if session_body is None:
-            raise _Wait("SessionMissing", f"SandboxSession {cws.spec.session_ref} does not exist")
+            raise Wait("SessionMissing", f"SandboxSession {cws.spec.session_ref} does not exist")
         owner = _owner_patch(raw, session_body)
         if owner:
             patch.metadata.update(owner)
-        client = await _runtime_of(ctx, cws, session_body)
+        try:
+            client = await session_runtime(ctx, session_body, resume=False)
+        except Wait as w:
+            if w.reason == "SessionStopped":
+                w.delay = ctx.settings.check_interval_seconds
+            raise
         try:
             await client.ensure_conversation(cws.spec.conversation_id)
             info = await client.conversation_info(cws.spec.conversation_id)
         except RuntimeRefused as e:
-            patch.status.update(_status(cws.status, "Error", False, "Refused", str(e)))
+            if e.retryable:  # e.g. 409 conversation_deleting: a deletion is under way
+                raise Wait("RuntimeBusy", str(e)) from e
+            patch.status.update(ws_status(cws.status, "Error", False, "Refused", str(e)))
             ctx.metrics.reconciles.labels(KIND, "error").inc()
             raise kopf.PermanentError(f"the runtime refuses this conversation: {e}") from e
         except RuntimeClientError as e:
-            raise _Wait("RuntimeUnavailable", str(e)) from e
-    except _Wait as w:
-        patch.status.update(_status(cws.status, "Pending", False, w.reason, str(w)))
+            raise Wait("RuntimeUnavailable", str(e)) from e
+    except Wait as w:
+        patch.status.update(ws_status(cws.status, "Pending", False, w.reason, str(w)))
         ctx.metrics.reconciles.labels(KIND, "retry").inc()
         raise kopf.TemporaryError(str(w), delay=w.delay or delay) from w
     except KubeError as e:
         ctx.metrics.errors.labels(KIND, e.reason or str(e.status)).inc()
         raise kopf.TemporaryError(str(e), delay=delay) from e
     patch.status.update(
-        _status(
+        ws_status(
             cws.status,
             "Ready",
             True,
@@ -164,111 +190,5 @@ async def on_workspace_created(
     ctx.metrics.reconciles.labels(KIND, "ok").inc()
 
 
-async def _storage_gone(ctx: OperatorContext, session_body: dict | None) -> str | None:
-    """Why the files provably no longer exist, or None."""
-    if session_body is None:
-        return "the session no longer exists"
-    meta = session_body["metadata"]
-    ns, name = meta["namespace"], meta["name"]
-    pod = await ctx.api.get(core_path(ns, "pods", naming.runtime_pod_name(name)))
-    if pod is not None:
-        return None
-    if meta.get("deletionTimestamp"):
-        return "the session is being deleted and has no pod (its PVC goes with it)"
-    claim = await ctx.api.get(
-        core_path(ns, "persistentvolumeclaims", naming.workspace_claim_name(name))
-    )
-    return "the session has neither pod nor PVC" if claim is None else None
-
-
-async def on_workspace_deleted(
-    body: kopf.Body,
-    name: str,
-    namespace: str,
-    memo: kopf.Memo,
-    retry: int,
-    logger: kopf.Logger,
-    **_: Any,
-) -> None:
-    """Finalizer: return only when the files are verified gone (see module contract)."""
-    ctx: OperatorContext = memo.ctx
-    raw = dict(body)
-    try:
-        cws = ConversationWorkspace.from_body(raw)
-    except ValidationError:
-        logger.warning("invalid spec: no directory was ever created for it; releasing")
-        return
-    path = custom_path(namespace, WORKSPACE_PLURAL, name) + "/status"
-    delay = _backoff(ctx, retry)
-    try:
-        if cws.status.phase != "Deleting":
-            await ctx.api.patch(
-                path,
-                {
-                    "status": _status(
-                        cws.status, "Deleting", False, "Deleting", "deleting the files"
-                    )
-                },
-            )
-        session_body = await ctx.api.get(
-            custom_path(namespace, SESSION_PLURAL, cws.spec.session_ref)
-        )
-        gone = await _storage_gone(ctx, session_body)
-        if gone:
-            logger.info(f"files released without the runtime: {gone}")
-            _observe_latency(ctx, raw)
-            return
-        assert session_body is not None
-        client = await _runtime_of(ctx, cws, session_body)
-        cid = cws.spec.conversation_id
-        try:
-            await client.delete_conversation(cid)
-            info = await client.conversation_info(cid)
-        except RuntimeRefused as e:
-            if e.status == 400:  # an id the runtime refuses can never have had a directory
-                logger.warning(f"the runtime refuses the conversation id ({e}); releasing")
-                return
-            raise _Wait("RuntimeRefused", str(e)) from e
-        except RuntimeClientError as e:
-            raise _Wait("RuntimeUnavailable", f"{e}; retrying") from e
-        if info.exists:
-            raise _Wait("StillExists", "the directory still exists after deletion")
-    except _Wait as w:
-        ctx.metrics.reconciles.labels(KIND, "retry").inc()
-        ctx.metrics.errors.labels(KIND, w.reason).inc()
-        await _note(ctx, path, cws, w)
-        raise kopf.TemporaryError(str(w), delay=w.delay or delay) from w
-    except KubeError as e:
-        ctx.metrics.errors.labels(KIND, e.reason or str(e.status)).inc()
-        raise kopf.TemporaryError(str(e), delay=delay) from e
-    _observe_latency(ctx, raw)
-    ctx.metrics.reconciles.labels(KIND, "ok").inc()
-    logger.info("files verified gone; releasing the finalizer")
-
-
-async def _note(ctx: OperatorContext, path: str, cws: ConversationWorkspace, w: _Wait) -> None:
-    """Say in the status why deletion waits (best effort: the retry matters more)."""
-    with contextlib.suppress(KubeError):
-        await ctx.api.patch(
-            path,
-            {
-                "status": _status(
-                    cws.status.model_copy(update={"phase": "Deleting"}),
-                    "Deleting",
-                    False,
-                    w.reason,
-                    str(w),
-                )
-            },
-        )
-
-
-def _observe_latency(ctx: OperatorContext, body: dict) -> None:
-    stamp = body["metadata"].get("deletionTimestamp")
-    if stamp:
-        started = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-        ctx.metrics.deletion_seconds.observe(max(0.0, (now() - started).total_seconds()))
-
-
-def _backoff(ctx: OperatorContext, retry: int) -> float:
+def backoff(ctx: OperatorContext, retry: int) -> float:
     return min(0.25 * 2 ** min(retry, 10), ctx.settings.retry_max_delay_seconds)

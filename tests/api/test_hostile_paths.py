@@ -197,7 +197,7 @@ class Scene:
         return self.root / cid / "uploads" / "temparea"
 
     def meta_dir(self, cid: str = "c1") -> Path:
-        return self.root / cid / "uploads" / ".meta"
+        return self.root / ".runtime" / "meta" / cid
 
     def listed(self, cid: str = "c1") -> list[str]:
         r = self.client.get(f"/v1/conversations/{seg(cid)}/uploads")
@@ -504,7 +504,9 @@ def test_upload_name_symlink_to_outside_canary(scene: Scene) -> None:
 
 
 def test_meta_dir_symlink_to_outside(scene: Scene) -> None:
-    """.meta → outside dir with fake metadata: nothing listed, nothing written there."""
+    """.runtime/meta/c1 → outside dir with fake metadata: the runtime answers from what it
+    recorded (keep.txt, not the forged secret.txt), puts a real directory back in place of
+    the link and writes nothing outside."""
     fake = scene.outside / "meta"
     fake.mkdir()
     for n in ("keep.txt", "secret.txt"):
@@ -513,12 +515,14 @@ def test_meta_dir_symlink_to_outside(scene: Scene) -> None:
     _replace_with_link(scene.meta_dir(), fake)
     before = scene.outside_state()
 
-    assert scene.listed() == []
-    assert_refused(scene.client.get("/v1/conversations/c1/uploads/keep.txt"), {400, 404})
-    assert_refused(scene.client.delete("/v1/conversations/c1/uploads/keep.txt"), {400, 404})
-    assert_refused(scene.upload("new.txt"), {400})
+    assert scene.listed() == ["keep.txt"]
+    assert not scene.meta_dir().is_symlink() and scene.meta_dir().is_dir()
+    assert_refused(scene.client.get("/v1/conversations/c1/uploads/secret.txt"), {404})
+    r = scene.client.get("/v1/conversations/c1/uploads/keep.txt")
+    assert r.status_code == 200 and r.content == b"keep me"
+    assert scene.upload("new.txt").status_code == 201
+    assert scene.listed() == ["keep.txt", "new.txt"]
     assert scene.outside_state() == before
-    assert (scene.uploads_dir() / "keep.txt").read_bytes() == b"keep me"
     assert scene.staging() == []
 
 

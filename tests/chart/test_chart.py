@@ -103,6 +103,7 @@ def test_values_schema_covers_every_default_key() -> None:
         pytest.param("operator.podSecurityContext.runAsNonRoot", "false", "", id="root"),
         pytest.param("sessions.ttlSeconds", "10", "ttlSeconds", id="ttl"),
         pytest.param("sandbox.networkPolicy.egressCIDRs[0]", "anywhere", "", id="cidr"),
+        pytest.param("chat.runStore", "etcd", "runStore", id="run-store"),
     ],
 )
 def test_values_schema_refuses_bad_values(tools: Tools, key: str, value: str, complaint: str):
@@ -230,7 +231,8 @@ def test_the_sessions_namespace_enforces_restricted_pods(
 def test_rbac_is_namespaced_and_minimal(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     name, docs = rendered
     sessions_ns = "agent-sandboxes" if name == "hardened" else "sandbox-sessions"
-    # The one cluster-scoped grant: kopf's read-only discovery, for the operator only.
+    # The cluster-scoped grants, read-only and for the operator only: kopf's discovery,
+    # and the volumes the deletion finalizer checks for retained files.
     (cluster_role,) = by_kind(docs, "ClusterRole")
     assert cluster_role["rules"] == [
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
@@ -239,6 +241,7 @@ def test_rbac_is_namespaced_and_minimal(rendered: tuple[str, list[dict[str, Any]
             "resources": ["customresourcedefinitions"],
             "verbs": ["list", "watch"],
         },
+        {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get", "list"]},
     ]
     (cluster_binding,) = by_kind(docs, "ClusterRoleBinding")
     assert cluster_binding["subjects"] == [
@@ -270,11 +273,12 @@ def test_rbac_is_namespaced_and_minimal(rendered: tuple[str, list[dict[str, Any]
     api = grants(roles[f"{RELEASE}-sandbox-workspace-api"])
     assert api == {
         "sandboxworkspace.io/sandboxsessions": {"get", "watch", "create", "patch", "delete"},
-        "sandboxworkspace.io/conversationworkspaces": {"create", "delete"},
+        "sandboxworkspace.io/conversationworkspaces": {"get", "list", "watch", "create", "delete"},
         "/secrets": {"get"},
     }
     operator = grants(roles[f"{RELEASE}-sandbox-workspace-operator"])
-    assert operator["/secrets"] == {"get", "create"}
+    assert operator["/secrets"] == {"get", "create", "delete"}  # old incarnations' tokens
+    assert operator["/persistentvolumeclaims"] == {"get", "create", "patch"}  # adoption
     assert operator["/pods"] == {"get", "list", "watch", "create", "delete"}
     assert ("kopf.dev/kopfpeerings" in operator) == (name == "hardened")
     for binding in by_kind(docs, "RoleBinding") + by_kind(docs, "ClusterRoleBinding"):
@@ -324,6 +328,7 @@ def test_api_deployment_and_service(rendered: tuple[str, list[dict[str, Any]]]) 
     env = env_of(container)
     assert env["SANDBOX_WORKSPACE_BACKEND"] == "kubernetes"
     assert env["SANDBOX_WORKSPACE_AUTH_MODE"] == "required"
+    assert env["SANDBOX_WORKSPACE_SESSION_NETWORK"] == "deny"  # sandbox.network.enabled
     token = env["SANDBOX_WORKSPACE_SERVICE_TOKEN"]["secretKeyRef"]
     if name == "defaults":
         assert env["SANDBOX_WORKSPACE_NAMESPACE"] == "sandbox-sessions"
@@ -352,6 +357,48 @@ def test_api_deployment_and_service(rendered: tuple[str, list[dict[str, Any]]]) 
         }
         assert env["SANDBOX_WORKSPACE_SESSION_TTL_SECONDS"] == "86400"
         assert pod["imagePullSecrets"] == [{"name": "platform-registry"}]
+
+
+def test_api_replicas_share_runs_through_the_redis_run_store(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """memory (defaults): one replica, no PodDisruptionBudget; redis (hardened): the URL
+    from a Secret, two replicas, a PodDisruptionBudget, a surge-first rolling update and
+    a grace period long enough for the hand-over."""
+    name, docs = rendered
+    full = f"{RELEASE}-sandbox-workspace-api"
+    deployment = one(docs, "Deployment", full)
+    pod = deployment["spec"]["template"]["spec"]
+    env = env_of(pod["containers"][0])
+    if name == "defaults":
+        assert env["SANDBOX_WORKSPACE_CHAT_RUN_STORE"] == "memory"
+        assert "SANDBOX_WORKSPACE_CHAT_REDIS_URL" not in env
+        assert deployment["spec"]["replicas"] == 1 and "strategy" not in deployment["spec"]
+        assert not by_kind(docs, "PodDisruptionBudget")
+        return
+    assert env["SANDBOX_WORKSPACE_CHAT_RUN_STORE"] == "redis"
+    assert env["SANDBOX_WORKSPACE_CHAT_REDIS_URL"]["secretKeyRef"] == {
+        "name": "chat-run-store",
+        "key": "url",
+    }
+    assert env["SANDBOX_WORKSPACE_CHAT_RUN_LEASE_SECONDS"] == "10"
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert pod["terminationGracePeriodSeconds"] == 40  # handoverSeconds 20 + 20
+    pdb = one(docs, "PodDisruptionBudget", full)
+    assert pdb["spec"] == {
+        "minAvailable": 1,
+        "selector": deployment["spec"]["selector"],
+    }
+
+
+def test_the_redis_run_store_needs_the_secret_of_its_url(tools: Tools) -> None:
+    result = render_text(tools, set_values={"chat.runStore": "redis"}, check=False)
+    assert result.returncode != 0
+    assert "chat.runStore=redis needs chat.redis.existingSecret" in result.stderr
 
 
 def test_operator_workload(rendered: tuple[str, list[dict[str, Any]]]) -> None:
@@ -388,6 +435,7 @@ def test_operator_workload(rendered: tuple[str, list[dict[str, Any]]]) -> None:
             "registry.example.internal/platform/sandbox-runtime:0.1.0-py311"
         )
         assert env["SANDBOX_OPERATOR_CHECK_INTERVAL_SECONDS"] == "15"
+    assert env["SANDBOX_OPERATOR_CONFINEMENT"] == ("require" if name == "hardened" else "auto")
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"health": 8081, "metrics": 9090}
 
@@ -432,6 +480,7 @@ def test_the_processes_accept_the_charts_settings(
                 expected
             )
             assert settings.session_idle_timeout_seconds == (900 if name == "hardened" else 1800)
+            assert settings.chat_run_store == ("redis" if name == "hardened" else "memory")
         else:
             assert settings.namespaces == [
                 "agent-sandboxes" if name == "hardened" else "sandbox-sessions"
@@ -442,6 +491,8 @@ def test_the_processes_accept_the_charts_settings(
             assert settings.liveness_endpoint == "http://0.0.0.0:8081/healthz"
             assert settings.metrics_port == 9090
             assert settings.standalone is (name == "defaults")
+            # The hardened values refuse to run code unconfined.
+            assert settings.confinement == ("require" if name == "hardened" else "auto")
 
 
 def test_notes_tell_how_to_reach_and_try_the_api(tools: Tools, tmp_path: Path) -> None:

@@ -9,6 +9,8 @@
   ``make_namespace`` creates more.
 - ``node_agent`` (session): the test node agent running labelled pods as loopback
   processes with the real runtime.
+- ``start_operator`` / ``operator`` (function): an in-process operator on the test's
+  namespace (tests/cluster/operator_env.py).
 
 Tests marked ``cluster`` are SKIPPED (with the reason) when no Go toolchain exists to
 build the binaries, or when SANDBOX_SKIP_CLUSTER=1.
@@ -37,6 +39,7 @@ from kubeenv.controlplane import (
     build_binaries,
 )
 from kubeenv.nodeagent import PodRun, default_runtime_command
+from operator_env import operator, start_operator  # noqa: F401 (fixtures of the operator tests)
 
 _state: dict[str, object] = {}
 

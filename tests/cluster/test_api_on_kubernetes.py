@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from kubeenv.client import delete_sandbox_resources
-from kubeenv.processes import clean_env, start_cli, stop
+from kubeenv.processes import clean_env
+from kubeenv.stack import Stack
 from scripted_llm import Reply, ScriptedLLM, text_reply, tool_reply, tool_results
 
 pytestmark = pytest.mark.cluster
@@ -31,6 +31,8 @@ SUITE = [
     "tests/api/test_execute.py",
     "tests/api/test_hostile_paths.py::test_api_download_and_delete_by_hostile_path",
     "tests/api/test_hostile_paths.py::test_api_list_download_delete_with_hostile_conversation_id",
+    # The hostile-code catalogue (tests/support/hostile_code.py) against pods' runtimes.
+    "tests/api/test_confinement.py::test_hostile_code_is_refused_and_the_sandbox_stays_healthy",
 ]
 
 
@@ -45,54 +47,25 @@ def scripted_model() -> Iterator[ScriptedLLM]:
 def kubernetes_api(
     kube_control_plane, kube_api, node_agent, namespace, tmp_path, scripted_model
 ) -> Iterator[str]:
-    kubeconfig = str(kube_control_plane.kubeconfig)
-    operator = start_cli(
-        ["operator"],
-        clean_env(
-            SANDBOX_OPERATOR_KUBECONFIG=kubeconfig,
-            SANDBOX_OPERATOR_NAMESPACES=namespace,
-            SANDBOX_OPERATOR_IMAGE="sandbox-workspace:test",
-            SANDBOX_OPERATOR_CHECK_INTERVAL_SECONDS="0.5",
-            SANDBOX_OPERATOR_RETRY_MAX_DELAY_SECONDS="1",
-            SANDBOX_OPERATOR_STANDALONE="true",
-            SANDBOX_OPERATOR_LIVENESS_ENDPOINT="",
-            SANDBOX_OPERATOR_LOG_FORMAT="text",
-        ),
-        tmp_path / "operator.log",
+    stack = Stack(
+        kube_control_plane.kubeconfig,
+        namespace,
+        tmp_path,
+        api_env={
+            "SANDBOX_WORKSPACE_SESSION_STORAGE__SIZE": "2Gi",
+            "SANDBOX_WORKSPACE_LLM_BASE_URL": scripted_model.url,
+            "SANDBOX_WORKSPACE_LLM_MODEL": "scripted",
+        },
     )
-    port_file = tmp_path / "api.port"
-    api = start_cli(
-        ["api", "--port", "0", "--port-file", str(port_file)],
-        clean_env(
-            SANDBOX_WORKSPACE_BACKEND="kubernetes",
-            SANDBOX_WORKSPACE_AUTH_MODE="dev",
-            SANDBOX_WORKSPACE_KUBECONFIG=kubeconfig,
-            SANDBOX_WORKSPACE_NAMESPACE=namespace,
-            SANDBOX_WORKSPACE_LOG_FORMAT="text",
-            SANDBOX_WORKSPACE_SESSION_STORAGE__SIZE="2Gi",
-            SANDBOX_WORKSPACE_SESSION_IDLE_TIMEOUT_SECONDS="3600",
-            SANDBOX_WORKSPACE_LLM_BASE_URL=scripted_model.url,
-            SANDBOX_WORKSPACE_LLM_MODEL="scripted",
-        ),
-        tmp_path / "api.log",
-    )
+    stack.start_operator()
     try:
-        deadline = time.monotonic() + 60
-        while not port_file.exists():
-            assert api.poll() is None, (tmp_path / "api.log").read_text()
-            assert operator.poll() is None, (tmp_path / "operator.log").read_text()
-            assert time.monotonic() < deadline, "the API did not start"
-            time.sleep(0.05)
-        url = f"http://127.0.0.1:{int(port_file.read_text())}"
-        while httpx.get(url + "/healthz").status_code != 200:
-            time.sleep(0.05)
-        yield url
+        yield stack.start_api()
     finally:
-        stop(api)
+        stack.stop_api()
         # Sessions left by the suite still have workspaces whose finalizers need the
         # operator: delete them before it goes.
         delete_sandbox_resources(kube_api, namespace)
-        stop(operator)
+        stack.stop_operator()
 
 
 def test_api_suite_passes_on_the_kubernetes_backend(kubernetes_api, tmp_path):

@@ -384,6 +384,8 @@ def test_api_identity_is_minimal(installed: Installed) -> None:
         ("watch", "sandboxsessions", sessions, "sandboxworkspace.io"),
         ("patch", "sandboxsessions", sessions, "sandboxworkspace.io"),
         ("delete", "conversationworkspaces", sessions, "sandboxworkspace.io"),
+        # The conversations being deleted, from a watch (writes to them are refused).
+        ("watch", "conversationworkspaces", sessions, "sandboxworkspace.io"),
     ]
     for verb, resource, where, group in needed:
         assert api.can(verb, resource, where, group), f"API cannot {verb} {resource} in {where}"
@@ -400,6 +402,7 @@ def test_api_identity_is_minimal(installed: Installed) -> None:
         ("create", "pods/exec", sessions, ""),
         ("list", "sandboxsessions", sessions, "sandboxworkspace.io"),
         ("patch", "sandboxsessions/status", sessions, "sandboxworkspace.io"),
+        ("patch", "conversationworkspaces", sessions, "sandboxworkspace.io"),  # finalizers
         ("create", "sandboxsessions", ns, "sandboxworkspace.io"),
         ("create", "rolebindings", sessions, "rbac.authorization.k8s.io"),
         ("create", "serviceaccounts/token", ns, ""),
@@ -438,6 +441,11 @@ def test_operator_identity_is_minimal(installed: Installed) -> None:
         ("watch", "pods", sessions, ""),
         ("create", "secrets", sessions, ""),
         ("create", "persistentvolumeclaims", sessions, ""),
+        # An earlier incarnation's token and a cleanup pod's are deleted; a claim left by
+        # `--cascade=orphan` is adopted; retained volumes are looked at (read-only).
+        ("delete", "secrets", sessions, ""),
+        ("patch", "persistentvolumeclaims", sessions, ""),
+        ("list", "persistentvolumes", "", ""),
         ("patch", "conversationworkspaces", sessions, "sandboxworkspace.io"),
         ("patch", "sandboxsessions/status", sessions, "sandboxworkspace.io"),
         ("create", "events", sessions, ""),
@@ -450,13 +458,15 @@ def test_operator_identity_is_minimal(installed: Installed) -> None:
     refused = [
         ("get", "secrets", ns, ""),
         ("list", "secrets", sessions, ""),
-        ("delete", "secrets", sessions, ""),
+        ("delete", "secrets", ns, ""),
         ("create", "pods", ns, ""),
         ("create", "pods", "default", ""),
         ("patch", "pods", sessions, ""),
         ("create", "pods/exec", sessions, ""),
         ("create", "sandboxsessions", sessions, "sandboxworkspace.io"),
         ("delete", "persistentvolumeclaims", sessions, ""),
+        ("patch", "persistentvolumes", "", ""),
+        ("delete", "persistentvolumes", "", ""),
         ("create", "roles", sessions, "rbac.authorization.k8s.io"),
         ("get", "secrets", "", ""),
         ("delete", "namespaces", "", ""),

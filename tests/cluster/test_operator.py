@@ -8,191 +8,28 @@ runs (their finalizers need it), then the operator stops.
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from kubeenv import ApiError, ControlPlane, KubeClient, NodeAgent, wait_until
-
-from sandbox_workspace.operator.context import OperatorContext
-from sandbox_workspace.operator.main import run_async
-from sandbox_workspace.operator.naming import (
-    runtime_pod_name,
-    runtime_secret_name,
-    workspace_claim_name,
+from kubeenv import ApiError, KubeClient, NodeAgent, wait_until
+from operator_env import (
+    TIMEOUT,
+    conversation_dir,
+    cws_path,
+    make_session,
+    make_workspace,
+    running_session,
+    runtime_of,
+    sbs_path,
+    stats_count_as_activity,
+    wait_phase,
 )
-from sandbox_workspace.operator.settings import OperatorSettings
+
+from sandbox_workspace.operator.naming import runtime_secret_name, workspace_claim_name
 
 pytestmark = pytest.mark.cluster
-
-API = "/apis/sandboxworkspace.io/v1alpha1"
-TIMEOUT = 30.0
-
-
-def sbs_path(ns: str, name: str = "") -> str:
-    return f"{API}/namespaces/{ns}/sandboxsessions" + (f"/{name}" if name else "")
-
-
-def cws_path(ns: str, name: str = "") -> str:
-    return f"{API}/namespaces/{ns}/conversationworkspaces" + (f"/{name}" if name else "")
-
-
-@dataclass
-class RunningOperator:
-    settings: OperatorSettings
-    ctx: OperatorContext
-    thread: threading.Thread
-    stop_flag: threading.Event = field(default_factory=threading.Event)
-    errors: list[BaseException] = field(default_factory=list)
-
-    def stop(self) -> None:
-        self.stop_flag.set()
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive(), "the operator did not stop"
-
-
-@pytest.fixture
-def start_operator(
-    kube_control_plane: ControlPlane, namespace: str, node_agent: NodeAgent
-) -> Iterator[Callable[..., RunningOperator]]:
-    running: list[RunningOperator] = []
-
-    def start(**overrides: Any) -> RunningOperator:
-        values: dict[str, Any] = dict(
-            kubeconfig=kube_control_plane.kubeconfig,
-            namespaces=[namespace],
-            image="sandbox-workspace:test",
-            check_interval_seconds=0.5,
-            runtime_timeout_seconds=1.0,
-            retry_max_delay_seconds=1.0,
-            liveness_endpoint=None,
-            metrics_port=None,
-        )
-        values.update(overrides)
-        settings = OperatorSettings(**values)
-        ctx = OperatorContext(settings)
-        ready = threading.Event()
-        op = RunningOperator(settings, ctx, threading.Thread(target=lambda: None))
-
-        def main() -> None:
-            try:
-                asyncio.run(
-                    run_async(settings, context=ctx, stop_flag=op.stop_flag, ready_flag=ready)
-                )
-            except BaseException as e:  # reported by the test, not lost in the thread
-                op.errors.append(e)
-                ready.set()
-
-        op.thread = threading.Thread(target=main, name="operator", daemon=True)
-        op.thread.start()
-        assert ready.wait(TIMEOUT), "the operator did not become ready"
-        assert not op.errors, op.errors
-        running.append(op)
-        return op
-
-    yield start
-    try:
-        with kube_control_plane.client() as api:
-            if running and running[-1].thread.is_alive():
-                for path in (cws_path(namespace), sbs_path(namespace)):
-                    for item in api.list(path):
-                        api.delete(f"{path}/{item['metadata']['name']}")
-                for path in (cws_path(namespace), sbs_path(namespace)):
-                    wait_until(
-                        lambda p=path: not api.list(p),
-                        timeout=TIMEOUT,
-                        message=f"{path} to be empty at teardown",
-                    )
-    finally:
-        for op in running:
-            op.stop()
-    for op in running:
-        assert not op.errors, op.errors
-
-
-@pytest.fixture
-def operator(start_operator: Callable[..., RunningOperator]) -> RunningOperator:
-    return start_operator()
-
-
-def make_session(api: KubeClient, ns: str, name: str = "sb-session-alice", **spec: Any) -> dict:
-    body = {
-        "apiVersion": "sandboxworkspace.io/v1alpha1",
-        "kind": "SandboxSession",
-        "metadata": {"name": name},
-        "spec": {"userId": name.removeprefix("sb-session-"), **spec},
-    }
-    return api.create(sbs_path(ns), body)
-
-
-def make_workspace(api: KubeClient, ns: str, cid: str, session: str = "sb-session-alice") -> dict:
-    body = {
-        "apiVersion": "sandboxworkspace.io/v1alpha1",
-        "kind": "ConversationWorkspace",
-        "metadata": {"name": f"cws-{cid}"},
-        "spec": {"conversationId": cid, "sessionRef": session, "userId": "alice"},
-    }
-    return api.create(cws_path(ns), body)
-
-
-def wait_phase(api: KubeClient, path: str, phase: str, timeout: float = TIMEOUT) -> dict:
-    return api.wait_for(
-        path,
-        lambda o: o.get("status", {}).get("phase") == phase,
-        timeout=timeout,
-        message=f"{path} to be {phase}",
-    )
-
-
-@dataclass
-class Runtime:
-    """Direct access to a session's runtime, as the API has it (endpoint + token)."""
-
-    url: str
-    token: str
-
-    def request(
-        self, method: str, path: str, token: str | None = None, **kw: Any
-    ) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {token or self.token}"}
-        return httpx.request(
-            method, self.url + path, headers=headers, timeout=10, trust_env=False, **kw
-        )
-
-    def upload(self, cid: str, name: str, data: bytes) -> dict:
-        r = self.request(
-            "POST", "/v1/uploads", files={"file": (name, data)}, data={"conversation_id": cid}
-        )
-        assert r.status_code == 201, r.text
-        return r.json()
-
-
-def runtime_of(api: KubeClient, ns: str, session: dict) -> Runtime:
-    name = session["metadata"]["name"]
-    secret = api.get(f"/api/v1/namespaces/{ns}/secrets/{runtime_secret_name(name)}")
-    token = base64.b64decode(secret["data"]["token"]).decode()
-    return Runtime(session["status"]["endpoint"], token)
-
-
-def running_session(api: KubeClient, ns: str, **spec: Any) -> tuple[dict, Runtime]:
-    make_session(api, ns, **spec)
-    session = wait_phase(api, sbs_path(ns, "sb-session-alice"), "Running")
-    return session, runtime_of(api, ns, session)
-
-
-def conversation_dir(agent: NodeAgent, ns: str, cid: str) -> Path:
-    root = agent.data_dir_of(ns, runtime_pod_name("sb-session-alice"))
-    assert root is not None
-    return root / cid
-
 
 # -- sessions ---------------------------------------------------------------------------
 
@@ -413,17 +250,11 @@ def test_finalizer_completes_after_the_runtime_crashed(
 # -- idle stop, resume, TTL, garbage collection -----------------------------------------
 
 
-def _stats_count_as_activity(runtime: Runtime) -> bool:
-    first = runtime.request("GET", "/v1/stats").json()["last_activity_at"]
-    second = runtime.request("GET", "/v1/stats").json()["last_activity_at"]
-    return first != second
-
-
 def test_idle_session_stops_and_resumes_with_its_files(
     kube_api: KubeClient, namespace: str, operator, node_agent: NodeAgent
 ):
     _, runtime = running_session(kube_api, namespace, idleTimeoutSeconds=2)
-    if _stats_count_as_activity(runtime):
+    if stats_count_as_activity(runtime):
         pytest.xfail("the runtime counts GET /v1/stats as activity, so no session is ever idle")
     runtime.upload("conv-1", "data.csv", b"kept")
     session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Stopped", timeout=20)
@@ -451,7 +282,7 @@ def test_deleting_a_stopped_sessions_conversation_resumes_it(
     kube_api: KubeClient, namespace: str, operator, node_agent: NodeAgent
 ):
     _, runtime = running_session(kube_api, namespace, idleTimeoutSeconds=2)
-    if _stats_count_as_activity(runtime):
+    if stats_count_as_activity(runtime):
         pytest.xfail("the runtime counts GET /v1/stats as activity, so no session is ever idle")
     make_workspace(kube_api, namespace, "conv-1")
     wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
@@ -490,7 +321,8 @@ def test_ttl_deletes_the_session_and_everything_in_it(
     kube_api.wait_gone(sbs_path(namespace, "sb-session-alice"), timeout=TIMEOUT)
     wait_until(
         lambda: _children_gone(kube_api, namespace),
-        timeout=TIMEOUT,
+        # pod, then claim, then volume: the finalizer waits for the storage to be gone
+        timeout=2 * TIMEOUT,
         message="pod, secret, PVC and workspaces to be collected",
     )
 
@@ -503,7 +335,8 @@ def test_deleting_a_session_collects_its_children(kube_api: KubeClient, namespac
     kube_api.wait_gone(sbs_path(namespace, "sb-session-alice"), timeout=TIMEOUT)
     wait_until(
         lambda: _children_gone(kube_api, namespace),
-        timeout=TIMEOUT,
+        # pod, then claim, then volume: the finalizer waits for the storage to be gone
+        timeout=2 * TIMEOUT,
         message="pod, secret, PVC and workspaces to be collected",
     )
 

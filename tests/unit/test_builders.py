@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 
 from sandbox_workspace.operator.builders import (
+    build_cleanup_pod,
+    build_cleanup_secret,
     build_runtime_secret,
     build_sandbox_pod,
     build_workspace_pvc,
     container_resources,
+    spec_hash,
 )
 from sandbox_workspace.operator.models import SandboxSession, SandboxSessionSpec
 from sandbox_workspace.operator.settings import OperatorSettings
@@ -68,8 +71,8 @@ def test_pvc_with_storage_class() -> None:
     }
 
 
-def expected_pod(workspace_volume: dict, **spec_extra: object) -> dict:
-    return {
+def expected_pod(workspace_volume: dict, network: str = "deny", **spec_extra: object) -> dict:
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -123,6 +126,8 @@ def expected_pod(workspace_volume: dict, **spec_extra: object) -> dict:
                             "name": "SANDBOX_RUNTIME_ALLOWED_FILE_TYPES",
                             "value": "csv,xlsx,json,txt,pkl,png,jpg,pdf",
                         },
+                        {"name": "SANDBOX_RUNTIME_CONFINEMENT", "value": "auto"},
+                        {"name": "SANDBOX_RUNTIME_NETWORK", "value": network},
                         {"name": "HOME", "value": "/tmp"},
                     ],
                     "resources": {
@@ -162,6 +167,9 @@ def expected_pod(workspace_volume: dict, **spec_extra: object) -> dict:
             **spec_extra,
         },
     }
+    # The digest of the whole spec above: a pod is replaced when it changes.
+    pod["metadata"]["annotations"] = {**ANNOTATIONS, "sandboxworkspace.io/pod-spec": spec_hash(pod)}
+    return pod
 
 
 def test_pod_with_persistent_workspace(settings: OperatorSettings) -> None:
@@ -243,3 +251,51 @@ def test_odd_user_ids_give_valid_labels_and_verbatim_annotation(settings) -> Non
     assert pod["metadata"]["annotations"]["sandboxworkspace.io/user-id"] == (
         "Ünïcode User@example.com"
     )
+
+
+def test_network_and_confinement_reach_the_runtime(settings) -> None:
+    settings = settings.model_copy(update={"confinement": "require"})
+    pod = build_sandbox_pod(make_session(network={"enabled": True}), settings)
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert (env["SANDBOX_RUNTIME_NETWORK"], env["SANDBOX_RUNTIME_CONFINEMENT"]) == (
+        "allow",
+        "require",
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "new_pod"),
+    [
+        pytest.param({"image": "other:1"}, True, id="image"),
+        pytest.param({"network": {"enabled": True}}, True, id="network"),
+        pytest.param({"fileUploadConfig": {"maxFileCount": 7}}, True, id="upload-limits"),
+        pytest.param({"idleTimeoutSeconds": 5}, False, id="idle-timeout"),
+        pytest.param({"ttlSeconds": 60}, False, id="ttl"),
+    ],
+)
+def test_pod_spec_digest_changes_only_with_the_pod(settings, change, new_pod) -> None:
+    def digest(session: SandboxSession) -> str:
+        return build_sandbox_pod(session, settings)["metadata"]["annotations"][
+            "sandboxworkspace.io/pod-spec"
+        ]
+
+    assert (digest(make_session()) != digest(make_session(**change))) is new_pod
+
+
+def test_cleanup_pod_mounts_the_orphaned_claim_with_its_own_token(settings) -> None:
+    pod = build_cleanup_pod(make_session(), settings, "sb-session-alice-workspace")
+    expected = expected_pod(
+        {"name": "workspace", "persistentVolumeClaim": {"claimName": "sb-session-alice-workspace"}}
+    )
+    expected["metadata"]["name"] = "sb-session-alice-workspace-cleanup"
+    labels = expected["metadata"]["labels"]
+    del labels["sandboxworkspace.io/session"]  # no session's reconciler takes it for its pod
+    labels["sandboxworkspace.io/cleanup-of"] = "sb-session-alice-workspace"
+    expected["metadata"]["annotations"] = ANNOTATIONS
+    env = expected["spec"]["containers"][0]["env"]
+    env[0]["valueFrom"]["secretKeyRef"]["name"] = "sb-session-alice-workspace-cleanup-token"
+    assert pod == expected
+    secret = build_cleanup_secret(make_session(), "sb-session-alice-workspace", "tok")
+    assert secret["metadata"]["name"] == "sb-session-alice-workspace-cleanup-token"
+    assert secret["stringData"] == {"token": "tok"}
+    assert "sandboxworkspace.io/session" not in secret["metadata"]["labels"]

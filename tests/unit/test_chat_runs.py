@@ -87,3 +87,45 @@ async def test_a_finished_run_is_gone_once_its_retention_has_passed():
     # Pruning walks all runs at most once a second, but a lookup is exact.
     with pytest.raises(NotFoundError):
         registry.get(run.id, "ann")
+
+
+async def test_cancel_conversation_ends_only_that_conversations_open_runs():
+    from sandbox_workspace.api.chat.loop import RunSpec, run_agent
+
+    registry = RunRegistry(retention_seconds=60)
+    started = asyncio.Event()
+
+    async def ensure_session():
+        started.set()
+        await asyncio.sleep(3600)  # a run that would go on for an hour
+
+    def spec() -> RunSpec:
+        return RunSpec(
+            query="q",
+            history=[],
+            selected_files=[],
+            policies={},
+            max_iterations=1,
+            deadline_seconds=3600,
+            approval_timeout=1,
+            tool_timeout=1,
+            ensure_session=ensure_session,
+        )
+
+    doomed, other_conv, other_session = (
+        registry.add(Run(user_id="u", session_id=s, conversation_id=c))
+        for s, c in (("s", "c"), ("s", "keep"), ("s2", "c"))
+    )
+    for run in (doomed, other_conv, other_session):
+        run.task = asyncio.create_task(run_agent(run, spec(), None, None))  # type: ignore[arg-type]
+    await started.wait()
+    assert registry.cancel_conversation("s", "c") == 1
+    await asyncio.wait_for(doomed.task, 5)
+    events = [f.split(b"\n")[1] for f in doomed.frames]
+    assert events[-2:] == [b"event: error", b"event: done"]
+    assert b'"code":"conversation_deleted"' in doomed.frames[-2]
+    assert not other_conv.finished and not other_session.finished
+    assert registry.cancel_conversation("s", "c") == 0  # finished runs are not counted
+    for run in (other_conv, other_session):
+        run.cancel()
+    await asyncio.gather(other_conv.task, other_session.task)

@@ -1,4 +1,4 @@
-"""operator/handlers/sessions.py: when a session counts as idle."""
+"""operator/handlers/checks.py: when a session counts as idle."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sandbox_workspace.operator.handlers.sessions import idle_for, last_activity
+from sandbox_workspace.operator.handlers.checks import idle_for, last_activity
 from sandbox_workspace.runtime.schemas import RuntimeStats
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)

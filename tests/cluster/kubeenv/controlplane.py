@@ -436,8 +436,16 @@ class ControlPlane:
 
         self._wait_ready("etcd", healthy, timeout)
 
-    def _start_apiserver(self, timeout: float) -> None:
-        port = self.apiserver_port or free_port()
+    def restart_apiserver(self, down_seconds: float = 0.0, timeout: float = 120.0) -> None:
+        """Stop kube-apiserver (SIGTERM), stay down ``down_seconds``, start it again on
+        the same port: every client sees a real apiserver restart."""
+        port = int(self.server.rsplit(":", 1)[1])
+        stop_process(self.procs.pop("kube-apiserver"))
+        time.sleep(down_seconds)
+        self._start_apiserver(timeout, port=port)
+
+    def _start_apiserver(self, timeout: float, port: int | None = None) -> None:
+        port = port or self.apiserver_port or free_port()
         self.server = f"https://127.0.0.1:{port}"
         tokens = self.workdir / "tokens.csv"
         tokens.write_text(

@@ -5,9 +5,10 @@ runs each pod's runtime as a local process on its own loopback address (127.X.Y.
 a random /24 per agent; all of 127.0.0.0/8 routes to ``lo`` on Linux), and reports the
 pod's status the way a kubelet would: phase, podIP, conditions and containerStatuses
 through the status subresource. It honours graceful deletion, emulates restartPolicy,
-provisions hostPath PersistentVolumes for pending claims, and keeps one data directory
-per pod, or per PersistentVolumeClaim when the claim is mounted at /workspace, so files
-survive pod restarts.
+provisions hostPath PersistentVolumes for pending claims (reclaim policy Delete: deleted
+with their data once released, unless a test patched them to Retain), and keeps one data
+directory per pod, or per PersistentVolumeClaim when the claim is mounted at /workspace,
+so files survive pod restarts.
 
 Threads: one watches pods and feeds a queue; one worker owns all state and does every
 action, so no locking beyond the queue is needed. Tests talk to it through
@@ -768,7 +769,9 @@ class NodeAgent:
                 "spec": {
                     "capacity": {"storage": size},
                     "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
-                    "persistentVolumeReclaimPolicy": "Retain",
+                    # Like a dynamic provisioner's default. A test makes a volume
+                    # Retain the way an administrator does: patching the PV.
+                    "persistentVolumeReclaimPolicy": "Delete",
                     "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
                     "claimRef": {
                         "apiVersion": "v1",
@@ -788,7 +791,11 @@ class NodeAgent:
                 if exc.status != 409:
                     raise
         for pv in self.api.list("/api/v1/persistentvolumes", labelSelector=f"{AGENT_LABEL}=true"):
-            if pv.get("status", {}).get("phase") == "Released":
+            if pv["spec"].get("persistentVolumeReclaimPolicy") == "Retain":
+                continue  # released but kept, data included, as a Retain volume is
+            # The PV controller may mark a released volume Failed (no deleter plugin):
+            # either way this provisioner deletes it, as the policy says.
+            if pv.get("status", {}).get("phase") in ("Released", "Failed"):
                 claim_uid = pv["spec"].get("claimRef", {}).get("uid")
                 self.api.delete(f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
                 if claim_uid:

@@ -1,0 +1,196 @@
+"""The ConversationWorkspaces of one namespace, as the API's write paths need them.
+
+Contract:
+- ``ensure(name, body)`` makes sure the resource exists before anything of its
+  conversation is written: it is created with ``metadata.finalizers`` already set, so a
+  deletion can never complete without the operator deleting the files — even when the
+  operator is down when the deletion arrives. Known to exist → no apiserver call at all
+  (the hot path of every upload and execution). Being deleted → ``ConversationDeleting``.
+- ``phase(name)`` is READY / DELETING / ABSENT from an informer-style cache: one list,
+  then a watch that keeps it current (also for deletions made by another API replica or
+  kubectl). While the watch is not synced (starting, apiserver restarting) every answer
+  is read from the apiserver and nothing is cached — a stale READY is what would let a
+  write through a deletion.
+- A read answer never overrides what the watch already said: the uids of deleted
+  resources are remembered (bounded), so a GET or POST that raced a DELETED event cannot
+  bring the dead resource back into the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from sandbox_workspace.operator.kube import Conflict, Kube, KubeError
+
+from .base import ConversationDeleting, ConversationPhase
+
+log = logging.getLogger(__name__)
+
+_PAGE = 500
+_WATCH_SECONDS = 240
+_RETRY_SECONDS = 0.5
+_TOMBSTONES = 10_000
+
+
+@dataclass(frozen=True)
+class Known:
+    uid: str
+    deleting: bool
+
+    @property
+    def phase(self) -> ConversationPhase:
+        return ConversationPhase.DELETING if self.deleting else ConversationPhase.READY
+
+
+def known_from(obj: dict[str, Any]) -> Known:
+    meta = obj["metadata"]
+    return Known(uid=meta["uid"], deleting=bool(meta.get("deletionTimestamp")))
+
+
+class ConversationTracker:
+    def __init__(self, kube: Kube, collection: str) -> None:
+        """``collection``: the namespace's conversationworkspaces path."""
+        self.kube = kube
+        self.collection = collection
+        self._known: dict[str, Known] = {}
+        self._dead: OrderedDict[str, None] = OrderedDict()  # uids the watch saw deleted
+        self.synced = False
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="conversation-watch")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # -- reads and writes ------------------------------------------------------------
+
+    async def phase(self, name: str) -> ConversationPhase:
+        if self.synced:
+            known = self._known.get(name)
+            return known.phase if known else ConversationPhase.ABSENT
+        obj = await self.kube.get(f"{self.collection}/{name}")
+        return known_from(obj).phase if obj else ConversationPhase.ABSENT
+
+    async def ensure(self, name: str, conversation_id: str, body: dict[str, Any]) -> None:
+        if self.synced:
+            known = self._known.get(name)
+            if known is not None:
+                if known.deleting:
+                    raise ConversationDeleting(conversation_id)
+                return  # the hot path: no apiserver round trip
+        try:
+            self._record(await self.kube.request("POST", self.collection, body))
+            return
+        except Conflict:
+            pass
+        obj = await self.kube.get(f"{self.collection}/{name}")
+        if obj is None:  # deleted between our create and our read: create afresh
+            self._record(await self.kube.request("POST", self.collection, body))
+            return
+        self._record(obj)
+        if known_from(obj).deleting:
+            raise ConversationDeleting(conversation_id)
+
+    async def delete(self, name: str) -> bool:
+        """Request deletion; False when there was nothing to delete."""
+        gone = not await self.kube.delete(f"{self.collection}/{name}")
+        if not gone and name in self._known:  # our own writes refuse at once
+            self._known[name] = Known(self._known[name].uid, deleting=True)
+        return not gone
+
+    def _record(self, obj: dict[str, Any] | None) -> None:
+        if not obj or not self.synced:
+            return
+        known = known_from(obj)
+        if known.uid not in self._dead:
+            self._known[obj["metadata"]["name"]] = known
+
+    # -- the watch -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                version = await self._list()
+                self.synced = True
+                while version is not None:
+                    version = await self._watch(version)
+            except asyncio.CancelledError:
+                raise
+            except (KubeError, httpx.HTTPError, ValueError, KeyError) as e:
+                log.warning("conversation watch interrupted: %s; re-listing", e)
+            self.synced = False
+            await asyncio.sleep(_RETRY_SECONDS)
+
+    async def _list(self) -> str:
+        """Fill the cache from a full (paged) list; the version to watch from."""
+        self.synced = False
+        known: dict[str, Known] = {}
+        params = {"limit": str(_PAGE)}
+        version = ""
+        while True:
+            page = await self.kube.request("GET", self.collection, params=params)
+            version = version or page["metadata"]["resourceVersion"]
+            for obj in page.get("items", []):
+                known[obj["metadata"]["name"]] = known_from(obj)
+            token = page["metadata"].get("continue")
+            if not token:
+                break
+            params = {"limit": str(_PAGE), "continue": token}
+        self._known = known
+        return version
+
+    async def _watch(self, version: str) -> str | None:
+        """Apply events from ``version`` on; the version to continue from, or None when
+        the history is gone (re-list)."""
+        params = {
+            "watch": "true",
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(_WATCH_SECONDS),
+        }
+        token = self.kube.credentials.bearer()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        timeout = httpx.Timeout(10.0, read=_WATCH_SECONDS + 30)
+        async with self.kube.http.stream(
+            "GET", self.collection, params=params, headers=headers, timeout=timeout
+        ) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                raise KubeError(response.status_code, response.text[:300])
+            async for line in response.aiter_lines():
+                if not line:
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    return None  # 410 Gone and friends: start over from a list
+                version = obj.get("metadata", {}).get("resourceVersion", version)
+                self._apply(event["type"], obj)
+        return version
+
+    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "BOOKMARK":
+            return
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            uid = obj["metadata"]["uid"]
+            self._dead[uid] = None
+            while len(self._dead) > _TOMBSTONES:
+                self._dead.popitem(last=False)
+            current = self._known.get(name)
+            if current is not None and current.uid == uid:
+                del self._known[name]
+            return
+        self._known[name] = known_from(obj)

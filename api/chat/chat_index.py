@@ -1,0 +1,36 @@
+"""Which run a client-side chat is on: the AI SDK names chats by its own ``id``, and
+``GET /ui/chat/{id}/stream`` must find that chat's active run.
+
+Contract: ``ChatIndex.set(user, chat_id, run_id, message_id)`` records the chat's current
+run and the id of the assistant message streaming it; ``get`` returns it only to the same
+user (a chat id is the client's choice, so it is scoped by user, never global). Bounded:
+past ``limit`` chats the least recently set are forgotten — they can only lose the
+ability to resume a stream, never reach another user's run (runs are checked by owner).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChatRun:
+    run_id: str
+    message_id: str
+
+
+class ChatIndex:
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self._chats: OrderedDict[tuple[str, str], ChatRun] = OrderedDict()
+
+    def set(self, user_id: str, chat_id: str, run_id: str, message_id: str) -> None:
+        key = (user_id, chat_id)
+        self._chats.pop(key, None)
+        self._chats[key] = ChatRun(run_id, message_id)
+        while len(self._chats) > self.limit:
+            self._chats.popitem(last=False)
+
+    def get(self, user_id: str, chat_id: str) -> ChatRun | None:
+        return self._chats.get((user_id, chat_id))

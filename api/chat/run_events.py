@@ -1,0 +1,184 @@
+"""A run's event log read back as events, cut into the segments turn-based protocols see.
+
+Contract:
+- ``parse_frame`` is the inverse of ``sse.encode_event``: the log keeps SSE frames (see
+  runs.py), and the other vocabularies (AI SDK UI message stream, AG-UI) are translations
+  of the same events, so one engine serves all three.
+- Segments: the AI SDK and AG-UI have no mid-response channel for an approval; a response
+  ends when the run asks for one, and the client's next request carries the answer and
+  continues the same run. A run's log is thus a sequence of segments, each ending at a
+  ``tool_approval`` event or at the run's end; a resumed stream replays every segment
+  so far as one (``decided_approvals`` are those that no longer end one).
+- ``approval_id(run_id, call_id)`` names an approval across requests; ``parse_approval_id``
+  refuses anything else with a 400 that says what an approval id looks like.
+- ``translate`` follows a run from an event id through a translator until the translator
+  says its segment ended (or the run did); an empty batch marks a quiet ``idle`` period.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
+
+from ..sse import KEEPALIVE
+from .runs import Run
+
+_SEPARATOR = ":"  # run ids are "run_<hex>": the first ':' splits an approval id
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    id: int
+    kind: str
+    data: dict[str, Any]
+
+
+def parse_frame(frame: bytes) -> RunEvent:
+    event_id, kind, data = 0, "", "{}"
+    for line in frame.decode().split("\n"):
+        if line.startswith("id: "):
+            event_id = int(line[4:])
+        elif line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: "):
+            data = line[6:]
+    return RunEvent(event_id, kind, json.loads(data))
+
+
+def encode_data(message: dict) -> bytes:
+    """A data-only SSE frame (what both the AI SDK and AG-UI read): ``data: {json}``."""
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    return b"data: " + body.encode() + b"\n\n"
+
+
+def events_of(run: Run) -> list[RunEvent]:
+    return [parse_frame(frame) for frame in list(run.frames)]
+
+
+def approval_id(run_id: str, call_id: str) -> str:
+    return f"{run_id}{_SEPARATOR}{call_id}"
+
+
+def parse_approval_id(value: str) -> tuple[str, str]:
+    run_id, sep, call_id = value.partition(_SEPARATOR)
+    if not (sep and run_id.startswith("run_") and call_id):
+        raise BadRequest(
+            f"approval id {value[:80]!r} is not one this API issued "
+            "(expected '<run id>:<tool call id>' from a tool-approval-request)",
+            code="invalid_approval_id",
+        )
+    return run_id, call_id
+
+
+def decided_approvals(run: Run) -> set[str]:
+    """Tool calls whose approval was asked and answered (or timed out) — all asked but
+    the one the run waits on now."""
+    asked = [e.data["tool_call_id"] for e in events_of(run) if e.kind == "tool_approval"]
+    if run.awaiting_approval and asked:
+        asked.pop()
+    return set(asked)
+
+
+def approval_event_id(run: Run, call_id: str) -> int:
+    """The id of the event that asked for this call's approval (404 when none did)."""
+    for event in events_of(run):
+        if event.kind == "tool_approval" and event.data.get("tool_call_id") == call_id:
+            return event.id
+    raise NotFoundError(
+        f"run '{run.id}' never asked to approve tool call '{call_id}'", code="unknown_tool_call"
+    )
+
+
+class Translator:
+    """What the per-protocol translators share: one handler per event kind
+    (``_on_<kind>(event, out)``), an ``opening`` before the first event, at most one open
+    text part (closed before any tool step and at the end), each tool call announced
+    once (``announced``: by an earlier segment), and ``ended`` once the segment's
+    terminal message is out — after which it translates nothing more."""
+
+    def __init__(self, announced: Iterable[str] = ()) -> None:
+        self.ended = False
+        self._started = False
+        self._text: str | None = None  # id of the open text part
+        self._announced = set(announced)
+
+    # The protocol's messages.
+    def opening(self) -> list[dict]:
+        raise NotImplementedError
+
+    def text_start(self, text_id: str) -> dict:
+        raise NotImplementedError
+
+    def text_delta(self, text_id: str, delta: str) -> dict:
+        raise NotImplementedError
+
+    def text_end(self, text_id: str) -> dict:
+        raise NotImplementedError
+
+    def tool_call(self, call_id: str, name: str, arguments: str) -> list[dict]:
+        raise NotImplementedError
+
+    def text_id(self, event: RunEvent) -> str:
+        return f"text-{event.id}"
+
+    def feed(self, event: RunEvent) -> list[dict]:
+        if self.ended:
+            return []
+        out: list[dict] = []
+        if not self._started:
+            self._started = True
+            out.extend(self.opening())
+        handler = getattr(self, f"_on_{event.kind}", None)
+        if handler is not None:
+            handler(event, out)
+        return out
+
+    def _close_text(self, out: list[dict]) -> None:
+        if self._text is not None:
+            out.append(self.text_end(self._text))
+            self._text = None
+
+    def _announce(self, out: list[dict], call_id: str, name: str, arguments: str) -> None:
+        self._close_text(out)
+        if call_id not in self._announced:
+            self._announced.add(call_id)
+            out.extend(self.tool_call(call_id, name, arguments))
+
+    def _on_text(self, event: RunEvent, out: list[dict]) -> None:
+        delta = event.data.get("delta", "")
+        if not delta:  # nothing to show (and AG-UI refuses empty deltas)
+            return
+        if self._text is None:
+            self._text = self.text_id(event)
+            out.append(self.text_start(self._text))
+        out.append(self.text_delta(self._text, delta))
+
+    def _on_tool_start(self, event: RunEvent, out: list[dict]) -> None:
+        d = event.data
+        self._announce(out, d["tool_call_id"], d["name"], d.get("arguments", ""))
+
+
+async def translate(
+    run: Run,
+    after: int,
+    translator: Translator,
+    encode: Callable[[dict], bytes],
+    idle: float,
+    tail: bytes = b"",
+) -> AsyncIterator[bytes]:
+    """The run's events after ``after`` in the translator's vocabulary, a batch per write
+    (a keep-alive comment when nothing came for ``idle`` seconds), then ``tail``."""
+    async for frames in run.follow(after, idle=idle):
+        out: list[dict] = []
+        for frame in frames:
+            out.extend(translator.feed(parse_frame(frame)))
+            if translator.ended:
+                break
+        yield b"".join(encode(m) for m in out) if out else KEEPALIVE
+        if translator.ended:
+            break
+    yield tail

@@ -1,0 +1,71 @@
+"""Where chat runs live: the interface every run store implements.
+
+Contract (``RunStore``):
+- ``register(run, spec)``: a run started in this process; the store owns whatever must
+  outlive the process (a replicated store: the event log, metadata, a lease). ``spec`` is
+  the run's JSON-able request, enough for another replica to resume it.
+- ``lookup(run_id)``: a run this process does not hold, as a view that follows, decides
+  and cancels through the store — or ``None`` (the in-process store never has one).
+- ``conversation_runs(session_id, conversation_id)``: views of a conversation's runs the
+  store holds (the in-process store: none beyond the registry's own).
+- ``decide`` / ``cancel``: for any run, local or not (``cancel`` with the code and message
+  its ``error`` event carries); a second decision is 409, an unknown
+  tool call 404, exactly as ``Run.decide`` answers in process.
+- ``start(resume)``: begin background work; ``resume(run, spec, checkpoint)`` starts the
+  ReAct loop of a run this process has taken over (``checkpoint`` None: from the start).
+- ``aclose(runs)``: at shutdown; the in-process store stops the runs, a replicated one
+  hands them over to the other replicas.
+
+Two implementations: ``memory.MemoryRunStore`` (the embedded default: nothing leaves the
+process, no added latency) and ``redis_store.RedisRunStore`` (Valkey / Redis >= 7 streams;
+several API replicas, runs survive a restart). ``build_store(settings)`` picks one.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..runs import Run
+
+Resume = Callable[["Run", dict, "dict | None"], Any]
+
+
+class RunStore(ABC):
+    replicated: bool = False
+
+    @abstractmethod
+    def register(self, run: Run, spec: dict | None) -> None: ...
+
+    @abstractmethod
+    async def lookup(self, run_id: str) -> Any | None: ...
+
+    async def conversation_runs(self, session_id: str, conversation_id: str) -> list[Any]:
+        return []
+
+    @abstractmethod
+    async def decide(self, run: Any, call_id: str, approved: bool, reason: str) -> None: ...
+
+    @abstractmethod
+    async def cancel(
+        self, run: Any, code: str = "cancelled", message: str = "the run was cancelled"
+    ) -> bool: ...
+
+    async def start(self, resume: Resume) -> None:
+        return None
+
+    @abstractmethod
+    async def aclose(self, runs: list[Run]) -> None: ...
+
+
+def build_store(settings) -> RunStore:
+    """The store ``settings.chat_run_store`` names."""
+    if settings.chat_run_store == "redis":
+        from .redis_store import RedisRunStore
+
+        return RedisRunStore.from_settings(settings)
+    from .memory import MemoryRunStore
+
+    return MemoryRunStore()

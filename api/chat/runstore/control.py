@@ -1,0 +1,83 @@
+"""Decisions and cancels reaching the replica that owns a run.
+
+Contract: ``listen`` receives what ``decide``/``cancel`` published to this replica's
+control channel and applies it to the owned ``Run`` (``apply``) — or keeps it for a run
+this replica is taking over right now. Pub/sub may drop messages across a reconnect, so
+``reconcile`` (every heartbeat) re-reads the metadata of owned runs: a recorded cancel,
+and the decisions of approvals still awaited, are applied again (idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from sandbox_workspace.runtime.errors import ApiError
+
+from .redis_log import decisions
+
+if TYPE_CHECKING:
+    from ..runs import Run
+    from .redis_store import RedisRunStore
+
+log = logging.getLogger(__name__)
+
+
+def apply(store: RedisRunStore, run: Run, message: dict) -> None:
+    """A decision or cancel for a run this replica owns."""
+    if message["op"] == "cancel":
+        if run.task is not None and not run.task.cancelling():
+            run.cancel(message.get("code", "cancelled"), message.get("message", "cancelled"))
+        return
+    # Kept too for an approval the loop has not reopened yet (a run just taken over).
+    store.decided.setdefault(run.id, {})[message["call"]] = message
+    with contextlib.suppress(ApiError):  # not open yet, or timed out: stays so
+        run.decide(message["call"], message["approved"], message.get("reason", ""))
+
+
+async def listen(store: RedisRunStore, pubsub) -> None:
+    while True:  # a dropped connection: redis-py reconnects and subscribes again
+        try:
+            async for item in pubsub.listen():
+                _received(store, item)
+        except Exception:
+            log.warning("run store control channel failed; reconnecting", exc_info=True)
+            await asyncio.sleep(1.0)
+
+
+def _received(store: RedisRunStore, item: dict) -> None:
+    if item["channel"].decode() == store.keys.takeover:
+        store._scan_now.set()
+        return
+    message = json.loads(item["data"])
+    run = store.local.get(message["run"])
+    if run is None:  # being taken over right now: applied once it is
+        store._early.setdefault(message["run"], []).append(message)
+    else:
+        apply(store, run, message)
+
+
+async def reconcile(store: RedisRunStore) -> None:
+    """What pub/sub may have dropped (a reconnect) is in the metadata: cancels, and
+    decisions of approvals still awaited here."""
+    runs = [r for r in store.local.values() if not r.finished]
+    if not runs:
+        return
+    async with store.redis.pipeline(transaction=False) as pipe:
+        for run in runs:
+            pipe.hget(store.keys.meta(run.id), "cancel")  # the reason (JSON), if cancelled
+            if run.awaiting_approval:
+                pipe.hgetall(store.keys.meta(run.id))
+            else:
+                pipe.echo("")
+        replies = await pipe.execute()
+    for run, cancel, meta in zip(runs, replies[::2], replies[1::2], strict=True):
+        if cancel is not None:
+            apply(store, run, {"run": run.id, "op": "cancel", **json.loads(cancel)})
+        elif isinstance(meta, dict):
+            for call, decision in decisions(meta).items():
+                if call in run._pending and not run._pending[call].decided:
+                    apply(store, run, {"run": run.id, "op": "decide", "call": call, **decision})

@@ -1,0 +1,39 @@
+"""The in-process run store: a run lives in its ``Run`` object and nowhere else.
+
+The embedded default (one API process): events stay SSE frames in the run's own list,
+followers are woken in process, nothing is written anywhere — today's speed. A restart
+loses open runs; ``aclose`` cancels them, so each stream still ends with ``error`` and
+``done`` while the process can write it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from . import RunStore
+
+if TYPE_CHECKING:
+    from ..runs import Run
+
+
+class MemoryRunStore(RunStore):
+    def register(self, run: Run, spec: dict | None) -> None:
+        return None  # the registry's own dict is the store
+
+    async def lookup(self, run_id: str) -> Any | None:
+        return None
+
+    async def decide(self, run: Any, call_id: str, approved: bool, reason: str) -> None:
+        run.decide(call_id, approved, reason)
+
+    async def cancel(
+        self, run: Any, code: str = "cancelled", message: str = "the run was cancelled"
+    ) -> bool:
+        return run.cancel(code, message)
+
+    async def aclose(self, runs: list[Run]) -> None:
+        tasks = [r.task for r in runs if r.task and not r.task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

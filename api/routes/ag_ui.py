@@ -1,0 +1,124 @@
+"""/api/v1/ag-ui — the chat runs as AG-UI events (``HttpAgent`` and friends).
+
+``POST /ag-ui`` takes a ``RunAgentInput``. ``threadId`` is the conversation (or
+``forwardedProps.conversation_id`` when the thread id is the client's own);
+``forwardedProps.selected_files`` selects uploads. Without ``resume`` it starts a run from
+the last message, which must be the user's (earlier user/assistant messages become the
+history). A run that
+needs an approval ends with ``RUN_FINISHED`` and an interrupt outcome; the next
+``RunAgentInput`` answers it in ``resume`` — ``status: "resolved"`` with ``payload:
+{"approved": bool, "reason"?: str}``, or ``status: "cancelled"`` (a rejection) — and its
+events continue the same engine run from the approval on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox_workspace.runtime.errors import BadRequest
+
+from ..chat.ag_ui import AgUiStream
+from ..chat.run_events import encode_data, translate
+from ..chat.runs import Run
+from ..deps import CallerDep, ServicesDep
+from ..sse import SSE_HEADERS
+from .turns import Answer, answer_approvals, start_turn
+
+router = APIRouter(prefix="/api/v1", tags=["ag-ui"])
+
+
+class ResumeEntry(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    interruptId: str = Field(max_length=400)
+    status: Literal["resolved", "cancelled"]
+    payload: Any = None
+
+
+class RunAgentInput(BaseModel):
+    """AG-UI's RunAgentInput (tools, context and state are accepted and unused)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    threadId: str = Field(min_length=1, max_length=200)
+    runId: str = Field(min_length=1, max_length=200)
+    messages: list[dict[str, Any]] = Field(default_factory=list, max_length=500)
+    forwardedProps: dict[str, Any] | None = None
+    resume: list[ResumeEntry] | None = Field(None, max_length=100)
+
+
+def content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content.strip()
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
+        ).strip()
+    return ""
+
+
+def resume_answer(entry: ResumeEntry) -> Answer:
+    if entry.status == "cancelled":
+        return Answer(entry.interruptId, False, "cancelled by the user")
+    payload = entry.payload
+    if not (isinstance(payload, dict) and isinstance(payload.get("approved"), bool)):
+        raise BadRequest(
+            'a resolved tool_approval interrupt needs payload {"approved": true|false}',
+            code="invalid_resume",
+        )
+    return Answer(entry.interruptId, payload["approved"], str(payload.get("reason") or ""))
+
+
+def _respond(run: Run, translator: AgUiStream, after: int, keepalive: float):
+    frames = translate(run, after, translator, encode_data, keepalive)
+    return StreamingResponse(
+        frames, media_type="text/event-stream", headers={**SSE_HEADERS, "X-Run-Id": run.id}
+    )
+
+
+@router.post("/ag-ui", responses={200: {"content": {"text/event-stream": {}}}})
+async def ag_ui(body: RunAgentInput, caller: CallerDep, services: ServicesDep) -> StreamingResponse:
+    """Run the agent for an AG-UI client (or resume it past an interrupt)."""
+    keepalive = services.settings.chat_keepalive_seconds
+    if body.resume:
+        answers = [resume_answer(entry) for entry in body.resume]
+        run, after, calls = answer_approvals(caller, services, answers, "ag-ui")
+        translator = AgUiStream(body.threadId, body.runId, run.id, announced=calls)
+        return _respond(run, translator, after, keepalive)
+    props = body.forwardedProps or {}
+    conversation_id = props.get("conversation_id") or body.threadId
+    selected = props.get("selected_files") or []
+    if not isinstance(conversation_id, str) or not isinstance(selected, list):
+        raise BadRequest(
+            "forwardedProps.conversation_id must be a string and selected_files a list",
+            code="invalid_forwarded_props",
+        )
+    last = body.messages[-1] if body.messages else {}
+    query = content_text(last.get("content")) if last.get("role") == "user" else ""
+    if not query:
+        raise BadRequest(
+            "the last message must be the user's, with text (or answer the interrupt in resume)",
+            code="invalid_messages",
+        )
+    history = [
+        {"role": m["role"], "content": text}
+        for m in body.messages[:-1]
+        if m.get("role") in ("user", "assistant") and (text := content_text(m.get("content")))
+    ]
+    run = await start_turn(
+        caller,
+        services,
+        query=query,
+        history=history,
+        conversation_id=conversation_id,
+        selected_files=[str(s) for s in selected],
+        agent_id=str(props.get("agent_id", "")),
+        protocol="ag-ui",
+    )
+    return _respond(run, AgUiStream(body.threadId, body.runId, run.id), 0, keepalive)

@@ -1,0 +1,164 @@
+"""/api/v1/ui/chat — the chat runs as a Vercel AI SDK UI message stream (``useChat``).
+
+``POST /ui/chat`` takes what ``DefaultChatTransport`` sends: ``id`` (the client's chat
+id), ``messages`` (UI messages with parts), ``trigger``, ``messageId``, plus our body
+fields ``conversation_id`` and ``selected_files``. When the last message is the user's,
+it starts a run (the same engine as ``/chat``) from its text parts, the earlier messages
+becoming the history. When the last message is the assistant's with tool parts in state
+``approval-responded``, it decides those calls on the waiting run and streams the run's
+continuation into that same message. ``GET /ui/chat/{id}/stream`` replays the chat's
+active run from its start and follows it live (``DefaultChatTransport`` resumes with
+replay semantics); 204 when the chat has no active run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
+
+from ..chat.chat_index import ChatIndex
+from ..chat.run_events import decided_approvals, encode_data, translate
+from ..chat.runs import Run
+from ..chat.ui_stream import DONE, HEADERS, UiMessageStream
+from ..deps import CallerDep, ServicesDep
+from .turns import Answer, answer_approvals, start_turn
+
+router = APIRouter(prefix="/api/v1/ui", tags=["ui-chat"])
+
+
+class UiMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(max_length=200)
+    role: Literal["system", "user", "assistant"]
+    parts: list[dict[str, Any]] = Field(default_factory=list, max_length=1000)
+
+
+class UiChatRequest(BaseModel):
+    """The body ``DefaultChatTransport.sendMessages`` posts, plus our fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(min_length=1, max_length=200, description="The client's chat id.")
+    messages: list[UiMessage] = Field(min_length=1, max_length=500)
+    trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
+    messageId: str | None = Field(None, max_length=200)
+    conversation_id: str
+    selected_files: list[str] = Field(default_factory=list, max_length=100)
+    agent_id: str = ""
+
+
+def text_of(message: UiMessage) -> str:
+    return "".join(str(p.get("text", "")) for p in message.parts if p.get("type") == "text").strip()
+
+
+def approval_answers(message: UiMessage) -> list[Answer]:
+    answers = []
+    for part in message.parts:
+        kind = str(part.get("type", ""))
+        is_tool = kind.startswith("tool-") or kind == "dynamic-tool"
+        approval = part.get("approval")
+        if is_tool and part.get("state") == "approval-responded" and isinstance(approval, dict):
+            if not isinstance(approval.get("approved"), bool):
+                raise BadRequest(
+                    "an approval response needs approved: true or false", code="invalid_approval"
+                )
+            answers.append(
+                Answer(
+                    str(approval.get("id", "")), approval["approved"], approval.get("reason") or ""
+                )
+            )
+    return answers
+
+
+def _index(request: Request) -> ChatIndex:
+    return request.app.state.ui_chats
+
+
+def _respond(run: Run, translator: UiMessageStream, after: int, keepalive: float):
+    frames = translate(run, after, translator, encode_data, keepalive, tail=DONE)
+    return StreamingResponse(
+        frames, media_type="text/event-stream", headers={**HEADERS, "X-Run-Id": run.id}
+    )
+
+
+def _metadata(run: Run) -> dict[str, str]:
+    return {"run_id": run.id, "conversation_id": run.conversation_id}
+
+
+@router.post("/chat", responses={200: {"content": {"text/event-stream": {}}}})
+async def ui_chat(
+    body: UiChatRequest, request: Request, caller: CallerDep, services: ServicesDep
+) -> StreamingResponse:
+    """Start a run, or answer its approvals; answers a UI message stream (v1)."""
+    keepalive = services.settings.chat_keepalive_seconds
+    index = _index(request)
+    last = body.messages[-1]
+    if last.role == "assistant":
+        answers = approval_answers(last)
+        if not answers:
+            raise BadRequest(
+                "the last message is the assistant's and answers no approval; "
+                "send a user message to start a run",
+                code="nothing_to_continue",
+            )
+        run, after, calls = answer_approvals(caller, services, answers, "ui")
+        index.set(caller.user_id, body.id, run.id, last.id)
+        translator = UiMessageStream(run.id, last.id, _metadata(run), announced=calls)
+        return _respond(run, translator, after, keepalive)
+    query = text_of(last)
+    if last.role != "user" or not query:
+        raise BadRequest(
+            "the last message must be the user's, with a text part", code="invalid_messages"
+        )
+    history = [
+        {"role": m.role, "content": text}
+        for m in body.messages[:-1]
+        if m.role in ("user", "assistant") and (text := text_of(m))
+    ]
+    previous = index.get(caller.user_id, body.id)
+    run = await start_turn(
+        caller,
+        services,
+        query=query,
+        history=history,
+        conversation_id=body.conversation_id,
+        selected_files=body.selected_files,
+        agent_id=body.agent_id,
+        protocol="ui",
+    )
+    if previous is not None:  # the new message supersedes the chat's run still open
+        with contextlib.suppress(NotFoundError):
+            services.runs.get(previous.run_id, caller.user_id).cancel()
+    message_id = f"msg_{run.id}"
+    index.set(caller.user_id, body.id, run.id, message_id)
+    return _respond(run, UiMessageStream(run.id, message_id, _metadata(run)), 0, keepalive)
+
+
+@router.get(
+    "/chat/{chat_id}/stream",
+    responses={200: {"content": {"text/event-stream": {}}}, 204: {"description": "no active run"}},
+)
+async def ui_chat_stream(
+    chat_id: str, request: Request, caller: CallerDep, services: ServicesDep
+) -> Response:
+    """Resume the chat's active run: replayed from its start, then live (204 when none)."""
+    entry = _index(request).get(caller.user_id, chat_id)
+    if entry is None:
+        return Response(status_code=204)
+    try:
+        run = services.runs.get(entry.run_id, caller.user_id)
+    except NotFoundError:
+        return Response(status_code=204)
+    if run.finished:
+        return Response(status_code=204)
+    translator = UiMessageStream(
+        run.id, entry.message_id, _metadata(run), decided=decided_approvals(run)
+    )
+    return _respond(run, translator, 0, services.settings.chat_keepalive_seconds)

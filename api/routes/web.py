@@ -1,0 +1,40 @@
+"""/ui/ — a web page to try everything (plain ES modules from api/web, no build step).
+
+Served when ``web_ui`` is on (default: on in ``dev`` auth mode, off otherwise). The page
+is static; it calls the public API like any client, so it needs no route of its own
+beyond ``/ui/config.json`` (which identity the page should ask for).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import RedirectResponse
+from fastapi.staticfiles import StaticFiles
+
+from ..settings import ApiSettings
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+
+
+def enabled(settings: ApiSettings) -> bool:
+    return settings.web_ui if settings.web_ui is not None else settings.auth_mode == "dev"
+
+
+def install(app: FastAPI, settings: ApiSettings) -> None:
+    if not enabled(settings):
+        return
+    router = APIRouter(tags=["web"], include_in_schema=False)
+
+    @router.get("/ui")
+    async def ui_root() -> RedirectResponse:
+        return RedirectResponse("/ui/")
+
+    @router.get("/ui/config.json")
+    async def ui_config() -> dict:
+        """What the page asks for: a user id (dev) or a bearer token."""
+        return {"auth_mode": settings.auth_mode}
+
+    app.include_router(router)
+    app.mount("/ui", StaticFiles(directory=WEB_DIR, html=True), name="web")

@@ -1,0 +1,157 @@
+"""The faults ``bench.faults`` injects while a conversation is being deleted.
+
+Each injector is ``inject(world, trial) -> None``: called in its own thread right after
+the trial's DELETE was sent, it waits a random moment (``trial.delay``) and then does its
+damage, healing it before returning (a killed operator is started again, …) — except
+where the fault is the point of the trial (the session deleted concurrently). The
+``before_delete`` hook of a fault runs before the DELETE (the operator stopped, agent
+code started). Injectors touch only loopback processes and the test apiserver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+# Writers that do not stop by themselves and re-create their directory with absolute
+# paths (a deleted cwd would stop a naive one): a daemonised one (setsid, its own
+# session) and the execution itself — what agent code writing through a deletion looks
+# like when it means it. (The runtime ends an execution's leftover processes when the
+# execution ends, so the execution keeps going for up to 6 s.)
+AGENT_WRITERS = """
+D=$PWD
+setsid nohup sh -c 'i=0; while [ $i -lt 4000 ]; do mkdir -p "$0/outputs/bg" && \
+  echo $i > "$0/outputs/bg/f$i"; i=$((i+1)); sleep 0.005; done' "$D" >/dev/null 2>&1 &
+i=0
+while [ $i -lt 1200 ]; do
+  mkdir -p "$D/outputs/fg" && echo $i > "$D/outputs/fg/f$i"; i=$((i+1)); sleep 0.005
+done
+"""
+
+
+@dataclass
+class Trial:
+    fault: str
+    index: int
+    user: str
+    cid: str
+    delay: float  # seconds after the DELETE at which the fault strikes
+    directory: Path = Path()
+    notes: list[str] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+    statuses: list[int] = field(default_factory=list)  # racing writes' answers
+    released_early: bool = False  # the resource went while its files still existed
+
+
+def background(fn: Any, *args: Any) -> threading.Thread:
+    thread = threading.Thread(target=fn, args=args, daemon=True)
+    thread.start()
+    return thread
+
+
+# -- before the DELETE ---------------------------------------------------------------
+
+
+def stop_operator_first(world: Any, trial: Trial) -> None:
+    world.stack.stop_operator()
+
+
+def start_agent_writers(world: Any, trial: Trial) -> None:
+    client = world.client(trial.user)
+    url = f"/api/v1/sessions/sb-session-{trial.user}/execute"
+    body = {"conversation_id": trial.cid, "language": "bash", "code": AGENT_WRITERS}
+
+    def execution() -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            trial.statuses.append(client.post(url, json=body).status_code)
+
+    trial.threads.append(background(execution))
+    deadline = time.monotonic() + 10
+    outputs = trial.directory / "outputs"
+    while not ((outputs / "fg").exists() and (outputs / "bg").exists()):
+        if time.monotonic() > deadline:
+            trial.notes.append("the writers did not start within 10 s")
+            return
+        time.sleep(0.005)
+
+
+# -- after the DELETE ------------------------------------------------------------------
+
+
+def kill_runtime(world: Any, trial: Trial) -> None:
+    time.sleep(trial.delay)
+    try:
+        world.agent.kill(world.namespace, world.pod_name(trial.user), signal.SIGKILL)
+    except LookupError as e:  # already gone or restarting: a fault all the same
+        trial.notes.append(f"runtime not running at the moment: {e}")
+
+
+def kill_operator(world: Any, trial: Trial) -> None:
+    time.sleep(trial.delay)
+    world.stack.stop_operator(kill=True)
+    time.sleep(world.rng.uniform(0.1, 1.0))
+    world.stack.start_operator()
+
+
+def restart_apiserver(world: Any, trial: Trial) -> None:
+    time.sleep(trial.delay)
+    # On the world's long-lived thread: control-plane processes die with the thread
+    # that started them (PR_SET_PDEATHSIG), and this one ends in a moment.
+    down = world.rng.uniform(0.0, 1.0)
+    world.owner.submit(world.plane.restart_apiserver, down_seconds=down).result()
+
+
+def start_operator_later(world: Any, trial: Trial) -> None:
+    time.sleep(trial.delay + world.rng.uniform(0.2, 1.5))
+    world.stack.start_operator()
+
+
+def delete_session(world: Any, trial: Trial) -> None:
+    time.sleep(trial.delay)
+    r = world.client(trial.user).delete(f"/api/v1/sessions/sb-session-{trial.user}")
+    trial.statuses.append(r.status_code)
+
+
+def race_uploads(world: Any, trial: Trial) -> None:
+    client = world.client(trial.user)
+    time.sleep(trial.delay)
+    for n in range(3):
+        with contextlib.suppress(httpx.HTTPError):
+            r = client.post(
+                f"/api/v1/sessions/sb-session-{trial.user}/files/upload",
+                files={"file": (f"racing-{n}.txt", b"racing upload")},
+                data={"conversation_id": trial.cid},
+            )
+            trial.statuses.append(r.status_code)
+        time.sleep(world.rng.uniform(0.0, 0.05))
+
+
+def nothing(world: Any, trial: Trial) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    inject: Any
+    before_delete: Any = None
+    own_session: bool = False  # the fault destroys the session: one per trial
+
+
+FAULTS = [
+    Fault("none (control)", nothing),
+    Fault("runtime killed", kill_runtime),
+    Fault("operator killed and restarted", kill_operator),
+    Fault("apiserver restarted", restart_apiserver),
+    Fault("operator down when the delete arrives", start_operator_later, stop_operator_first),
+    Fault("session deleted concurrently", delete_session, own_session=True),
+    Fault("upload racing the delete", race_uploads),
+    Fault("agent code writing through the delete", nothing, start_agent_writers),
+]

@@ -1,0 +1,294 @@
+"""Fault trials of the deletion guarantee: conversations with files are deleted through
+the API while a fault strikes at a random moment; afterwards, what is left is counted.
+
+Set-up (``tests/cluster/kubeenv`` as a library, as ``bench.operator`` does): a real
+control plane (etcd, kube-apiserver, kube-controller-manager), the test node agent
+running each sandbox pod as a runtime process, and the operator and the API as
+subprocesses (``kubeenv.stack``) so they can be killed. Only loopback is contacted.
+
+A trial: the conversation gets files (three uploads and an output written by code),
+``DELETE …/conversations/{cid}`` is sent through the API, and the fault's injector
+strikes ``uniform(0, 0.25)`` s later (``bench.fault_injection``). Then, within a deadline
+(60 s; 30 s with --quick):
+- gone: the ConversationWorkspace no longer exists and the directory is gone from disk
+  (delete→gone is the time from the DELETE to both; p50/p99 per fault);
+- stuck: the resource still exists at the deadline (``Deleting`` forever);
+- released early: at the first look after the resource went, its files still existed;
+- leaked files: files of the conversation on disk after the resource went and a settle
+  time passed (a writer that outlived the deletion has had time to write again). A
+  write that raced the deletion may legitimately start the conversation afresh: files
+  tracked by a new resource are not leaked — that resource is then deleted too (and
+  must leave nothing).
+
+Results: ``bench/results/faults.json`` (``trials``, ``leaked_files``, ``stuck``,
+``released_early``, ``faults``: one entry per fault), ``faults-quick.json`` with --quick
+(the test command runs it; the full run keeps its file). Goal: 0 leaked, 0 stuck.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from sandbox_workspace.operator import naming
+
+from .fault_injection import FAULTS, Fault, Trial, background
+from .harness import Figure, percentile
+from .operator import NodeAgent, _cluster, _namespace, _skip_reason  # puts kubeenv on sys.path
+
+API = "/apis/sandboxworkspace.io/v1alpha1"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class World:
+    """Everything a trial and its injector reach."""
+
+    def __init__(self, plane, api, agent: NodeAgent, stack, namespace: str, seed: int):
+        self.plane, self.api, self.agent, self.stack = plane, api, agent, stack
+        self.namespace = namespace
+        self.rng = random.Random(seed)
+        self.owner = ThreadPoolExecutor(max_workers=1)  # outlives every trial
+        self._clients: dict[str, httpx.Client] = {}
+
+    def client(self, user: str) -> httpx.Client:
+        if user not in self._clients:
+            self._clients[user] = httpx.Client(
+                base_url=self.stack.api_url, headers={"X-User-Id": user}, timeout=120
+            )
+        return self._clients[user]
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self.owner.shutdown()
+
+    @staticmethod
+    def pod_name(user: str) -> str:
+        return naming.runtime_pod_name(naming.session_name_for(user))
+
+    def workspace(self, user: str, cid: str) -> dict | None:
+        name = naming.workspace_name(naming.session_name_for(user), cid)
+        return self.api.get_or_none(
+            f"{API}/namespaces/{self.namespace}/conversationworkspaces/{name}"
+        )
+
+
+def _retrying(call, deadline: float):
+    """A client's way through a fault: retry what says it may succeed later."""
+    while True:
+        try:
+            r = call()
+            if r.status_code < 500 and r.status_code != 409:
+                return r
+        except httpx.TransportError:
+            r = None
+        if time.monotonic() > deadline:
+            return r
+        time.sleep(0.2)
+
+
+def _prepare(world: World, trial: Trial) -> None:
+    client = world.client(trial.user)
+    deadline = time.monotonic() + 120
+    for n in range(3):
+        r = _retrying(
+            lambda n=n: client.post(
+                f"/api/v1/sessions/sb-session-{trial.user}/files/upload",
+                files={"file": (f"file-{n}.csv", b"a,b\n1,2\n" * 100)},
+                data={"conversation_id": trial.cid},
+            ),
+            deadline,
+        )
+        assert r is not None and r.status_code == 201, r and r.text
+        trial.directory = Path(r.json()["path"]).parents[2]
+    r = client.post(
+        f"/api/v1/sessions/sb-session-{trial.user}/execute",
+        json={"conversation_id": trial.cid, "language": "bash", "code": "echo out > outputs/o"},
+    )
+    assert r.status_code == 200, r.text
+
+
+def _files(directory: Path) -> int:
+    meta = directory.parent / ".runtime" / "meta" / directory.name  # runtime state of it
+    return sum(1 for d in (directory, meta) if d.exists() for p in d.rglob("*") if not p.is_dir())
+
+
+def _delete(world: World, trial: Trial, deadline: float) -> None:
+    client = world.client(trial.user)
+    r = _retrying(
+        lambda: client.delete(
+            f"/api/v1/sessions/sb-session-{trial.user}/conversations/{trial.cid}"
+        ),
+        deadline,
+    )
+    if r is None or r.status_code not in (200, 202, 404):
+        trial.notes.append(f"DELETE answered {r and r.status_code}: {r and r.text[:200]}")
+
+
+def _wait_gone(
+    world: World, trial: Trial, uid: str, deadline: float
+) -> tuple[float | None, float | None]:
+    """perf_counter times at which the resource ``uid`` was seen gone (or replaced by a
+    fresh one) and at which its files were too; None for what did not happen by the
+    deadline. Notes a release while the files still existed."""
+    resource_gone = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            cws = world.workspace(trial.user, trial.cid)
+            if cws is not None and cws["metadata"]["uid"] != uid:
+                return time.perf_counter(), None  # started afresh: files are tracked
+            if cws is None:
+                files = _files(trial.directory)
+                if resource_gone is None:
+                    resource_gone = time.perf_counter()
+                    trial.released_early = files > 0
+                if not files:
+                    return resource_gone, time.perf_counter()
+        time.sleep(0.02)
+    return resource_gone, None
+
+
+def _run_trial(world: World, fault: Fault, trial: Trial, quick: bool) -> dict:
+    _prepare(world, trial)
+    cws = world.workspace(trial.user, trial.cid)
+    assert cws is not None, "the API made no ConversationWorkspace"
+    if fault.before_delete:
+        fault.before_delete(world, trial)
+    limit = 30 if quick else 60
+    deadline = time.monotonic() + limit
+    start = time.perf_counter()
+    injector = background(fault.inject, world, trial)
+    _delete(world, trial, deadline)
+    gone_at, files_gone_at = _wait_gone(world, trial, cws["metadata"]["uid"], deadline)
+    injector.join(120)
+    for thread in trial.threads:
+        thread.join(60)
+    fresh = world.workspace(trial.user, trial.cid)
+    first_gone_at = gone_at
+    if gone_at is not None and fresh is not None:
+        # A racing write started the conversation afresh: its files are tracked by the
+        # new resource — which must now go the same way, leaving nothing.
+        trial.notes.append("a racing write started the conversation afresh")
+        deadline = time.monotonic() + limit
+        _delete(world, trial, deadline)
+        gone_at, _ = _wait_gone(world, trial, fresh["metadata"]["uid"], deadline)
+    time.sleep(0.5 if quick else 1.0)  # a surviving writer would have written again
+    leaked = _files(trial.directory)
+    # Started afresh: the first incarnation's files cannot be told from the new ones,
+    # so its delete→gone is the time its resource went.
+    end = files_gone_at if fresh is None else first_gone_at
+    done = gone_at is not None and end is not None and not leaked
+    return {
+        "fault": fault.name,
+        "gone_ms": (end - start) * 1000 if done else None,
+        "stuck": gone_at is None,
+        "released_early": trial.released_early and not fault.own_session,
+        "leaked_files": leaked,
+        "statuses": trial.statuses,
+        "notes": trial.notes,
+    }
+
+
+def _heal(world: World) -> None:
+    """Whatever a trial left broken is mended before the next one."""
+    if world.stack.operator is None or world.stack.operator.poll() is not None:
+        world.stack.start_operator()
+
+
+def _summary(name: str, rows: list[dict]) -> dict:
+    gone = [r["gone_ms"] for r in rows if r["gone_ms"] is not None]
+    return {
+        "name": name,
+        "trials": len(rows),
+        "leaked_files": sum(r["leaked_files"] for r in rows),
+        "trials_with_leaks": sum(1 for r in rows if r["leaked_files"]),
+        "stuck": sum(r["stuck"] for r in rows),
+        "released_early": sum(r["released_early"] for r in rows),
+        "delete_to_gone_ms": {
+            "p50": round(percentile(gone, 50), 1) if gone else None,
+            "p99": round(percentile(gone, 99), 1) if gone else None,
+        },
+        "notes": sorted({n for r in rows for n in r["notes"]}),
+    }
+
+
+def run(quick: bool) -> list[Figure]:
+    reason = _skip_reason(quick)
+    if reason:
+        print(f"faults: skipped — {reason}", flush=True)
+        return []
+    from kubeenv.stack import Stack  # importable once bench.operator set the path
+
+    per_fault = 2 if quick else 20
+    workdir = Path(tempfile.mkdtemp(prefix="sbw-bench-faults-"))
+    # The node agent complains loudly while the apiserver restarts: to a file, not here.
+    agent_log = logging.getLogger("kubeenv.nodeagent")
+    agent_log.addHandler(logging.FileHandler(workdir / "node-agent.log"))
+    agent_log.propagate = False
+    rows: dict[str, list[dict]] = {f.name: [] for f in FAULTS}
+    try:
+        with _cluster(workdir) as (plane, api):
+            ns = _namespace(api, "faults")
+            agent = NodeAgent(plane.client, workdir / "node").start()
+            stack = Stack(plane.kubeconfig, ns, workdir)
+            world = World(plane, api, agent, stack, ns, seed=12)
+            try:
+                stack.start_operator()
+                stack.start_api()
+                for i in range(per_fault):  # faults interleaved: drift hits all alike
+                    for k, fault in enumerate(FAULTS):
+                        user = f"f-{k}-{i}" if fault.own_session else "faults"
+                        trial = Trial(fault.name, i, user, f"c-{k}-{i}", world.rng.uniform(0, 0.25))
+                        rows[fault.name].append(_run_trial(world, fault, trial, quick))
+                        _heal(world)
+            finally:
+                if stack.operator is None:
+                    stack.start_operator()
+                stack.stop()
+                agent.stop()
+                world.close()  # last: its thread owns a restarted apiserver
+    except BaseException:
+        print(f"faults: failed; logs kept in {workdir}", flush=True)
+        raise
+    summaries = [_summary(name, r) for name, r in rows.items()]
+    result = {
+        "quick": quick,
+        "trials": sum(s["trials"] for s in summaries),
+        "leaked_files": sum(s["leaked_files"] for s in summaries),
+        "stuck": sum(s["stuck"] for s in summaries),
+        "released_early": sum(s["released_early"] for s in summaries),
+        "faults": summaries,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / ("faults-quick.json" if quick else "faults.json")).write_text(
+        json.dumps(result, indent=2)
+    )
+    if result["leaked_files"] or result["stuck"]:
+        print(f"faults: LEAKS OR STUCK — logs kept in {workdir}", flush=True)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    control = [r["gone_ms"] for r in rows[FAULTS[0].name] if r["gone_ms"] is not None] or [0.0]
+    return [
+        Figure.of(
+            f"delete → gone, {name}",
+            "ms",
+            [r["gone_ms"] for r in rs if r["gone_ms"] is not None] or [float("nan")],
+            "same, no fault",
+            control,
+            goal="0 leaked, 0 stuck",
+            leaked_files=summary["leaked_files"],
+            stuck=summary["stuck"],
+        )
+        for (name, rs), summary in zip(rows.items(), summaries, strict=True)
+        if name != FAULTS[0].name
+    ]

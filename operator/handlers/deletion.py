@@ -1,0 +1,179 @@
+"""The finalizer of a ConversationWorkspace: return only when its files are gone.
+
+Contract: see ``handlers/workspaces.py`` (Delete) and ``operator/storage.py`` (which
+storage decides). This module gathers the facts from the API, acts on the decision, and
+keeps the reason it waits in the status (an Event when that reason changes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from datetime import datetime
+from typing import Any
+
+import kopf
+
+from sandbox_workspace.runtime.client import RuntimeClient, RuntimeClientError, RuntimeRefused
+from sandbox_workspace.runtime.pathsafe import UnsafePath
+
+from .. import naming
+from ..children import uid_of
+from ..cleanup import NotReady, cleanup_runtime, remove_cleanup
+from ..context import OperatorContext
+from ..idrules import check_conversation_id
+from ..kube import KubeError, core_path, custom_path
+from ..models import (
+    DNS_LABEL_PATTERN,
+    SESSION_PLURAL,
+    WORKSPACE_PLURAL,
+    ConversationWorkspaceStatus,
+)
+from ..storage import (
+    CleanupRuntime,
+    DeletePod,
+    Release,
+    SessionRuntime,
+    StorageFacts,
+    decide,
+)
+from ..storage import Wait as StorageWait
+from .workspaces import KIND, Wait, backoff, now, session_runtime, ws_status
+
+
+def _never_written(spec: dict[str, Any]) -> str | None:
+    """Why no directory can exist for this spec (ids the runtime refuses), or None."""
+    try:
+        check_conversation_id(spec.get("conversationId"))  # type: ignore[arg-type]
+    except (UnsafePath, TypeError) as e:
+        return f"conversationId is refused by the runtime ({e}): nothing was ever written"
+    if not re.match(DNS_LABEL_PATTERN, str(spec.get("sessionRef") or "")):
+        return "sessionRef names no possible session: nothing was ever written"
+    return None
+
+
+async def storage_facts(ctx: OperatorContext, namespace: str, session_ref: str) -> StorageFacts:
+    """What the API holds about the storage of session ``session_ref``."""
+    claim_name = naming.workspace_claim_name(session_ref)
+    session = await ctx.api.get(custom_path(namespace, SESSION_PLURAL, session_ref))
+    claim = await ctx.api.get(core_path(namespace, "persistentvolumeclaims", claim_name))
+    pod = await ctx.api.get(core_path(namespace, "pods", naming.runtime_pod_name(session_ref)))
+    volumes = []
+    if claim is None:  # a bound claim's volume holds nothing the claim does not decide
+        for pv in await ctx.api.list("/api/v1/persistentvolumes"):
+            ref = (pv.get("spec") or {}).get("claimRef") or {}
+            if (ref.get("namespace"), ref.get("name")) == (namespace, claim_name):
+                volumes.append(pv)
+    return StorageFacts(session=session, claim=claim, pod=pod, volumes=volumes)
+
+
+async def _delete_through(client: RuntimeClient, cid: str) -> None:
+    """DELETE, then a GET that must confirm the directory is gone."""
+    try:
+        await client.delete_conversation(cid)
+        info = await client.conversation_info(cid)
+    except RuntimeRefused as e:
+        raise Wait("RuntimeRefused", f"{e}; retrying") from e
+    except RuntimeClientError as e:
+        raise Wait("RuntimeUnavailable", f"{e}; retrying") from e
+    if info.exists:
+        raise Wait("StillExists", "the directory still exists after deletion")
+
+
+async def _act(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> str:
+    """Carry out the storage's decision; the reason the files are gone, or ``Wait``."""
+    cid, session_ref = spec["conversationId"], spec["sessionRef"]
+    facts = await storage_facts(ctx, namespace, session_ref)
+    decision = decide(facts)
+    if isinstance(decision, Release):
+        return decision.why
+    if isinstance(decision, StorageWait):
+        # Files kept by an administrator's choice: look again at the slowest retry pace.
+        slow = decision.reason == "VolumeRetained"
+        raise Wait(
+            decision.reason,
+            decision.message,
+            ctx.settings.retry_max_delay_seconds if slow else None,
+        )
+    if isinstance(decision, DeletePod):
+        await ctx.api.delete(
+            core_path(namespace, "pods", decision.pod["metadata"]["name"]),
+            uid=uid_of(decision.pod),
+        )
+        raise Wait("PodTerminating", "deleted the orphaned pod holding the emptyDir")
+    if isinstance(decision, SessionRuntime):
+        assert facts.session is not None
+        client = await session_runtime(ctx, facts.session, resume=True)
+        await _delete_through(client, cid)
+        return f"the session's runtime confirmed the directory is gone ({decision.why})"
+    assert isinstance(decision, CleanupRuntime)
+    claim = decision.claim["metadata"]["name"]
+    try:
+        client = await cleanup_runtime(ctx, decision.claim)
+    except NotReady as e:
+        raise Wait("CleanupPodStarting", str(e)) from e
+    await _delete_through(client, cid)
+    await remove_cleanup(ctx, namespace, claim)
+    return f"a cleanup runtime on orphaned claim {claim} confirmed the directory is gone"
+
+
+async def on_workspace_deleted(
+    body: kopf.Body,
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    retry: int,
+    logger: kopf.Logger,
+    **_: Any,
+) -> None:
+    """Finalizer: return only when the files are verified gone (see the module contract)."""
+    ctx: OperatorContext = memo.ctx
+    raw = dict(body)
+    spec = dict(raw.get("spec") or {})
+    never = _never_written(spec)
+    if never:
+        logger.warning(f"releasing: {never}")
+        return
+    status = ConversationWorkspaceStatus.model_validate(raw.get("status") or {})
+    path = custom_path(namespace, WORKSPACE_PLURAL, name) + "/status"
+    try:
+        if status.phase != "Deleting":
+            await ctx.api.patch(
+                path,
+                {"status": ws_status(status, "Deleting", False, "Deleting", "deleting the files")},
+            )
+        why = await _act(ctx, namespace, spec)
+    except Wait as w:
+        ctx.metrics.reconciles.labels(KIND, "retry").inc()
+        ctx.metrics.errors.labels(KIND, w.reason).inc()
+        await _note(ctx, raw, path, status, w)
+        raise kopf.TemporaryError(str(w), delay=w.delay or backoff(ctx, retry)) from w
+    except KubeError as e:
+        ctx.metrics.errors.labels(KIND, e.reason or str(e.status)).inc()
+        raise kopf.TemporaryError(str(e), delay=backoff(ctx, retry)) from e
+    _observe_latency(ctx, raw)
+    ctx.metrics.reconciles.labels(KIND, "ok").inc()
+    logger.info(f"releasing the finalizer: {why}")
+
+
+async def _note(
+    ctx: OperatorContext, body: dict, path: str, status: ConversationWorkspaceStatus, w: Wait
+) -> None:
+    """Say in the status why deletion waits, with an Event when the reason changes (best
+    effort: the retry matters more)."""
+    ready = next((c for c in status.conditions if c.type == "Ready"), None)
+    if ready is None or ready.reason != w.reason:
+        kind = "Warning" if w.reason in ("VolumeRetained", "RuntimeRefused") else "Normal"
+        kopf.event(body, type=kind, reason=w.reason, message=str(w))
+    with contextlib.suppress(KubeError):
+        deleting = status.model_copy(update={"phase": "Deleting"})
+        await ctx.api.patch(
+            path, {"status": ws_status(deleting, "Deleting", False, w.reason, str(w))}
+        )
+
+
+def _observe_latency(ctx: OperatorContext, body: dict) -> None:
+    stamp = body["metadata"].get("deletionTimestamp")
+    if stamp:
+        started = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        ctx.metrics.deletion_seconds.observe(max(0.0, (now() - started).total_seconds()))

@@ -1,0 +1,242 @@
+"""The one HTTP client of a sandbox runtime (runtime/app.py routes), used by the operator
+and the API alike.
+
+Contract:
+- Every path segment is encoded by ``segment``: everything but unreserved letters and
+  digits is percent-encoded, dots included, so no id or file name can become a dot
+  segment ('.', '..') that URL normalisation would collapse into the parent resource,
+  nor a '/' that would address another one.
+- Bodies stream in both directions: an upload is forwarded chunk by chunk as it arrives,
+  a download is relayed as the runtime sends it (``open_download``/``open_output``).
+- Every failure is a ``RuntimeClientError`` (an ``ApiError``, so the API renders it as
+  is) that says whether to retry: ``RuntimeUnavailable`` (503) — not reachable;
+  ``RuntimeBadAnswer`` (502) — an answer that is not the runtime's error contract, or our
+  token refused; ``RuntimeRefused`` — the runtime's own ``{"error"}`` answer, relayed
+  with its status, code and message (``retryable`` for 409/429/5xx).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from .errors import ApiError
+from .schemas import (
+    ConversationDeleted,
+    ConversationInfo,
+    ExecuteRequest,
+    ExecutionResult,
+    KernelRestarted,
+    OutputList,
+    RuntimeStats,
+    UploadList,
+    UploadResult,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class RuntimeClientError(ApiError):
+    """Base of the runtime client's errors."""
+
+
+class RuntimeUnavailable(RuntimeClientError):
+    """The runtime could not be reached (or timed out); retrying later may work."""
+
+    status, code = 503, "unavailable"
+
+
+class RuntimeBadAnswer(RuntimeClientError):
+    """The runtime answered something outside its contract (or refused our token)."""
+
+    status, code = 502, "bad_gateway"
+
+
+class RuntimeRefused(RuntimeClientError):
+    """The runtime's own error answer, with its status, code and message."""
+
+    def __init__(
+        self, status: int, code: str, message: str, retry_after: int | None = None
+    ) -> None:
+        super().__init__(message, code=code)
+        self.status = status
+        self.retry_after = retry_after  # relayed to our caller as Retry-After
+
+    @property
+    def retryable(self) -> bool:
+        """A conflict of the moment (409), throttling (429) or the runtime's 5xx."""
+        return self.status in (409, 429) or self.status >= 500
+
+
+def segment(value: str) -> str:
+    """Percent-encode one path segment (see the module contract).
+
+    Names may hold '%', '?', '#', spaces, Unicode; dots are encoded too, because URL
+    normalisation (httpx's included) would otherwise collapse a segment '.' or '..' and
+    address the parent resource — a file named '..' would become its conversation.
+    """
+    return quote(value, safe="").replace(".", "%2E")
+
+
+def raise_for(response: httpx.Response) -> None:
+    """Raise the ``RuntimeClientError`` of an error answer (the body must be read)."""
+    if response.status_code < 400:
+        return
+    if response.status_code == 401:
+        # Our token was refused: an infrastructure fault, never the caller's.
+        raise RuntimeBadAnswer("sandbox runtime refused the caller's credentials")
+    try:
+        err = response.json()["error"]
+        code, message = str(err["code"]), str(err["message"])
+    except (ValueError, KeyError, TypeError):
+        raise RuntimeBadAnswer(f"sandbox runtime answered {response.status_code}") from None
+    retry = response.headers.get("retry-after", "")
+    raise RuntimeRefused(
+        response.status_code, code, message, int(retry) if retry.isdigit() else None
+    )
+
+
+def _unreachable(e: Exception) -> RuntimeUnavailable:
+    return RuntimeUnavailable(f"sandbox runtime is not reachable: {e.__class__.__name__}")
+
+
+def _parse(model: type[M], response: httpx.Response) -> M:
+    try:
+        return model.model_validate_json(response.content)
+    except ValidationError as e:
+        raise RuntimeBadAnswer(f"sandbox runtime answered an unexpected {model.__name__}") from e
+
+
+class RuntimeClient:
+    """Calls of one runtime at ``endpoint`` with its bearer ``token``."""
+
+    def __init__(self, http: httpx.AsyncClient, endpoint: str, token: str) -> None:
+        self.http = http
+        self.base = endpoint.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {token}"}
+
+    async def _request(
+        self, method: str, path: str, *, headers: dict[str, str] | None = None, **kw: Any
+    ) -> httpx.Response:
+        try:
+            response = await self.http.request(
+                method, self.base + path, headers={**self.headers, **(headers or {})}, **kw
+            )
+        except httpx.TransportError as e:
+            raise _unreachable(e) from e
+        raise_for(response)
+        return response
+
+    async def _open(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """A streamed answer; the caller reads it and must ``aclose()`` it."""
+        request = self.http.build_request(method, self.base + path, headers=self.headers, **kw)
+        try:
+            response = await self.http.send(request, stream=True)
+        except httpx.TransportError as e:
+            raise _unreachable(e) from e
+        if response.status_code >= 400:
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
+            raise_for(response)
+        return response
+
+    @staticmethod
+    def _conversation(cid: str, *parts: str) -> str:
+        return "/".join((f"/v1/conversations/{segment(cid)}", *map(segment, parts)))
+
+    async def health(self) -> bool:
+        try:
+            response = await self.http.get(self.base + "/healthz", timeout=2.0)
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    async def stats(self) -> RuntimeStats:
+        return _parse(RuntimeStats, await self._request("GET", "/v1/stats"))
+
+    async def ensure_conversation(self, cid: str) -> ConversationInfo:
+        return _parse(ConversationInfo, await self._request("PUT", self._conversation(cid)))
+
+    async def conversation_info(self, cid: str) -> ConversationInfo:
+        return _parse(ConversationInfo, await self._request("GET", self._conversation(cid)))
+
+    async def delete_conversation(self, cid: str) -> ConversationDeleted:
+        r = await self._request("DELETE", self._conversation(cid))
+        return _parse(ConversationDeleted, r)
+
+    async def list_uploads(self, cid: str) -> UploadList:
+        r = await self._request("GET", self._conversation(cid, "uploads"))
+        return _parse(UploadList, r)
+
+    async def delete_upload(self, cid: str, name: str) -> None:
+        await self._request("DELETE", self._conversation(cid, "uploads", name))
+
+    async def upload(
+        self, body: AsyncIterator[bytes], content_type: str, params: dict[str, str]
+    ) -> UploadResult:
+        """Forward a multipart body as it arrives (never buffered whole)."""
+        r = await self._request(
+            "POST",
+            "/v1/uploads",
+            content=body,
+            params=params,
+            headers={"Content-Type": content_type},
+        )
+        return _parse(UploadResult, r)
+
+    async def execute(self, cid: str, request: ExecuteRequest) -> ExecutionResult:
+        return ExecutionResult.model_validate_json(await self.execute_raw(cid, request))
+
+    async def execute_raw(self, cid: str, request: ExecuteRequest) -> bytes:
+        """The runtime's ExecutionResult JSON as is (relayed without re-encoding)."""
+        r = await self._request(
+            "POST",
+            self._conversation(cid, "execute"),
+            json=request.model_dump(),
+            timeout=self._exec_timeout(request),
+        )
+        return r.content
+
+    async def execute_stream(self, cid: str, request: ExecuteRequest) -> AsyncIterator[dict]:
+        """Events of a streamed execution: stdout/stderr/result, then done (or error)."""
+        response = await self._open(
+            "POST",
+            self._conversation(cid, "execute"),
+            params={"stream": "true"},
+            json=request.model_dump(),
+            timeout=self._exec_timeout(request),
+        )
+        try:
+            async for line in response.aiter_lines():
+                if line:
+                    yield json.loads(line)
+        finally:
+            await response.aclose()
+
+    @staticmethod
+    def _exec_timeout(request: ExecuteRequest) -> httpx.Timeout:
+        # The runtime answers within the execution's own timeout (+ slot wait and start-up).
+        return httpx.Timeout(connect=5.0, read=2 * request.timeout + 60, write=60, pool=30)
+
+    async def restart_kernel(self, cid: str) -> KernelRestarted:
+        r = await self._request("POST", self._conversation(cid, "kernel", "restart"))
+        return _parse(KernelRestarted, r)
+
+    async def open_download(self, cid: str, name: str) -> httpx.Response:
+        """Start a download; the caller streams ``aiter_raw()`` and must ``aclose()`` it."""
+        return await self._open("GET", self._conversation(cid, "uploads", name))
+
+    async def open_output(self, cid: str, parts: list[str]) -> httpx.Response:
+        """Start the download of ``outputs/{parts...}`` (same contract as open_download)."""
+        return await self._open("GET", self._conversation(cid, "outputs", *parts))
+
+    async def list_outputs(self, cid: str) -> OutputList:
+        r = await self._request("GET", self._conversation(cid, "outputs"))
+        return _parse(OutputList, r)

@@ -1,0 +1,202 @@
+"""One execution's process tree: the reaper that owns it and the code process it starts.
+
+Runs inside a process the spawner forked (single-threaded, so Python after fork is safe).
+
+Contract of ``run_call`` (never returns):
+- The reaper makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``): every process
+  the code starts and orphans — ``setsid``, double fork, ``nohup … &`` — is re-parented to
+  it, so it always knows the whole tree. It dies with the spawner (SIGTERM on parent
+  death, then it cleans up as below).
+- It forks the code process, which, before ``execve``: starts a new session; gets the
+  passed fds as 0, 1, 2, 3… and nothing else open; moves to ``cwd``; sets
+  ``RLIMIT_NPROC`` (non-root; a root spawner joined the pids cgroup instead); dies with
+  the reaper; switches uid if asked; and enforces the Landlock ruleset (its own
+  conversation and scratch read-write, the system read-only). A failure in any step
+  is reported and nothing runs unconfined.
+- It writes one JSON line to ``report_fd``: ``{"pid": …}`` or ``{"error": …}``.
+- When the code process ends, or on SIGTERM (kill this call), it kills every remaining
+  descendant — looping until it has no child left — and exits with the code's status
+  (its exit code, or 128 + signal number).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import resource
+import signal
+import time
+from typing import NoReturn
+
+from . import landlock
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_KILL_DEADLINE = 30.0
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _Stop(Exception):
+    """SIGTERM: kill the whole call now."""
+
+
+def _on_term(*_: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once is enough; never interrupt cleanup
+    raise _Stop
+
+
+def run_call(request: dict, fds: list[int], report_fd: int, config: dict, parent: int) -> NoReturn:
+    status = 255
+    try:
+        status = _run(request, fds, report_fd, config, parent)
+    finally:
+        os._exit(status)
+
+
+def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: int) -> int:
+    signal.signal(signal.SIGTERM, _on_term)
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    root = None
+    try:
+        if os.getppid() != parent:  # the spawner died before we could ask to follow it
+            raise _Stop
+        err_r, err_w = os.pipe()
+        root = os.fork()
+        if root == 0:
+            _exec_code(request, fds, err_w, config)
+        os.close(err_w)
+        for fd in fds:  # the code's ends only: stdout EOF must mean the code closed it
+            os.close(fd)
+        failure = _read_all(err_r)
+        if failure:
+            _report(report_fd, {"error": failure})
+            return _exit_code(os.waitpid(root, 0)[1])
+        _report(report_fd, {"pid": root})
+        while True:
+            child, status = os.waitpid(-1, 0)
+            if child == root:
+                _kill_descendants()
+                return _exit_code(status)
+    except _Stop:
+        status = _kill_descendants(root)
+        return _exit_code(status) if status is not None else 128 + signal.SIGKILL
+    except ChildProcessError:
+        return 255
+
+
+def _exit_code(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 255
+
+
+def _report(fd: int, message: dict) -> None:
+    with contextlib.suppress(OSError):
+        os.write(fd, json.dumps(message).encode() + b"\n")
+        os.close(fd)
+
+
+def _read_all(fd: int) -> str:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _kill_descendants(root: int | None = None) -> int | None:
+    """SIGKILL every descendant until none is left; returns ``root``'s status if reaped."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    root_status = None
+    deadline = time.monotonic() + _KILL_DEADLINE
+    me = os.getpid()
+    # Direct children first (cheap, and nothing left is the common case), then the whole
+    # tree per round: a forking process must not outrun a generation-by-generation kill.
+    scan = _children
+    while time.monotonic() < deadline:
+        targets = scan(me)
+        scan = _descendants
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            # Block only when something was killed; otherwise a child we did not see yet
+            # (it forked during the scan) is found by the next round.
+            child, status = os.waitpid(-1, 0 if targets else os.WNOHANG)
+            while child:
+                if child == root:
+                    root_status = status
+                child, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:  # no child left: no descendant either (we are subreaper)
+            return root_status
+    return root_status
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return _descendants(pid)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from one scan of /proc (parents via /proc/N/stat)."""
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: fields start after the last ')'.
+        ppid = int(stat.rsplit(b")", 1)[1].split()[1])
+        kids.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        for child in kids.get(stack.pop(), ()):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _exec_code(request: dict, fds: list[int], err_w: int, config: dict) -> NoReturn:
+    try:
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        # Move everything out of the way, then place the code's fds at 0, 1, 2, 3…
+        err_w = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, 256)
+        moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 256) for fd in fds]
+        for target, fd in enumerate(moved):
+            os.dup2(fd, target, inheritable=True)
+        # Landlock does not restrict fds already open: nothing else may survive the exec.
+        os.closerange(len(moved), err_w)
+        os.closerange(err_w + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        os.chdir(request["cwd"])
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if config.get("nproc"):
+            resource.setrlimit(resource.RLIMIT_NPROC, (config["nproc"], config["nproc"]))
+        if config.get("run_as"):
+            uid, gid = config["run_as"]
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+        if config.get("landlock"):
+            rules = [tuple(rule) for rule in config["read_only"]]
+            rules += [(path, config["read_write"]) for path in request["read_write"]]
+            ruleset = landlock.build_ruleset(landlock.Policy(*config["policy"]), rules)
+            landlock.restrict_self(ruleset)
+            os.close(ruleset)
+        argv, env = request["argv"], request["env"]
+        os.execvpe(argv[0], argv, env)
+    except BaseException as e:
+        with contextlib.suppress(BaseException):
+            os.write(err_w, f"{type(e).__name__}: {e}".encode())
+    os._exit(127)

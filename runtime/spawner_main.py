@@ -1,0 +1,208 @@
+"""The spawner: the one process that starts code for the runtime (runs as its own process).
+
+Why a separate process: the runtime is multi-threaded, so it may not run Python between
+fork and exec; this process is single-threaded, small and started once, so forking it
+costs well under a millisecond and its children may run Python (Landlock set-up, the
+reaper's loop) before exec — no interpreter start-up per call.
+
+Protocol (``SOCK_SEQPACKET``, one JSON object per message, fds by ``SCM_RIGHTS``):
+  runtime → spawner  {"op": "spawn", "id", "cid", "argv", "env", "cwd", "read_write"} + fds
+                     {"op": "kill", "id"}            kill one call's whole tree
+                     {"op": "stop", "id", "cid"}     kill every call of a conversation
+  spawner → runtime  {"op": "started", "id", "pid"} | {"op": "failed", "id", "error"}
+                     {"op": "exited", "id", "code"}  (code: exit status, 128 + signal)
+                     {"op": "stopped", "id"}         every call of that cid has ended
+Each call is a reaper process (``runtime/reaper.py``) that owns the code's process tree.
+This process is a child subreaper too: should a reaper die unexpectedly, its orphans come
+here and are killed. When the runtime goes (socket EOF, or SIGTERM on its death), every
+call is killed before this process exits. The configuration (``Confinement.
+spawner_config``) comes as JSON in ``SBW_SPAWNER_CONFIG``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+
+from . import reaper
+
+_MAX_MESSAGE = 1 << 20
+_MAX_FDS = 16
+_REPORT_TIMEOUT = 30.0
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER = 1, 4, 36
+
+
+class Spawner:
+    def __init__(self, sock: socket.socket, config: dict) -> None:
+        self.sock = sock
+        self.config = config
+        self.calls: dict[int, tuple[int, str]] = {}  # reaper pid → (call id, cid)
+        self.by_id: dict[int, int] = {}  # call id → reaper pid
+        self.waiting_stop: dict[str, list[int]] = {}  # cid → stop request ids
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.running = True
+
+    def send(self, message: dict) -> None:
+        with contextlib.suppress(OSError):  # the runtime is gone: shutdown follows
+            self.sock.send(json.dumps(message).encode())
+
+    def serve(self) -> None:
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        while self.running:
+            readable, _, _ = select.select([self.sock, self.wake_r], [], [])
+            if self.wake_r in readable:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self.wake_r, 512):
+                        pass
+                self.reap()
+            if self.sock in readable:
+                self.receive()
+        self.shutdown()
+
+    def _on_term(self, *_: object) -> None:
+        self.running = False
+
+    def receive(self) -> None:
+        try:
+            data, fds, _, _ = socket.recv_fds(self.sock, _MAX_MESSAGE, _MAX_FDS)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            self.running = False
+            return
+        message = json.loads(data)
+        op = message.get("op")
+        if op == "spawn":
+            self.spawn(message, fds)
+            return
+        for fd in fds:
+            os.close(fd)
+        if op == "kill":
+            self.signal_reaper(self.by_id.get(message["id"]))
+        elif op == "stop":
+            reapers = [pid for pid, (_, cid) in self.calls.items() if cid == message["cid"]]
+            if not reapers:
+                self.send({"op": "stopped", "id": message["id"]})
+                return
+            self.waiting_stop.setdefault(message["cid"], []).append(message["id"])
+            for pid in reapers:
+                self.signal_reaper(pid)
+
+    def signal_reaper(self, pid: int | None) -> None:
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    def spawn(self, message: dict, fds: list[int]) -> None:
+        report_r, report_w = os.pipe()
+        me = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            os.close(report_r)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in (self.sock.fileno(), self.wake_r, self.wake_w):
+                os.close(fd)
+            reaper.run_call(message, fds, report_w, self.config, me)
+        os.close(report_w)
+        for fd in fds:
+            os.close(fd)
+        report = _read_report(report_r)
+        if "pid" in report:
+            self.calls[pid] = (message["id"], message["cid"])
+            self.by_id[message["id"]] = pid
+            self.send({"op": "started", "id": message["id"], "pid": report["pid"]})
+        else:
+            # The reaper exits on its own; it is reaped (and ignored) like an orphan.
+            self.send({"op": "failed", "id": message["id"], "error": report.get("error", "")})
+
+    def reap(self) -> None:
+        stray = False
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            entry = self.calls.pop(pid, None)
+            if entry is None:
+                continue
+            call_id, cid = entry
+            self.by_id.pop(call_id, None)
+            self.send({"op": "exited", "id": call_id, "code": reaper._exit_code(status)})
+            stray |= os.WIFSIGNALED(status)  # a reaper killed outright left orphans here
+            if cid in self.waiting_stop and not any(c == cid for _, c in self.calls.values()):
+                for request in self.waiting_stop.pop(cid):
+                    self.send({"op": "stopped", "id": request})
+        if stray:
+            self.kill_strays()
+
+    def kill_strays(self) -> None:
+        """Kill what is ours but not a reaper: orphans of a reaper that died."""
+        for pid in reaper._descendants(os.getpid()):
+            if pid not in self.calls:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def shutdown(self) -> None:
+        for pid in list(self.calls):
+            self.signal_reaper(pid)
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                return
+            self.kill_strays()
+
+
+def _read_report(fd: int) -> dict:
+    data = b""
+    deadline = time.monotonic() + _REPORT_TIMEOUT
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.close(fd)
+    try:
+        return json.loads(data)
+    except ValueError:
+        return {"error": "the reaper ended before starting the code"}
+
+
+def main() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    fd, parent = int(sys.argv[1]), int(sys.argv[2])
+    sock = socket.socket(fileno=fd)
+    config = json.loads(os.environ.pop("SBW_SPAWNER_CONFIG"))
+    if config.get("cgroup"):
+        # Joined once here, inherited by every reaper and code process: joining a cgroup-v1
+        # hierarchy costs ~10 ms (an RCU grace period), too much for every call.
+        with open(os.path.join(config["cgroup"], "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    spawner = Spawner(sock, config)
+    if os.getppid() != parent:  # the runtime died before we could ask to follow it
+        return
+    spawner.serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,357 @@
+"""Hostile agent code, as data, and one driver that plays it through the public API.
+
+Every attack runs as conversation A's code and tries to reach conversation B, the
+runtime's state, the rest of the machine, the network or the runtime's processes. An
+attack prints one JSON line: what leaked (must be nothing), what was refused with a
+permission error (must be something — an attack that only met "no such file" proved
+nothing and fails as inconclusive), and what was inconclusive.
+
+Any tier runs the whole catalogue with one line::
+
+    run_hostile_suite(client, f"/api/v1/sessions/{sid}")   # client: httpx.Client with auth
+
+``network="allow"`` when the session allows network: the TCP attack then expects to
+connect. Afterwards the driver checks that the sandbox is healthy: B's file and state are
+intact, upload, list, download and execute still work.
+"""
+
+# The attacks are code as data: their long lines stay whole.
+# ruff: noqa: E501
+
+from __future__ import annotations
+
+import json
+import posixpath
+import uuid
+from dataclasses import dataclass
+
+import httpx
+
+PRELUDE = r"""
+import errno, json, os, socket, signal
+_leaks, _refused, _odd = [], 0, []
+def attempt(what, fn, ignore=()):
+    global _refused
+    try:
+        out = fn()
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EXDEV, errno.EROFS):
+            _refused += 1
+        elif e.errno not in ignore:
+            _odd.append(f"{what}: {e!r}")
+        return
+    _leaks.append(f"{what}: {out!r}"[:300])
+def read(path, **kw):
+    with open(path, **kw) as f:
+        return f.read()
+def write(path):
+    with open(path, "w") as f:
+        return f.write("hostile")
+def probe(path):  # a write outside that succeeds is a leak; it leaves nothing behind
+    write(path)
+    os.unlink(path)
+    return "written"
+"""
+EPILOGUE = r"""
+print(json.dumps({"leaks": _leaks, "refused": _refused, "odd": _odd}))
+"""
+
+
+@dataclass(frozen=True)
+class Attack:
+    name: str
+    code: str  # Python, formatted with the scene (``{b_file}``, ``{b_dir}``, ``{root}``…)
+    must_refuse: bool = True  # at least one permission error expected
+    language: str = "python"
+
+
+ATTACKS = [
+    Attack(
+        "inherited descriptors",
+        """
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        target = os.readlink(f"/proc/self/fd/{{fd}}")
+    except OSError:
+        continue  # the fd of the listing itself, already closed
+    if int(fd) > 4 or not (target.startswith("pipe:") or target == "/dev/null"):
+        if not target.startswith("/proc/"):
+            _leaks.append(f"fd {{fd}} -> {{target}}")
+""",
+        must_refuse=False,
+    ),
+    Attack(
+        "relative path to another conversation",
+        """
+attempt("read", lambda: read("../{b}/uploads/temparea/{name}"))
+attempt("list", lambda: os.listdir("../{b}"))
+attempt("write", lambda: write("../{b}/outputs/planted.txt"))
+attempt("delete", lambda: os.unlink("../{b}/uploads/temparea/{name}"))
+attempt("rmdir", lambda: os.rmdir("../{b}/outputs"))
+""",
+    ),
+    Attack(
+        "absolute path to another conversation",
+        """
+attempt("read", lambda: read({b_file!r}))
+attempt("truncate", lambda: os.truncate({b_file!r}, 0))
+attempt("overwrite", lambda: write({b_file!r}))
+attempt("rename", lambda: os.rename({b_file!r}, {b_file!r} + ".moved"))
+""",
+    ),
+    Attack(
+        "/proc/self/cwd/..",
+        """
+attempt("read", lambda: read("/proc/self/cwd/../{b}/uploads/temparea/{name}"))
+attempt("list", lambda: os.listdir("/proc/self/cwd/.."))
+""",
+    ),
+    Attack(
+        "/proc/<pid>/root and /proc/<pid>/cwd of every process",
+        """
+me = os.getpid()
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    attempt(f"root of {{pid}}", lambda: read(f"/proc/{{pid}}/root{b_file}"), ignore=(errno.ENOENT, errno.ESRCH))
+    if int(pid) != me:
+        attempt(f"cwd of {{pid}}", lambda: os.listdir(f"/proc/{{pid}}/cwd"), ignore=(errno.ENOENT, errno.ESRCH))
+""",
+    ),
+    Attack(
+        "symlinks the code makes",
+        """
+for name, target in (("ln-file", {b_file!r}), ("ln-dir", {b_dir!r}), ("ln-root", {root!r})):
+    if os.path.lexists(name):
+        os.unlink(name)
+    os.symlink(target, name)
+attempt("read through link", lambda: read("ln-file"))
+attempt("list through link", lambda: os.listdir("ln-dir"))
+attempt("write through link", lambda: write("ln-dir/outputs/planted.txt"))
+attempt("list root through link", lambda: os.listdir("ln-root"))
+""",
+    ),
+    Attack(
+        "hard links and renames across conversations",
+        """
+write("own.txt")
+attempt("link B's file here", lambda: os.link({b_file!r}, "hl-b"))
+attempt("link ours into B", lambda: os.link("own.txt", {b_dir!r} + "/uploads/temparea/planted"))
+attempt("rename ours into B", lambda: os.rename("own.txt", {b_dir!r} + "/outputs/planted"))
+attempt("link /etc/passwd here", lambda: os.link("/etc/passwd", "hl-passwd"))
+""",
+    ),
+    Attack(
+        "openat with .. on a directory fd",
+        """
+here = os.open(".", os.O_PATH | os.O_DIRECTORY)
+up = os.open("..", os.O_PATH | os.O_DIRECTORY)
+attempt("openat(here, ../B/file)", lambda: os.read(os.open("../{b}/uploads/temparea/{name}", os.O_RDONLY, dir_fd=here), 100))
+attempt("openat(up, B/file)", lambda: os.read(os.open("{b}/uploads/temparea/{name}", os.O_RDONLY, dir_fd=up), 100))
+attempt("openat(up, B) for listing", lambda: os.listdir(os.open("{b}", os.O_RDONLY | os.O_DIRECTORY, dir_fd=up)))
+attempt("list root by fd", lambda: os.listdir(os.open("..", os.O_RDONLY | os.O_DIRECTORY)))
+""",
+    ),
+    Attack(
+        "the runtime's state and the workspace root",
+        """
+attempt("list root", lambda: os.listdir({root!r}))
+attempt("list .runtime", lambda: os.listdir({root!r} + "/.runtime"), ignore=(errno.ENOENT,))
+attempt("write .runtime", lambda: os.makedirs({root!r} + "/.runtime/planted"))
+attempt("move .runtime away", lambda: os.rename({root!r} + "/.runtime", {root!r} + "/gone"), ignore=(errno.ENOENT,))
+attempt("new conversation dir", lambda: os.mkdir({root!r} + "/planted"))
+""",
+    ),
+    Attack(
+        "writing outside: /tmp, /etc, other scratch dirs",
+        """
+scratch = os.environ["TMPDIR"]
+write(os.path.join(scratch, "own-scratch-works.txt"))
+attempt("/tmp", lambda: probe("/tmp/sbw-hostile-probe"))
+attempt("/etc", lambda: probe("/etc/sbw-hostile-probe"))
+attempt("/var/tmp", lambda: probe("/var/tmp/sbw-hostile-probe"))
+attempt("/dev/shm", lambda: probe("/dev/shm/sbw-hostile-probe"), ignore=(errno.ENOENT,))
+attempt("scratch parent list", lambda: os.listdir(os.path.dirname(scratch)))
+attempt("B's scratch", lambda: write(os.path.join(os.path.dirname(scratch), "{b}", "planted")))
+attempt("the interpreter", lambda: probe(os.path.join(os.path.dirname(os.__file__), "planted.py")))
+""",
+    ),
+    Attack(
+        "grep -r from /",
+        """
+import subprocess
+out = subprocess.run(
+    ["grep", "-rlIF", {marker!r}, "/", "--exclude-dir=proc", "--exclude-dir=sys",
+     "--exclude-dir=dev", "--exclude-dir=usr"],
+    capture_output=True, text=True, timeout=120,
+).stdout
+_leaks.extend(line for line in out.splitlines() if "{b}" in line)
+attempt("grep B directly", lambda: read({b_file!r}))
+""",
+    ),
+    Attack(
+        "TCP: connect to every listening port, bind a port",
+        """
+ports = set()
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+        lines = read(table).splitlines()[1:]
+    except OSError:
+        continue
+    for line in lines:
+        fields = line.split()
+        if fields[3] == "0A":  # LISTEN
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+if not ports:
+    _odd.append("no listening TCP port found to attack")
+connected = []
+def connect(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=2):
+        connected.append(port)
+        return port
+for port in sorted(ports):
+    attempt(f"connect {{port}}", lambda: connect(port), ignore=(errno.ECONNREFUSED, errno.ETIMEDOUT))
+def bind(port):
+    s = socket.socket()
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    s.close()
+    return port
+attempt("bind an ephemeral port", lambda: bind(0))
+attempt("bind 8099", lambda: bind(8099), ignore=(errno.EADDRINUSE,))
+""",
+    ),
+    Attack(
+        "signals to the runtime, its helpers and other conversations",
+        """
+def parent(pid):
+    with open(f"/proc/{{pid}}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+chain, pid = [], os.getpid()
+for _ in range(3):  # reaper, spawner, runtime
+    pid = parent(pid)
+    if pid <= 1:
+        break
+    chain.append(pid)
+for pid in chain:
+    attempt(f"SIGKILL {{pid}}", lambda: os.kill(pid, signal.SIGKILL), ignore=(errno.ESRCH,))
+def below_our_runtime(pid):  # never touch interpreters of other runtimes on this machine
+    try:
+        while pid > 1:
+            pid = parent(pid)
+            if pid == chain[-1]:
+                return True
+    except OSError:
+        pass
+    return False
+for pid in [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
+    try:
+        cmdline = read(f"/proc/{{pid}}/cmdline", mode="rb")
+    except OSError:
+        continue
+    if b"kernel_main" in cmdline and below_our_runtime(pid):
+        attempt(f"SIGKILL kernel {{pid}}", lambda: os.kill(pid, signal.SIGKILL), ignore=(errno.ESRCH,))
+""",
+    ),
+    Attack(
+        "abstract unix socket of another conversation",
+        """
+s = socket.socket(socket.AF_UNIX)
+attempt("connect", lambda: s.connect("\\0sbw-hostile-{b}"))
+""",
+    ),
+]
+
+# Conversation B's set-up: an abstract socket it listens on (kept alive by its kernel),
+# checked to be reachable from B itself, so A's refusal is the confinement at work.
+B_SETUP = """
+import socket
+hostile_listener = socket.socket(socket.AF_UNIX)
+hostile_listener.bind("\\0sbw-hostile-{b}")
+hostile_listener.listen()
+probe = socket.socket(socket.AF_UNIX)
+probe.connect("\\0sbw-hostile-{b}")
+probe.close()
+print("listening")
+"""
+
+
+def _execute(client: httpx.Client, session_url: str, cid: str, code: str, **extra) -> dict:
+    r = client.post(
+        f"{session_url}/execute",
+        json={"conversation_id": cid, "language": "python", "code": code, "timeout": 180, **extra},
+        timeout=240,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _upload(client: httpx.Client, session_url: str, cid: str, name: str, data: bytes) -> dict:
+    r = client.post(
+        f"{session_url}/files/upload", files={"file": (name, data)}, data={"conversation_id": cid}
+    )
+    assert r.status_code in (200, 201), r.text
+    return r.json()
+
+
+def run_hostile_suite(client: httpx.Client, session_url: str, *, network: str = "deny") -> None:
+    """Play every attack as conversation A against B; fail with every leak found, then
+    check the sandbox is healthy."""
+    scene, failures = play(client, session_url, ATTACKS, network=network)
+    found = [f"{name}: {problem}" for name, problems in failures.items() for problem in problems]
+    assert not found, "\n".join(found)
+    _check_healthy(client, session_url, scene)
+
+
+def play(
+    client: httpx.Client, session_url: str, attacks: list[Attack], *, network: str = "deny"
+) -> tuple[dict, dict[str, list[str]]]:
+    """Set the scene (conversations A and B), run ``attacks``; per attack, what went wrong."""
+    tag = uuid.uuid4().hex[:8]
+    a, b, name = f"hostile-a-{tag}", f"hostile-b-{tag}", "secret.csv"
+    marker = f"sbw-secret-{uuid.uuid4().hex}"
+    b_file = _upload(client, session_url, b, name, marker.encode())["path"]
+    b_dir = posixpath.dirname(posixpath.dirname(posixpath.dirname(b_file)))
+    scene = {
+        "a": a, "b": b, "name": name, "b_file": b_file, "b_dir": b_dir, "marker": marker,
+        "root": posixpath.dirname(b_dir),
+    }  # fmt: skip
+    setup = _execute(client, session_url, b, B_SETUP.format(**scene))
+    assert setup["stdout"] == "listening\n", setup
+    own = _upload(client, session_url, a, "own.csv", b"mine")
+    control = _execute(client, session_url, a, f"print(open({own['path']!r}).read())")
+    assert control["stdout"] == "mine\n", control
+
+    failures: dict[str, list[str]] = {}
+    for attack in attacks:
+        out = _execute(client, session_url, a, PRELUDE + attack.code.format(**scene) + EPILOGUE)
+        problems = failures.setdefault(attack.name, [])
+        try:
+            verdict = json.loads(out["stdout"].strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            problems.append(f"no verdict: {out}")
+            continue
+        leaks, refused, odd = verdict["leaks"], verdict["refused"], verdict["odd"]
+        if attack.name.startswith("TCP") and network == "allow":
+            if not any(leak.startswith("connect") for leak in leaks):
+                problems.append("network is allowed but nothing connected")
+            continue
+        if leaks:
+            problems.append(f"LEAKED {leaks}")
+        if odd or (attack.must_refuse and not refused):
+            problems.append(f"inconclusive (refused {refused}) {odd}")
+    return scene, {name: problems for name, problems in failures.items() if problems}
+
+
+def _check_healthy(client: httpx.Client, session_url: str, scene: dict) -> None:
+    """B is intact and alive; A still uploads, lists, downloads and executes."""
+    a, b, name, marker = scene["a"], scene["b"], scene["name"], scene["marker"]
+    r = client.get(f"{session_url}/files/{name}", params={"conversation_id": b})
+    assert r.status_code == 200 and r.text == marker, (r.status_code, r.text[:200])
+    alive = _execute(client, session_url, b, "hostile_listener.fileno() > 0")
+    assert alive["results"][0]["data"]["text/plain"] == "True", alive
+    _upload(client, session_url, a, "after.csv", b"after")
+    listed = client.get(f"{session_url}/files", params={"conversation_id": a}).json()
+    assert {"after.csv", "own.csv"} <= {f["name"] for f in listed["files"]}, listed
+    r = client.get(f"{session_url}/files/after.csv", params={"conversation_id": a})
+    assert r.status_code == 200 and r.content == b"after"
+    out = _execute(client, session_url, a, "echo still working", language="bash")
+    assert out["stdout"] == "still working\n", out

@@ -1,0 +1,111 @@
+"""The API's ConversationWorkspace tracker, with a fake apiserver injected: created with
+the finalizer, no round trip once known, refusal while deleting, and a watch that a
+stale read can never overrule."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sandbox_workspace.api.backends.base import ConversationDeleting, ConversationPhase
+from sandbox_workspace.api.backends.kube_conversations import ConversationTracker
+from sandbox_workspace.operator.kube import Conflict
+
+COLLECTION = "/apis/x/v1/namespaces/ns/conversationworkspaces"
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.objects: dict[str, dict] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.uids = 0
+
+    async def request(self, method, path, body=None, content_type=None, params=None):
+        self.calls.append((method, path))
+        assert method == "POST" and path == COLLECTION
+        name = body["metadata"]["name"]
+        if name in self.objects:
+            raise Conflict(409, "exists", "AlreadyExists")
+        self.uids += 1
+        obj = {**body, "metadata": {**body["metadata"], "uid": f"uid-{self.uids}"}}
+        self.objects[name] = obj
+        return obj
+
+    async def get(self, path):
+        self.calls.append(("GET", path))
+        return self.objects.get(path.rsplit("/", 1)[1])
+
+    async def delete(self, path, uid=None):
+        self.calls.append(("DELETE", path))
+        obj = self.objects.get(path.rsplit("/", 1)[1])
+        if obj is None:
+            return False
+        obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        return True
+
+
+def body(name: str) -> dict:
+    return {"metadata": {"name": name, "finalizers": ["sandboxworkspace.io/files"]}}
+
+
+def tracker(synced: bool) -> tuple[ConversationTracker, FakeKube]:
+    kube = FakeKube()
+    t = ConversationTracker(kube, COLLECTION)  # type: ignore[arg-type]
+    t.synced = synced
+    return t, kube
+
+
+def test_known_conversations_cost_no_round_trip_once_synced():
+    t, kube = tracker(synced=True)
+    asyncio.run(t.ensure("w1", "c1", body("w1")))
+    assert kube.objects["w1"]["metadata"]["finalizers"] == ["sandboxworkspace.io/files"]
+    calls = len(kube.calls)
+    for _ in range(5):
+        asyncio.run(t.ensure("w1", "c1", body("w1")))
+    assert len(kube.calls) == calls
+    assert asyncio.run(t.phase("w1")) == ConversationPhase.READY
+
+
+def test_without_a_synced_watch_every_answer_is_read_and_nothing_cached():
+    t, kube = tracker(synced=False)
+    asyncio.run(t.ensure("w1", "c1", body("w1")))
+    asyncio.run(t.ensure("w1", "c1", body("w1")))
+    assert kube.calls.count(("POST", COLLECTION)) == 2  # the second: 409, then a GET
+    asyncio.run(kube.delete(f"{COLLECTION}/w1"))
+    assert asyncio.run(t.phase("w1")) == ConversationPhase.DELETING
+    with pytest.raises(ConversationDeleting):
+        asyncio.run(t.ensure("w1", "c1", body("w1")))
+
+
+def test_a_deletion_seen_by_the_watch_refuses_writes_and_then_allows_a_fresh_start():
+    t, kube = tracker(synced=True)
+    asyncio.run(t.ensure("w1", "c1", body("w1")))
+    obj = kube.objects["w1"]
+    t._apply("MODIFIED", {"metadata": {**obj["metadata"], "deletionTimestamp": "now"}})
+    with pytest.raises(ConversationDeleting) as refused:
+        asyncio.run(t.ensure("w1", "c1", body("w1")))
+    assert refused.value.status == 409 and refused.value.code == "conversation_deleting"
+    t._apply("DELETED", obj)
+    del kube.objects["w1"]
+    assert asyncio.run(t.phase("w1")) == ConversationPhase.ABSENT
+    asyncio.run(t.ensure("w1", "c1", body("w1")))
+    assert kube.objects["w1"]["metadata"]["uid"] != obj["metadata"]["uid"]
+
+
+def test_a_stale_read_cannot_resurrect_what_the_watch_saw_deleted():
+    t, kube = tracker(synced=True)
+    asyncio.run(t.ensure("w1", "c1", body("w1")))
+    stale = kube.objects["w1"]
+    t._apply("DELETED", stale)
+    t._record(stale)  # e.g. a GET answered before the deletion, processed after it
+    assert asyncio.run(t.phase("w1")) == ConversationPhase.ABSENT
+
+
+def test_our_own_delete_refuses_writes_at_once():
+    t, _kube = tracker(synced=True)
+    asyncio.run(t.ensure("w1", "c1", body("w1")))
+    assert asyncio.run(t.delete("w1")) is True
+    with pytest.raises(ConversationDeleting):
+        asyncio.run(t.ensure("w1", "c1", body("w1")))
+    assert asyncio.run(t.delete("nope")) is False

@@ -1,0 +1,316 @@
+"""The ConversationWorkspace handlers against a fake Kubernetes client (injected through
+``OperatorContext(kube=…)``) and a fake runtime behind httpx's MockTransport: which
+calls they make, when they release the finalizer, and when they hold it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import kopf
+import pytest
+from fake_kube import FakeKube
+from kopf._core.engines import posting
+
+from sandbox_workspace.operator.context import OperatorContext
+from sandbox_workspace.operator.handlers.deletion import on_workspace_deleted
+from sandbox_workspace.operator.handlers.workspaces import on_workspace_created
+from sandbox_workspace.operator.kube import core_path, custom_path
+from sandbox_workspace.operator.settings import OperatorSettings
+
+NS = "ns"
+SESSION = "sb-session-alice"
+CLAIM = "sb-session-alice-workspace"
+SESSION_PATH = custom_path(NS, "sandboxsessions", SESSION)
+CLAIM_PATH = core_path(NS, "persistentvolumeclaims", CLAIM)
+POD_PATH = core_path(NS, "pods", SESSION)
+CWS_PATH = custom_path(NS, "conversationworkspaces", "cws-1")
+LOG = logging.getLogger("test")
+
+
+@dataclass
+class FakeRuntime:
+    """Conversations that exist, per runtime address; every request recorded."""
+
+    dirs: dict[str, set[str]] = field(default_factory=dict)
+    requests: list[tuple[str, str, bytes]] = field(default_factory=list)
+    keep: bool = False  # a runtime that claims to delete but does not
+    down: bool = False
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        if self.down:
+            raise httpx.ConnectError("refused", request=request)
+        host = request.url.host
+        self.requests.append((request.method, host, request.url.raw_path))
+        cid = request.url.path.split("/")[3]
+        present = self.dirs.setdefault(host, set())
+        if request.method == "DELETE":
+            if not self.keep:
+                present.discard(cid)
+            return httpx.Response(200, json={"conversation_id": cid, "deleted": True})
+        info = {"conversation_id": cid, "exists": cid in present, "path": f"/workspace/{cid}"}
+        return httpx.Response(200, json={**info, "uploads_path": "u", "outputs_path": "o"})
+
+
+@pytest.fixture(autouse=True)
+async def events() -> list[posting.K8sEvent]:
+    """kopf's own posting context: Events the handlers post land in a queue we read."""
+    queue: asyncio.Queue = asyncio.Queue()
+    posting.settings_var.set(kopf.OperatorSettings())
+    posting.event_queue_loop_var.set(asyncio.get_running_loop())
+    posting.event_queue_var.set(queue)
+    posted: list[posting.K8sEvent] = []
+
+    class Reader(list):
+        def __iter__(self):  # drain on read
+            while not queue.empty():
+                posted.append(queue.get_nowait())
+            return iter(posted)
+
+    return Reader()
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[tuple[OperatorContext, FakeKube, FakeRuntime]]:
+    kube, runtime = FakeKube(), FakeRuntime()
+    http = httpx.AsyncClient(transport=httpx.MockTransport(runtime.handle))
+    ctx = OperatorContext(OperatorSettings(_env_file=None), kube=kube, http=http)  # type: ignore[arg-type]
+    yield ctx, kube, runtime
+    await http.aclose()
+
+
+def token_secret(kube: FakeKube, name: str, owner: str) -> None:
+    kube.put(
+        core_path(NS, "secrets", name),
+        {"metadata": {"ownerReferences": [{"uid": owner}]}, "data": {"token": "dG9r"}},
+    )
+
+
+def running_session(kube: FakeKube, phase: str = "Running") -> str:
+    body = kube.put(
+        SESSION_PATH,
+        {
+            "apiVersion": "sandboxworkspace.io/v1alpha1",
+            "kind": "SandboxSession",
+            "metadata": {"uid": "session-uid"},
+            "spec": {"userId": "alice"},
+            "status": {"phase": phase, "endpoint": "http://10.0.0.7:8080"}
+            if phase == "Running"
+            else {"phase": phase},
+        },
+    )
+    uid = body["metadata"]["uid"]
+    kube.put(CLAIM_PATH, {"metadata": {"ownerReferences": [{"uid": uid}]}})
+    token_secret(kube, "sb-session-alice-token", uid)
+    if phase == "Running":
+        kube.put(POD_PATH, {"metadata": {"ownerReferences": [{"uid": uid}]}})
+    return uid
+
+
+def cws(cid: str, **status: Any) -> dict:
+    return {
+        "apiVersion": "sandboxworkspace.io/v1alpha1",
+        "kind": "ConversationWorkspace",
+        "metadata": {
+            "name": "cws-1",
+            "namespace": NS,
+            "uid": "cws-uid",
+            "generation": 1,
+            "deletionTimestamp": "2025-01-01T00:00:00Z",
+        },
+        "spec": {"conversationId": cid, "sessionRef": SESSION, "userId": "alice"},
+        "status": status,
+    }
+
+
+async def delete(ctx: OperatorContext, kube: FakeKube, body: dict) -> None:
+    kube.put(CWS_PATH, body)
+    await on_workspace_deleted(
+        body=body, name="cws-1", namespace=NS, memo=kopf.Memo(ctx=ctx), retry=0, logger=LOG
+    )
+
+
+def ready_reason(kube: FakeKube) -> str:
+    conds = kube.objects[CWS_PATH]["status"]["conditions"]
+    return next(c for c in conds if c["type"] == "Ready")["reason"]
+
+
+@pytest.mark.parametrize("cid", ["..", ".", "c1/uploads/x.csv", ".runtime", "a\x00b"])
+async def test_an_id_the_runtime_refuses_was_never_written_and_is_released(world, cid) -> None:
+    ctx, kube, runtime = world
+    running_session(kube)
+    await delete(ctx, kube, cws(cid))  # returns: the finalizer is released
+    assert runtime.requests == []  # no other conversation's files were touched
+
+
+async def test_live_session_deletes_through_its_runtime_and_confirms(world) -> None:
+    ctx, kube, runtime = world
+    running_session(kube)
+    runtime.dirs["10.0.0.7"] = {"c.1", "other"}
+    await delete(ctx, kube, cws("c.1"))
+    # The dot is escaped: the path can never be a dot segment of another resource.
+    assert [(m, p) for m, _, p in runtime.requests] == [
+        ("DELETE", b"/v1/conversations/c%2E1"),
+        ("GET", b"/v1/conversations/c%2E1"),
+    ]
+    assert runtime.dirs["10.0.0.7"] == {"other"}
+
+
+async def test_directory_still_there_holds_the_finalizer(world, events) -> None:
+    ctx, kube, runtime = world
+    running_session(kube)
+    runtime.dirs["10.0.0.7"], runtime.keep = {"c1"}, True
+    with pytest.raises(kopf.TemporaryError):
+        await delete(ctx, kube, cws("c1"))
+    assert ready_reason(kube) == "StillExists"
+    assert kube.objects[CWS_PATH]["status"]["phase"] == "Deleting"
+
+
+async def test_unreachable_runtime_holds_the_finalizer(world) -> None:
+    ctx, kube, runtime = world
+    running_session(kube)
+    runtime.down = True
+    with pytest.raises(kopf.TemporaryError):
+        await delete(ctx, kube, cws("c1"))
+    assert ready_reason(kube) == "RuntimeUnavailable"
+
+
+async def test_stopped_session_is_resumed_for_a_deletion(world, events) -> None:
+    ctx, kube, _runtime = world
+    running_session(kube, phase="Stopped")
+    with pytest.raises(kopf.TemporaryError):
+        await delete(ctx, kube, cws("c1"))
+    annotations = kube.objects[SESSION_PATH]["metadata"]["annotations"]
+    assert "sandboxworkspace.io/resume-requested" in annotations
+    assert ready_reason(kube) == "SessionStopped"
+
+
+async def test_session_gone_but_claim_of_the_old_incarnation_remains_holds(world) -> None:
+    ctx, kube, _runtime = world
+    running_session(kube)
+    del kube.objects[SESSION_PATH]  # background deletion: the claim is collected later
+    with pytest.raises(kopf.TemporaryError):
+        await delete(ctx, kube, cws("c1"))
+    assert ready_reason(kube) == "ClaimOfOldSession"
+    kube.finish(CLAIM_PATH)
+    kube.finish(POD_PATH)
+    await delete(ctx, kube, cws("c1"))  # no claim, no volume, no pod: released
+
+
+async def test_retained_volume_holds_with_a_warning(world, events) -> None:
+    ctx, kube, _runtime = world
+    kube.put(
+        "/api/v1/persistentvolumes/pvc-1",
+        {
+            "spec": {
+                "persistentVolumeReclaimPolicy": "Retain",
+                "claimRef": {"namespace": NS, "name": CLAIM, "uid": "gone"},
+            },
+            "status": {"phase": "Released"},
+        },
+    )
+    with pytest.raises(kopf.TemporaryError) as err:
+        await delete(ctx, kube, cws("c1"))
+    assert err.value.delay == ctx.settings.retry_max_delay_seconds  # the slowest pace
+    assert ready_reason(kube) == "VolumeRetained"
+    assert [(e.type, e.reason) for e in events] == [("Warning", "VolumeRetained")]
+    with pytest.raises(kopf.TemporaryError):  # the same reason again: no second Event
+        await delete(ctx, kube, dict(kube.objects[CWS_PATH]))
+    assert len(list(events)) == 1
+
+
+async def test_orphaned_claim_is_cleaned_by_a_cleanup_pod(world, events) -> None:
+    ctx, kube, runtime = world
+    kube.put(CLAIM_PATH, {"metadata": {"annotations": {"sandboxworkspace.io/user-id": "alice"}}})
+    with pytest.raises(kopf.TemporaryError):
+        await delete(ctx, kube, cws("c1"))
+    assert ready_reason(kube) == "CleanupPodStarting"
+    pod_path = core_path(NS, "pods", f"{CLAIM}-cleanup")
+    pod = kube.objects[pod_path]
+    assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == CLAIM
+    assert "sandboxworkspace.io/session" not in pod["metadata"]["labels"]
+    pod["status"] = {
+        "phase": "Running",
+        "podIP": "10.0.0.9",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+    runtime.dirs["10.0.0.9"] = {"c1"}
+    await delete(ctx, kube, dict(kube.objects[CWS_PATH]))
+    assert [(m, h) for m, h, _ in runtime.requests] == [("DELETE", "10.0.0.9"), ("GET", "10.0.0.9")]
+    assert runtime.dirs["10.0.0.9"] == set()
+    assert kube.objects[pod_path]["metadata"].get("deletionTimestamp")  # torn down
+    assert core_path(NS, "secrets", f"{CLAIM}-cleanup-token") not in kube.objects
+
+
+async def test_orphaned_emptydir_pod_is_deleted_then_released(world) -> None:
+    ctx, kube, _runtime = world
+    kube.put(POD_PATH, {"metadata": {}})
+    with pytest.raises(kopf.TemporaryError):
+        await delete(ctx, kube, cws("c1"))
+    assert kube.objects[POD_PATH]["metadata"].get("deletionTimestamp")
+    kube.finish(POD_PATH)
+    await delete(ctx, kube, dict(kube.objects[CWS_PATH]))
+
+
+async def ensure(ctx: OperatorContext, body: dict, reason: str) -> kopf.Patch:
+    patch = kopf.Patch()
+    await on_workspace_created(
+        body=body,
+        name="cws-1",
+        namespace=NS,
+        patch=patch,
+        memo=kopf.Memo(ctx=ctx),
+        retry=0,
+        reason=reason,
+        logger=LOG,
+    )
+    return patch
+
+
+def live_cws(cid: str, **status: Any) -> dict:
+    body = cws(cid, **status)
+    del body["metadata"]["deletionTimestamp"]
+    return body
+
+
+async def test_operator_restart_never_resumes_a_stopped_session(world) -> None:
+    ctx, kube, runtime = world
+    running_session(kube, phase="Stopped")
+    with pytest.raises(kopf.TemporaryError) as err:
+        await ensure(ctx, live_cws("c1", phase="Pending"), kopf.Reason.RESUME)
+    assert "sandboxworkspace.io/resume-requested" not in json.dumps(kube.objects[SESSION_PATH])
+    assert err.value.delay == ctx.settings.check_interval_seconds
+    assert runtime.requests == []
+
+
+async def test_operator_restart_leaves_a_ready_workspace_alone(world) -> None:
+    ctx, kube, runtime = world
+    running_session(kube)
+    patch = await ensure(
+        ctx, live_cws("c1", phase="Ready", observedGeneration=1), kopf.Reason.RESUME
+    )
+    assert not patch and runtime.requests == [] and kube.calls == []
+
+
+async def test_invalid_spec_is_an_error_condition_not_a_retry_loop(world, events) -> None:
+    ctx, _kube, _runtime = world
+    with pytest.raises(kopf.PermanentError):
+        patch = kopf.Patch()
+        await on_workspace_created(
+            body=live_cws("../x"),
+            name="cws-1",
+            namespace=NS,
+            patch=patch,
+            memo=kopf.Memo(ctx=ctx),
+            retry=0,
+            reason=kopf.Reason.CREATE,
+            logger=LOG,
+        )
+    assert patch["status"]["phase"] == "Error"
+    assert patch["status"]["conditions"][0]["reason"] == "InvalidSpec"
+    assert [(e.type, e.reason) for e in events] == [("Warning", "InvalidSpec")]

@@ -1,0 +1,319 @@
+"""The session reconciler's and periodic check's decisions against a fake Kubernetes
+client (``OperatorContext(kube=FakeKube())``): session incarnations judged by owner
+uid, pods that cannot start, outdated pods, the Confined condition."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import kopf
+import pytest
+from fake_kube import FakeKube
+from kopf._core.engines import posting
+
+from sandbox_workspace.operator.builders import build_sandbox_pod
+from sandbox_workspace.operator.context import OperatorContext
+from sandbox_workspace.operator.handlers.checks import check_session
+from sandbox_workspace.operator.handlers.sessions import reconcile_session
+from sandbox_workspace.operator.kube import core_path, custom_path
+from sandbox_workspace.operator.models import SandboxSession
+from sandbox_workspace.operator.settings import OperatorSettings
+
+NS, NAME = "ns", "sb-session-alice"
+SESSION_PATH = custom_path(NS, "sandboxsessions", NAME)
+POD = core_path(NS, "pods", NAME)
+SECRET = core_path(NS, "secrets", f"{NAME}-token")
+CLAIM = core_path(NS, "persistentvolumeclaims", f"{NAME}-workspace")
+
+
+@pytest.fixture(autouse=True)
+async def events() -> list:
+    queue: asyncio.Queue = asyncio.Queue()
+    posting.settings_var.set(kopf.OperatorSettings())
+    posting.event_queue_loop_var.set(asyncio.get_running_loop())
+    posting.event_queue_var.set(queue)
+
+    class Reader(list):
+        def reasons(self) -> list[str]:
+            while not queue.empty():
+                self.append(queue.get_nowait())
+            return [e.reason for e in self]
+
+    return Reader()
+
+
+class Stats:
+    """A runtime answering /v1/stats with a given report."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.idle_seconds = 600.0
+        self.confinement: dict[str, Any] | None = None
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        at = (datetime.now(UTC) - timedelta(seconds=self.idle_seconds)).isoformat()
+        body = {
+            "workspace_path": "/workspace",
+            "started_at": at,
+            "last_activity_at": at,
+            "active_operations": self.active,
+            "conversations": 0,
+            "confinement": self.confinement,
+        }
+        return httpx.Response(200, json=body)
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[tuple[OperatorContext, FakeKube, Stats]]:
+    kube, stats = FakeKube(), Stats()
+    http = httpx.AsyncClient(transport=httpx.MockTransport(stats.handle))
+    settings = OperatorSettings(_env_file=None, check_interval_seconds=1)
+    yield OperatorContext(settings, kube=kube, http=http), kube, stats  # type: ignore[arg-type]
+    await http.aclose()
+
+
+def put_session(kube: FakeKube, generation: int = 1, **spec: Any) -> dict:
+    return kube.put(
+        SESSION_PATH,
+        {
+            "apiVersion": "sandboxworkspace.io/v1alpha1",
+            "kind": "SandboxSession",
+            "metadata": {"generation": generation},
+            "spec": {"userId": "alice", **spec},
+        },
+    )
+
+
+def mark_running(kube: FakeKube, path: str = POD) -> None:
+    kube.objects[path]["status"] = {
+        "phase": "Running",
+        "podIP": "10.0.0.7",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+
+
+def owner(obj: dict) -> list[str]:
+    return [r["uid"] for r in obj["metadata"].get("ownerReferences") or []]
+
+
+async def test_new_session_gets_secret_claim_and_pod_of_its_incarnation(world) -> None:
+    ctx, kube, _ = world
+    uid = put_session(kube)["metadata"]["uid"]
+    result = await reconcile_session(ctx, NS, NAME)
+    assert result is not None and not result.waiting
+    for path in (SECRET, CLAIM, POD):
+        assert owner(kube.objects[path]) == [uid], path
+    assert kube.objects[SESSION_PATH]["status"]["phase"] == "Pending"
+
+
+async def test_children_of_an_old_incarnation_are_awaited_never_reused(world, events) -> None:
+    ctx, kube, _ = world
+    kube.put(POD, {"metadata": {"ownerReferences": [{"uid": "old"}]}})
+    kube.put(SECRET, {"metadata": {"ownerReferences": [{"uid": "old"}]}, "data": {}})
+    kube.put(CLAIM, {"metadata": {"ownerReferences": [{"uid": "old"}]}})
+    uid = put_session(kube)["metadata"]["uid"]
+
+    result = await reconcile_session(ctx, NS, NAME)
+    assert result is not None and result.waiting
+    assert kube.objects[POD]["metadata"].get("deletionTimestamp")  # old pod deleted
+    assert SECRET not in kube.objects  # old token deleted, not reused
+    assert owner(kube.objects[CLAIM]) == ["old"]  # left to the garbage collector
+    status = kube.objects[SESSION_PATH]["status"]
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (status["phase"], ready["reason"]) == ("Pending", "OldIncarnation")
+    assert "OldIncarnation" in events.reasons()
+
+    kube.finish(POD)
+    kube.finish(CLAIM)  # the garbage collector took it
+    result = await reconcile_session(ctx, NS, NAME)
+    assert result is not None and not result.waiting
+    for path in (SECRET, CLAIM, POD):
+        assert owner(kube.objects[path]) == [uid], path
+
+
+async def test_an_orphaned_claim_is_adopted(world, events) -> None:
+    ctx, kube, _ = world
+    kube.put(CLAIM, {"metadata": {}})
+    uid = put_session(kube)["metadata"]["uid"]
+    await reconcile_session(ctx, NS, NAME)
+    assert owner(kube.objects[CLAIM]) == [uid]
+    assert "ClaimAdopted" in events.reasons()
+
+
+async def test_a_terminating_pod_is_awaited(world) -> None:
+    ctx, kube, _ = world
+    uid = put_session(kube)["metadata"]["uid"]
+    kube.put(
+        POD,
+        {
+            "metadata": {
+                "ownerReferences": [{"uid": uid}],
+                "deletionTimestamp": "2025-01-01T00:00:00Z",
+            }
+        },
+    )
+    await reconcile_session(ctx, NS, NAME)
+    assert kube.verbs("create").count(POD) == 0
+    kube.finish(POD)
+    await reconcile_session(ctx, NS, NAME)
+    assert kube.verbs("create").count(POD) == 1
+
+
+async def test_a_stopped_session_starts_no_pod(world) -> None:
+    ctx, kube, _ = world
+    put_session(kube)["metadata"]["uid"]
+    kube.objects[SESSION_PATH]["status"] = {"phase": "Stopped"}
+    await reconcile_session(ctx, NS, NAME)  # what an operator restart does
+    assert POD not in kube.objects
+
+
+@pytest.mark.parametrize(
+    "reason", ["ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError"]
+)
+async def test_a_pod_that_cannot_start_is_reported_with_its_reason(world, events, reason) -> None:
+    ctx, kube, _ = world
+    put_session(kube)
+    await reconcile_session(ctx, NS, NAME)
+    kube.objects[POD]["status"] = {
+        "phase": "Pending",
+        "containerStatuses": [{"state": {"waiting": {"reason": reason, "message": "no"}}}],
+    }
+    await reconcile_session(ctx, NS, NAME)
+    status = kube.objects[SESSION_PATH]["status"]
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (status["phase"], ready["reason"]) == ("Error", reason)
+    assert reason in events.reasons()
+
+
+async def test_unschedulable_pod_is_reported(world, events) -> None:
+    ctx, kube, _ = world
+    put_session(kube)
+    await reconcile_session(ctx, NS, NAME)
+    kube.objects[POD]["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3"}
+        ],
+    }
+    await reconcile_session(ctx, NS, NAME)
+    ready = next(
+        c for c in kube.objects[SESSION_PATH]["status"]["conditions"] if c["type"] == "Ready"
+    )
+    assert (ready["reason"], ready["message"]) == ("Unschedulable", "0/3")
+    assert "Unschedulable" in events.reasons()
+
+
+async def test_a_broken_pod_is_replaced_when_the_spec_is_fixed(world) -> None:
+    ctx, kube, _ = world
+    put_session(kube, image="typo:1")
+    await reconcile_session(ctx, NS, NAME)
+    first = kube.objects[POD]["metadata"]["uid"]
+    kube.objects[POD]["status"] = {
+        "phase": "Pending",
+        "containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff"}}}],
+    }
+    put_session(kube, generation=2, image="fixed:1")
+    kube.objects[SESSION_PATH]["metadata"]["uid"] = owner(kube.objects[POD])[0]
+    await reconcile_session(ctx, NS, NAME)
+    assert kube.objects[POD]["metadata"].get("deletionTimestamp")  # rolled at once
+    kube.finish(POD)
+    await reconcile_session(ctx, NS, NAME)
+    pod = kube.objects[POD]
+    assert pod["metadata"]["uid"] != first
+    assert pod["spec"]["containers"][0]["image"] == "fixed:1"
+
+
+async def test_a_serving_pod_of_an_older_spec_waits_for_idle(world, events) -> None:
+    ctx, kube, stats = world
+    body = put_session(kube, generation=1)
+    await reconcile_session(ctx, NS, NAME)
+    mark_running(kube)
+    await reconcile_session(ctx, NS, NAME)
+    assert kube.objects[SESSION_PATH]["status"]["observedGeneration"] == 1
+    kube.put(SECRET, {**kube.objects[SECRET]})  # token present (fake Secret data)
+    # The spec changes in a way the pod must follow (network on).
+    kube.objects[SESSION_PATH]["spec"]["network"] = {"enabled": True}
+    kube.objects[SESSION_PATH]["metadata"]["generation"] = 2
+    stats.active = 1  # busy: an execution runs
+    await check_session(ctx, NS, NAME, logging.getLogger("t"))
+    status = kube.objects[SESSION_PATH]["status"]
+    restart = next(c for c in status["conditions"] if c["type"] == "RestartRequired")
+    assert restart["status"] == "True"
+    assert status["observedGeneration"] == 1  # the pod does not reflect generation 2 yet
+    assert not kube.objects[POD]["metadata"].get("deletionTimestamp")
+
+    stats.active = 0  # idle now: the check rolls it
+    await check_session(ctx, NS, NAME, logging.getLogger("t"))
+    assert kube.objects[POD]["metadata"].get("deletionTimestamp")
+    kube.finish(POD)
+    await reconcile_session(ctx, NS, NAME)
+    session = SandboxSession.from_body(kube.objects[SESSION_PATH])
+    expected = build_sandbox_pod(session, ctx.settings)
+    assert kube.objects[POD]["spec"] == expected["spec"]
+    status = kube.objects[SESSION_PATH]["status"]
+    assert status["observedGeneration"] == 2
+    restart = next(c for c in status["conditions"] if c["type"] == "RestartRequired")
+    assert restart["status"] == "False"
+    assert body["metadata"]["uid"] in owner(kube.objects[POD])
+
+
+def confinement(**fields: Any) -> dict[str, Any]:
+    """A confinement report as the runtime's /v1/stats gives it."""
+    return {"network": "denied", "features": ["filesystem", "tcp"], "reason": "", **fields}
+
+
+@pytest.mark.parametrize(
+    ("report", "status", "reason"),
+    [
+        pytest.param(
+            confinement(mode="auto", confined=True, landlock_abi=7),
+            "True",
+            "Landlock",
+            id="confined",
+        ),
+        pytest.param(
+            confinement(mode="auto", confined=False, landlock_abi=0, reason="no landlock"),
+            "False",
+            "LandlockUnavailable",
+            id="unavailable",
+        ),
+        pytest.param(
+            confinement(mode="none", confined=False, landlock_abi=7, network="unrestricted"),
+            "False",
+            "ConfinementDisabled",
+            id="disabled",
+        ),
+    ],
+)
+async def test_confined_condition_follows_the_runtime(world, events, report, status, reason):
+    ctx, kube, stats = world
+    put_session(kube)
+    await reconcile_session(ctx, NS, NAME)
+    mark_running(kube)
+    stats.confinement = report
+    await check_session(ctx, NS, NAME, logging.getLogger("t"))
+    conds = {c["type"]: c for c in kube.objects[SESSION_PATH]["status"]["conditions"]}
+    assert (conds["Confined"]["status"], conds["Confined"]["reason"]) == (status, reason)
+    assert events.reasons().count(reason) == 1
+    await check_session(ctx, NS, NAME, logging.getLogger("t"))
+    assert events.reasons().count(reason) == 1  # an Event on change only
+
+
+async def test_a_lost_claim_is_reported_not_replaced(world, events) -> None:
+    ctx, kube, _ = world
+    put_session(kube)
+    await reconcile_session(ctx, NS, NAME)
+    kube.objects[CLAIM]["status"] = {"phase": "Lost"}
+    claim_uid = kube.objects[CLAIM]["metadata"]["uid"]
+    await reconcile_session(ctx, NS, NAME)  # the pod waits for its volume
+    status = kube.objects[SESSION_PATH]["status"]
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (status["phase"], ready["reason"]) == ("Error", "ClaimLost")
+    assert "delete the session" in ready["message"]
+    assert "ClaimLost" in events.reasons()
+    assert kube.objects[CLAIM]["metadata"]["uid"] == claim_uid  # a data decision: not ours

@@ -1,0 +1,223 @@
+"""runtime/tree.py: iterative walking and deletion against hostile trees, in-process.
+
+Trees are built with ``*at`` calls relative to a descriptor (as hostile code can), so
+depths far beyond PATH_MAX and Python's recursion limit are cheap to make.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from runtime_ops import fast_tmp_dir, unprivileged_argv
+
+from sandbox_workspace.runtime import tree
+
+
+def _open(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def make_chain(top: Path, depth: int, leaf: str = "bottom.txt") -> None:
+    """top/d/d/d/.../leaf, ``depth`` directories deep."""
+    fd = _open(top)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        os.close(os.open(leaf, os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def fast_tmp(tmp_path: Path):
+    d = Path(fast_tmp_dir(tmp_path))
+    yield d
+    fd = _open(d.parent)
+    try:
+        tree.remove_tree(fd, d.name)
+    finally:
+        os.close(fd)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    d = tmp_path / "outside"
+    d.mkdir()
+    (d / "canary.txt").write_text("canary")
+    return d
+
+
+def remove(parent: Path, name: str) -> None:
+    fd = _open(parent)
+    try:
+        tree.remove_tree(fd, name)
+    finally:
+        os.close(fd)
+
+
+def walk(top: Path, max_entries: int = 1_000_000) -> tuple[list[str], bool]:
+    fd = _open(top)
+    try:
+        w = tree.walk_files(fd, max_entries=max_entries)
+        files = ["/".join(rel) for rel, _ in w]
+        return files, w.complete
+    finally:
+        os.close(fd)
+
+
+def test_deep_chain_is_walked_and_removed_without_recursion(fast_tmp: Path) -> None:
+    """5,000 levels: far past the recursion limit and PATH_MAX; fds stay bounded."""
+    depth = 5000
+    assert depth > sys.getrecursionlimit()
+    top = fast_tmp / "t"
+    top.mkdir()
+    make_chain(top, depth)
+    before = open_fds()
+    files, complete = walk(top)
+    assert files == ["/".join(["d"] * depth + ["bottom.txt"])] and complete
+    remove(fast_tmp, "t")
+    assert not top.exists()
+    assert open_fds() == before
+
+
+def test_remove_tree_many_files_in_bounded_batches(fast_tmp: Path) -> None:
+    """More entries than one read batch: deletion re-reads the directory until empty."""
+    top = fast_tmp / "many"
+    top.mkdir()
+    fd = _open(top)
+    for i in range(tree._BATCH * 2 + 1):
+        os.close(os.open(f"f{i}", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    os.close(fd)
+    start = time.monotonic()
+    remove(fast_tmp, "many")
+    assert not top.exists()
+    assert time.monotonic() - start < 10
+
+
+def test_remove_tree_never_follows_symlinks(tmp_path: Path, outside: Path) -> None:
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "to-outside").symlink_to(outside, target_is_directory=True)
+    (victim / "sub" / "to-file").symlink_to(outside / "canary.txt")
+    (victim / "loop").symlink_to(".", target_is_directory=True)
+    (victim / "dangling").symlink_to("/nonexistent/x")
+    remove(tmp_path, "victim")
+    assert not victim.exists()
+    assert (outside / "canary.txt").read_text() == "canary"
+
+
+def test_remove_tree_of_a_symlink_removes_only_the_link(tmp_path: Path, outside: Path) -> None:
+    (tmp_path / "link").symlink_to(outside, target_is_directory=True)
+    remove(tmp_path, "link")
+    assert not (tmp_path / "link").is_symlink()
+    assert (outside / "canary.txt").read_text() == "canary"
+
+
+def test_remove_tree_special_files_and_hostile_names(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    os.mkfifo(victim / "fifo")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(victim / "sock"))
+    sock.close()
+    fd = _open(victim)
+    os.mkdir(b"-rf", dir_fd=fd)
+    for raw in (b"new\nline", b"\xff\xfe-not-utf8", b"x" * 255, b" lead", b"*", b"\\"):
+        os.close(os.open(raw, os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    os.close(fd)
+    remove(tmp_path, "victim")
+    assert not victim.exists()
+
+
+def test_remove_tree_is_idempotent(tmp_path: Path) -> None:
+    remove(tmp_path, "missing")
+    (tmp_path / "f").write_text("x")
+    remove(tmp_path, "f")
+    remove(tmp_path, "f")
+    assert not (tmp_path / "f").exists()
+
+
+def test_walk_skips_links_fifos_and_loops(tmp_path: Path, outside: Path) -> None:
+    top = tmp_path / "t"
+    (top / "a").mkdir(parents=True)
+    (top / "a" / "f.txt").write_text("x")
+    (top / "a" / "loop").symlink_to("..", target_is_directory=True)
+    (top / "out").symlink_to(outside, target_is_directory=True)
+    (top / "file-link").symlink_to(outside / "canary.txt")
+    os.mkfifo(top / "fifo")
+    files, complete = walk(top)
+    assert files == ["a/f.txt"] and complete
+
+
+def test_walk_is_bounded_and_says_so(tmp_path: Path) -> None:
+    top = tmp_path / "t"
+    top.mkdir()
+    for i in range(50):
+        (top / f"f{i:02}").write_text("")
+    files, complete = walk(top, max_entries=10)
+    assert len(files) == 10 and not complete
+    files, complete = walk(top, max_entries=50)
+    assert len(files) == 50 and complete
+
+
+def test_climbing_to_a_moved_parent_is_refused(tmp_path: Path) -> None:
+    """'..' is checked against where we came from: a moved tree stops the walk."""
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    fd = _open(tmp_path / "a" / "b")
+    a_ident = tree._ident(os.stat(tmp_path / "a"))
+    os.rename(tmp_path / "a" / "b", tmp_path / "elsewhere" / "b")
+    try:
+        with pytest.raises(tree.TreeChanged):
+            tree._climb(fd, a_ident)
+    finally:
+        os.close(fd)
+
+
+# -- permissions: only meaningful without CAP_DAC_OVERRIDE (as in a pod) ---------------
+
+_UNPRIVILEGED_REMOVE = """
+import os, sys
+from sandbox_workspace.runtime import tree
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+w = tree.walk_files(fd)
+print(len(list(w)), w.complete)
+tree.remove_tree(fd, sys.argv[2])
+"""
+
+
+def test_remove_tree_unprivileged_handles_directories_code_locked(tmp_path: Path) -> None:
+    """Modes 000, 500 (no write), 600 (no search) at several depths, and a deep chain
+    under a 000 directory: all removed by a process that cannot bypass permissions."""
+    victim = tmp_path / "victim"
+    for sub in ("locked/inner", "readonly/inner", "nosearch/inner", "deep"):
+        (victim / sub).mkdir(parents=True)
+        (victim / sub / "f.txt").write_text("x")
+    make_chain(victim / "deep", 300)
+    (victim / "locked" / "inner").chmod(0)
+    (victim / "locked").chmod(0)
+    (victim / "readonly").chmod(0o500)
+    (victim / "nosearch").chmod(0o600)
+    (victim / "deep").chmod(0)
+    victim.chmod(0o500)
+    argv = [*unprivileged_argv(), sys.executable, "-c", _UNPRIVILEGED_REMOVE]
+    out = subprocess.run(
+        [*argv, str(tmp_path), "victim"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    # The read-only walk could not enter the locked directories, and said so.
+    assert out.stdout.split()[1] == "False"
+    assert not victim.exists()
