@@ -8,6 +8,7 @@ import httpx
 import pytest
 from kubeenv.client import wait_until
 from nodeenv.network import NODE_NAME, POD_SUBNET, interfaces
+from nodeenv.pods import bare_sandbox_pod
 
 pytestmark = pytest.mark.node
 
@@ -31,35 +32,8 @@ def test_a_bare_pod_of_the_image_runs_on_the_pod_network(node_cluster, kube):
     ns = "node-smoke"
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     wait_until(lambda: kube.get_or_none(f"/api/v1/namespaces/{ns}/serviceaccounts/default"))
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "runtime"},
-        "spec": {
-            "automountServiceAccountToken": False,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
-            "containers": [
-                {
-                    "name": "runtime",
-                    "image": image,
-                    "imagePullPolicy": "Never",
-                    "command": [
-                        "sandbox-workspace",
-                        "runtime",
-                        "--host",
-                        "0.0.0.0",
-                        "--port",
-                        "8080",
-                        "--root",
-                        "/workspace",
-                    ],
-                    "env": [{"name": "SANDBOX_RUNTIME_TOKEN", "value": "t" * 24}],
-                    "volumeMounts": [{"name": "ws", "mountPath": "/workspace"}],
-                }
-            ],
-            "volumes": [{"name": "ws", "emptyDir": {}}],
-        },
-    }
+    # The container as the operator builds it (read-only root, uid 10001, seccomp, probe).
+    pod = bare_sandbox_pod("runtime", ns, image)
     kube.create(f"/api/v1/namespaces/{ns}/pods", pod)
     running = kube.wait_for(
         f"/api/v1/namespaces/{ns}/pods/runtime",
