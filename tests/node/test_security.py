@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
+from hostile_code import run_hostile_suite
 from kubeenv.client import ApiError
 from nodeenv.release import NAMESPACE, RELEASE, SESSIONS
 
@@ -92,3 +94,13 @@ def test_executed_code_is_confined_inside_the_pod(session):
     assert seen["seccomp"] == "2"  # filter mode: RuntimeDefault
     assert seen["root_writable"] is False
     assert seen["landlock_abi"] >= 1, "Landlock must be available inside the container"
+
+
+def test_hostile_code_catalogue_finds_no_leak_inside_a_real_pod(session, release):
+    """The confinement suite (tests/support/hostile_code.py) played through the API pod
+    against a sandbox pod: every attack refused, the sandbox healthy afterwards."""
+    session.execute("print(1)")  # the pod runs before the catalogue starts
+    with httpx.Client(
+        base_url=release.api_url, headers=session.api.headers, timeout=240, trust_env=False
+    ) as client:
+        run_hostile_suite(client, f"/api/v1{session.url}")
