@@ -6,26 +6,41 @@ inject a backend (STYLE 12) instead of patching.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__
 from sandbox_workspace.runtime.errors import install_error_handlers
 
-from . import garbage
+from . import garbage, openapi
 from .backends.base import Backend
 from .chat.chat_index import ChatIndex
 from .chat.llm import LlmClient, LlmConfig
+from .chat.policy import allowed_policies
 from .chat.runs import RunRegistry
 from .chat.runstore import build_store
+from .chat.tools import TOOL_NAMES
 from .deps import Services
-from .identity import Authenticator
+from .identity import Authenticator, StreamTokens
 from .metrics import install_metrics
-from .routes import ag_ui, chat, conversations, execute, files, health, sessions, ui_chat, web
+from .routes import (
+    ag_ui,
+    chat,
+    conversation_state,
+    conversations,
+    execute,
+    files,
+    health,
+    sessions,
+    ui_chat,
+    web,
+)
 from .sessions import SessionService
 from .settings import ApiSettings
 
@@ -105,6 +120,12 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         authenticator=Authenticator(settings),
         http=http,
         runs=RunRegistry(settings.chat_run_retention_seconds, build_store(settings)),
+        stream_tokens=StreamTokens(
+            settings.stream_token_secret.get_secret_value().encode()
+            if settings.stream_token_secret
+            else secrets.token_bytes(32),
+            settings.stream_token_ttl_seconds,
+        ),
         llm=build_llm(settings, http),
     )
 
@@ -120,16 +141,48 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
             await backend.aclose()
             await http.aclose()
 
-    app = FastAPI(title="Sandbox Workspace API", version=__version__, lifespan=lifespan)
+    app = FastAPI(
+        title="Sandbox Workspace API",
+        version=__version__,
+        description=openapi.DESCRIPTION,
+        lifespan=lifespan,
+        generate_unique_id_function=openapi.operation_id,
+        openapi_tags=openapi.TAGS,
+    )
     app.state.services = services
     app.state.ui_chats = ChatIndex()
     install_error_handlers(app)
+    openapi.install(
+        app, settings.max_upload_bytes, allowed_policies(TOOL_NAMES, settings.tool_policies)
+    )
     if settings.backend != "local":
         from .backends.kube_errors import install_kube_error_handler
 
         install_kube_error_handler(app)
     install_metrics(app, services.runs)
-    for module in (health, sessions, files, conversations, execute, chat, ui_chat, ag_ui):
-        app.include_router(module.router)
+    if settings.cors_allow_origins:
+        # Outermost, so preflights are answered before routing and error answers carry
+        # the CORS headers too (else a browser shows a CORS failure instead of the 4xx).
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_allow_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=openapi.CORS_REQUEST_HEADERS,
+            expose_headers=openapi.CORS_EXPOSED_HEADERS,
+            max_age=600,
+        )
+    app.include_router(health.router)
+    api_modules = (
+        sessions,
+        files,
+        conversation_state,
+        conversations,
+        execute,
+        chat,
+        ui_chat,
+        ag_ui,
+    )
+    for module in api_modules:
+        app.include_router(module.router, responses=openapi.errors(*openapi.COMMON_ERRORS))
     web.install(app, settings)
     return app

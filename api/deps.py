@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 import httpx
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from .backends.base import Backend
 from .chat.llm import LlmClient
 from .chat.runs import RunRegistry
-from .identity import Authenticator, Caller
+from .identity import Authenticator, Caller, StreamTokens
+from .ledger import Ledger
 from .sessions import SessionService
 from .settings import ApiSettings
 
@@ -29,7 +30,9 @@ class Services:
     authenticator: Authenticator
     http: httpx.AsyncClient
     runs: RunRegistry
+    stream_tokens: StreamTokens
     llm: LlmClient | None = None
+    ledger: Ledger = field(default_factory=Ledger)
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine) -> asyncio.Task:
@@ -53,5 +56,23 @@ async def get_caller(request: Request) -> Caller:
     return authenticator.authenticate(request.headers)
 
 
+async def get_stream_caller(
+    request: Request,
+    token: Annotated[
+        str | None,
+        Query(
+            max_length=2048,
+            description="A stream token from `POST /api/v1/runs/{run_id}/stream-token`, for "
+            "clients that cannot send headers (EventSource); replaces `Authorization`.",
+        ),
+    ] = None,
+) -> Caller:
+    if token is None:
+        return await get_caller(request)
+    services: Services = request.app.state.services
+    return services.stream_tokens.verify(token, request.path_params.get("run_id", ""))
+
+
 ServicesDep = Annotated[Services, Depends(get_services)]
 CallerDep = Annotated[Caller, Depends(get_caller)]
+StreamCallerDep = Annotated[Caller, Depends(get_stream_caller)]

@@ -11,19 +11,29 @@ User ids must be 1–128 printable characters without ``/`` or ``\\`` (they beco
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
+import json
+import time
 import unicodedata
 from dataclasses import dataclass
 
 import jwt
 from starlette.datastructures import Headers
 
-from sandbox_workspace.runtime.errors import BadRequest, Unauthorized
+from sandbox_workspace.runtime.errors import ApiError, BadRequest, Unauthorized
 
 from .settings import ApiSettings
 
 DEV_USER = "dev"
 MAX_USER_ID = 128
+
+
+class Forbidden(ApiError):
+    """The request is well-formed but asks for something that is not the caller's."""
+
+    status, code = 403, "forbidden"
 
 
 @dataclass(frozen=True)
@@ -107,3 +117,45 @@ class Authenticator:
         if not isinstance(sub, str) or not sub:
             raise Unauthorized("JWT has no 'sub' claim")
         return sub
+
+
+class StreamTokens:
+    """Short-lived, run-scoped bearer tokens for ``GET /runs/{id}/events?token=…``.
+
+    A browser's ``EventSource`` cannot send an ``Authorization`` header, so a client that
+    is authenticated asks ``POST /runs/{id}/stream-token`` and puts the answer in the URL.
+    A token names one run and one user and expires after ``ttl`` seconds; it is an HMAC
+    over those, so any replica sharing the key verifies it without shared state. It grants
+    nothing but reading that run's events.
+    """
+
+    def __init__(self, key: bytes, ttl: int) -> None:
+        self.key = key
+        self.ttl = ttl
+
+    def _mac(self, payload: bytes) -> str:
+        digest = hmac.new(self.key, payload, hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+    def issue(self, run_id: str, user_id: str, now: float | None = None) -> tuple[str, int]:
+        """A token for ``run_id`` and its expiry (Unix seconds)."""
+        expires = int((time.time() if now is None else now) + self.ttl)
+        payload = json.dumps([run_id, user_id, expires], separators=(",", ":")).encode()
+        body = base64.urlsafe_b64encode(payload).rstrip(b"=").decode()
+        return f"{body}.{self._mac(payload)}", expires
+
+    def verify(self, token: str, run_id: str, now: float | None = None) -> Caller:
+        """The caller the token speaks for, or ``Unauthorized`` saying why not."""
+        body, _, mac = token.partition(".")
+        try:
+            payload = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+            token_run, user, expires = json.loads(payload)
+        except (ValueError, TypeError):
+            raise Unauthorized("malformed stream token") from None
+        if not hmac.compare_digest(mac, self._mac(payload)):
+            raise Unauthorized("invalid stream token")
+        if token_run != run_id:
+            raise Unauthorized("this stream token is for another run")
+        if (time.time() if now is None else now) > expires:
+            raise Unauthorized("stream token expired; ask POST /runs/{run_id}/stream-token again")
+        return Caller(str(user), "stream-token")

@@ -1,29 +1,109 @@
-"""Request and response models of the public API (v1)."""
+"""Request and response models of the public API (v1).
+
+Naming: every field of the public API is snake_case, in requests and answers alike (the
+seed's ``file_upload_config``, ``max_file_size``…). The custom resources keep Kubernetes'
+camelCase; ``UploadConfig`` converts between the two, so no camelCase name reaches a client.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from sandbox_workspace.operator.models import FileUploadConfig
-from sandbox_workspace.runtime.schemas import UploadList, UploadResult
+from sandbox_workspace.runtime.schemas import UploadedFile, UploadList, UploadResult
 
 from .backends.base import Session
+from .identity import MAX_USER_ID
+
+
+def _integral(value: object) -> object:
+    # JSON Schema's "integer" includes 28.0; strict models would refuse it.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def json_int(**constraints: int) -> Any:
+    """An integer as JSON Schema means it (``28.0`` is one; ``"28"`` is not). The bounds
+    go before the validator, else pydantic documents them as ``ge`` instead of ``minimum``."""
+    return Annotated[int, Field(**constraints), BeforeValidator(_integral)]
+
+
+_FileSize = json_int(ge=1)
+_FileCount = json_int(ge=1, le=100_000)
+_Ttl = json_int(ge=60)
+_EXTENSION = r"^\s*\.?[A-Za-z0-9_+\-]+\s*$"
+
+
+class UploadConfig(BaseModel):
+    """Upload limits of a session (seed 000 §5), in the API's snake_case."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_file_size: _FileSize = Field(
+        100, description="Largest accepted file, in `max_file_size_unit`."
+    )
+    max_file_size_unit: Literal["B", "KB", "MB", "GB"] = Field(
+        "MB", description="Unit of `max_file_size`."
+    )
+    max_file_count: _FileCount = Field(50, description="Most uploads per conversation.")
+    allowed_file_types: list[str] = Field(
+        default_factory=lambda: list(FileUploadConfig().allowed_file_types),
+        description="Accepted file extensions without the dot (`csv`); empty accepts every type.",
+        json_schema_extra={"items": {"type": "string", "pattern": _EXTENSION}},
+    )
+
+    @model_validator(mode="after")
+    def _normalised(self) -> UploadConfig:
+        # The CRD model's rules (extension syntax, normalisation) are the one definition.
+        try:
+            spec = FileUploadConfig.model_validate(self.model_dump())
+        except ValidationError as e:
+            raise ValueError("; ".join(err["msg"] for err in e.errors())) from None
+        self.allowed_file_types = spec.allowed_file_types
+        return self
+
+    def to_spec(self) -> FileUploadConfig:
+        return FileUploadConfig.model_validate(self.model_dump())
+
+    @classmethod
+    def of(cls, spec: FileUploadConfig) -> UploadConfig:
+        return cls.model_validate(spec.model_dump(by_alias=False))
 
 
 class SessionConfig(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
-    session_id: str | None = Field(None, description="Must be sb-session-{user_id} if given.")
-    file_upload_config: FileUploadConfig | None = None
-    ttl: int | None = Field(None, ge=60, description="Seconds until the session is deleted.")
+    session_id: str | None = Field(
+        None, description="Must be `sb-session-{user_id}` of the caller if given (else 403)."
+    )
+    file_upload_config: UploadConfig | None = Field(
+        None,
+        description="Upload limits; the file size may not exceed the platform's ceiling "
+        "(the `maximum` per unit below).",
+    )
+    ttl: _Ttl | None = Field(None, description="Seconds until the session is deleted.")
 
 
 class CreateSessionRequest(BaseModel):
     """seed 000 §4.2 CreateSessionReq."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
-    user_id: str | None = Field(None, description="Must match the caller if given.")
+    user_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_USER_ID,
+        description="Must be the authenticated caller's id if given (else 403).",
+    )
     agent_id: str = Field("", max_length=253)
     business_domain_id: str = Field("", max_length=253)
     config: SessionConfig = Field(default_factory=SessionConfig)
@@ -33,7 +113,7 @@ class SessionResponse(BaseModel):
     """seed 000 §4.2 Create/GetSessionResp, plus what a frontend needs to show."""
 
     session_id: str
-    status: str = Field(description="pending, running, stopped or error")
+    status: Literal["pending", "running", "stopped", "error"]
     created_at: int = Field(description="Unix seconds")
     ttl: int = Field(description="Seconds until deletion; 0 means no TTL")
     user_id: str
@@ -41,7 +121,7 @@ class SessionResponse(BaseModel):
     business_domain_id: str
     workspace_path: str
     message: str = ""
-    file_upload_config: FileUploadConfig
+    file_upload_config: UploadConfig
 
     @classmethod
     def of(cls, s: Session) -> SessionResponse:
@@ -55,7 +135,7 @@ class SessionResponse(BaseModel):
             business_domain_id=s.spec.business_domain_id,
             workspace_path=s.workspace_path,
             message=s.message,
-            file_upload_config=s.spec.file_upload,
+            file_upload_config=UploadConfig.of(s.spec.file_upload),
         )
 
 
@@ -72,6 +152,13 @@ class FileList(UploadList):
     session_id: str
 
 
+class SessionFileList(BaseModel):
+    """Uploads of every conversation of the session (each file names its conversation)."""
+
+    session_id: str
+    files: list[UploadedFile]
+
+
 class FileDeleted(BaseModel):
     session_id: str
     conversation_id: str
@@ -82,4 +169,74 @@ class FileDeleted(BaseModel):
 class ConversationDeletion(BaseModel):
     session_id: str
     conversation_id: str
-    status: str = Field(description="'deleted' (files verified gone) or 'deleting' (in progress)")
+    status: Literal["deleted", "deleting"] = Field(
+        description="`deleted` (files verified gone) or `deleting` (in progress)"
+    )
+
+
+# -- conversation state (seed 003 "workspace information") ------------------------------
+
+
+class WorkspaceFile(BaseModel):
+    """One file of a conversation: a user upload, or a file the agent wrote under outputs/."""
+
+    name: str = Field(description="File name (uploads) or path below outputs/ (outputs).")
+    path: str = Field(description="Full path as code in the sandbox opens it.")
+    size: int
+    mime_type: str
+    modified_at: datetime = Field(description="Upload time for uploads.")
+    source: Literal["user_upload", "ai_created", "ai_modified"] = Field(
+        description="`user_upload`; `ai_modified` when a run changed a file that existed "
+        "before it, else `ai_created` (as seen by this API process; see README)."
+    )
+    is_presented: bool = Field(description="The agent offered it to the user (present_file).")
+    sha256: str | None = Field(None, description="Uploads only.")
+
+
+class ConversationState(BaseModel):
+    session_id: str
+    conversation_id: str
+    status: Literal["ready", "deleting", "absent"] = Field(
+        description="`ready`: usable; `deleting`: deletion in progress (writes answer 409); "
+        "`absent`: no files (never used, or deleted)."
+    )
+    path: str = Field(description="The conversation directory as code in the sandbox sees it.")
+    file_count: int = Field(description="Every file in the directory (uploads, outputs, other).")
+    total_size: int = Field(description="Their bytes.")
+    uploads: list[WorkspaceFile]
+    outputs: list[WorkspaceFile]
+    outputs_truncated: bool = Field(False, description="More outputs exist than were listed.")
+
+
+class ConversationSummary(BaseModel):
+    conversation_id: str
+    status: Literal["ready", "deleting", "absent"]
+
+
+class ConversationList(BaseModel):
+    session_id: str
+    conversations: list[ConversationSummary]
+
+
+class RunSummary(BaseModel):
+    run_id: str
+    conversation_id: str
+    state: Literal["running", "awaiting_approval", "finished"]
+    started_at: datetime
+    finished: bool
+    awaiting_approval: bool
+    last_event_id: int = Field(description="Re-attach with `Last-Event-ID` (0: from the start).")
+    events_url: str
+
+
+class RunList(BaseModel):
+    session_id: str
+    conversation_id: str
+    runs: list[RunSummary]
+
+
+class StreamToken(BaseModel):
+    run_id: str
+    token: str = Field(description="Send as `?token=` to the events URL; grants only that.")
+    expires_at: int = Field(description="Unix seconds.")
+    events_url: str = Field(description="The events URL with the token, for EventSource.")

@@ -83,7 +83,12 @@ class SessionService:
             and session.status in (SessionStatus.STOPPED, SessionStatus.ERROR)
             and not session.resume_pending
         ):
-            session = await self.backend.resume_session(sid)
+            try:
+                session = await self.backend.resume_session(sid)
+            except (KeyError, NotFoundError):
+                # Deleted between the look-up and the resume (a concurrent DELETE stops
+                # it first): wait_running below answers 404 "deleted while starting".
+                session = None
         if session is not None and session.status == SessionStatus.RUNNING and session.endpoint:
             return session  # the common case: no second look-up
         return await self.wait_running(sid)

@@ -125,6 +125,20 @@ class ApiSettings(BaseSettings):
         description='Per tool: auto | require_approval | deny, e.g. {"bash": '
         '"require_approval"}; requests may only make them stricter.',
     )
+    cors_allow_origins: list[str] = Field(
+        default_factory=list,
+        description="Browser origins allowed to call the API directly, e.g. "
+        '["https://app.example.com"] (JSON list); empty: no CORS headers (same-origin or '
+        'a backend in front). "*" allows any origin — never with credentials.',
+    )
+    stream_token_ttl_seconds: int = Field(
+        300, ge=10, le=86400, description="Lifetime of run stream tokens (EventSource)."
+    )
+    stream_token_secret: SecretStr | None = Field(
+        None,
+        description="HMAC key of run stream tokens; unset: a random key per process (set "
+        "the same value on every replica so any of them accepts a token).",
+    )
     web_ui: bool | None = Field(
         None,
         description="Serve the web page at /ui/ (unset: on with auth_mode=dev, off otherwise).",

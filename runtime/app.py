@@ -28,6 +28,7 @@ from .executor import Executor
 from .outputs import list_outputs, open_output
 from .schemas import (
     ConversationDeleted,
+    ConversationIds,
     ConversationInfo,
     ExecuteRequest,
     ExecutionResult,
@@ -115,6 +116,22 @@ async def stats(state: Observer) -> RuntimeStats:
         conversations=len(state.workspace.conversation_ids()),
         confinement=state.executor.confinement.report(),
     )
+
+
+@router.get("/conversations")
+async def list_conversations(state: State, holding: str | None = None) -> ConversationIds:
+    """The conversations with a directory; with ``holding``, those whose temparea holds an
+    upload of that name (how the API resolves a download by bare name)."""
+    ws = state.workspace
+
+    def find() -> list[str]:
+        ids = ws.conversation_ids()
+        if holding is None:
+            return ids
+        name = ws.check_file_name(holding)
+        return [cid for cid in ids if ws.has_upload(cid, name)]
+
+    return ConversationIds(conversations=await anyio.to_thread.run_sync(find))
 
 
 @router.put("/conversations/{conversation_id}")

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ValidationError
 from .errors import ApiError
 from .schemas import (
     ConversationDeleted,
+    ConversationIds,
     ConversationInfo,
     ExecuteRequest,
     ExecutionResult,
@@ -160,6 +161,12 @@ class RuntimeClient:
 
     async def stats(self) -> RuntimeStats:
         return _parse(RuntimeStats, await self._request("GET", "/v1/stats"))
+
+    async def list_conversations(self, holding: str | None = None) -> list[str]:
+        """Conversation ids with a directory; with ``holding``, those with that upload."""
+        params = {"holding": holding} if holding is not None else None
+        r = await self._request("GET", "/v1/conversations", params=params)
+        return _parse(ConversationIds, r).conversations
 
     async def ensure_conversation(self, cid: str) -> ConversationInfo:
         return _parse(ConversationInfo, await self._request("PUT", self._conversation(cid)))

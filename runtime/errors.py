@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,13 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.retry_after is not None:
             headers["Retry-After"] = str(exc.retry_after)
         return error_response(exc.status, exc.code, exc.message, headers or None)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, _: ClientDisconnect) -> JSONResponse:
+        # The client hung up mid-body (the API aborts uploads it refuses): whatever was
+        # being received has been discarded by the handler; nobody reads this answer.
+        log.info("client disconnected mid-request", extra={"path": request.url.path})
+        return error_response(400, "client_disconnected", "the client closed the request")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -10,8 +10,8 @@ Contract of ``run_call`` (never returns):
 - It forks the code process, which, before ``execve``: starts a new session; gets the
   passed fds as 0, 1, 2, 3… and nothing else open; moves to ``cwd``; sets
   ``RLIMIT_NPROC`` (non-root; a root spawner joined the pids cgroup instead); dies with
-  the reaper; switches uid if asked; and enforces the Landlock ruleset (its own
-  conversation and scratch read-write, the system read-only). A failure in any step
+  the reaper; switches uid if asked; and it is under the conversation's Landlock
+  ruleset (its own conversation and scratch read-write, the system read-only). A failure in any step
   is reported and nothing runs unconfined.
 - It writes one JSON line to ``report_fd``: ``{"pid": …}`` or ``{"error": …}``.
 - When the code process ends, or on SIGTERM (kill this call), it kills every remaining
@@ -169,6 +169,9 @@ def _descendants(pid: int) -> list[int]:
 def _exec_code(request: dict, fds: list[int], err_w: int, config: dict) -> NoReturn:
     try:
         os.setsid()
+        # Confined first: the fd shuffle below closes the ruleset's fd.
+        if request.get("ruleset") is not None:  # built once per conversation by the spawner
+            landlock.restrict_self(request["ruleset"])
         for sig in (signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         # Move everything out of the way, then place the code's fds at 0, 1, 2, 3…
@@ -188,12 +191,6 @@ def _exec_code(request: dict, fds: list[int], err_w: int, config: dict) -> NoRet
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)
-        if config.get("landlock"):
-            rules = [tuple(rule) for rule in config["read_only"]]
-            rules += [(path, config["read_write"]) for path in request["read_write"]]
-            ruleset = landlock.build_ruleset(landlock.Policy(*config["policy"]), rules)
-            landlock.restrict_self(ruleset)
-            os.close(ruleset)
         argv, env = request["argv"], request["env"]
         os.execvpe(argv[0], argv, env)
     except BaseException as e:

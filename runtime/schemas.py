@@ -55,6 +55,10 @@ class ConversationInfo(BaseModel):
     )
 
 
+class ConversationIds(BaseModel):
+    conversations: list[str] = Field(description="Conversation ids, sorted.")
+
+
 class ConversationDeleted(BaseModel):
     conversation_id: str
     deleted: bool = Field(description="False when there was nothing to delete.")

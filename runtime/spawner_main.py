@@ -31,7 +31,7 @@ import socket
 import sys
 import time
 
-from . import reaper
+from . import landlock, reaper
 
 _MAX_MESSAGE = 1 << 20
 _MAX_FDS = 16
@@ -47,6 +47,8 @@ class Spawner:
         self.by_id: dict[int, int] = {}  # call id → reaper pid
         self.waiting_stop: dict[str, list[int]] = {}  # cid → stop request ids
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # cid → (read-write paths, Landlock ruleset fd): built once, reused by every call.
+        self.rulesets: dict[str, tuple[list, int]] = {}
         self.running = True
 
     def send(self, message: dict) -> None:
@@ -90,6 +92,7 @@ class Spawner:
         if op == "kill":
             self.signal_reaper(self.by_id.get(message["id"]))
         elif op == "stop":
+            self.forget(message["cid"])
             reapers = [pid for pid, (_, cid) in self.calls.items() if cid == message["cid"]]
             if not reapers:
                 self.send({"op": "stopped", "id": message["id"]})
@@ -103,7 +106,34 @@ class Spawner:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
 
+    def ruleset(self, cid: str, read_write: list[str]) -> int | None:
+        if not self.config.get("landlock"):
+            return None
+        # Rules hold inodes: a directory deleted and made again needs a new ruleset.
+        key = [(path, *_identity(path)) for path in read_write]
+        cached = self.rulesets.get(cid)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        self.forget(cid)
+        rules = [tuple(rule) for rule in self.config["read_only"]]
+        rules += [(path, self.config["read_write"]) for path in read_write]
+        fd = landlock.build_ruleset(landlock.Policy(*self.config["policy"]), rules)
+        self.rulesets[cid] = (key, fd)
+        return fd
+
+    def forget(self, cid: str) -> None:
+        cached = self.rulesets.pop(cid, None)
+        if cached is not None:
+            os.close(cached[1])
+
     def spawn(self, message: dict, fds: list[int]) -> None:
+        try:
+            message["ruleset"] = self.ruleset(message["cid"], message["read_write"])
+        except OSError as e:  # nothing runs unconfined: the call fails instead
+            for fd in fds:
+                os.close(fd)
+            self.send({"op": "failed", "id": message["id"], "error": f"Landlock: {e}"})
+            return
         report_r, report_w = os.pipe()
         me = os.getpid()
         pid = os.fork()
@@ -165,6 +195,14 @@ class Spawner:
             except ChildProcessError:
                 return
             self.kill_strays()
+
+
+def _identity(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, 0)
+    return (st.st_dev, st.st_ino)
 
 
 def _read_report(fd: int) -> dict:

@@ -2,6 +2,7 @@
 # Installs the optional system tools the tests exercise, where this machine allows it:
 #   bubblewrap — the local backend presents workspaces at /workspace (tests/api/test_bwrap.py)
 #   curl       — the README walk-through test
+#   nodejs     — seed 000 §6's frontend snippets run as written (tests/api/test_seed_snippets.py)
 #   redis-server — the Redis-protocol chat run store shared by API replicas
 #                (tests/api/test_runstore_replicas.py, tests/unit/test_runstore_redis.py,
 #                bench/ha.py); Debian's Redis 7 (valkey-server, where installed, is used too)
@@ -20,6 +21,7 @@ set -euo pipefail
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v curl >/dev/null || missing+=(curl)
+command -v node >/dev/null || missing+=(nodejs)
 command -v nsenter >/dev/null || missing+=(util-linux)
 command -v redis-server >/dev/null || command -v valkey-server >/dev/null || missing+=(redis-server)
 command -v podman >/dev/null || missing+=(podman)

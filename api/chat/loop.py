@@ -55,6 +55,8 @@ class RunSpec:
     tool_timeout: float
     ensure_session: Callable[[], Awaitable[Session]]
     record_activity: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
+    # Told the changed and presented files of a successful run (the conversation ledger).
+    on_result: Callable[[list[dict], list[str]], None] = field(default=lambda *_: None)
     # Before each tool call: raises when the conversation may no longer be written.
     before_tool: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
 
@@ -217,6 +219,7 @@ async def _loop(
             messages.append(completion.as_message())
             if not completion.tool_calls:
                 files = [] if before is None else _changed(before, await _outputs(client, cid))
+                spec.on_result(files, [p.path for p in tools.presented])
                 run.emit(
                     "result",
                     {

@@ -33,3 +33,9 @@ def effective_policies(
             )
         policies[name] = wanted
     return policies
+
+
+def allowed_policies(tools: list[str], configured: dict[str, Policy]) -> dict[str, list[str]]:
+    """Per tool, the policies a request may ask for (the configured one or stricter)."""
+    floor = {name: _RANK[configured.get(name, "auto")] for name in tools}
+    return {name: [p for p, rank in _RANK.items() if rank >= floor[name]] for name in tools}

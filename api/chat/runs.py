@@ -72,6 +72,7 @@ class Run:
     id: str = field(default_factory=lambda: f"run_{uuid.uuid4().hex}")
     frames: list[bytes] = field(default_factory=list)  # frames[i] is event i + 1
     finished_at: float | None = None
+    started_at: float = field(default_factory=time.time)  # wall clock, for listings
     task: asyncio.Task | None = None
     # Why the run was cancelled (code, message): what its ``error`` event says.
     cancelled_because: tuple[str, str] = ("cancelled", "the run was cancelled")

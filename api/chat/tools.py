@@ -2,27 +2,32 @@
 
 Contract: ``SandboxTools.call(name, arguments_json)`` never raises for the model's mistakes
 (unknown tool, malformed arguments, a failing command): it returns a ``ToolOutcome`` with
-``ok=False`` and a message the model can act on. Outputs sent back to the model are cut to
-``output_limit`` characters with a note saying how much was cut. File tools run as small
-Python programs in the conversation's directory (arguments passed as ``repr`` literals,
-never spliced into code), so the runtime stays the one place that touches files.
+``ok=False`` and a message the model can act on. Arguments are checked against the tool's
+declared schema first (``chat.arguments``): undeclared keys are ignored, a wrong type or
+value is answered naming the field, what is expected and how to call the tool. Outputs
+sent back to the model are cut to ``output_limit`` characters with a note saying how much
+was cut. File tools run as small Python programs in the conversation's directory
+(arguments passed as ``repr`` literals, never spliced into code), so the runtime stays the
+one place that touches files.
 ``present_file`` accepts only existing files under this conversation's outputs/ or
 uploads and records a download URL for the ``result`` event.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
+
+from pydantic import ValidationError
 
 from sandbox_workspace.runtime.errors import ApiError
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult
 
 from ..file_refs import parse_file_ref
 from ..runtime_client import RuntimeClient
+from .arguments import InvalidArguments, check_arguments, usage
 
 
 def _fn(name: str, description: str, properties: dict, required: list[str]) -> dict:
@@ -36,19 +41,24 @@ def _fn(name: str, description: str, properties: dict, required: list[str]) -> d
     }
 
 
-_TIMEOUT = {"type": "number", "description": "Seconds before the call is killed."}
+_TIMEOUT = {
+    "type": "number",
+    "exclusiveMinimum": 0,
+    "description": "Seconds before the call is killed.",
+}
+_TEXT = {"type": "string", "minLength": 1}
 TOOL_SPECS: dict[str, dict] = {
     "execute_code": _fn(
         "execute_code",
         "Run Python in a persistent interpreter (variables "
         "survive between calls) in the conversation's directory.",
-        {"code": {"type": "string"}, "timeout": _TIMEOUT},
+        {"code": _TEXT, "timeout": _TIMEOUT},
         ["code"],
     ),
     "bash": _fn(
         "bash",
         "Run a bash command in the conversation's directory.",
-        {"command": {"type": "string"}, "timeout": _TIMEOUT},
+        {"command": _TEXT, "timeout": _TIMEOUT},
         ["command"],
     ),
     "list_files": _fn(
@@ -59,24 +69,24 @@ TOOL_SPECS: dict[str, dict] = {
         "Read a text file (relative to the conversation's "
         "directory, or a full path); long files are cut.",
         {
-            "path": {"type": "string"},
-            "max_bytes": {"type": "integer", "description": "At most 65536."},
+            "path": _TEXT,
+            "max_bytes": {"type": "integer", "minimum": 1, "maximum": 65536},
         },
         ["path"],
     ),
     "glob_search": _fn(
         "glob_search",
         "Find files by glob pattern (** recurses), relative to the conversation's directory.",
-        {"pattern": {"type": "string"}},
+        {"pattern": _TEXT},
         ["pattern"],
     ),
     "grep_search": _fn(
         "grep_search",
         "Search file contents with a regular expression.",
         {
-            "pattern": {"type": "string"},
+            "pattern": _TEXT,
             "path": {
-                "type": "string",
+                **_TEXT,
                 "description": "Directory or file; default the conversation's directory.",
             },
         },
@@ -85,7 +95,7 @@ TOOL_SPECS: dict[str, dict] = {
     "present_file": _fn(
         "present_file",
         "Offer a file you wrote under outputs/ to the user for download.",
-        {"path": {"type": "string"}},
+        {"path": _TEXT},
         ["path"],
     ),
 }
@@ -169,19 +179,21 @@ class SandboxTools:
 
     async def call(self, name: str, arguments: str) -> ToolOutcome:
         started = time.perf_counter()
-        try:
-            args = json.loads(arguments or "{}")
-            if not isinstance(args, dict):
-                raise ValueError("arguments must be a JSON object")
-        except ValueError as e:
-            return ToolOutcome(False, f"invalid arguments for {name}: {e}")
         handler = getattr(self, f"_{name}", None)
         if name not in TOOL_SPECS or handler is None:
             return ToolOutcome(False, f"unknown tool '{name}'; available: {', '.join(TOOL_NAMES)}")
+        parameters = TOOL_SPECS[name]["function"]["parameters"]
+        try:
+            args = check_arguments(name, arguments, parameters)
+        except InvalidArguments as e:
+            return ToolOutcome(
+                False, f"invalid arguments for {name}: {e}. Call it as {usage(name, parameters)}."
+            )
         try:
             outcome = await handler(**args)
-        except TypeError as e:
-            outcome = ToolOutcome(False, f"invalid arguments for {name}: {e}")
+        except ValidationError as e:  # the runtime's own request rules (e.g. NUL in code)
+            problems = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+            outcome = ToolOutcome(False, f"invalid arguments for {name}: {problems}")
         except ApiError as e:
             outcome = ToolOutcome(False, f"{name} failed: {e.message}")
         outcome.output = self._cut(outcome.output)
@@ -197,7 +209,7 @@ class SandboxTools:
         )
 
     async def _run(self, language: str, code: str, timeout: float | None = None) -> ExecutionResult:
-        limit = min(float(timeout or self.exec_timeout), self.exec_timeout)
+        limit = min(float(timeout) if timeout else self.exec_timeout, self.exec_timeout)
         return await self.client.execute(
             self.cid, ExecuteRequest(language=language, code=code, timeout=limit)
         )
@@ -232,14 +244,13 @@ class SandboxTools:
         return ToolOutcome(True, "\n".join(lines))
 
     async def _read_file(self, path: str, max_bytes: int = 16384) -> ToolOutcome:
-        limit = max(1, min(int(max_bytes), 65536))
-        return await self._run_program(_READ_FILE.format(path=str(path), limit=limit))
+        return await self._run_program(_READ_FILE.format(path=path, limit=max_bytes))
 
     async def _glob_search(self, pattern: str) -> ToolOutcome:
-        return await self._run_program(_GLOB.format(pattern=str(pattern)))
+        return await self._run_program(_GLOB.format(pattern=pattern))
 
     async def _grep_search(self, pattern: str, path: str = ".") -> ToolOutcome:
-        return await self._run_program(_GREP.format(pattern=str(pattern), path=str(path)))
+        return await self._run_program(_GREP.format(pattern=pattern, path=path))
 
     async def _present_file(self, path: str) -> ToolOutcome:
         relative = path[2:] if path.startswith("./") else path

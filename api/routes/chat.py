@@ -13,13 +13,14 @@ is only a view: a client that drops loses nothing, and ``GET /runs/{id}/events``
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import quote
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_workspace.operator.naming import session_id_for
-from sandbox_workspace.runtime.errors import BadRequest, Unavailable
+from sandbox_workspace.runtime.errors import BadRequest, NotFoundError, Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import ConversationDeleting, ConversationPhase, Session
@@ -28,46 +29,78 @@ from ..chat.policy import Policy, effective_policies
 from ..chat.progress import Progress, spec_data, spec_from_data
 from ..chat.runs import Run
 from ..chat.tools import TOOL_NAMES
-from ..deps import CallerDep, ServicesDep
+from ..deps import CallerDep, ServicesDep, StreamCallerDep
 from ..file_refs import parse_file_ref
 from ..identity import Caller
+from ..names import conversation_id_schema, name_schema
+from ..openapi import CHAT_EVENTS, errors, sse
+from ..schemas import StreamToken, json_int
 from ..sse import KEEPALIVE, SSE_HEADERS
 
 router = APIRouter(prefix="/api/v1", tags=["chat"])
 
 
+_Iterations = json_int(ge=1, le=100)
+
+
 class HistoryMessage(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON types as documented: no "1" for 1
+
     role: Literal["user", "assistant"]
     content: str = Field(max_length=200_000)
 
 
+_FILE_NAME = {k: v for k, v in name_schema("x").items() if k != "description"}
+
+
 class SelectedFile(BaseModel):
-    file_name: str = Field(description="A name in temparea, or its full sandbox path.")
+    model_config = ConfigDict(strict=True)  # JSON types as documented: no "1" for 1
+
+    file_name: str = Field(
+        description="A name in temparea, or — not covered by the pattern — its full sandbox "
+        "path `{workspace}/{conversation_id}/uploads/temparea/{name}`.",
+        json_schema_extra=_FILE_NAME,
+    )
 
 
 class ChatRequest(BaseModel):
     """seed 000 §7.6 ChatReq."""
 
-    query: str = Field(min_length=1, max_length=100_000)
-    conversation_id: str
-    agent_id: str = ""
-    history: list[HistoryMessage] = Field(default_factory=list, max_length=500)
-    selected_files: list[SelectedFile | str] = Field(default_factory=list, max_length=100)
-    tool_policies: dict[str, Policy] | None = Field(
-        None, description="Per tool, only stricter than the configured policy."
-    )
-    max_iterations: int | None = Field(None, ge=1, le=100)
+    model_config = ConfigDict(strict=True)  # JSON types as documented: no "1" for 1
 
-    @field_validator("query")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("query must not be blank")
-        return value
+    query: str = Field(
+        min_length=1,
+        max_length=100_000,
+        pattern=r"\S",
+        description="The user's message (not blank).",
+    )
+    conversation_id: str = Field(json_schema_extra=conversation_id_schema())
+    agent_id: str = Field("", max_length=253)
+    history: list[HistoryMessage] = Field(default_factory=list, max_length=500)
+    selected_files: list[SelectedFile | Annotated[str, Field(json_schema_extra=_FILE_NAME)]] = (
+        Field(
+            default_factory=list,
+            max_length=100,
+            description="Uploads of this conversation to put in the model's context (seed 000 "
+            "§7.2); objects or plain names.",
+        )
+    )
+    tool_policies: dict[str, Policy] | None = Field(
+        None,
+        description="Per tool, only stricter than the configured policy (the schema lists "
+        "each tool and the values allowed on this deployment).",
+    )
+    max_iterations: _Iterations | None = None
+
+
+RunIdPath = Annotated[str, Path(max_length=200, description="From `run_started` or `X-Run-Id`.")]
+_SSE = sse(CHAT_EVENTS, "The run's events: `run_started` first, `done` last.")
 
 
 class ApprovalRequest(BaseModel):
-    tool_call_id: str = Field(min_length=1)
+    model_config = ConfigDict(strict=True)  # JSON types as documented: no "1" for 1
+
+    tool_call_id: str = Field(min_length=1, max_length=200)
     approved: bool
     reason: str = Field("", max_length=2000)
 
@@ -85,6 +118,17 @@ def _stream(run: Run, after: int, keepalive: float) -> StreamingResponse:
     )
 
 
+class ApprovalResult(BaseModel):
+    run_id: str
+    tool_call_id: str
+    decision: Literal["approved", "rejected"]
+
+
+class CancelResult(BaseModel):
+    run_id: str
+    status: Literal["cancelling", "finished"]
+
+
 async def _refuse_deleting(services, session: Session | None, cid: str) -> None:
     if session is None:
         return
@@ -99,9 +143,9 @@ async def _selected_names(
     if not refs:
         return []
     if session is None:
-        raise BadRequest(
-            "selected_files: this user has no session, so no uploads yet",
-            code="invalid_selected_file",
+        raise NotFoundError(
+            f"selected file '{refs[0]}' not found: this user has no session, so no uploads yet",
+            code="file_not_found",
         )
     names = []
     for ref in refs:
@@ -115,9 +159,14 @@ async def _selected_names(
     return names
 
 
-@router.post("/chat", responses={200: {"content": {"text/event-stream": {}}}})
+@router.post(
+    "/chat",
+    response_class=StreamingResponse,
+    responses={**_SSE, **errors(400, 404, 503)},
+)
 async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> StreamingResponse:
-    """Start an agent run in the conversation; answers its SSE stream."""
+    """Start an agent run in the conversation; answers its SSE stream (`run_started` first,
+    `done` last). The run goes on if the client drops: re-attach with `/runs/{id}/events`."""
     run = await start_run(body, caller, services)
     return _stream(run, 0, services.settings.chat_keepalive_seconds)
 
@@ -153,6 +202,7 @@ async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
         ensure_session=ensure,
         before_tool=before_tool,
         record_activity=record_activity,
+        on_result=lambda files, shown: services.ledger.record(session_id, cid, files, shown),
     )
     run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
     services.runs.add(run, spec_data(spec))
@@ -190,44 +240,61 @@ def resume_run(services, run: Run, data: dict, checkpoint: dict | None):
     return services.spawn(run_agent(run, spec, services.llm, services.http, progress, resumed=True))
 
 
-@router.get("/runs/{run_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
+@router.get(
+    "/runs/{run_id}/events",
+    response_class=StreamingResponse,
+    responses={**_SSE, **errors(400, 404)},
+)
 async def run_events(
-    run_id: str,
-    request: Request,
-    caller: CallerDep,
+    run_id: RunIdPath,
+    caller: StreamCallerDep,
     services: ServicesDep,
-    last_event_id: Annotated[str | None, Header()] = None,
-    after: Annotated[int | None, Query(ge=0, description="Same as Last-Event-ID.")] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(pattern=r"^\s*[0-9]{1,18}\s*$", description="Resume after this event id."),
+    ] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=10**18, description="Same as Last-Event-ID (wins over it).")
+    ] = None,
 ) -> StreamingResponse:
-    """Re-attach to a run: every event after Last-Event-ID, then live ones."""
+    """Re-attach to a run: every event after Last-Event-ID (or `after`), then live ones.
+
+    Authenticate as usual, or — for EventSource — with `?token=` from
+    `POST /runs/{run_id}/stream-token`."""
     run = await services.runs.find(run_id, caller.user_id)
-    position = after or 0
-    if last_event_id is not None:
-        if not last_event_id.strip().isdigit():
-            raise BadRequest(
-                "Last-Event-ID must be an event id (a number)", code="invalid_last_event_id"
-            )
-        position = int(last_event_id)
+    position = after if after is not None else int(last_event_id or 0)
     return _stream(run, position, services.settings.chat_keepalive_seconds)
 
 
-@router.post("/runs/{run_id}/approvals")
+@router.post("/runs/{run_id}/stream-token", responses=errors(404))
+async def create_stream_token(
+    run_id: RunIdPath, caller: CallerDep, services: ServicesDep
+) -> StreamToken:
+    """A short-lived token that lets a browser's EventSource read this run's events
+    (`GET /runs/{run_id}/events?token=…`); it grants nothing else."""
+    run = await services.runs.find(run_id, caller.user_id)
+    token, expires = services.stream_tokens.issue(run.id, caller.user_id)
+    url = f"/api/v1/runs/{quote(run.id, safe='')}/events?token={quote(token, safe='')}"
+    return StreamToken(run_id=run.id, token=token, expires_at=expires, events_url=url)
+
+
+@router.post("/runs/{run_id}/approvals", responses=errors(404, 409))
 async def approve(
-    run_id: str, body: ApprovalRequest, caller: CallerDep, services: ServicesDep
-) -> dict:
+    run_id: RunIdPath, body: ApprovalRequest, caller: CallerDep, services: ServicesDep
+) -> ApprovalResult:
     """Approve or reject a tool call the run is waiting on (a second decision is 409)."""
     run = await services.runs.find(run_id, caller.user_id)
     await services.runs.decide(run, body.tool_call_id, body.approved, body.reason)
-    return {
-        "run_id": run.id,
-        "tool_call_id": body.tool_call_id,
-        "decision": "approved" if body.approved else "rejected",
-    }
+    return ApprovalResult(
+        run_id=run.id,
+        tool_call_id=body.tool_call_id,
+        decision="approved" if body.approved else "rejected",
+    )
 
 
-@router.post("/runs/{run_id}/cancel")
-async def cancel(run_id: str, caller: CallerDep, services: ServicesDep) -> dict:
+@router.post("/runs/{run_id}/cancel", responses=errors(404))
+async def cancel(run_id: RunIdPath, caller: CallerDep, services: ServicesDep) -> CancelResult:
     """Stop a run; its stream ends with error (cancelled) and done."""
     run = await services.runs.find(run_id, caller.user_id)
     cancelled = await services.runs.cancel(run)
-    return {"run_id": run.id, "status": "cancelling" if cancelled else "finished"}
+    return CancelResult(run_id=run.id, status="cancelling" if cancelled else "finished")

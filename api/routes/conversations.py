@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..deps import CallerDep, ServicesDep
+from ..names import ConversationIdPath, SessionIdPath
+from ..openapi import SESSION_ERRORS, errors
 from ..schemas import ConversationDeletion
 
 router = APIRouter(prefix="/api/v1/sessions/{session_id}/conversations", tags=["conversations"])
@@ -21,10 +23,13 @@ router = APIRouter(prefix="/api/v1/sessions/{session_id}/conversations", tags=["
 @router.delete(
     "/{conversation_id}",
     response_model=ConversationDeletion,
-    responses={202: {"model": ConversationDeletion}},
+    responses={202: {"model": ConversationDeletion}, **errors(*SESSION_ERRORS, 409)},
 )
 async def delete_conversation(
-    session_id: str, conversation_id: str, caller: CallerDep, services: ServicesDep
+    session_id: SessionIdPath,
+    conversation_id: ConversationIdPath,
+    caller: CallerDep,
+    services: ServicesDep,
 ) -> JSONResponse:
     """Delete every file of the conversation: 200 when verified gone, 202 while deleting."""
     cid = Workspace.check_conversation_id(conversation_id)

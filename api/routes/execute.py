@@ -17,14 +17,21 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter
 from fastapi.responses import Response, StreamingResponse
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from sandbox_workspace.runtime.errors import ApiError, BadGateway
-from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult, KernelRestarted
+from sandbox_workspace.runtime.schemas import (
+    MAX_CODE_BYTES,
+    ExecuteRequest,
+    ExecutionResult,
+    KernelRestarted,
+)
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Backend, Session
 from ..deps import CallerDep, ServicesDep
+from ..names import ConversationIdPath, SessionIdPath, conversation_id_schema
+from ..openapi import EXECUTE_EVENTS, SESSION_ERRORS, errors, sse
 from ..runtime_client import RuntimeClient
 from ..sse import SSE_HEADERS, encode_event, with_keepalive
 
@@ -33,17 +40,33 @@ KEEPALIVE_SECONDS = 15.0
 
 
 class ExecuteApiRequest(ExecuteRequest):
-    conversation_id: str = Field(description="Code runs in this conversation's directory.")
+    model_config = ConfigDict(strict=True)  # JSON types as documented: no "1" for 1
+
+    code: str = Field(
+        min_length=1,
+        description=f"Source: not blank, no NUL, at most {MAX_CODE_BYTES} bytes in UTF-8.",
+        json_schema_extra={
+            "pattern": "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$",
+            "maxLength": MAX_CODE_BYTES,
+        },
+    )
+    conversation_id: str = Field(
+        description="Code runs in this conversation's directory.",
+        json_schema_extra=conversation_id_schema(),
+    )
     stream: bool = Field(False, description="Answer Server-Sent Events instead of one JSON.")
 
 
 @router.post(
     "/execute",
     response_model=ExecutionResult,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={
+        **sse(EXECUTE_EVENTS, "The result (JSON), or with `stream: true` its events."),
+        **errors(*SESSION_ERRORS, 409),
+    },
 )
 async def execute(
-    session_id: str, body: ExecuteApiRequest, caller: CallerDep, services: ServicesDep
+    session_id: SessionIdPath, body: ExecuteApiRequest, caller: CallerDep, services: ServicesDep
 ):
     """Run code in the conversation's directory (Python keeps state between calls)."""
     cid = Workspace.check_conversation_id(body.conversation_id)
@@ -102,9 +125,14 @@ async def _sse(first: dict, events: AsyncIterator[dict]) -> AsyncIterator[bytes]
         yield encode_event(seq, "error", {"code": e.code, "message": e.message})
 
 
-@router.post("/conversations/{conversation_id}/kernel/restart")
+@router.post(
+    "/conversations/{conversation_id}/kernel/restart", responses=errors(*SESSION_ERRORS, 409)
+)
 async def restart_kernel(
-    session_id: str, conversation_id: str, caller: CallerDep, services: ServicesDep
+    session_id: SessionIdPath,
+    conversation_id: ConversationIdPath,
+    caller: CallerDep,
+    services: ServicesDep,
 ) -> KernelRestarted:
     """Stop the conversation's Python interpreter; the next call starts with fresh state."""
     cid = Workspace.check_conversation_id(conversation_id)

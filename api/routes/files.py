@@ -3,6 +3,10 @@
 Bodies are streamed through to the runtime in both directions. The conversation comes
 from a ``conversation_id`` header (as the seed's frontend sends it), an
 ``X-Conversation-Id`` header, a query parameter, or — for downloads and deletes — a full
+sandbox path ``{workspace}/{conversation_id}/uploads/temparea/{name}``. A bare name with no
+conversation (seed 000 §6.4's ``downloadFile``) resolves within the caller's session:
+exactly one conversation holds it → that file; several → 409 naming them; none → 404.
+Without a conversation, the listing covers every conversation of the session.
 sandbox path ``{workspace}/{conversation_id}/uploads/temparea/{name}``.
 
 An upload never lands in a conversation that is not tracked: the conversation is
@@ -14,19 +18,24 @@ that no deletion slipped in between (``conversation_written``).
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+import asyncio
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from sandbox_workspace.runtime.errors import BadRequest, TooLarge
+from sandbox_workspace.runtime.errors import Conflict, NotFoundError, TooLarge
 from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session
 from ..deps import CallerDep, ServicesDep
-from ..file_refs import parse_file_ref
+from ..file_refs import FileRef, parse_file_ref
+from ..names import NAME_RULES, SessionIdPath, conversation_id_schema, name_schema
+from ..openapi import SESSION_ERRORS, errors
 from ..runtime_client import RuntimeClient
-from ..schemas import FileDeleted, FileList, FileUploaded
+from ..schemas import FileDeleted, FileList, FileUploaded, SessionFileList
 from ..upload_guard import GuardedBody
 
 router = APIRouter(prefix="/api/v1/sessions/{session_id}/files", tags=["files"])
@@ -34,38 +43,59 @@ router = APIRouter(prefix="/api/v1/sessions/{session_id}/files", tags=["files"])
 # Multipart framing around the file: boundaries, part headers, small form fields.
 _MULTIPART_OVERHEAD = 64 * 1024
 _RELAYED_HEADERS = ("content-length", "content-disposition", "x-content-sha256", "x-sandbox-path")
+_HEADER_NOTE = "Header form of `conversation_id` (needs `underscores_in_headers on` in nginx)."
 
 
-def _param(request: Request, name: str) -> str | None:
-    """A value from the query, the seed's underscore header, or an X- header."""
-    header = "x-" + name.replace("_", "-")
-    for value in (
-        request.query_params.get(name),
-        request.headers.get(name),
-        request.headers.get(header),
-    ):
-        if value:
-            return value
-    return None
+async def conversation_param(
+    conversation_id: Annotated[
+        str | None,
+        Query(
+            description="The conversation (portable form).",
+            json_schema_extra=conversation_id_schema(),
+        ),
+    ] = None,
+    conversation_id_header: Annotated[
+        str | None,
+        Header(
+            alias="conversation_id",
+            convert_underscores=False,
+            description=_HEADER_NOTE + " The query parameter wins over it.",
+            json_schema_extra=conversation_id_schema(),
+        ),
+    ] = None,
+    x_conversation_id: Annotated[
+        str | None,
+        Header(
+            description="Same as `conversation_id`.", json_schema_extra=conversation_id_schema()
+        ),
+    ] = None,
+    subdir: Annotated[
+        Literal["temparea"] | None, Query(description="Always `temparea` in v1.")
+    ] = None,
+    subdir_header: Annotated[
+        Literal["temparea"] | None,
+        Header(alias="subdir", convert_underscores=False, description="Header form of `subdir`."),
+    ] = None,
+) -> str | None:
+    """The conversation named by query or header, checked; None when none is named.
+    Each given value must be valid; the query wins over the headers, as documented."""
+    given = [
+        Workspace.check_conversation_id(v)
+        for v in (conversation_id, conversation_id_header, x_conversation_id)
+        if v is not None
+    ]
+    return given[0] if given else None
 
 
-def _subdir(request: Request) -> str:
-    subdir = _param(request, "subdir")
-    if subdir not in (None, UPLOAD_SUBDIR):
-        raise BadRequest(
-            f"subdir must be '{UPLOAD_SUBDIR}' (uploads are flat in v1)", code="invalid_subdir"
-        )
-    return UPLOAD_SUBDIR
-
-
-def _required_conversation(request: Request) -> str:
-    cid = _param(request, "conversation_id")
-    if cid is None:
-        raise BadRequest(
-            "conversation_id is required (header 'conversation_id' or query)",
-            code="missing_conversation_id",
-        )
-    return Workspace.check_conversation_id(cid)
+ConversationParam = Annotated[str | None, Depends(conversation_param)]
+FileRefPath = Annotated[
+    str,
+    Path(
+        description=f"A file name ({NAME_RULES}), or — not covered by the pattern — its full "
+        "sandbox path `{workspace}/{conversation_id}/uploads/temparea/{name}`.",
+        json_schema_extra={k: v for k, v in name_schema("File name").items() if k != "description"},
+    ),
+]
 
 
 async def _running(services, caller, session_id: str) -> tuple[Session, RuntimeClient]:
@@ -74,17 +104,71 @@ async def _running(services, caller, session_id: str) -> tuple[Session, RuntimeC
     return session, RuntimeClient(services.http, session.endpoint)
 
 
-@router.post("/upload", status_code=201)
+async def _resolve(
+    client: RuntimeClient, session: Session, ref: str, cid: str | None, *, outputs: bool
+) -> FileRef:
+    """A file reference; a bare name without conversation is looked up in the session."""
+    if cid is not None or "/" in ref:
+        return parse_file_ref(ref, cid, session.workspace_path, allow_outputs=outputs)
+    name = Workspace.check_file_name(ref)
+    holders = await client.list_conversations(holding=name)
+    if not holders:
+        raise NotFoundError(f"no conversation of this session has an upload named '{name}'")
+    if len(holders) > 1:
+        raise Conflict(
+            f"'{name}' exists in several conversations ({', '.join(holders)}); "
+            "name one with conversation_id",
+            code="ambiguous_file_name",
+        )
+    return FileRef(holders[0], "uploads", (name,))
+
+
+_UPLOAD_BODY = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["file", "conversation_id"],
+                "properties": {
+                    "file": {"type": "string", "format": "binary"},
+                    "conversation_id": conversation_id_schema(),
+                    "subdir": {
+                        "type": "string",
+                        "enum": [UPLOAD_SUBDIR, ""],
+                        "default": UPLOAD_SUBDIR,
+                        "description": "Always `temparea` in v1 (empty means the same).",
+                    },
+                },
+            }
+        }
+    },
+}
+
+
+@router.post(
+    "/upload",
+    status_code=201,
+    responses=errors(*SESSION_ERRORS, 409, 413, 415),
+    openapi_extra={"requestBody": _UPLOAD_BODY},
+)
 async def upload_file(
-    session_id: str, request: Request, caller: CallerDep, services: ServicesDep
+    session_id: SessionIdPath, request: Request, caller: CallerDep, services: ServicesDep
 ) -> FileUploaded:
-    """Stream a multipart upload (`file`, `conversation_id`, `subdir`) into temparea."""
+    """Stream a multipart upload (`file`, `conversation_id`, `subdir`) into temparea.
+
+    A file of the same name is replaced (`replaced: true`).
+    """
     session, client = await _running(services, caller, session_id)
     limit = session.spec.file_upload.max_file_size_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit + _MULTIPART_OVERHEAD:
         raise TooLarge(f"file is larger than the limit of {limit} bytes")
-    params = {k: v for k in ("conversation_id", "subdir") if (v := _param(request, k))}
+    params = {}
+    for key in ("conversation_id", "subdir"):  # header/query forms, as for the listing
+        header = request.headers.get(key) or request.headers.get("x-" + key.replace("_", "-"))
+        if value := request.query_params.get(key) or header:
+            params[key] = value
     given = params.get("conversation_id")
     if given is not None:  # known up front: refuse before the body is sent
         given = Workspace.check_conversation_id(given)
@@ -106,28 +190,45 @@ async def upload_file(
     return FileUploaded(**result.model_dump(), session_id=session.session_id)
 
 
-@router.get("")
+@router.get("", responses=errors(*SESSION_ERRORS))
 async def list_files(
-    session_id: str, request: Request, caller: CallerDep, services: ServicesDep
-) -> FileList:
-    """The user's uploads in one conversation (name, size, time, sha256, type)."""
-    cid = _required_conversation(request)
-    _subdir(request)
+    session_id: SessionIdPath, cid: ConversationParam, caller: CallerDep, services: ServicesDep
+) -> FileList | SessionFileList:
+    """The user's uploads in one conversation (name, size, time, sha256, type); without a
+    conversation, the uploads of every conversation of the session."""
     session, client = await _running(services, caller, session_id)
-    listing = await client.list_uploads(cid)
-    return FileList(**listing.model_dump(), session_id=session.session_id)
+    if cid is not None:
+        listing = await client.list_uploads(cid)
+        return FileList(**listing.model_dump(), session_id=session.session_id)
+    ids = await client.list_conversations()
+    listings = await asyncio.gather(*(client.list_uploads(c) for c in ids))
+    files = [f for listing in listings for f in listing.files]
+    return SessionFileList(session_id=session.session_id, files=files)
 
 
-@router.get("/{name:path}")
+@router.get(
+    "/{name:path}",
+    responses={
+        200: {
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+            "description": "The file's bytes, with its own Content-Type.",
+        },
+        **errors(*SESSION_ERRORS, 409),
+    },
+    response_class=StreamingResponse,
+)
 async def download_file(
-    session_id: str, name: str, request: Request, caller: CallerDep, services: ServicesDep
+    session_id: SessionIdPath,
+    name: FileRefPath,
+    cid: ConversationParam,
+    caller: CallerDep,
+    services: ServicesDep,
 ) -> StreamingResponse:
     """Stream one uploaded file, by name (+ conversation) or by its full sandbox path."""
-    _subdir(request)
     session, client = await _running(services, caller, session_id)
-    ref = parse_file_ref(
-        name, _param(request, "conversation_id"), session.workspace_path, allow_outputs=True
-    )
+    ref = await _resolve(client, session, name, cid, outputs=True)
     if ref.area == "outputs":
         response = await client.open_output(ref.conversation_id, list(ref.parts))
     else:
@@ -141,14 +242,17 @@ async def download_file(
     )
 
 
-@router.delete("/{name:path}")
+@router.delete("/{name:path}", responses=errors(*SESSION_ERRORS, 409))
 async def delete_file(
-    session_id: str, name: str, request: Request, caller: CallerDep, services: ServicesDep
+    session_id: SessionIdPath,
+    name: FileRefPath,
+    cid: ConversationParam,
+    caller: CallerDep,
+    services: ServicesDep,
 ) -> FileDeleted:
-    """Delete one uploaded file."""
-    _subdir(request)
+    """Delete one uploaded file (a bare name resolves as for downloads)."""
     session, client = await _running(services, caller, session_id)
-    ref = parse_file_ref(name, _param(request, "conversation_id"), session.workspace_path)
+    ref = await _resolve(client, session, name, cid, outputs=False)
     await client.delete_upload(ref.conversation_id, ref.name)
     return FileDeleted(
         session_id=session.session_id, conversation_id=ref.conversation_id, name=ref.name

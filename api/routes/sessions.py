@@ -9,24 +9,28 @@ from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
 
 from ..backends.base import SessionSpec
 from ..deps import CallerDep, ServicesDep
+from ..identity import Forbidden
+from ..names import SessionIdPath
+from ..openapi import errors
 from ..schemas import CreateSessionRequest, SessionDeleted, SessionResponse
 
 router = APIRouter(prefix="/api/v1/sessions", tags=["sessions"])
 
 
-@router.post("", status_code=201, response_model_by_alias=False)
+@router.post("", status_code=201, responses=errors(400, 403, 409))
 async def create_session(
     body: CreateSessionRequest, caller: CallerDep, services: ServicesDep
 ) -> SessionResponse:
     """Create the caller's session (409 when it exists); answers while it starts."""
     own = session_id_for(caller.user_id)
     if body.user_id is not None and body.user_id != caller.user_id:
-        raise BadRequest(
+        raise Forbidden(
             "user_id must be the authenticated user's id (or be left out)", code="user_mismatch"
         )
     if body.config.session_id is not None and body.config.session_id != own:
-        raise BadRequest(f"each user has one session; yours is '{own}'", code="invalid_session_id")
-    upload = body.config.file_upload_config or services.settings.file_upload
+        raise Forbidden(f"each user has one session; yours is '{own}'", code="invalid_session_id")
+    requested = body.config.file_upload_config
+    upload = requested.to_spec() if requested else services.settings.file_upload
     if upload.max_file_size_bytes > services.settings.max_upload_bytes:
         raise BadRequest(
             f"file_upload_config.max_file_size exceeds this platform's ceiling of "
@@ -44,15 +48,17 @@ async def create_session(
     return SessionResponse.of(await services.backend.create_session(spec))
 
 
-@router.get("/{session_id}", response_model_by_alias=False)
-async def get_session(session_id: str, caller: CallerDep, services: ServicesDep) -> SessionResponse:
+@router.get("/{session_id}", responses=errors(404))
+async def get_session(
+    session_id: SessionIdPath, caller: CallerDep, services: ServicesDep
+) -> SessionResponse:
     """The session's status: pending, running, stopped or error."""
     return SessionResponse.of(await services.sessions.get(caller, session_id))
 
 
-@router.delete("/{session_id}")
+@router.delete("/{session_id}", responses=errors(404, 409))
 async def delete_session(
-    session_id: str, caller: CallerDep, services: ServicesDep
+    session_id: SessionIdPath, caller: CallerDep, services: ServicesDep
 ) -> SessionDeleted:
     """Delete the session, its runtime and every conversation's files."""
     sid = services.sessions.own_session_id(caller, session_id)

@@ -210,6 +210,9 @@ def test_deleting_a_conversation_kills_daemons_and_removes_its_scratch(runtime):
     assert not _pids_with(marker), "no process of a deleted conversation may survive"
     assert not scratch.exists()
     assert not (runtime.root / "c").exists()
+    # The conversation made again gets a working sandbox (new directories, new ruleset).
+    again = _execute(runtime, "c", "echo new > f.txt; echo $TMPDIR > t; cat f.txt", "bash").json()
+    assert again["stdout"] == "new\n" and again["exit_code"] == 0, again
 
 
 def test_an_execution_in_flight_ends_with_an_error_when_its_conversation_goes(runtime):
@@ -234,3 +237,17 @@ def test_code_cannot_signal_the_runtime_or_the_spawner(runtime):
     assert runtime.client.get("/healthz").status_code == 200
     assert _execute(runtime, "c", "print('alive')").json()["stdout"] == "alive\n"
     assert os.path.exists(f"/proc/{runtime.server.proc.pid}")
+
+
+def test_a_killed_spawner_takes_its_code_along_and_comes_back(runtime):
+    first = _execute(runtime, "c", "import os\nos.getpid()").json()
+    kernel = int(first["results"][0]["data"]["text/plain"])
+    [spawner] = [
+        pid
+        for pid in _pids_with("spawner_main")
+        if f"PPid:\t{runtime.server.proc.pid}\n" in Path(f"/proc/{pid}/status").read_text()
+    ]
+    os.kill(spawner, 9)
+    _wait(lambda: not Path(f"/proc/{kernel}").exists(), "the interpreter to die with it")
+    again = _execute(runtime, "c", "print('back')").json()
+    assert again["stdout"] == "back\n" and again["kernel_restarted"] is True, again

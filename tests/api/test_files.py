@@ -235,11 +235,18 @@ def test_bad_upload_requests_get_clear_4xx(api, session_url, kwargs, status, cod
     assert_no_staged_files(workspace_of(api, session_url))
 
 
-def test_list_requires_conversation(api, session_url):
+def test_list_without_conversation_covers_the_session(api, session_url):
+    upload(api, session_url, "c1", "a.csv", b"a")
+    upload(api, session_url, "c2", "b.csv", b"b")
     r = api.get(f"{session_url}/files")
-    assert r.status_code == 400 and r.json()["error"]["code"] == "missing_conversation_id"
-    r = api.get(f"{session_url}/files", params={"conversation_id": "c", "subdir": "../x"})
-    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_subdir"
+    assert r.status_code == 200, r.text
+    assert "conversation_id" not in r.json()
+    assert sorted((f["conversation_id"], f["name"]) for f in r.json()["files"]) == [
+        ("c1", "a.csv"),
+        ("c2", "b.csv"),
+    ]
+    r = api.get(f"{session_url}/files", params={"conversation_id": "c1", "subdir": "../x"})
+    assert r.status_code == 422 and "subdir" in r.json()["error"]["message"]
 
 
 def test_other_users_session_is_404_everywhere(api, dev_server, session_url, user):

@@ -217,3 +217,43 @@ def test_code_wrecking_the_workspace_does_not_break_the_runtime(runtime):
     )
     assert again.json()["stdout"] == "ok\n"
     assert runtime.client.get("/healthz").status_code == 200
+
+
+def test_upload_cut_off_by_its_client_is_discarded_quietly(runtime):
+    """A client that disconnects mid-upload (the API aborting a refused upload does) leaves
+    no staged file and no error traceback in the runtime's log — it is not a fault."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(runtime.server.url)
+    boundary = "cutoffboundary"
+    head = (
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="conversation_id"\r\n\r\nconv-cut\r\n'
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="file"; filename="cut.csv"\r\n'
+        "Content-Type: text/csv\r\n\r\n"
+    ).encode()
+    declared = len(head) + 100_000
+    with socket.create_connection((url.hostname, url.port)) as sock:
+        sock.sendall(
+            (
+                "POST /v1/uploads HTTP/1.1\r\n"
+                f"Host: {url.hostname}\r\nAuthorization: Bearer {runtime.token}\r\n"
+                f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+                f"Content-Length: {declared}\r\n\r\n"
+            ).encode()
+            + head
+            + b"a,b\n" * 1000
+        )
+        staging = runtime.root / ".runtime" / "staging"
+        deadline = time.monotonic() + 10
+        while not any(staging.iterdir()):  # the runtime has started writing it
+            assert time.monotonic() < deadline, "the upload never reached staging"
+            time.sleep(0.02)
+    deadline = time.monotonic() + 10
+    while any(staging.iterdir()):
+        assert time.monotonic() < deadline, list(staging.iterdir())
+        time.sleep(0.02)
+    assert runtime.client.get("/v1/conversations/conv-cut/uploads").json()["files"] == []
+    assert "Traceback" not in runtime.server.log(), runtime.server.log()

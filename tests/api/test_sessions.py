@@ -38,11 +38,11 @@ def test_missing_session_is_404(api, session_url):
     [
         pytest.param(
             {"config": {"session_id": "sb-session-someone-else"}},
-            400,
+            403,
             "invalid_session_id",
             id="foreign-session-id",
         ),
-        pytest.param({"user_id": "someone-else"}, 400, "user_mismatch", id="foreign-user"),
+        pytest.param({"user_id": "someone-else"}, 403, "user_mismatch", id="foreign-user"),
         pytest.param(
             {"config": {"file_upload_config": {"max_file_size": 0}}},
             422,

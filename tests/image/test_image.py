@@ -184,16 +184,18 @@ def test_runtime_serves_as_a_sandbox_pod_runs_it(sandbox: Sandbox) -> None:
         ).json()
         assert result["exit_code"] == 0, result
         assert result["stdout"].split() == ["10001", "15.0"]
-        # The root filesystem is read-only for executed code too; /tmp is writable.
+        # The root filesystem is read-only for executed code too. The pod's /tmp is shared
+        # by every conversation, so code gets only its own scratch directory (TMPDIR).
         probe = client.post(
             "/v1/conversations/conv1/execute",
             json={
                 "language": "bash",
                 "code": "touch /opt/venv/x 2>/dev/null && echo writable || echo read-only;"
-                " touch /tmp/x && echo tmp-ok",
+                " touch /tmp/x 2>/dev/null && echo tmp-shared || echo tmp-refused;"
+                ' touch "$TMPDIR/x" && echo scratch-ok',
             },
         ).json()
-        assert probe["stdout"].split() == ["read-only", "tmp-ok"], probe
+        assert probe["stdout"].split() == ["read-only", "tmp-refused", "scratch-ok"], probe
     stored = sandbox.workspace / "conv1" / "uploads" / "temparea" / "weather.csv"
     assert stored.read_bytes().startswith(b"city,temp")
     assert stored.stat().st_uid == 10001

@@ -41,9 +41,10 @@ def text_reply(text: str, pieces: int = 3) -> Reply:
     return Reply(chunks)
 
 
-def tool_reply(name: str, arguments: dict, call_id: str = "call_1") -> Reply:
-    """A tool call whose id/name come first and whose arguments arrive in three pieces."""
-    args = json.dumps(arguments)
+def tool_reply(name: str, arguments: dict | str, call_id: str = "call_1") -> Reply:
+    """A tool call whose id/name come first and whose arguments arrive in three pieces
+    (a ``str`` is sent as the model's raw argument text, malformed or not)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
     third = max(1, len(args) // 3)
     pieces = [args[:third], args[third : 2 * third], args[2 * third :]]
     chunks: list[dict | str] = [
