@@ -11,7 +11,16 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-SUITES = ["execution", "transfer", "chat", "operator", "concurrency", "faults", "ha"]
+SUITES = [
+    "execution",
+    "transfer",
+    "chat",
+    "operator",
+    "concurrency",
+    "faults",
+    "ha",
+    "session_start",
+]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Build the Kubernetes control-plane binaries used by the `cluster` test tier:
-# etcd, kube-apiserver and kube-controller-manager, from Go modules only.
+# Build the Kubernetes binaries the `cluster` and `node` test tiers use, from Go modules
+# only: etcd, kube-apiserver and kube-controller-manager (control plane), plus
+# kube-scheduler, kubelet and kubectl (the node tier: a real node and the README's
+# kubectl commands).
 #
 #   scripts/build-kube.sh            build (or reuse) the pinned versions
 #   scripts/build-kube.sh --print    print the bin directory and exit 0 when built
@@ -33,15 +35,26 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/go-build.sh"
 # `go get` lists every module it adds or upgrades (hundreds); keep the rest.
 quiet() { "$@" 2>&1 | { grep -vE '^go: (added|upgraded|downgraded) ' || true; } >&2; }
 
+# Every binary of the Kubernetes release that the tiers run (one wrapper module builds all).
+K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+
+# k8s_missing — the commands of K8S_CMDS not built yet, one per line.
+k8s_missing() {
+  local c
+  for c in "${K8S_CMDS[@]}"; do [[ -x "$K8S_DIR/bin/$c" ]] || echo "$c"; done
+}
+
 built() {
-  [[ -x "$ETCD_DIR/bin/etcd" && -x "$K8S_DIR/bin/kube-apiserver" && -x "$K8S_DIR/bin/kube-controller-manager" ]]
+  [[ -x "$ETCD_DIR/bin/etcd" && -z "$(k8s_missing)" ]]
 }
 
 link_bins() {
   mkdir -p "$BIN"
   ln -sfn "../etcd-$ETCD_VERSION/bin/etcd" "$BIN/etcd"
-  ln -sfn "../kubernetes-$K8S_VERSION/bin/kube-apiserver" "$BIN/kube-apiserver"
-  ln -sfn "../kubernetes-$K8S_VERSION/bin/kube-controller-manager" "$BIN/kube-controller-manager"
+  local c
+  for c in "${K8S_CMDS[@]}"; do
+    ln -sfn "../kubernetes-$K8S_VERSION/bin/$c" "$BIN/$c"
+  done
   printf 'K8S_VERSION=%s\nETCD_VERSION=%s\n' "$K8S_VERSION" "$ETCD_VERSION" >"$BIN/VERSIONS"
 }
 
@@ -97,7 +110,8 @@ GO
   log "etcd: done in $((SECONDS - t0))s: $("$ETCD_DIR/bin/etcd" --version | head -1)"
 }
 
-# ---- kube-apiserver + kube-controller-manager -------------------------------
+# ---- the Kubernetes commands (only those missing: a cache built before kubelet joined
+# the list keeps its control-plane binaries) -----------------------------------
 build_k8s() {
   local src="$K8S_DIR/src" t0=$SECONDS minor patch major gomod info build_date
   [[ "$K8S_VERSION" =~ ^v([0-9]+)\.([0-9]+)\.([0-9]+)$ ]] || die "K8S_VERSION must look like v1.34.4"
@@ -129,7 +143,9 @@ build_k8s() {
   [[ "$n" -gt 10 ]] || die "found only $n staging replaces in $gomod"
   log "kubernetes: wrapper module with $n staging replaces -> $staging"
 
-  local pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager)
+  local cmds pkgs=() c
+  mapfile -t cmds < <(k8s_missing)
+  for c in "${cmds[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
   (
     cd "$src"
     log "kubernetes: resolving dependencies (go get)"
@@ -139,17 +155,16 @@ build_k8s() {
       X+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=$major -X $p.gitMinor=$minor"
       X+=" -X $p.gitTreeState=clean -X $p.buildDate=$build_date"
     done
-    log "kubernetes: compiling kube-apiserver and kube-controller-manager (the slow part: ~4-5 min cold on 2 cores)"
+    log "kubernetes: compiling ${cmds[*]} (the slow part: ~4-5 min cold on 2 cores for the control plane, ~4 min more for kubelet/scheduler/kubectl)"
     rm -rf "$K8S_DIR/bin/tmp"; mkdir -p "$K8S_DIR/bin/tmp"
     "$GO" build -trimpath -ldflags "-s -w$X" -o "$K8S_DIR/bin/tmp/" "${pkgs[@]}" >&2
   )
-  mv -f "$K8S_DIR/bin/tmp/kube-apiserver" "$K8S_DIR/bin/kube-apiserver"
-  mv -f "$K8S_DIR/bin/tmp/kube-controller-manager" "$K8S_DIR/bin/kube-controller-manager"
+  for c in "${cmds[@]}"; do mv -f "$K8S_DIR/bin/tmp/$c" "$K8S_DIR/bin/$c"; done
   rmdir "$K8S_DIR/bin/tmp"
   log "kubernetes: done in $((SECONDS - t0))s: $("$K8S_DIR/bin/kube-apiserver" --version)"
 }
 
 [[ -x "$ETCD_DIR/bin/etcd" ]] || build_etcd
-[[ -x "$K8S_DIR/bin/kube-apiserver" && -x "$K8S_DIR/bin/kube-controller-manager" ]] || build_k8s
+[[ -z "$(k8s_missing)" ]] || build_k8s
 link_bins
 log "all built in $((SECONDS - START))s -> $BIN"

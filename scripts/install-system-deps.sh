@@ -11,6 +11,10 @@
 #   podman, runc, debootstrap — the image smoke test (tests/image; scripts/build-image.sh):
 #                a Debian base made with debootstrap, the Dockerfile built and run by
 #                podman with runc (~10 s to install; the first image build ~90 s)
+#   containerd, containernetworking-plugins, gcc + libc6-dev (static libc), iproute2 —
+#                the node tier (tests/node): a real kubelet runs pods through Debian's
+#                containerd + runc, CNI bridge/host-local give them addresses inside the
+#                tier's private network namespace, gcc -static builds the pause binary
 # Without root or apt-get it only reports what is missing; the tests that need a missing
 # tool are then skipped with a reason that names it.
 set -euo pipefail
@@ -23,6 +27,11 @@ command -v redis-server >/dev/null || command -v valkey-server >/dev/null || mis
 command -v podman >/dev/null || missing+=(podman)
 [ -x /usr/sbin/runc ] || missing+=(runc)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v containerd >/dev/null || missing+=(containerd)
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+command -v gcc >/dev/null || missing+=(gcc)
+[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing+=(libc6-dev)
+command -v ip >/dev/null || missing+=(iproute2)
 command -v chromium >/dev/null || missing+=(chromium)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then

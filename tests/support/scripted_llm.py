@@ -112,10 +112,11 @@ class ScriptedLLM:
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
-    def start(self) -> ScriptedLLM:
+    def start(self, host: str = "127.0.0.1") -> ScriptedLLM:
+        """Serve on ``host`` (loopback; the node tier passes an address of its namespace)."""
         app = Starlette(routes=[Route("/v1/chat/completions", self._completions, methods=["POST"])])
         sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         port = sock.getsockname()[1]
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -124,7 +125,7 @@ class ScriptedLLM:
         while not self._server.started:
             assert time.monotonic() < deadline, "scripted LLM did not start"
             time.sleep(0.01)
-        self.url = f"http://127.0.0.1:{port}/v1"
+        self.url = f"http://{host}:{port}/v1"
         return self
 
     def stop(self) -> None:

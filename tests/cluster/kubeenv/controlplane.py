@@ -86,7 +86,14 @@ def _pem_key(key: Any) -> bytes:
 
 @dataclass
 class Pki:
+    """A test CA, the apiserver's serving certificate and the service-account key pair.
+
+    ``extra_ips``: more IP SANs of the serving certificate (the node tier serves the API
+    on an address inside its network namespace too).
+    """
+
     dir: Path
+    extra_ips: tuple[str, ...] = ()
     ca_cert: Path = field(init=False)
     ca_key: Path = field(init=False)
     serving_cert: Path = field(init=False)
@@ -141,8 +148,12 @@ class Pki:
             )
         ]
         sans += [
-            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-            x509.IPAddress(next(ipaddress.ip_network(SERVICE_CIDR).hosts())),
+            x509.IPAddress(ipaddress.ip_address(ip))
+            for ip in (
+                "127.0.0.1",
+                str(next(ipaddress.ip_network(SERVICE_CIDR).hosts())),
+                *self.extra_ips,
+            )
         ]
         serving = (
             x509.CertificateBuilder()
@@ -163,6 +174,7 @@ class Pki:
 
         sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
+        self._ca, self._ca_key, self._not_before, self._not_after = ca, ca_key, now, later
         self.ca_cert = self._write("ca.crt", ca.public_bytes(serialization.Encoding.PEM))
         self.ca_key = self._write("ca.key", _pem_key(ca_key))
         self.serving_cert = self._write(
@@ -177,6 +189,27 @@ class Pki:
             ),
         )
         return self
+
+    def issue_client(self, name: str, cn: str, org: str | None = None) -> tuple[Path, Path]:
+        """A client certificate signed by the CA (after :meth:`generate`): (cert, key)
+        written as ``name.crt`` / ``name.key``. The apiserver presents one to kubelets."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(cn, org))
+            .issuer_name(self._ca.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(self._not_before)
+            .not_valid_after(self._not_after)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False)
+            .sign(self._ca_key, hashes.SHA256())
+        )
+        return (
+            self._write(f"{name}.crt", cert.public_bytes(serialization.Encoding.PEM)),
+            self._write(f"{name}.key", _pem_key(key)),
+        )
 
     def _write(self, name: str, data: bytes) -> Path:
         path = self.dir / name
@@ -266,7 +299,21 @@ class ControlPlane:
 
     Attributes after :meth:`start`: ``server`` (https URL), ``token`` (admin bearer
     token, group system:masters), ``kubeconfig`` (path), ``ca_file``.
+
+    Subclasses (the node tier's) adapt it through the class attributes below and by
+    overriding :meth:`apiserver_args` / :meth:`kcm_args`, whose flags are appended after
+    the defaults (a scalar flag's last occurrence wins; list flags accumulate, so those
+    are class attributes).
     """
+
+    #: The apiserver's port; 0 picks a free one.
+    apiserver_port = 0
+    authorization_modes = "RBAC"
+    #: No real nodes: the node agent registers one, node lifecycle (taints, evictions on
+    #: missed heartbeats) would only add noise.
+    controllers = "*,-nodelifecycle,-nodeipam"
+    #: Extra IP SANs of the serving certificate.
+    extra_ips: tuple[str, ...] = ()
 
     def __init__(self, workdir: Path, bin_dir: Path = BIN_DIR):
         self.workdir = Path(workdir)
@@ -274,11 +321,27 @@ class ControlPlane:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.token = secrets.token_urlsafe(24)
         self.kcm_token = secrets.token_urlsafe(24)
+        # More bearer tokens of the static token file: (token, user, groups).
+        self.tokens: list[tuple[str, str, str]] = []
         self.server = ""
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self.timings: dict[str, float] = {}
-        self.pki = Pki(self.workdir / "pki")
+        self.pki = Pki(self.workdir / "pki", extra_ips=self.extra_ips)
         self._atexit_registered = False
+
+    def add_user(self, user: str, groups: str = "") -> str:
+        """A bearer token for ``user`` (before :meth:`start`); returns it."""
+        token = secrets.token_urlsafe(24)
+        self.tokens.append((token, user, groups))
+        return token
+
+    def apiserver_args(self) -> list[str]:
+        """Flags appended to the apiserver's defaults (subclasses override)."""
+        return []
+
+    def kcm_args(self) -> list[str]:
+        """Flags appended to kube-controller-manager's defaults (subclasses override)."""
+        return []
 
     @property
     def admin_token(self) -> str:
@@ -382,12 +445,13 @@ class ControlPlane:
         self._start_apiserver(timeout, port=port)
 
     def _start_apiserver(self, timeout: float, port: int | None = None) -> None:
-        port = port or free_port()
+        port = port or self.apiserver_port or free_port()
         self.server = f"https://127.0.0.1:{port}"
         tokens = self.workdir / "tokens.csv"
         tokens.write_text(
             f'{self.token},admin,admin-uid,"system:masters"\n'
             f"{self.kcm_token},system:kube-controller-manager,kcm-uid\n"
+            + "".join(f'{t},{user},{user}-uid,"{groups}"\n' for t, user, groups in self.tokens)
         )
         tokens.chmod(0o600)
         pki = self.pki
@@ -403,7 +467,7 @@ class ControlPlane:
                 f"--tls-private-key-file={pki.serving_key}",
                 f"--client-ca-file={pki.ca_cert}",
                 f"--token-auth-file={tokens}",
-                "--authorization-mode=RBAC",
+                f"--authorization-mode={self.authorization_modes}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki.sa_pub}",
@@ -414,6 +478,7 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
+                *self.apiserver_args(),
             ],
             self.log_path("kube-apiserver"),
         )
@@ -431,12 +496,12 @@ class ControlPlane:
             )
         finally:
             probe.close()
-        self._write_kubeconfig(self.kubeconfig, "admin", self.token)
+        self.write_kubeconfig(self.kubeconfig, "admin", self.token)
 
     def _start_kcm(self, timeout: float) -> None:
         port = free_port()
         kubeconfig = self.workdir / "kcm.kubeconfig"
-        self._write_kubeconfig(kubeconfig, "system:kube-controller-manager", self.kcm_token)
+        self.write_kubeconfig(kubeconfig, "system:kube-controller-manager", self.kcm_token)
         pki = self.pki
         self.procs["kube-controller-manager"] = spawn(
             [
@@ -453,12 +518,11 @@ class ControlPlane:
                 f"--root-ca-file={pki.ca_cert}",
                 f"--cluster-signing-cert-file={pki.ca_cert}",
                 f"--cluster-signing-key-file={pki.ca_key}",
-                # No real nodes: the node agent registers one, node lifecycle (taints,
-                # evictions on missed heartbeats) would only add noise.
-                "--controllers=*,-nodelifecycle,-nodeipam",
+                f"--controllers={self.controllers}",
                 "--pvclaimbinder-sync-period=1s",
                 "--profiling=false",
                 "--v=1",
+                *self.kcm_args(),
             ],
             self.log_path("kube-controller-manager"),
         )
@@ -480,7 +544,7 @@ class ControlPlane:
                 timeout,
             )
 
-    def _write_kubeconfig(self, path: Path, user: str, token: str) -> None:
+    def write_kubeconfig(self, path: Path, user: str, token: str) -> None:
         config = {
             "apiVersion": "v1",
             "kind": "Config",

@@ -1,0 +1,316 @@
+"""Session start on a real node: SandboxSession create → Running (a new pod on a new PVC)
+and resume of a stopped session → Running, beside a bare Pod of the same image — all in
+the same run, on the node tier's node (kubelet + containerd + runc, tests/node/nodeenv).
+
+The run enters a private network/mount/PID namespace of its own (``nodeenv.netns``: it
+re-executes ``python -m bench session_start`` there), starts the control plane,
+kube-scheduler, containerd and the kubelet, installs the chart with the README's install
+block (operator check interval 2 s so idle sessions stop quickly; creation and resume are
+event-driven and do not wait for it) and measures, alternating so load drifts hit both:
+
+- create → Running: a SandboxSession (spec ``userId``, ``idleTimeoutSeconds: 1``) is
+  created and watched until ``status.phase`` is Running: the operator makes Secret, PVC
+  and pod; the hostpath provisioner makes the volume, the scheduler binds, the kubelet
+  runs the container, the readiness probe passes, the operator reports Running.
+- baseline: a bare Pod of the same image, command, security context and readiness probe
+  (emptyDir instead of a PVC), created and watched until Ready, then deleted.
+- resume → Running: each session, stopped by its idle timeout (pod deleted, PVC kept),
+  gets the ``resume-requested`` annotation and is watched until Running again.
+
+Where time goes: a watcher records when each pod is first seen, scheduled, its container
+started, its runtime first answers /healthz (polled every 20 ms) and the pod is Ready
+(perf_counter, not the API's 1 s timestamps); the JSON carries the median of each step.
+Results: ``bench/results/session_start.json``.
+
+Skipped (with the reason) where the node tier cannot run (not root, no unshare, no
+containerd/runc/CNI plugins/podman, no Go for the binaries), and in --quick mode (a real
+node costs minutes; the node tier's tests cover the path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from .harness import Figure, percentile
+from .operator import _pod_ready, _session_running, _watch_until
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests" / "node"), str(REPO / "tests" / "cluster")]
+
+from kubeenv import KubeClient, wait_until  # noqa: E402
+from nodeenv import netns, network  # noqa: E402
+from nodeenv.pods import bare_sandbox_pod  # noqa: E402
+from nodeenv.prepare import PrepareFailed, prepare, skip_reason  # noqa: E402
+
+RESULTS = REPO / "bench" / "results" / "session_start.json"
+OUT_ENV = "SANDBOX_BENCH_SESSION_START_OUT"
+SBS_API = "/apis/sandboxworkspace.io/v1alpha1"
+RESUME = "sandboxworkspace.io/resume-requested"
+BARE_NS = "bench-bare"
+GOAL = "create → Running p50 ≤ 2 s"
+
+
+def run(quick: bool) -> list[Figure]:
+    if quick:
+        print("session_start: skipped in --quick mode (a real node costs minutes)", flush=True)
+        return []
+    if network.inside():
+        raise RuntimeError("run() is the outer side; the namespace side is inner()")
+    reason = skip_reason()
+    if reason:
+        print(f"session_start: skipped — {reason}", flush=True)
+        return []
+    try:
+        env = prepare(sys.stderr)
+    except PrepareFailed as exc:
+        print(f"session_start: skipped — {exc}", flush=True)
+        return []
+    out = Path(tempfile.mkdtemp(prefix="sbw-bench-session-start-")) / "result.json"
+    argv = [sys.executable, "-m", "bench.session_start"]
+    rc = subprocess.run(
+        netns.command(argv), cwd=REPO, env=netns.env(**env, **{OUT_ENV: str(out)}), check=False
+    ).returncode
+    if rc != 0 or not out.exists():
+        raise RuntimeError(f"session_start: the run inside the namespace failed (exit {rc})")
+    data = json.loads(out.read_text())
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(data["summary"], indent=2) + "\n")
+    s = data["samples"]
+    extra = data["summary"]
+    return [
+        Figure.of(
+            "session create → Running (real node)",
+            "ms",
+            s["create"],
+            "bare Pod create → Ready, same image",
+            s["baseline"],
+            goal=GOAL,
+            breakdown_ms=extra["create_breakdown_ms"],
+        ),
+        Figure.of(
+            "stopped session resume → Running (real node)",
+            "ms",
+            s["resume"],
+            "bare Pod create → Ready, same image",
+            s["baseline"],
+            breakdown_ms=extra["resume_breakdown_ms"],
+        ),
+    ]
+
+
+# ----------------------------------------------------------------- inside the namespace
+class PodSteps:
+    """perf_counter times at which each pod of a namespace was first seen in each step."""
+
+    STEPS = ("seen", "scheduled", "started", "listening", "ready")
+
+    def __init__(self, kube_factory, namespace: str):
+        self.times: dict[str, dict[str, float]] = {}
+        self._stop = threading.Event()
+        self._kube, self._ns = kube_factory, namespace
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with self._kube() as kube:
+            rv = kube.get(f"/api/v1/namespaces/{self._ns}/pods")["metadata"]["resourceVersion"]
+            while not self._stop.is_set():
+                try:
+                    for event in kube.watch(f"/api/v1/namespaces/{self._ns}/pods", rv, 5):
+                        pod = event.get("object", {})
+                        rv = pod.get("metadata", {}).get("resourceVersion", rv)
+                        if event.get("type") in ("ADDED", "MODIFIED"):
+                            self._note(pod)
+                except Exception:  # a dropped watch: resume from the last version
+                    time.sleep(0.1)
+
+    def _note(self, pod: dict) -> None:
+        now = time.perf_counter()
+        key = f"{pod['metadata']['name']}/{pod['metadata']['uid']}"
+        seen = self.times.setdefault(key, {"seen": now})
+        status = pod.get("status") or {}
+        if pod["spec"].get("nodeName"):
+            seen.setdefault("scheduled", now)
+        running = any(
+            "running" in (c.get("state") or {}) for c in status.get("containerStatuses", [])
+        )
+        if running and "started" not in seen:
+            seen["started"] = now
+            if status.get("podIP"):
+                threading.Thread(
+                    target=self._listening, args=(seen, status["podIP"]), daemon=True
+                ).start()
+        if _pod_ready(pod):
+            seen.setdefault("ready", now)
+
+    @staticmethod
+    def _listening(seen: dict[str, float], ip: str) -> None:
+        """When the runtime first answers /healthz (polled every 20 ms from the start of
+        its container): what separates it from Ready is the readiness probe's period."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://{ip}:8080/healthz", timeout=1).status_code == 200:
+                    seen["listening"] = time.perf_counter()
+                    return
+            time.sleep(0.02)
+
+    def of(self, name: str, after: float) -> dict[str, float]:
+        """Steps of the pod ``name`` first seen after ``after``."""
+        for key, steps in self.times.items():
+            if key.startswith(f"{name}/") and steps["seen"] >= after:
+                return steps
+        return {}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _breakdown(samples: list[tuple[float, dict[str, float], float]]) -> dict[str, float]:
+    """Median ms of each step: request → pod seen → scheduled → started → Ready → Running."""
+    names = (
+        "operator: pod created",
+        "scheduled",
+        "container started",
+        "runtime answers",
+        "probe: Ready",
+        "Running",
+    )
+    spans: dict[str, list[float]] = {n: [] for n in names}
+    for start, steps, end in samples:
+        marks = [start, *(steps.get(s) for s in PodSteps.STEPS), end]
+        if None in marks:
+            continue
+        for name, a, b in zip(names, marks[:-1], marks[1:], strict=True):
+            spans[name].append((b - a) * 1000)  # type: ignore[operator]
+    return {n: round(statistics.median(v), 1) for n, v in spans.items() if v}
+
+
+def _session(user: str) -> dict:
+    return {
+        "apiVersion": "sandboxworkspace.io/v1alpha1",
+        "kind": "SandboxSession",
+        "metadata": {"name": f"sb-session-{user}"},
+        "spec": {"userId": user, "idleTimeoutSeconds": 1},
+    }
+
+
+def inner(n: int = 20) -> dict:
+    from nodeenv.node import NodeCluster
+    from nodeenv.release import SESSIONS, Release
+
+    workdir = Path(tempfile.mkdtemp(prefix="sbw-bench-node-"))
+    cluster = NodeCluster(workdir / "node")
+    cluster.start(stream=sys.stderr)
+    try:
+        release = Release(
+            cluster.kubeconfig,
+            workdir / "release",
+            cluster.images["image"],
+            {"operator.settings.CHECK_INTERVAL_SECONDS": "2"},
+        )
+        installed = release.install()
+        if installed.returncode != 0:
+            raise RuntimeError(f"helm install failed:\n{installed.stdout}\n{installed.stderr}")
+        with cluster.client() as kube:
+            return _measure(cluster, kube, SESSIONS, n)
+    finally:
+        cluster.stop()
+
+
+def _measure(cluster, kube: KubeClient, sessions_ns: str, n: int) -> dict:
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": BARE_NS}})
+    wait_until(lambda: kube.get_or_none(f"/api/v1/namespaces/{BARE_NS}/serviceaccounts/default"))
+    image = cluster.images["image"]
+    sbs = f"{SBS_API}/namespaces/{sessions_ns}/sandboxsessions"
+    pods = f"/api/v1/namespaces/{BARE_NS}/pods"
+    steps = PodSteps(cluster.client, sessions_ns)
+    bare_steps = PodSteps(cluster.client, BARE_NS)
+    created: list[tuple[float, dict, float]] = []
+    bare: list[tuple[float, dict, float]] = []
+    try:
+        for i in range(n + 1):  # the first of each is a warm-up
+            start = time.perf_counter()
+            obj = kube.create(sbs, _session(f"bench-{i}"))
+            end = _watch_until(kube, sbs, obj, _session_running, timeout=120)
+            if i:
+                created.append((start, steps.of(_pod_name(obj), start), end))
+            start = time.perf_counter()
+            obj = kube.create(pods, bare_sandbox_pod(f"bare-{i}", BARE_NS, image))
+            end = _watch_until(kube, pods, obj, _pod_ready, timeout=120)
+            if i:
+                bare.append((start, bare_steps.of(f"bare-{i}", start), end))
+            kube.delete(f"{pods}/bare-{i}", gracePeriodSeconds=0)
+        # Every session stops by its idle timeout: pod deleted, PVC kept.
+        for i in range(n + 1):
+            kube.wait_for(
+                f"{sbs}/sb-session-bench-{i}",
+                lambda s: (s.get("status") or {}).get("phase") == "Stopped",
+                timeout=180,
+            )
+        resumed: list[tuple[float, dict, float]] = []
+        for i in range(1, n + 1):
+            path = f"{sbs}/sb-session-bench-{i}"
+            wait_until(lambda p=path: _pod_gone(kube, sessions_ns, p), timeout=60)
+            start = time.perf_counter()
+            obj = kube.patch(path, {"metadata": {"annotations": {RESUME: _now()}}})
+            end = _watch_until(kube, sbs, obj, _session_running, timeout=120)
+            resumed.append((start, steps.of(_pod_name(obj), start), end))
+    finally:
+        steps.stop()
+        bare_steps.stop()
+    ms = {
+        "create": [(e - s) * 1000 for s, _, e in created],
+        "baseline": [(e - s) * 1000 for s, _, e in bare],
+        "resume": [(e - s) * 1000 for s, _, e in resumed],
+    }
+    summary = {
+        "n": n,
+        "create_p50_ms": round(statistics.median(ms["create"]), 1),
+        "create_p99_ms": round(percentile(ms["create"], 99), 1),
+        "resume_p50_ms": round(statistics.median(ms["resume"]), 1),
+        "resume_p99_ms": round(percentile(ms["resume"], 99), 1),
+        "baseline_pod_p50_ms": round(statistics.median(ms["baseline"]), 1),
+        "baseline_pod_p99_ms": round(percentile(ms["baseline"], 99), 1),
+        "create_breakdown_ms": _breakdown(created),
+        "resume_breakdown_ms": _breakdown(resumed),
+        "baseline_breakdown_ms": _breakdown(bare),
+        "goal": GOAL,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    return {"summary": summary, "samples": ms}
+
+
+def _pod_name(session: dict) -> str:
+    from sandbox_workspace.operator import naming
+
+    return naming.runtime_pod_name(session["metadata"]["name"])
+
+
+def _pod_gone(kube: KubeClient, ns: str, session_path: str) -> bool:
+    from sandbox_workspace.operator import naming
+
+    name = session_path.rsplit("/", 1)[1]
+    return kube.get_or_none(f"/api/v1/namespaces/{ns}/pods/{naming.runtime_pod_name(name)}") is None
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+if __name__ == "__main__":
+    # The namespace side: `run()` re-executes this module inside nodeenv.netns.
+    result = inner(int(os.environ.get("SANDBOX_BENCH_SESSION_START_N", "20")))
+    Path(os.environ[OUT_ENV]).write_text(json.dumps(result))
+    print(json.dumps(result["summary"], indent=2))

@@ -1,0 +1,80 @@
+"""What the node tier needs before it enters its namespace (test helper): whether this
+machine can host it at all, and the builds that need the network (binaries, helm, the
+images), which cannot run inside the namespace.
+
+Used by tests/node/conftest.py and by ``python -m bench session_start``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import IO
+
+from build_scripts import find_go, run_build_script  # tests/support
+from kubeenv.controlplane import BIN_DIR, REPO_ROOT
+
+from . import netns
+from .containerd import CNI_BIN, RUNC
+
+IMAGES_ENV = "SANDBOX_NODE_IMAGES"
+TOOLS = ("containerd", "ctr", "podman", "gcc", "ip", "curl", "base64")
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+SCRIPTS = ("build-kube.sh", "build-tools.sh", "node/images.sh")
+
+
+def missing_parts() -> list[str]:
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    for path in (RUNC, f"{CNI_BIN}/bridge", f"{CNI_BIN}/host-local"):
+        if not os.access(path, os.X_OK):
+            missing.append(path)
+    return missing
+
+
+def skip_reason() -> str | None:
+    """Why the node tier cannot run here (None when it can)."""
+    if os.environ.get("SANDBOX_SKIP_NODE", "") not in ("", "0"):
+        return "SANDBOX_SKIP_NODE is set: node tier disabled"
+    why = netns.unavailable()
+    if why:
+        return f"node tier {why}"
+    missing = missing_parts()
+    if missing:
+        return (
+            f"node tier needs {', '.join(missing)} (scripts/install-system-deps.sh installs them)"
+        )
+    if not all(os.access(BIN_DIR / b, os.X_OK) for b in BINARIES) and find_go() is None:
+        return "node tier needs Go to build kubelet/kube-scheduler (no binaries in .cache/kube)"
+    return None
+
+
+class PrepareFailed(RuntimeError):
+    pass
+
+
+def prepare(stream: IO[str] | None) -> dict[str, str]:
+    """Build (or reuse: seconds) binaries, helm and the images; return the environment
+    the inner run needs (which image archives to import)."""
+    images = ""
+    for script in SCRIPTS:
+        if stream is not None:
+            stream.write(f"\n[node tier] scripts/{script}\n")
+        rc, tail = run_build_script(REPO_ROOT / "scripts" / script, REPO_ROOT, stream)
+        if rc != 0:
+            raise PrepareFailed(f"scripts/{script} failed (exit {rc}):\n{tail}")
+        if script == "node/images.sh":
+            images = "\n".join(
+                line for line in tail.splitlines() if line.startswith(("pause=", "image="))
+            )
+    return {IMAGES_ENV: images}
+
+
+def images_from_env() -> list[tuple[str, str, Path]]:
+    """(key, reference, archive) of each image the outer run built."""
+    found = []
+    for line in os.environ.get(IMAGES_ENV, "").splitlines():
+        key, _, rest = line.partition("=")
+        ref, _, archive = rest.partition(" ")
+        found.append((key, ref, Path(archive)))
+    return found
