@@ -1,4 +1,4 @@
-"""The chart's CORS value reaches the API as a setting it parses (and bad origins are
+"""The chart's CORS and web-page values reach the API as settings it parses (and bad origins are
 refused by the values schema)."""
 
 from __future__ import annotations
@@ -39,3 +39,15 @@ def test_values_schema_refuses_an_origin_with_a_path(tools: Tools):
         tools, set_values={"api.cors.allowOrigins[0]": "https://app.example.com/x"}, check=False
     )
     assert result.returncode != 0 and "allowOrigins" in result.stderr
+
+
+@pytest.mark.parametrize(("value", "served"), [(None, False), ("true", True)])
+def test_web_ui_value_becomes_the_api_setting(
+    tools: Tools, monkeypatch: pytest.MonkeyPatch, value: str | None, served: bool
+):
+    """Off by default in a cluster; `api.webUI=true` turns the /ui/ page on."""
+    docs = render(tools, set_values={"api.webUI": value} if value else None)
+    setting = api_env(docs)["SANDBOX_WORKSPACE_WEB_UI"]
+    monkeypatch.setenv("SANDBOX_WORKSPACE_WEB_UI", setting)
+    # dev mode would turn the page on by default: the chart's explicit value must win.
+    assert ApiSettings(auth_mode="dev").web_ui is served
