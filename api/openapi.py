@@ -218,7 +218,9 @@ def install(app: FastAPI, upload_ceiling: int, tool_policies: dict[str, list[str
         headers: dict[str, str] = {}
         if exc.status == 401:
             headers["WWW-Authenticate"] = "Bearer"
-        if exc.status in (429, 503):
+        if exc.retry_after is not None:  # the error knows when (e.g. conversation_deleting)
+            headers["Retry-After"] = str(exc.retry_after)
+        elif exc.status in (429, 503):
             headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         return error_response(exc.status, exc.code, exc.message, headers or None)
 

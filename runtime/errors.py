@@ -74,6 +74,14 @@ class Conflict(ApiError):
     status, code = 409, "conflict"
 
 
+class ConversationDeleting(Conflict):
+    """The conversation is being deleted: nothing may write or start in it until it is
+    gone (then the same id starts afresh) — so the client is told when to retry."""
+
+    code = "conversation_deleting"
+    retry_after = 1
+
+
 class TooLarge(ApiError):
     """The body or file is larger than allowed."""
 

@@ -31,7 +31,7 @@ from . import pathsafe
 from .activity import Activity
 from .bash import run_bash
 from .confinement import Confinement
-from .errors import ApiError, Conflict
+from .errors import ApiError, ConversationDeleting
 from .kernel import PythonKernel
 from .output import EventSink, OutputCollector
 from .schemas import ExecuteRequest, ExecutionError, ExecutionResult
@@ -45,12 +45,6 @@ class TooBusy(ApiError):
     """Every execution slot is taken."""
 
     status, code = 429, "too_many_executions"
-
-
-class ConversationDeleting(Conflict):
-    """The conversation is being deleted: nothing may start in it."""
-
-    code = "conversation_deleting"
 
 
 class Executor:

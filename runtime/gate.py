@@ -1,9 +1,10 @@
 """The deletion gate: which conversations are being deleted right now.
 
 Contract: while ``deleting(cid)`` is held (nestable, thread-safe), ``refuse(cid)`` raises
-``Conflict`` code ``conversation_deleting`` (409). Every write path — creating the
-layout, committing an upload, spawning code — calls it synchronously right before it
-acts, so nothing that starts after the gate is set can write into what is being deleted.
+``ConversationDeleting`` (409 ``conversation_deleting``, ``Retry-After: 1``). Every write
+path — creating the layout, committing an upload, spawning code — calls it synchronously
+right before it acts, so nothing that starts after the gate is set can write into what is
+being deleted.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-from .errors import Conflict
+from .errors import ConversationDeleting
 
 
 class DeletionGate:
@@ -39,7 +40,6 @@ class DeletionGate:
 
     def refuse(self, cid: str) -> None:
         if self.is_deleting(cid):
-            raise Conflict(
-                f"conversation '{cid}' is being deleted; retry once the deletion completes",
-                code="conversation_deleting",
+            raise ConversationDeleting(
+                f"conversation '{cid}' is being deleted; retry once the deletion completes"
             )

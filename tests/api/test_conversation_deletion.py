@@ -82,7 +82,7 @@ def test_writes_are_refused_while_the_conversation_is_being_deleted(
         error = r.json()["error"]
         assert error["code"] == "conversation_deleting", (kind, error)
         assert "retry" in error["message"].lower()
-        assert int(r.headers["retry-after"]) >= 1
+        assert int(r.headers["retry-after"]) >= 1, (kind, error)
 
 
 def test_the_same_id_starts_a_fresh_conversation_once_deleted(api, session_url):
