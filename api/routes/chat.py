@@ -143,6 +143,14 @@ async def _selected_names(
     if not refs:
         return []
     if session is None:
+        # No session yet, so no uploads: a path can name nothing in this conversation's
+        # temparea (400, like any misplaced path); a bare name is simply not there (404).
+        for ref in refs:
+            if "/" in ref:
+                raise BadRequest(
+                    f"selected file '{ref}' is not in this conversation's temparea",
+                    code="invalid_selected_file",
+                )
         raise NotFoundError(
             f"selected file '{refs[0]}' not found: this user has no session, so no uploads yet",
             code="file_not_found",
