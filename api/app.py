@@ -151,7 +151,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     )
     app.state.services = services
     app.state.ui_chats = ChatIndex()
-    install_error_handlers(app)
+    install_error_handlers(app, default_retry_after=openapi.RETRY_AFTER_SECONDS)
     openapi.install(
         app, settings.max_upload_bytes, allowed_policies(TOOL_NAMES, settings.tool_policies)
     )

@@ -22,10 +22,10 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 
-from sandbox_workspace.runtime.errors import _STATUS_CODES, ApiError, error_response
+from sandbox_workspace.runtime.errors import _STATUS_CODES, error_response
 
 from .openapi_deployment import document_deployment
 
@@ -212,17 +212,6 @@ def install(app: FastAPI, upload_ceiling: int, tool_policies: dict[str, list[str
         return app.openapi_schema
 
     app.openapi = document  # type: ignore[method-assign]
-
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        headers: dict[str, str] = {}
-        if exc.status == 401:
-            headers["WWW-Authenticate"] = "Bearer"
-        if exc.retry_after is not None:  # the error knows when (e.g. conversation_deleting)
-            headers["Retry-After"] = str(exc.retry_after)
-        elif exc.status in (429, 503):
-            headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
-        return error_response(exc.status, exc.code, exc.message, headers or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:

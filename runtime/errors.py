@@ -122,12 +122,18 @@ def _describe_validation(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, *, default_retry_after: int | None = None) -> None:
+    """``default_retry_after``: the ``Retry-After`` of a 429/503 whose error names none
+    (the API promises one on every such answer); an error's own ``retry_after`` wins."""
+
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
-        if exc.retry_after is not None:
-            headers["Retry-After"] = str(exc.retry_after)
+        retry_after = exc.retry_after
+        if retry_after is None and exc.status in (429, 503):
+            retry_after = default_retry_after
+        if retry_after is not None:
+            headers["Retry-After"] = str(retry_after)
         return error_response(exc.status, exc.code, exc.message, headers or None)
 
     @app.exception_handler(ClientDisconnect)

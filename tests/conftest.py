@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from redis_server import missing_reason, start_redis
 
 PYTHON = sys.executable
 START_TIMEOUT = 30.0
@@ -257,3 +258,15 @@ def wait_for_status(client: httpx.Client, url: str, wanted: str, timeout: float 
 def wait_status():
     """``wait_status(client, url, wanted)``: poll a session until it has that status."""
     return wait_for_status
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory) -> Iterator[str]:
+    """A throwaway Redis-protocol server on loopback (skipped with the reason where none
+    can be installed), shared by a module's tests."""
+    reason = missing_reason()
+    if reason:
+        pytest.skip(reason)
+    server = start_redis(tmp_path_factory.mktemp("redis"))
+    yield server.url
+    server.stop()

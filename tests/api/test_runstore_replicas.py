@@ -11,21 +11,10 @@ import uuid
 
 import httpx
 import pytest
-from redis_server import missing_reason, start_redis
 from run_follower import Followed, start_and_follow
 from scripted_llm import Reply, text_reply, tool_reply, tool_results
 
 pytestmark = pytest.mark.local_backend
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    reason = missing_reason()
-    if reason:
-        pytest.skip(reason)
-    server = start_redis(tmp_path_factory.mktemp("redis"))
-    yield server.url
-    server.stop()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import uuid
 
 import pytest
 from redis.asyncio import Redis
-from redis_server import missing_reason, start_redis
 
 from sandbox_workspace.api.chat.progress import Progress
 from sandbox_workspace.api.chat.runs import Run, RunRegistry
@@ -21,16 +20,6 @@ from sandbox_workspace.api.chat.runstore.redis_log import read_log
 from sandbox_workspace.api.chat.runstore.redis_store import RedisRunStore
 from sandbox_workspace.api.sse import encode_event
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    reason = missing_reason()
-    if reason:
-        pytest.skip(reason)
-    server = start_redis(tmp_path_factory.mktemp("redis"))
-    yield server.url
-    server.stop()
 
 
 @pytest.fixture
