@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 
 from .errors import ConversationDeleting
 
 
 class DeletionGate:
+    """Keys being deleted (a conversation id here; the API's local backend keys by
+    session and conversation), counted so that overlapping deletions nest."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._deleting: dict[str, int] = {}
+        self._deleting: dict[Hashable, int] = {}
 
     @contextlib.contextmanager
-    def deleting(self, cid: str) -> Iterator[str]:
+    def deleting(self, cid: Hashable) -> Iterator[Hashable]:
         with self._lock:
             self._deleting[cid] = self._deleting.get(cid, 0) + 1
         try:
@@ -34,7 +37,7 @@ class DeletionGate:
                 else:
                     self._deleting[cid] -= 1
 
-    def is_deleting(self, cid: str) -> bool:
+    def is_deleting(self, cid: Hashable) -> bool:
         with self._lock:
             return cid in self._deleting
 

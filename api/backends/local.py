@@ -37,6 +37,7 @@ import httpx
 
 from sandbox_workspace.operator.models import FileUploadConfig
 from sandbox_workspace.operator.naming import dns_name
+from sandbox_workspace.runtime.gate import DeletionGate
 
 from ..runtime_client import RuntimeClient
 from .base import (
@@ -138,7 +139,7 @@ class LocalBackend:
         self._procs: dict[str, _Process] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiters: set[asyncio.Task] = set()
-        self._deleting: dict[tuple[str, str], int] = {}  # (session, conversation) → deleters
+        self._deleting = DeletionGate()  # (session, conversation) being deleted
 
     # -- lifecycle of the backend ------------------------------------------------------
 
@@ -239,7 +240,7 @@ class LocalBackend:
         return None  # local sessions are not stopped for idleness
 
     async def conversation_phase(self, session: Session, conversation_id: str) -> ConversationPhase:
-        if (session.session_id, conversation_id) in self._deleting:
+        if self._deleting.is_deleting((session.session_id, conversation_id)):
             return ConversationPhase.DELETING
         directory = self.workspace_dir(session.session_id) / conversation_id
         exists = await asyncio.to_thread(directory.is_dir)
@@ -247,7 +248,7 @@ class LocalBackend:
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
         # The runtime creates directories on first write; only a deletion matters here.
-        if (session.session_id, conversation_id) in self._deleting:
+        if self._deleting.is_deleting((session.session_id, conversation_id)):
             raise ConversationDeleting(conversation_id)
 
     async def conversation_written(self, session: Session, conversation_id: str) -> None:
@@ -257,17 +258,10 @@ class LocalBackend:
 
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
         assert session.endpoint is not None
-        key = (session.session_id, conversation_id)
-        self._deleting[key] = self._deleting.get(key, 0) + 1
-        try:
+        with self._deleting.deleting((session.session_id, conversation_id)):
             result = await RuntimeClient(self.http, session.endpoint).delete_conversation(
                 conversation_id
             )
-        finally:
-            if self._deleting[key] <= 1:
-                del self._deleting[key]
-            else:
-                self._deleting[key] -= 1
         return not result.exists
 
     # -- processes -----------------------------------------------------------------------
