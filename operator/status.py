@@ -76,7 +76,10 @@ def observe_pod(pod: dict[str, Any] | None) -> PodState:
         # Reported, not replaced: the scheduler retries, and a new pod would wait the same.
         message = unschedulable.get("message") or "no node can run the sandbox pod"
         return PodState("pending", "Unschedulable", message, name=name)
-    if waiting.get("reason") in _BROKEN_WAITING:
+    # "failed to sync secret/configmap cache": the kubelet's watch is not synced yet (a
+    # node just started); it retries by itself, so this one waits like any pending pod.
+    transient = "failed to sync" in waiting.get("message", "")
+    if waiting.get("reason") in _BROKEN_WAITING and not transient:
         return PodState("broken", waiting["reason"], waiting.get("message", ""), ip=ip, name=name)
     started = (state.get("running") or {}).get("startedAt") or status.get("startTime")
     ready = any(

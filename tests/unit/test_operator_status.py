@@ -172,3 +172,20 @@ def test_a_missing_pod_is_pending_not_stopped() -> None:
     status = session_status(session(), observe_pod(None), T0)
     assert status.phase == "Pending"
     assert condition(status, "Ready").reason == "PodMissing"
+
+
+def test_a_secret_cache_not_yet_synced_is_pending_not_broken() -> None:
+    """The kubelet retries this CreateContainerConfigError by itself (a node just
+    started): the session waits instead of failing; a real config error stays broken."""
+    from sandbox_workspace.operator.status import observe_pod
+
+    def pod(message: str) -> dict:
+        waiting = {"reason": "CreateContainerConfigError", "message": message}
+        return {
+            "metadata": {"name": "p"},
+            "status": {"phase": "Pending", "containerStatuses": [{"state": {"waiting": waiting}}]},
+        }
+
+    transient = "failed to sync secret cache: timed out waiting for the condition"
+    assert observe_pod(pod(transient)).kind == "pending"
+    assert observe_pod(pod('secret "x" not found')).kind == "broken"
