@@ -39,9 +39,11 @@ from redis.asyncio import Redis
 #   a <call>               an approval is open
 #   t <call> <decision>    an approval timed out (unless decided meanwhile)
 #   f <run id>             finished: no longer open, keys expire
-# Returns per run: 0 stored, -1 not the lease holder (nothing written). Idempotent for the
-# lease holder: an event id not above the stream's last is already stored (a retry after
-# a lost reply) and is skipped — the stream itself never takes an id twice.
+# Returns per run: 0 stored, -1 not the lease holder (nothing written); an error reply if
+# the server refused a write (out of memory, ...: what ran before stays, and the retry
+# skips it). Idempotent for the lease holder: an event id not above the stream's last is
+# already stored (a retry after a lost reply) and is skipped — the stream itself never
+# takes an id twice.
 APPEND = r"""
 local results = {}
 local a, r = 4, 0
@@ -63,7 +65,13 @@ while a <= #ARGV do
     if op == 'e' then
       local frame = ARGV[i + 1]
       local id, kind = string.match(frame, '^id: (%d+)\nevent: ([^\n]+)')
-      redis.pcall('XADD', log, id .. '-0', 'k', kind, 'f', frame)
+      local added = redis.pcall('XADD', log, id .. '-0', 'k', kind, 'f', frame)
+      -- Already stored (a retry) is fine; any other refusal (OOM, NOREPLICAS) fails the
+      -- whole call, so the writer keeps the batch and sends it again.
+      if type(added) == 'table' and added.err
+          and not string.find(added.err, 'equal or smaller', 1, true) then
+        return added
+      end
       i = i + 2
     elseif op == 'c' then
       redis.call('HSET', meta, 'checkpoint', ARGV[i + 1]); i = i + 2

@@ -6,32 +6,36 @@ Contract:
   queued per run, in call order.
 - Flushing: everything queued, for every run, goes in one ``APPEND`` script call — one
   command however many runs and events, so under load many events share a trip and the
-  cost per event shrinks as load grows. Up to ``_MAX_FLIGHTS`` flushes are in flight at
-  once, each over its own connection and for runs no other flush in flight holds, so a
-  run's ops are stored in the order they were queued. Once a run's
-  ops are stored, its followers are woken and see events up to the last one stored
-  (``Run.durable``): a follower on any replica sees the same log, and what a client
-  saw survives the owner.
+  cost per event shrinks as load grows. The first op queued schedules a flush for the
+  event loop's next turn (``call_soon``: whatever the loop's current turn still queues
+  rides along); flushes are pipelined on one connection (``pipe.Pipe``, up to
+  ``_MAX_FLIGHTS`` awaiting replies), each for runs no other flush in flight holds, so a
+  run's ops are stored in the order they were queued even when a flush fails. Once a
+  run's ops are stored — known from the reply, handled as it arrives — its followers
+  are woken and see events up to the last one stored (``Run.durable``): a follower on
+  any replica sees the same log, and what a client saw survives the owner.
 - ``APPEND`` refused (the lease is someone else's now): the run's ops are dropped and
-  ``on_lost(run)`` stops it here. A server or connection error: the batch is kept, in
-  order, ahead of what came meanwhile, and sent again with backoff (``APPEND`` skips what
-  an earlier attempt stored) — nothing is lost, reordered or stored twice.
+  ``on_lost(run)`` stops it here. An error reply or a lost connection: the batch is kept,
+  in order, ahead of what came meanwhile, and sent again after a backoff (``APPEND``
+  skips what an earlier attempt stored) — nothing is lost, reordered or stored twice.
 - Ops are encoded in the wire format (RESP) as they are queued and the command is sent
-  as one buffer on the writer's own connection: redis-py's generic encoder cost more per
-  event than everything else here (measured: ~3 µs of ~6 µs).
+  as one buffer: redis-py's generic encoder cost more per event than everything else
+  here (measured: ~3 µs of ~6 µs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError
 
+from .pipe import Pipe
 from .redis_log import APPEND, Keys
 
 if TYPE_CHECKING:
@@ -39,8 +43,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _RETRY_FIRST, _RETRY_MAX = 0.05, 2.0
-# Flushes in flight at once, over disjoint sets of runs: an event never waits for the
-# reply to a flush it was not part of (one round trip, not up to two).
+# Flushes awaiting their reply at once (pipelined), over disjoint sets of runs: an event
+# never waits for the reply to a flush it was not part of (one round trip, not up to two).
 _MAX_FLIGHTS = 4
 
 
@@ -51,7 +55,12 @@ def _bulk(value: bytes | str | int) -> bytes:
     return b"$%d\r\n%b\r\n" % (len(value), value)
 
 
+def _command(*args: bytes) -> bytes:
+    return b"*%d\r\n%b" % (len(args), b"".join(map(_bulk, args)))
+
+
 _E = _bulk("e")
+_LOAD = object()  # the token of a SCRIPT LOAD on the pipe
 
 
 class Writer:
@@ -65,23 +74,26 @@ class Writer:
         on_lost: Callable[[Run], None],
     ) -> None:
         self._redis, self._keys, self._on_lost = redis, keys, on_lost
-        self._script = redis.register_script(APPEND)  # loaded by ``run``; its sha is fixed
+        self._sha = hashlib.sha1(APPEND.encode()).hexdigest().encode()
+        self._load = _command(b"SCRIPT", b"LOAD", APPEND.encode())
         self._head = [token, str(retention_s), str(lease_ms)]
         self._ops: dict[str, list[bytes]] = {}  # per run: its ops, RESP-encoded
         self._runs: dict[str, Run] = {}
         self._upto: dict[str, int] = {}
-        self._free: list = []  # the writer's own connections, one per flush in flight
+        self._pipe: Pipe | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduled = False  # a flush waits for the loop's next turn
+        self._load_script = True
         self._busy: set[str] = set()  # runs with a flush in flight
         self.stored: set[str] = set()  # runs with something stored (their lease exists)
-        self._flights: set[asyncio.Task] = set()
         self._delay = _RETRY_FIRST
-        self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self.in_flight: dict[str, str | None] = {}  # run id → tool call being executed
         self.decided: dict[str, dict[str, dict]] = {}  # run → call → decision, taken over
         self.step_ended = asyncio.Event()  # a tool call in flight ended (hand-over waits)
         self.lost_count = 0
+        self.reconnects = 0
 
     # -- the sink (called by Run, synchronously) -----------------------------------------
     def _put(self, run: Run, *op: bytes) -> None:
@@ -91,7 +103,7 @@ class Writer:
             self._runs[run.id] = run
         ops.extend(op)
         self._idle.clear()
-        self._wake.set()
+        self._schedule()
 
     def new(self, run: Run, meta: dict) -> None:
         self._put(run, _bulk("n"), _bulk(json.dumps(meta)))
@@ -125,51 +137,82 @@ class Writer:
         await self._idle.wait()
 
     async def run(self) -> None:
-        await self._redis.script_load(APPEND)
+        """Keep the connection up: (re)connect, load the script, send what waits."""
+        self._loop = asyncio.get_running_loop()
         try:
             while True:
-                await self._wake.wait()
-                self._wake.clear()
-                while len(self._flights) < _MAX_FLIGHTS and (batch := self._take()):
-                    flight = asyncio.create_task(self._fly(*batch))
-                    self._flights.add(flight)
-                    flight.add_done_callback(self._flights.discard)
-                if not self._ops and not self._busy:
-                    self._idle.set()
+                try:
+                    pipe = await Pipe.open(self._redis, self._reply)
+                except (RedisError, OSError) as e:
+                    log.warning("run store connection failed, retrying", extra={"error": str(e)})
+                    await self._backoff()
+                    continue
+                self._pipe, self._load_script = pipe, True
+                self._flush()
+                await pipe.closed
+                self._pipe = None
+                self.reconnects += 1
+                log.warning("run store connection lost, reconnecting")
+                for token in pipe.unanswered():  # executed or not: sent again, idempotent
+                    if token is not _LOAD:
+                        self._requeue(*token)
+                await self._backoff()
         finally:
-            for flight in self._flights:
-                flight.cancel()
+            if self._pipe is not None:
+                await self._pipe.close()
+                self._pipe = None
 
-    def _take(self) -> tuple[dict, dict, dict] | None:
-        """The queued ops of every run with no flush in flight (its order is kept by
-        never having two of its flushes in flight at once)."""
+    async def _backoff(self) -> None:
+        await asyncio.sleep(self._delay)
+        self._delay = min(_RETRY_MAX, self._delay * 2)
+
+    def _schedule(self) -> None:
+        if not self._scheduled and self._loop is not None:
+            self._scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send one ``APPEND`` for every run with ops queued and no flush in flight."""
+        self._scheduled = False
+        pipe = self._pipe
+        if pipe is None or len(pipe) >= _MAX_FLIGHTS:  # connecting, or a reply will call
+            return
         ready = [run_id for run_id in self._ops if run_id not in self._busy]
         if not ready:
-            return None
+            self._settle()
+            return
         batch = {r: self._ops.pop(r) for r in ready}
         runs = {r: self._runs.pop(r) for r in ready}
         upto = {r: self._upto.pop(r) for r in ready if r in self._upto}
         self._busy.update(ready)
-        return batch, runs, upto
-
-    async def _fly(self, batch: dict, runs: dict, upto: dict) -> None:
+        packed = self._packed(batch)
         try:
-            results = await self._flush(batch)
-        except NoScriptError:  # the server lost its scripts (restarted): nothing ran
-            await self._redis.script_load(APPEND)
+            if self._load_script:  # first on a new connection, or after NOSCRIPT
+                pipe.send(self._load, _LOAD)
+                self._load_script = False
+            pipe.send(packed, (batch, runs, upto))
+        except ConnectionError:  # closing: ``run`` reconnects and sends it again
             self._requeue(batch, runs, upto)
+
+    def _reply(self, token: Any, reply: Any) -> None:
+        """A reply, in order, straight from the connection (``pipe.Pipe``)."""
+        if token is _LOAD:
+            if isinstance(reply, ResponseError):
+                log.warning("run store script load failed", extra={"error": str(reply)})
             return
-        except (RedisError, OSError) as e:  # keep the batch, in order, ahead of newer ops
-            log.warning("run store write failed, retrying", extra={"error": str(e)})
-            await asyncio.sleep(self._delay)
-            self._delay = min(_RETRY_MAX, self._delay * 2)
-            self._requeue(batch, runs, upto)
+        batch, runs, upto = token
+        if isinstance(reply, ResponseError):
+            if str(reply).startswith("NOSCRIPT"):  # the server lost its scripts: nothing ran
+                self._load_script = True
+                self._requeue(batch, runs, upto)
+            else:  # kept (its runs stay busy: nothing overtakes it), sent after a backoff
+                log.warning("run store write failed, retrying", extra={"error": str(reply)})
+                self._loop.call_later(self._delay, self._requeue, batch, runs, upto)
+                self._delay = min(_RETRY_MAX, self._delay * 2)
             return
-        finally:
-            self._busy.difference_update(batch)
-            self._wake.set()
         self._delay = _RETRY_FIRST
-        for run_id, result in zip(batch, results, strict=True):
+        self._busy.difference_update(batch)
+        for run_id, result in zip(batch, reply, strict=True):
             run = runs[run_id]
             if result != 0:  # -1: another replica holds the lease now
                 self.lost_count += 1
@@ -179,36 +222,31 @@ class Writer:
             if run_id in upto and (run.durable or 0) < upto[run_id]:
                 run.durable = upto[run_id]
                 run._notify()
+        if self._ops:
+            self._flush()  # what waited for these runs, or for a free flight: now
+        else:
+            self._settle()
 
     def _requeue(self, batch: dict, runs: dict, upto: dict) -> None:
+        self._busy.difference_update(batch)
         for run_id, ops in batch.items():
             self._ops[run_id] = ops + self._ops.get(run_id, [])
             self._runs.setdefault(run_id, runs[run_id])
             if run_id in upto:
                 self._upto[run_id] = max(upto[run_id], self._upto.get(run_id, 0))
         self._idle.clear()
-        self._wake.set()
+        self._schedule()
 
-    async def _flush(self, batch: dict[str, list[bytes]]) -> list:
+    def _settle(self) -> None:
+        if not self._ops and not self._busy:
+            self._idle.set()
+
+    def _packed(self, batch: dict[str, list[bytes]]) -> bytes:
         keys = [self._keys.open]
         body: list[bytes] = []
         for run_id, ops in batch.items():  # per run: how many op arguments, then the ops
             keys.extend(self._keys.run_keys(run_id))
             body.append(_bulk(len(ops)))
             body.extend(ops)
-        head = [b"EVALSHA", self._script.sha, len(keys), *keys, *self._head]
-        packed = b"".join([b"*%d\r\n" % (len(head) + len(body)), *map(_bulk, head), *body])
-        conn = (
-            self._free.pop() if self._free else await self._redis.connection_pool.get_connection()
-        )
-        try:
-            await conn.send_packed_command(packed)
-            reply = await conn.read_response()
-        except BaseException:
-            await conn.disconnect()  # a half-read reply must not meet the next call
-            raise
-        finally:
-            self._free.append(conn)  # reconnects on its next use if it was dropped
-        if isinstance(reply, ResponseError):
-            raise reply
-        return reply
+        head = [b"EVALSHA", self._sha, len(keys), *keys, *self._head]
+        return b"".join([b"*%d\r\n" % (len(head) + len(body)), *map(_bulk, head), *body])
