@@ -86,9 +86,16 @@ async def _through_api(
     return time.perf_counter() - start, sum(events)
 
 
-def _gc_pauses(metrics: str) -> dict[str, dict[str, float]]:
-    """The API's garbage-collector pauses over its life, by generation: how many and
-    how long in all (from its /metrics) — the usual suspect when p99 jumps."""
+def _gc_pauses(metrics: str, before: str = "") -> dict[str, dict[str, float]]:
+    """The API's garbage-collector pauses while it was measured (its /metrics after,
+    less ``before``: start-up's full collections are no stream's pause), by generation:
+    how many and how long in all — the usual suspect when p99 jumps."""
+    if before:
+        earlier = _gc_pauses(before)
+        return {
+            gen: {k: round(v - earlier.get(gen, {}).get(k, 0), 1) for k, v in entry.items()}
+            for gen, entry in _gc_pauses(metrics).items()
+        }
     pauses: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(metrics):
         if family.name != "sandbox_api_gc_pause_seconds":
@@ -100,6 +107,26 @@ def _gc_pauses(metrics: str) -> dict[str, dict[str, float]]:
             elif sample.name.endswith("_sum"):
                 entry["total_ms"] = round(sample.value * 1000, 1)
     return pauses
+
+
+def _store_flushes(metrics: str) -> dict[str, float]:
+    """The Redis store's writes over the API's life (its /metrics): how many flushes,
+    events per flush, and the mean round trip of one (sent → reply handled)."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name in (
+                "sandbox_chat_run_store_flush_seconds_count",
+                "sandbox_chat_run_store_flush_seconds_sum",
+                "sandbox_chat_run_store_events_stored_total",
+            ):
+                found[sample.name.rsplit("_", 1)[-1]] = sample.value
+    flushes = found.get("count", 0) or 1
+    return {
+        "flushes": found.get("count", 0),
+        "events_per_flush": round(found.get("total", 0) / flushes, 1),
+        "mean_flush_round_trip_ms": round(found.get("sum", 0) / flushes * 1000, 3),
+    }
 
 
 @contextlib.contextmanager
@@ -139,10 +166,10 @@ def run(quick: bool) -> list[Figure]:
                 "SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none",
             }
             with dev_server(**env) as server, _no_collector_pauses():
-                cpu = cpu_seconds(server.pid)
+                cpu, before = cpu_seconds(server.pid), httpx.get(server.url + "/metrics").text
                 api_seconds, events = asyncio.run(_through_api(server.url, runs, via_api, ramp))
                 cpu_per_event = (cpu_seconds(server.pid) - cpu) / events * 1e6
-                gc_pauses = _gc_pauses(httpx.get(server.url + "/metrics").text)
+                gc_pauses = _gc_pauses(httpx.get(server.url + "/metrics").text, before)
             on_redis = _on_redis_store(env, runs, ramp, Path(tmp))
         finally:
             os.killpg(llm.pid, signal.SIGTERM)
@@ -190,20 +217,22 @@ def _on_redis_store(env: dict, runs: int, ramp: float, tmp: Path) -> tuple | Non
             "SANDBOX_WORKSPACE_CHAT_REDIS_URL": store.url,
         }
         with dev_server(**redis_env) as server, _no_collector_pauses():
+            before = httpx.get(server.url + "/metrics").text
             cpu, store_cpu = cpu_seconds(server.pid), cpu_seconds(store.proc.pid)
             seconds, events = asyncio.run(_through_api(server.url, runs, samples, ramp))
             cpu_us = {
                 "api_cpu_us_per_event": (cpu_seconds(server.pid) - cpu) / events * 1e6,
                 "redis_cpu_us_per_event": (cpu_seconds(store.proc.pid) - store_cpu) / events * 1e6,
             }
-            gc_pauses = _gc_pauses(httpx.get(server.url + "/metrics").text)
-        return samples, seconds, events, gc_pauses, cpu_us
+            metrics = httpx.get(server.url + "/metrics").text
+        pauses = _gc_pauses(metrics, before)
+        return samples, seconds, events, pauses, cpu_us, _store_flushes(metrics)
     finally:
         store.stop()
 
 
 def _redis_figure(on_redis: tuple, in_process: list[float], runs: int, tokens: int, quantile):
-    samples, seconds, events, gc_pauses, cpu_us = on_redis
+    samples, seconds, events, gc_pauses, cpu_us, flushes = on_redis
     return Figure.of(
         f"chat on the Redis run store: token → SSE event latency, {runs} runs × {tokens} tokens",
         "ms",
@@ -216,4 +245,5 @@ def _redis_figure(on_redis: tuple, in_process: list[float], runs: int, tokens: i
         added_p50_ms=round(quantile(samples, 0.5) - quantile(in_process, 0.5), 3),
         added_p99_ms=round(quantile(samples, 0.99) - quantile(in_process, 0.99), 3),
         api_gc_pauses=gc_pauses,
+        store_writes=flushes,
     )

@@ -119,3 +119,18 @@ async def test_writes_refused_for_a_while_are_sent_again_and_shown_only_once_sto
     finally:
         await admin.config_set("maxmemory", "0")
     await assert_all_stored_once(registry, runs, 2)
+
+
+async def test_the_writes_round_trips_and_events_are_in_the_metrics(owner):
+    registry, _ = owner
+    runs = runs_of(registry, 3)
+    for run in runs:
+        run.emit("text", {"delta": "x"})
+        run.emit("text", {"delta": "y"})
+    await assert_all_stored_once(registry, runs, 2)
+    families = {f.name: f for f in registry.store.metric_families()}
+    trips = {s.name: s.value for s in families["sandbox_chat_run_store_flush_seconds"].samples}
+    assert trips["sandbox_chat_run_store_flush_seconds_count"] >= 1
+    assert trips["sandbox_chat_run_store_flush_seconds_sum"] > 0
+    stored = families["sandbox_chat_run_store_events_stored"].samples[0].value
+    assert stored == 6

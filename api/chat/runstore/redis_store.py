@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -28,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from redis.asyncio import Redis
 
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError
@@ -36,7 +37,7 @@ from sandbox_workspace.runtime.errors import Conflict, NotFoundError
 from . import Resume, RunStore, control
 from .lease import Leases
 from .redis_log import CANCEL, DECIDE, Keys, follow_log, text
-from .writer import Writer
+from .writer import ROUND_TRIP_BUCKETS, Writer
 
 if TYPE_CHECKING:
     from ..runs import Run
@@ -316,3 +317,18 @@ class RedisRunStore(RunStore):
             family.add_metric([event], self.counts[event])
         family.add_metric(["lease_lost"], self.counts["lease_lost"])
         yield family
+        writer = self.writer
+        counts = itertools.accumulate(writer.round_trips)
+        trips = HistogramMetricFamily(
+            "sandbox_chat_run_store_flush_seconds",
+            "Run store writes: a flush (every run's queued events) sent until its reply is "
+            "handled — what followers wait for beyond the in-process store",
+        )
+        bounds = [*map(str, ROUND_TRIP_BUCKETS), "+Inf"]
+        trips.add_metric([], list(zip(bounds, counts, strict=True)), writer.round_trip_sum)
+        yield trips
+        yield CounterMetricFamily(
+            "sandbox_chat_run_store_events_stored",
+            "Chat events this replica stored in the run store",
+            value=writer.events_stored,
+        )

@@ -26,9 +26,11 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +60,9 @@ def _bulk(value: bytes | str | int) -> bytes:
 def _command(*args: bytes) -> bytes:
     return b"*%d\r\n%b" % (len(args), b"".join(map(_bulk, args)))
 
+
+# Upper bounds (s) of the flush round-trip histogram (/metrics: what the store adds).
+ROUND_TRIP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
 
 _E = _bulk("e")
 _LOAD = object()  # the token of a SCRIPT LOAD on the pipe
@@ -94,6 +99,10 @@ class Writer:
         self.step_ended = asyncio.Event()  # a tool call in flight ended (hand-over waits)
         self.lost_count = 0
         self.reconnects = 0
+        # Flush sent → its reply handled: counts per bucket (+Inf last), sum, events.
+        self.round_trips = [0] * (len(ROUND_TRIP_BUCKETS) + 1)
+        self.round_trip_sum = 0.0
+        self.events_stored = 0
 
     # -- the sink (called by Run, synchronously) -----------------------------------------
     def _put(self, run: Run, *op: bytes) -> None:
@@ -155,7 +164,7 @@ class Writer:
                 log.warning("run store connection lost, reconnecting")
                 for token in pipe.unanswered():  # executed or not: sent again, idempotent
                     if token is not _LOAD:
-                        self._requeue(*token)
+                        self._requeue(*token[:3])
                 await self._backoff()
         finally:
             if self._pipe is not None:
@@ -190,7 +199,7 @@ class Writer:
             if self._load_script:  # first on a new connection, or after NOSCRIPT
                 pipe.send(self._load, _LOAD)
                 self._load_script = False
-            pipe.send(packed, (batch, runs, upto))
+            pipe.send(packed, (batch, runs, upto, time.perf_counter()))
         except ConnectionError:  # closing: ``run`` reconnects and sends it again
             self._requeue(batch, runs, upto)
 
@@ -200,7 +209,10 @@ class Writer:
             if isinstance(reply, ResponseError):
                 log.warning("run store script load failed", extra={"error": str(reply)})
             return
-        batch, runs, upto = token
+        batch, runs, upto, sent_at = token
+        took = time.perf_counter() - sent_at
+        self.round_trips[bisect.bisect_left(ROUND_TRIP_BUCKETS, took)] += 1
+        self.round_trip_sum += took
         if isinstance(reply, ResponseError):
             if str(reply).startswith("NOSCRIPT"):  # the server lost its scripts: nothing ran
                 self._load_script = True
@@ -220,6 +232,7 @@ class Writer:
                 continue
             self.stored.add(run_id)
             if run_id in upto and (run.durable or 0) < upto[run_id]:
+                self.events_stored += upto[run_id] - (run.durable or 0)
                 run.durable = upto[run_id]
                 run._notify()
         if self._ops:
