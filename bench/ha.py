@@ -6,7 +6,8 @@ Every run is followed by a client that re-attaches with ``Last-Event-ID`` on whi
 replica answers (tests/support/run_follower.py). Counted: events lost (gaps in the ids),
 events duplicated, streams that never reached ``done`` — the goal is 0 for each — and
 each run's longest stall (the wait between two events across a kill or stop) against
-the model's pace between tokens when nothing is killed. Writes bench/results/ha.json.
+the model's pace between tokens when nothing is killed. Writes bench/results/ha.json
+(``ha-quick.json`` with --quick: the full run's figures are the ones kept).
 
     python -m bench ha [--quick]
 """
@@ -191,7 +192,9 @@ def run(quick: bool) -> list[Figure]:
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ha.json").write_text(json.dumps(result, indent=2) + "\n")
+    # Quick mode (the test command's) never overwrites the full run's committed figures.
+    name = "ha-quick.json" if quick else "ha.json"
+    (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
     print("ha: " + json.dumps(result), flush=True)
     gaps = [f.longest_gap() * 1000 for f in followed if len(f.times) > 1]
     pace = [interval * 1000] * len(gaps)

@@ -40,6 +40,9 @@ def test_bench_runs_in_quick_mode():
         assert trials["leaked_files"] == 0 and trials["stuck"] == 0, trials
     if shutil.which("redis-server") or shutil.which("valkey-server"):
         assert any(n.startswith("chat on the Redis run store") for n in names)
-        ha = json.loads((ROOT / "bench" / "results" / "ha.json").read_text())
+        ha = json.loads((ROOT / "bench" / "results" / "ha-quick.json").read_text())
+        assert ha["quick"] and ha["when"] >= time.strftime(
+            "%Y-%m-%d %H:%M:%S", time.localtime(started)
+        )
         assert ha["kills"] >= 2 and ha["replicas"] >= 2 and ha["runs"] > 0
         assert ha["lost_events"] == ha["duplicated_events"] == ha["unfinished_streams"] == 0
