@@ -81,7 +81,11 @@ class Writer:
         self._redis, self._keys, self._on_lost = redis, keys, on_lost
         self._sha = hashlib.sha1(APPEND.encode()).hexdigest().encode()
         self._load = _command(b"SCRIPT", b"LOAD", APPEND.encode())
-        self._head = [token, str(retention_s), str(lease_ms)]
+        # The command's constant parts, encoded once: ARGV's head (token, retention, lease)
+        # and, per run, its three keys (a flush encodes only the counts and the ops).
+        self._argv_head = b"".join(map(_bulk, (token, retention_s, lease_ms)))
+        self._open_key = _bulk(keys.open)
+        self._run_keys: dict[str, bytes] = {}
         self._ops: dict[str, list[bytes]] = {}  # per run: its ops, RESP-encoded
         self._runs: dict[str, Run] = {}
         self._upto: dict[str, int] = {}
@@ -227,10 +231,13 @@ class Writer:
         for run_id, result in zip(batch, reply, strict=True):
             run = runs[run_id]
             if result != 0:  # -1: another replica holds the lease now
+                self._run_keys.pop(run_id, None)
                 self.lost_count += 1
                 self._on_lost(run)
                 continue
             self.stored.add(run_id)
+            if run.finished_at is not None and run_id not in self._ops:
+                self._run_keys.pop(run_id, None)  # its last op (``f``) is stored
             if run_id in upto and (run.durable or 0) < upto[run_id]:
                 self.events_stored += upto[run_id] - (run.durable or 0)
                 run.durable = upto[run_id]
@@ -255,11 +262,19 @@ class Writer:
             self._idle.set()
 
     def _packed(self, batch: dict[str, list[bytes]]) -> bytes:
-        keys = [self._keys.open]
-        body: list[bytes] = []
-        for run_id, ops in batch.items():  # per run: how many op arguments, then the ops
-            keys.extend(self._keys.run_keys(run_id))
-            body.append(_bulk(len(ops)))
-            body.extend(ops)
-        head = [b"EVALSHA", self._sha, len(keys), *keys, *self._head]
-        return b"".join([b"*%d\r\n" % (len(head) + len(body)), *map(_bulk, head), *body])
+        """EVALSHA sha numkeys open (meta log lease)… token retention lease (n ops…)…"""
+        parts = [b"", b"$7\r\nEVALSHA\r\n", _bulk(self._sha), _bulk(1 + 3 * len(batch))]
+        parts.append(self._open_key)
+        for run_id in batch:
+            keys = self._run_keys.get(run_id)
+            if keys is None:
+                keys = self._run_keys[run_id] = b"".join(map(_bulk, self._keys.run_keys(run_id)))
+            parts.append(keys)
+        parts.append(self._argv_head)
+        count = 4 + 3 * len(batch) + 3
+        for ops in batch.values():  # per run: how many op arguments, then the ops
+            parts.append(_bulk(len(ops)))
+            parts.extend(ops)
+            count += 1 + len(ops)
+        parts[0] = b"*%d\r\n" % count
+        return b"".join(parts)
