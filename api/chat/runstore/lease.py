@@ -50,12 +50,24 @@ return 0
 """
 
 
+# KEYS: open. ARGV: the lease key's prefix and suffix. The open runs without a lease, in
+# one call (a pipeline of one EXISTS per open run held the API's loop ~4 ms a scan).
+ORPHANS = """
+local out = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if redis.call('EXISTS', ARGV[1] .. id .. ARGV[2]) == 0 then table.insert(out, id) end
+end
+return out
+"""
+
+
 class Leases:
     def __init__(self, redis: Redis, keys: Keys, token: str, ttl_ms: int) -> None:
         self.keys, self.token, self.ttl_ms = keys, token, ttl_ms
         self._renew = redis.register_script(RENEW)
         self._release = redis.register_script(RELEASE)
         self._acquire = redis.register_script(ACQUIRE)
+        self._orphans = redis.register_script(ORPHANS)
         self._redis = redis
 
     async def renew(self, run_ids: list[str]) -> list[str]:
@@ -77,13 +89,6 @@ class Leases:
 
     async def orphans(self, skip: set[str]) -> list[str]:
         """Open runs (not in ``skip``) whose lease is gone."""
-        candidates = [
-            r.decode() for r in await self._redis.smembers(self.keys.open) if r.decode() not in skip
-        ]
-        if not candidates:
-            return []
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for run_id in candidates:
-                pipe.exists(self.keys.lease(run_id))
-            held = await pipe.execute()
-        return [r for r, h in zip(candidates, held, strict=True) if not h]
+        prefix, _, suffix = self.keys.lease("\0").partition("\0")
+        found = await self._orphans(keys=[self.keys.open], args=[prefix, suffix])
+        return [r.decode() for r in found if r.decode() not in skip]
