@@ -36,7 +36,8 @@ from .status import PodState, observe_pod
 POLL_SECONDS = 0.05
 GIVE_UP_SECONDS = 120.0
 TRUST_SECONDS = 10.0
-ANSWERS = "the runtime answers"
+# The Ready message while the operator's check stands in for the kubelet's probe.
+ANSWERS = "the runtime answers the operator's check (the kubelet's probe follows)"
 
 log = logging.getLogger("sandbox_workspace.operator.answers")
 

@@ -15,7 +15,7 @@ import pytest
 from fake_kube import FakeKube
 from kopf._core.engines import posting
 
-from sandbox_workspace.operator.answers import RuntimeAnswers
+from sandbox_workspace.operator.answers import ANSWERS, RuntimeAnswers
 from sandbox_workspace.operator.context import OperatorContext
 from sandbox_workspace.operator.handlers.sessions import reconcile_session
 from sandbox_workspace.operator.kube import core_path, custom_path
@@ -108,7 +108,7 @@ async def test_session_is_running_as_soon_as_its_runtime_answers(world) -> None:
     status = kube.objects[SESSION_PATH]["status"]
     assert status["endpoint"] == f"http://{IP}:8080"
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-    assert (ready["status"], ready["reason"]) == ("True", "RuntimeReady")
+    assert (ready["status"], ready["reason"], ready["message"]) == ("True", "RuntimeReady", ANSWERS)
     polled = len(runtime.hits)
     await asyncio.sleep(0.1)
     assert len(runtime.hits) == polled  # one answer is enough: the poll stopped
