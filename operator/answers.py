@@ -83,9 +83,10 @@ class RuntimeAnswers:
         http: httpx.AsyncClient,
         pod: dict[str, Any],
         state: PodState,
-        on_answer: Callable[[], Awaitable[None]],
+        on_answer: Callable[[float], Awaitable[None]],
     ) -> None:
-        """Poll the runtime of ``pod`` (observed as ``state``) if it is starting."""
+        """Poll the runtime of ``pod`` (observed as ``state``) if it is starting;
+        ``on_answer(seconds polled)`` runs at its first answer."""
         uid = _uid(pod)
         if state.kind != "starting" or not state.ip or not uid:
             return
@@ -102,7 +103,7 @@ class RuntimeAnswers:
         uid: str,
         url: str,
         pod_name: str | None,
-        on_answer: Callable[[], Awaitable[None]],
+        on_answer: Callable[[float], Awaitable[None]],
     ) -> None:
         started = time.monotonic()
         try:
@@ -120,12 +121,10 @@ class RuntimeAnswers:
             # Not when forgotten (the pod is gone): ``forget`` took the task out already.
             if self._polls.pop(uid, None) is not None:
                 self._settled.add(uid)
-        log.info(
-            "runtime answers",
-            extra={"pod": pod_name, "polled_seconds": round(time.monotonic() - started, 3)},
-        )
+        waited = time.monotonic() - started
+        log.info("runtime answers", extra={"pod": pod_name, "polled_seconds": round(waited, 3)})
         try:
-            await on_answer()
+            await on_answer(waited)
         except Exception:  # the kubelet's Ready event reconciles the session anyway
             log.exception("reconcile after the runtime's first answer failed")
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import kopf
@@ -132,7 +133,8 @@ async def reconcile_session(ctx: OperatorContext, namespace: str, name: str) -> 
         )
         if pod is not None and ctx.http is not None and judge(pod, session.uid) == "ours":
             # Running but not Ready yet: poll its runtime ourselves (answers.py).
-            ctx.answers.watch(ctx.http, pod, state, lambda: _after_answer(ctx, namespace, name))
+            answered = partial(_after_answer, ctx, namespace, name)
+            ctx.answers.watch(ctx.http, pod, state, answered)
         status = session_status(session, state, now(), stopped=stopped, restart_required=outdated)
         await _write_status(ctx, body, session, status)
         if ANNOTATION_RESUME in session.annotations:
@@ -197,8 +199,9 @@ async def _converge_pod(
     return pod, state, False
 
 
-async def _after_answer(ctx: OperatorContext, namespace: str, name: str) -> None:
+async def _after_answer(ctx: OperatorContext, namespace: str, name: str, waited: float) -> None:
     """The runtime of the session's starting pod answered: report it (Running)."""
+    ctx.metrics.runtime_answer_seconds.observe(waited)
     await reconcile_session(ctx, namespace, name)
 
 

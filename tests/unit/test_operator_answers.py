@@ -112,6 +112,8 @@ async def test_session_is_running_as_soon_as_its_runtime_answers(world) -> None:
     polled = len(runtime.hits)
     await asyncio.sleep(0.1)
     assert len(runtime.hits) == polled  # one answer is enough: the poll stopped
+    registry = ctx.metrics.registry
+    assert registry.get_sample_value("sandbox_operator_runtime_answer_seconds_count") == 1
 
 
 async def test_a_runtime_that_never_answers_keeps_the_session_pending(world) -> None:
