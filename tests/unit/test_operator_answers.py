@@ -15,10 +15,10 @@ import pytest
 from fake_kube import FakeKube
 from kopf._core.engines import posting
 
+from sandbox_workspace.kube import core_path, custom_path
 from sandbox_workspace.operator.answers import ANSWERS, RuntimeAnswers
 from sandbox_workspace.operator.context import OperatorContext
 from sandbox_workspace.operator.handlers.sessions import reconcile_session
-from sandbox_workspace.operator.kube import core_path, custom_path
 from sandbox_workspace.operator.settings import OperatorSettings
 
 NS, NAME = "ns", "sb-session-alice"
