@@ -88,7 +88,7 @@ async def ag_ui(body: RunAgentInput, caller: CallerDep, services: ServicesDep) -
     keepalive = services.settings.chat_keepalive_seconds
     if body.resume:
         answers = [resume_answer(entry) for entry in body.resume]
-        run, after, calls = answer_approvals(caller, services, answers, "ag-ui")
+        run, after, calls = await answer_approvals(caller, services, answers, "ag-ui")
         translator = AgUiStream(body.threadId, body.runId, run.id, announced=calls)
         return _respond(run, translator, after, keepalive)
     props = body.forwardedProps or {}
