@@ -188,7 +188,7 @@ class RedisRunStore(RunStore):
             "session_id": run.session_id,
             "conversation_id": run.conversation_id,
             "state": "running",
-            "created_at": str(time.time()),
+            "created_at": repr(run.started_at),  # the same on every replica
             "spec": json.dumps(spec or {}),
             "index": self.keys.conversation(run.session_id, run.conversation_id),
             "index_ttl": int((spec or {}).get("deadline_seconds", 3600) + self.retention),
