@@ -6,39 +6,24 @@ superseded and listed on B, and every error is the one A gives."""
 from __future__ import annotations
 
 import json
-import signal
 import uuid
 
 import httpx
 import pytest
-from ui_script import SLOW_WORDS, respond, server_env
+from ui_script import SLOW_WORDS, ui_replicas
+
+__all__ = ["ui_replicas"]  # the fixture
 
 pytestmark = pytest.mark.local_backend
 
 
-@pytest.fixture(scope="module")
-def replicas(start_server, scripted_llm_server, redis_url):
-    """Two ``dev`` API processes with the page's scripted model (ui_script: ``run bash``
-    asks for approval, ``count slowly`` streams for ~3 s) and one Redis store."""
-    env = server_env(scripted_llm_server) | {
-        "SANDBOX_WORKSPACE_CHAT_RUN_STORE": "redis",
-        "SANDBOX_WORKSPACE_CHAT_REDIS_URL": redis_url,
-        "SANDBOX_WORKSPACE_CHAT_REDIS_PREFIX": f"t{uuid.uuid4().hex[:8]}:",
-        "SANDBOX_WORKSPACE_CHAT_APPROVAL_TIMEOUT_SECONDS": "60",
-    }
-    servers = [start_server("dev", "--data-dir", "data", **env) for _ in range(2)]
-    yield servers
-    for server in servers:
-        server.stop(signal.SIGTERM)
-
-
 @pytest.fixture
-def ab(replicas, scripted_llm_server):
-    """Clients of replica A and B for a user of the test's own."""
-    scripted_llm_server.responder = respond  # other modules' tests script their own
+def ab(ui_replicas):
+    """Clients of replica A and B (ui_script's model: ``run bash`` asks for approval,
+    ``count slowly`` streams for ~3 s) for a user of the test's own."""
     user = f"u-{uuid.uuid4().hex[:8]}"
     clients = [
-        httpx.Client(base_url=s.url, headers={"X-User-Id": user}, timeout=60) for s in replicas
+        httpx.Client(base_url=s.url, headers={"X-User-Id": user}, timeout=60) for s in ui_replicas
     ]
     yield clients
     clients[0].delete(f"/api/v1/sessions/sb-session-{user}")
