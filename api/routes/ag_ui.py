@@ -8,7 +8,8 @@ history). A run that
 needs an approval ends with ``RUN_FINISHED`` and an interrupt outcome; the next
 ``RunAgentInput`` answers it in ``resume`` — ``status: "resolved"`` with ``payload:
 {"approved": bool, "reason"?: str}``, or ``status: "cancelled"`` (a rejection) — and its
-events continue the same engine run from the approval on.
+events continue the same engine run from the approval on — on whichever replica it lands
+(the run is found, read and decided through the run store, see turns.py).
 """
 
 from __future__ import annotations
