@@ -59,7 +59,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             "SANDBOX_RUNTIME_NETWORK": settings.session_network,
         }
         return LocalBackend(settings.data_dir, http, bwrap=bwrap, runtime_env=runtime_env)
-    from sandbox_workspace.operator.kube import Kube, load_credentials
+    from sandbox_workspace.kube import Kube, load_credentials
 
     from .backends.kubernetes import KubernetesBackend
 

@@ -15,7 +15,6 @@ from .backends.base import Backend
 from .chat.llm import LlmClient
 from .chat.runs import RunRegistry
 from .identity import Authenticator, Caller, StreamTokens
-from .ledger import Ledger
 from .sessions import SessionService
 from .settings import ApiSettings
 
@@ -32,7 +31,6 @@ class Services:
     runs: RunRegistry
     stream_tokens: StreamTokens
     llm: LlmClient | None = None
-    ledger: Ledger = field(default_factory=Ledger)
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine) -> asyncio.Task:

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from sandbox_workspace.kube import Credentials, Kube, core_path, load_credentials
 from sandbox_workspace.runtime.client import RuntimeClient
 
 from . import naming
-from .kube import Credentials, Kube, core_path, load_credentials
 from .metrics import OperatorMetrics
 from .settings import OperatorSettings
 

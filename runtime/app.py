@@ -34,6 +34,8 @@ from .schemas import (
     ExecutionResult,
     Health,
     KernelRestarted,
+    Marks,
+    MarksReport,
     OutputList,
     RuntimeStats,
     UploadList,
@@ -226,6 +228,12 @@ async def download_output(
     return StreamingResponse(
         _read_fd(opened.fd, state.activity), media_type=opened.mime_type, headers=headers
     )
+
+
+@router.post("/conversations/{conversation_id}/marks")
+async def record_marks(conversation_id: str, body: MarksReport, state: State) -> Marks:
+    """Note what a run modified under outputs/ and presented (listings answer from it)."""
+    return state.workspace.record_marks(conversation_id, body)
 
 
 @router.delete("/conversations/{conversation_id}/uploads/{name}", status_code=204)

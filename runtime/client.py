@@ -33,6 +33,8 @@ from .schemas import (
     ExecuteRequest,
     ExecutionResult,
     KernelRestarted,
+    Marks,
+    MarksReport,
     OutputList,
     RuntimeStats,
     UploadList,
@@ -247,3 +249,10 @@ class RuntimeClient:
     async def list_outputs(self, cid: str) -> OutputList:
         r = await self._request("GET", self._conversation(cid, "outputs"))
         return _parse(OutputList, r)
+
+    async def record_marks(self, cid: str, report: MarksReport) -> Marks:
+        """Tell the runtime what a run modified and presented (kept with the files)."""
+        r = await self._request(
+            "POST", self._conversation(cid, "marks"), json=report.model_dump(mode="json")
+        )
+        return _parse(Marks, r)

@@ -111,7 +111,9 @@ def named_document(data: bytes) -> dict | None:
         return None
 
 
-def read_document(dir_fd: int, name: str) -> tuple[bytes, os.stat_result] | None:
+def read_document(
+    dir_fd: int, name: str, limit: int = _MAX_DOC_BYTES
+) -> tuple[bytes, os.stat_result] | None:
     """A small regular file's bytes and stat, or None (missing, link, FIFO, dir, too big)."""
     try:
         fd = os.open(
@@ -121,9 +123,9 @@ def read_document(dir_fd: int, name: str) -> tuple[bytes, os.stat_result] | None
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_DOC_BYTES:
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
             return None
-        return os.read(fd, _MAX_DOC_BYTES + 1), st
+        return os.read(fd, limit + 1), st
     finally:
         os.close(fd)
 

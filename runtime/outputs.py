@@ -36,6 +36,7 @@ def list_outputs(ws: Workspace, conversation_id: str, limit: int = 2000) -> Outp
     cid = ws.check_conversation_id(conversation_id)
     files: list[OutputFile] = []
     truncated = False
+    marks = ws.marks.get(cid)
     # Entries visited are bounded too: a directory of a million empty subdirectories
     # holds no file but must not cost a million stats per listing.
     with ws.walk([cid, OUTPUTS], max_entries=limit * _ENTRIES_PER_FILE) as walk:
@@ -43,13 +44,16 @@ def list_outputs(ws: Workspace, conversation_id: str, limit: int = 2000) -> Outp
             if len(files) >= limit:
                 truncated = True
                 break
+            path = ws.visible(cid, OUTPUTS, *rel)
             files.append(
                 OutputFile(
                     relative_path="/".join(rel),
-                    path=ws.visible(cid, OUTPUTS, *rel),
+                    path=path,
                     size=st.st_size,
                     modified_at=datetime.fromtimestamp(st.st_mtime, UTC),
                     mime_type=guess_mime(rel[-1]),
+                    modified=path in marks.modified,
+                    presented=path in marks.presented,
                 )
             )
         truncated = truncated or not walk.complete

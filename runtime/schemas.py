@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
 UPLOAD_SUBDIR = "temparea"
+MAX_MARK_PATH = 4096  # bytes of a path in a marks report (PATH_MAX)
+MAX_MARKS_PER_REPORT = 1000
 
 
 class UploadedFile(BaseModel):
@@ -27,6 +29,7 @@ class UploadedFile(BaseModel):
         "or its inode: write, chmod, link): size is the current one, sha256 the uploaded "
         "bytes' digest.",
     )
+    presented: bool = Field(False, description="A run presented this file to the user.")
 
 
 class UploadResult(UploadedFile):
@@ -160,6 +163,30 @@ class OutputFile(BaseModel):
     size: int
     modified_at: datetime
     mime_type: str
+    modified: bool = Field(
+        False, description="A run reported it modified this file (it existed before the run)."
+    )
+    presented: bool = Field(False, description="A run presented this file to the user.")
+
+
+class ChangedFile(BaseModel):
+    path: str = Field(max_length=MAX_MARK_PATH, description="Full path as code opens it.")
+    status: Literal["created", "modified"]
+
+
+class MarksReport(BaseModel):
+    """What one run did to a conversation's files (``POST .../marks``)."""
+
+    changed: list[ChangedFile] = Field(default_factory=list, max_length=MAX_MARKS_PER_REPORT)
+    presented: list[Annotated[str, Field(max_length=MAX_MARK_PATH)]] = Field(
+        default_factory=list, max_length=MAX_MARKS_PER_REPORT
+    )
+
+
+class Marks(BaseModel):
+    conversation_id: str
+    modified: list[str] = Field(description="Paths runs modified, oldest first.")
+    presented: list[str] = Field(description="Paths runs presented, oldest first.")
 
 
 class OutputList(BaseModel):

@@ -4,12 +4,13 @@ Layout::
 
     .runtime/staging/           partial uploads (emptied at start: nobody can resume them)
     .runtime/meta/{cid}/*.json  upload metadata (``metastore``)
+    .runtime/marks/{cid}.json   what runs modified and presented (``marks``)
     .runtime/layout             "2" once old layouts have been migrated (``migrate``)
 
 Contract: executed code has no access here (Landlock), but a PVC may come from an older
 runtime or from a time code ran unconfined, so nothing is assumed. ``repair`` makes
-``.runtime``, ``staging`` and ``meta`` real directories of ours: a symlink, file or FIFO in
-their place is unlinked (never followed, so a link to a conversation directory leaves
+``.runtime``, ``staging``, ``meta`` and ``marks`` real directories of ours: a symlink, file
+or FIFO in their place is unlinked (never followed, so a link to a conversation directory leaves
 that directory untouched), a directory made unreadable gets its mode back, and a
 ``.runtime`` that is not the one we made (replaced while we ran) is removed and rebuilt.
 After a rebuild it calls ``on_rebuilt`` so the metadata store can write back what it holds.
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 STATE = ".runtime"
 STAGING = "staging"
 META = "meta"
+MARKS = "marks"
 LAYOUT = "layout"
 LAYOUT_VERSION = b"2"
 
@@ -79,7 +81,8 @@ class StateDir:
                     tree.remove_tree(fd, STAGING)
                 rebuilt |= self._ensure_dir(fd, STAGING) and not reset_staging
                 rebuilt |= self._ensure_dir(fd, META)
-                for name in (STAGING, META):
+                rebuilt |= self._ensure_dir(fd, MARKS)
+                for name in (STAGING, META, MARKS):
                     os.close(tree.open_dir_accessible(fd, name))
             finally:
                 os.close(fd)

@@ -7,6 +7,7 @@ Layout beneath the root (``/workspace`` in a pod)::
     .runtime/                                    the runtime's own state (``state``):
         staging/                                 partial uploads, renamed into place whole
         meta/{conversation_id}/{hash}.json       upload metadata (``metastore``)
+        marks/{conversation_id}.json             what runs modified/presented (``marks``)
 
 Contract: every access goes through ``pathsafe.SafeRoot`` (no symlink is ever followed);
 conversation ids starting with "." are refused (the runtime's state lives there).
@@ -35,10 +36,18 @@ from pathlib import Path
 from . import pathsafe, tree
 from .errors import ApiError, BadRequest, Conflict, NotFoundError
 from .gate import DeletionGate
+from .marks import MarksStore
 from .metastore import MetaStore, UploadMeta
 from .migrate import migrate
 from .recover import verify_uploads
-from .schemas import UPLOAD_SUBDIR, ConversationDeleted, ConversationInfo, UploadedFile
+from .schemas import (
+    UPLOAD_SUBDIR,
+    ConversationDeleted,
+    ConversationInfo,
+    Marks,
+    MarksReport,
+    UploadedFile,
+)
 from .staging import Staging
 from .state import StateDir
 
@@ -75,15 +84,22 @@ class Workspace:
         self.visible_root = visible_root.rstrip("/") or "/"
         self.state = StateDir(self.root)
         self.meta = MetaStore(self.state)
-        self.state.on_rebuilt = self.meta.rewrite_all  # state rebuilt: restore from memory
+        self.marks = MarksStore(self.state)
+        self.state.on_rebuilt = self._restore_state
         self.staging = Staging(self.state)
         self.gate = DeletionGate()
         self.meta.load()
+        self.marks.load()
         migrate(self.root, self.meta)
         verify_uploads(self)
 
     def close(self) -> None:
         self.root.close()
+
+    def _restore_state(self) -> None:
+        """``.runtime`` was rebuilt: write back what memory holds."""
+        self.meta.rewrite_all()
+        self.marks.rewrite_all()
 
     # -- names ------------------------------------------------------------------------
 
@@ -171,6 +187,30 @@ class Workspace:
             complete=walk.complete,
         )
 
+    def record_marks(self, conversation_id: str, report: MarksReport) -> Marks:
+        """Note what a run modified and presented. Synchronous on purpose: the gate check
+        and the write happen with no deletion starting in between."""
+        cid = self.check_conversation_id(conversation_id)
+        self.refuse_if_deleting(cid)
+        if not self.root.exists_dir([cid]):
+            raise NotFoundError(f"conversation '{cid}' does not exist")
+        prefix = self.visible(cid) + "/"
+        paths = [c.path for c in report.changed] + report.presented
+        outside = next((p for p in paths if not p.startswith(prefix) or "/../" in p), None)
+        if outside is not None:
+            raise BadRequest(
+                f"marks name files of conversation '{cid}' by full path (starting "
+                f"'{prefix}'); {outside!r} is not one",
+                code="invalid_marks",
+            )
+        marks = self.marks.record(
+            cid,
+            modified=[c.path for c in report.changed if c.status == "modified"],
+            created=[c.path for c in report.changed if c.status == "created"],
+            presented=report.presented,
+        )
+        return Marks(conversation_id=cid, modified=[*marks.modified], presented=[*marks.presented])
+
     def conversation_ids(self) -> list[str]:
         with self.root.directory([]) as fd:
             return sorted(n for n in os.listdir(fd) if not n.startswith("."))
@@ -186,13 +226,13 @@ class Workspace:
                 existed = tree.entry_exists(fd, cid)
                 pathsafe.remove_tree(fd, cid)
                 gone = not tree.entry_exists(fd, cid)
-            state_gone = self.meta.drop(cid)
+            state_gone = self.meta.drop(cid) & self.marks.drop(cid)
         except OSError as e:
             raise DeletionIncomplete(
                 f"conversation '{cid}' could not be deleted completely ({e}); retry"
             ) from e
         if not (gone and state_gone):
-            what = "its directory" if not gone else "its upload metadata"
+            what = "its directory" if not gone else "its upload metadata or marks"
             raise DeletionIncomplete(f"conversation '{cid}': {what} is still on disk; retry")
         log.info("conversation deleted", extra={"conversation_id": cid, "existed": existed})
         return ConversationDeleted(conversation_id=cid, deleted=existed, exists=False)
@@ -216,7 +256,12 @@ class Workspace:
         cid = self.check_conversation_id(conversation_id)
         self.check_state()
         self.meta.check(cid)
-        files = [self._upload_info(cid, meta, st) for meta, st in self.current_uploads(cid) if st]
+        presented = self.marks.get(cid).presented
+        files = [
+            self._upload_info(cid, meta, st, presented)
+            for meta, st in self.current_uploads(cid)
+            if st
+        ]
         files.sort(key=lambda f: (f.uploaded_at, f.name))
         return files
 
@@ -318,16 +363,20 @@ class Workspace:
             return None
         return meta if meta.same_file(st) else None
 
-    def _upload_info(self, cid: str, meta: UploadMeta, st: os.stat_result) -> UploadedFile:
+    def _upload_info(
+        self, cid: str, meta: UploadMeta, st: os.stat_result, presented: dict | None = None
+    ) -> UploadedFile:
+        path = self.visible(*self.uploads_parts(cid), meta.name)
         return UploadedFile(
             name=meta.name,
-            path=self.visible(*self.uploads_parts(cid), meta.name),
+            path=path,
             size=st.st_size,
             sha256=meta.sha256,
             mime_type=meta.mime_type or guess_mime(meta.name),
             uploaded_at=meta.uploaded_at,
             conversation_id=cid,
             modified=not meta.unchanged(st),
+            presented=presented is not None and path in presented,
         )
 
     @contextlib.contextmanager

@@ -111,7 +111,7 @@ def _cmd_crds(args: argparse.Namespace) -> int:
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
-    from .operator.kube import CredentialsError
+    from .kube import CredentialsError
     from .operator.main import run
     from .operator.settings import OperatorSettings
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from sandbox_workspace.operator.kube import Conflict, Kube, KubeError
+from sandbox_workspace.kube import Conflict, Kube, KubeError
 
 from .base import ConversationDeleting, ConversationPhase
 

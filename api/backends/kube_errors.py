@@ -7,7 +7,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from sandbox_workspace.operator.kube import KubeError, Unreachable
+from sandbox_workspace.kube import KubeError, Unreachable
 from sandbox_workspace.runtime.errors import error_response
 
 log = logging.getLogger(__name__)

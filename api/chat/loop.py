@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from sandbox_workspace.runtime.errors import ApiError
-from sandbox_workspace.runtime.schemas import OutputList, UploadedFile
+from sandbox_workspace.runtime.schemas import ChangedFile, MarksReport, OutputList, UploadedFile
 
 from ..backends.base import Session
 from ..runtime_client import RuntimeClient
@@ -55,8 +55,6 @@ class RunSpec:
     tool_timeout: float
     ensure_session: Callable[[], Awaitable[Session]]
     record_activity: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
-    # Told the changed and presented files of a successful run (the conversation ledger).
-    on_result: Callable[[list[dict], list[str]], None] = field(default=lambda *_: None)
     # Before each tool call: raises when the conversation may no longer be written.
     before_tool: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
 
@@ -219,7 +217,7 @@ async def _loop(
             messages.append(completion.as_message())
             if not completion.tool_calls:
                 files = [] if before is None else _changed(before, await _outputs(client, cid))
-                spec.on_result(files, [p.path for p in tools.presented])
+                await _record_marks(client, cid, files, [p.path for p in tools.presented])
                 run.emit(
                     "result",
                     {
@@ -327,6 +325,27 @@ async def _act(
         },
     )
     return outcome.output
+
+
+async def _record_marks(
+    client: RuntimeClient, cid: str, files: list[dict], presented: list[str]
+) -> None:
+    """Keep what the run modified and presented with the files (the runtime's marks), so
+    every replica and a restarted API answer ``source``/``is_presented`` alike. A view
+    for the frontend: failing to record it never fails the run."""
+    if not files and not presented:
+        return
+    report = MarksReport(
+        changed=[ChangedFile(path=f["path"], status=f["status"]) for f in files],
+        presented=presented,
+    )
+    try:
+        await client.record_marks(cid, report)
+    except ApiError as e:
+        log.warning(
+            "could not record the run's file marks",
+            extra={"conversation_id": cid, "error": str(e)},
+        )
 
 
 async def _outputs(client: RuntimeClient, cid: str) -> OutputList:

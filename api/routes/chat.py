@@ -210,7 +210,6 @@ async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
         ensure_session=ensure,
         before_tool=before_tool,
         record_activity=record_activity,
-        on_result=lambda files, shown: services.ledger.record(session_id, cid, files, shown),
     )
     run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
     services.runs.add(run, spec_data(spec))

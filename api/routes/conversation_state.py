@@ -3,8 +3,9 @@ reload: which conversations exist, one conversation's files (seed 003's workspac
 information), and its runs to re-attach to.
 
 Thin handlers over ``build_state`` (pure): uploads are ``user_upload``; files under
-outputs/ are ``ai_created`` or ``ai_modified`` with ``is_presented`` from the ledger of
-runs this process saw (``api.ledger``). Reading state never creates a conversation.
+outputs/ are ``ai_created`` or ``ai_modified``, and ``is_presented``, from the marks runs
+left with the files (the runtime keeps them on the conversation's volume, so every replica
+and a restarted API answer alike). Reading state never creates a conversation.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from sandbox_workspace.runtime.workspace import Workspace
 from ..backends.base import ConversationPhase
 from ..chat.runs import Run
 from ..deps import CallerDep, ServicesDep
-from ..ledger import Ledger
 from ..names import ConversationIdPath, SessionIdPath
 from ..openapi import SESSION_ERRORS, errors
 from ..runtime_client import RuntimeClient
@@ -44,7 +44,6 @@ def build_state(
     info: ConversationInfo,
     uploads: UploadList | None,
     outputs: OutputList | None,
-    ledger: Ledger,
 ) -> ConversationState:
     cid = info.conversation_id
     upload_files = [
@@ -55,7 +54,7 @@ def build_state(
             mime_type=f.mime_type,
             modified_at=f.uploaded_at,
             source="user_upload",
-            is_presented=ledger.is_presented(session_id, cid, f.path),
+            is_presented=f.presented,
             sha256=f.sha256,
         )
         for f in (uploads.files if uploads else [])
@@ -67,8 +66,8 @@ def build_state(
             size=f.size,
             mime_type=f.mime_type,
             modified_at=f.modified_at,
-            source=ledger.output_source(session_id, cid, f.path),
-            is_presented=ledger.is_presented(session_id, cid, f.path),
+            source="ai_modified" if f.modified else "ai_created",
+            is_presented=f.presented,
         )
         for f in (outputs.files if outputs else [])
     ]
@@ -137,9 +136,7 @@ async def get_conversation(
     uploads = outputs = None
     if phase == ConversationPhase.READY and info.exists:
         uploads, outputs = await asyncio.gather(client.list_uploads(cid), client.list_outputs(cid))
-    elif phase == ConversationPhase.ABSENT:
-        services.ledger.forget(session.session_id, cid)
-    return build_state(session.session_id, phase, info, uploads, outputs, services.ledger)
+    return build_state(session.session_id, phase, info, uploads, outputs)
 
 
 @router.get("/{conversation_id}/runs", responses=errors(400, 401, 404))

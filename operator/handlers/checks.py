@@ -22,12 +22,12 @@ from typing import Any
 
 import kopf
 
+from sandbox_workspace.kube import KubeError, core_path
 from sandbox_workspace.runtime.client import RuntimeClientError
 from sandbox_workspace.runtime.schemas import RuntimeStats
 
 from .. import naming
 from ..context import OperatorContext
-from ..kube import KubeError, core_path
 from ..models import ANNOTATION_LAST_ACTIVITY, ANNOTATION_RESUME, SandboxSession
 from ..status import (
     condition,

@@ -14,6 +14,7 @@ from typing import Any
 
 import kopf
 
+from sandbox_workspace.kube import KubeError, core_path, custom_path
 from sandbox_workspace.runtime.client import RuntimeClient, RuntimeClientError, RuntimeRefused
 from sandbox_workspace.runtime.pathsafe import UnsafePath
 
@@ -22,7 +23,6 @@ from ..children import uid_of
 from ..cleanup import NotReady, cleanup_runtime, remove_cleanup
 from ..context import OperatorContext
 from ..idrules import check_conversation_id
-from ..kube import KubeError, core_path, custom_path
 from ..models import (
     DNS_LABEL_PATTERN,
     SESSION_PLURAL,

@@ -13,11 +13,12 @@ import secrets
 
 import kopf
 
+from sandbox_workspace.kube import core_path
+
 from .. import naming
 from ..builders import build_runtime_secret, build_workspace_pvc
 from ..children import judge, owner_reference, uid_of
 from ..context import OperatorContext
-from ..kube import core_path
 from ..models import SandboxSession
 from ..status import PodState
 

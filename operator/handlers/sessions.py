@@ -36,11 +36,12 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from sandbox_workspace.kube import KubeError, core_path, custom_path
+
 from .. import naming
 from ..builders import build_sandbox_pod
 from ..children import judge, uid_of
 from ..context import OperatorContext
-from ..kube import KubeError, core_path, custom_path
 from ..models import (
     ANNOTATION_POD_SPEC,
     ANNOTATION_RESUME,

@@ -27,10 +27,10 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from sandbox_workspace.kube import KubeError, custom_path
 from sandbox_workspace.runtime.client import RuntimeClient, RuntimeClientError, RuntimeRefused
 
 from ..context import OperatorContext
-from ..kube import KubeError, custom_path
 from ..models import (
     SESSION_PLURAL,
     ConversationWorkspace,

@@ -20,7 +20,6 @@ from sse_stream import Stream, kinds
 
 from sandbox_workspace.api.backends.base import ConversationPhase
 from sandbox_workspace.api.identity import StreamTokens
-from sandbox_workspace.api.ledger import Ledger
 from sandbox_workspace.api.routes.conversation_state import build_state
 from sandbox_workspace.runtime.errors import Unauthorized
 from sandbox_workspace.runtime.schemas import ConversationInfo
@@ -150,20 +149,8 @@ def test_build_state_reports_deleting_without_listing():
         file_count=3,
         total_bytes=10,
     )
-    state = build_state("s", ConversationPhase.DELETING, info, None, None, Ledger())
+    state = build_state("s", ConversationPhase.DELETING, info, None, None)
     assert state.status == "deleting" and state.uploads == [] and state.file_count == 3
-
-
-def test_ledger_sources():
-    ledger = Ledger()
-    ledger.record("s", "c", [{"path": "/w/c/outputs/a", "status": "modified"}], ["/w/c/outputs/a"])
-    assert ledger.output_source("s", "c", "/w/c/outputs/a") == "ai_modified"
-    assert ledger.is_presented("s", "c", "/w/c/outputs/a")
-    assert ledger.output_source("s", "c", "/w/c/outputs/b") == "ai_created"
-    ledger.record("s", "c", [{"path": "/w/c/outputs/a", "status": "created"}], [])
-    assert ledger.output_source("s", "c", "/w/c/outputs/a") == "ai_created"
-    ledger.forget("s", "c")
-    assert not ledger.is_presented("s", "c", "/w/c/outputs/a")
 
 
 # -- with the agent: sources, presented files, runs, stream tokens ---------------------------
@@ -175,9 +162,11 @@ def chat(chat_server, user) -> Iterator[httpx.Client]:
         yield client
 
 
-def test_agent_files_carry_source_and_presented(chat, user, scripted_llm):
+def _modify_old_and_present_new(client: httpx.Client, user: str, scripted_llm) -> str:
+    """An agent run that appends to an existing output and presents a new one; returns
+    the session URL."""
     session_url = f"/api/v1/sessions/sb-session-{user}"
-    execute(chat, session_url, "mkdir -p outputs && echo v1 > outputs/old.txt", language="bash")
+    execute(client, session_url, "mkdir -p outputs && echo v1 > outputs/old.txt", language="bash")
 
     def respond(body: dict) -> Reply:
         done = len(tool_results(body))
@@ -189,14 +178,37 @@ def test_agent_files_carry_source_and_presented(chat, user, scripted_llm):
         return text_reply("done")
 
     scripted_llm.responder = respond
-    with chat.stream("POST", "/api/v1/chat", json={"query": "go", "conversation_id": "c"}) as r:
+    with client.stream("POST", "/api/v1/chat", json={"query": "go", "conversation_id": "c"}) as r:
         Stream(r).until("done")
-    state = chat.get(f"{session_url}/conversations/c").json()
+    return session_url
+
+
+def _assert_sources(client: httpx.Client, session_url: str) -> None:
+    state = client.get(f"{session_url}/conversations/c").json()
     by_name = {o["name"]: o for o in state["outputs"]}
     assert by_name["old.txt"]["source"] == "ai_modified"
     assert by_name["old.txt"]["is_presented"] is False
     assert by_name["new.txt"]["source"] == "ai_created"
     assert by_name["new.txt"]["is_presented"] is True
+
+
+def test_agent_files_carry_source_and_presented(chat, user, scripted_llm):
+    _assert_sources(chat, _modify_old_and_present_new(chat, user, scripted_llm))
+
+
+def test_sources_and_presented_survive_an_api_restart(
+    start_server, scripted_llm_server, scripted_llm, chat_env_factory, user
+):
+    """They are kept with the files (the runtime's marks), not in the API process that
+    saw the run: after a restart (or on another replica) the page shows the same."""
+    server = start_server("dev", "--data-dir", "data", **chat_env_factory(scripted_llm_server))
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as client:
+        session_url = _modify_old_and_present_new(client, user, scripted_llm)
+        _assert_sources(client, session_url)
+    server.stop()
+    server.start()
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as client:
+        _assert_sources(client, session_url)
 
 
 def test_runs_list_lets_a_reloaded_page_reattach(chat, chat_server, user, scripted_llm):

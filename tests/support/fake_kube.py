@@ -1,4 +1,4 @@
-"""A fake of the operator's Kubernetes client (``operator/kube.Kube``) for unit tests.
+"""A fake of the Kubernetes REST client (``sandbox_workspace/kube.Kube``) for unit tests.
 
 It keeps objects by API path and speaks the verbs the handlers use with the apiserver's
 semantics that matter to them: create-if-absent (None on a name taken), merge patch

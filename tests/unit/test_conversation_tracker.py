@@ -10,7 +10,7 @@ import pytest
 
 from sandbox_workspace.api.backends.base import ConversationDeleting, ConversationPhase
 from sandbox_workspace.api.backends.kube_conversations import ConversationTracker
-from sandbox_workspace.operator.kube import Conflict
+from sandbox_workspace.kube import Conflict
 
 COLLECTION = "/apis/x/v1/namespaces/ns/conversationworkspaces"
 

@@ -20,7 +20,9 @@ def imported_modules(folder: str) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 names |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # ``from pkg import mod`` imports pkg.mod: record both.
                 names.add(node.module)
+                names |= {f"{node.module}.{alias.name}" for alias in node.names}
         found[str(path.relative_to(ROOT))] = names
     return found
 
@@ -43,5 +45,27 @@ def test_dependency_direction(folder, forbidden):
     offending = {
         path: sorted(n for n in names if n.startswith(forbidden))
         for path, names in imported_modules(folder).items()
+    }
+    assert {p: n for p, n in offending.items() if n} == {}
+
+
+# What the API may take from the operator: the contract of the custom resources.
+API_MAY_USE_FROM_OPERATOR = {
+    "sandbox_workspace.operator.models",
+    "sandbox_workspace.operator.naming",
+}
+
+
+def test_api_uses_only_the_operators_crd_contract():
+    """DESIGN: the API may use the operator's CRD models and naming rules, nothing else —
+    not its Kubernetes client (that is the neutral ``sandbox_workspace.kube``)."""
+    offending = {
+        path: sorted(
+            n
+            for n in names
+            if n.startswith("sandbox_workspace.operator.")
+            and not n.startswith(tuple(API_MAY_USE_FROM_OPERATOR))
+        )
+        for path, names in imported_modules("api").items()
     }
     assert {p: n for p, n in offending.items() if n} == {}

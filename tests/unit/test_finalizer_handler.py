@@ -17,10 +17,10 @@ import pytest
 from fake_kube import FakeKube
 from kopf._core.engines import posting
 
+from sandbox_workspace.kube import core_path, custom_path
 from sandbox_workspace.operator.context import OperatorContext
 from sandbox_workspace.operator.handlers.deletion import on_workspace_deleted
 from sandbox_workspace.operator.handlers.workspaces import on_workspace_created
-from sandbox_workspace.operator.kube import core_path, custom_path
 from sandbox_workspace.operator.settings import OperatorSettings
 
 NS = "ns"

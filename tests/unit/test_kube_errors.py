@@ -7,7 +7,7 @@ import pytest
 from fastapi import FastAPI
 
 from sandbox_workspace.api.backends.kube_errors import install_kube_error_handler
-from sandbox_workspace.operator.kube import KubeError, Unreachable
+from sandbox_workspace.kube import KubeError, Unreachable
 
 
 @pytest.mark.parametrize(

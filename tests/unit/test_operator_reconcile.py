@@ -16,11 +16,11 @@ import pytest
 from fake_kube import FakeKube
 from kopf._core.engines import posting
 
+from sandbox_workspace.kube import core_path, custom_path
 from sandbox_workspace.operator.builders import build_sandbox_pod
 from sandbox_workspace.operator.context import OperatorContext
 from sandbox_workspace.operator.handlers.checks import check_session
 from sandbox_workspace.operator.handlers.sessions import reconcile_session
-from sandbox_workspace.operator.kube import core_path, custom_path
 from sandbox_workspace.operator.models import SandboxSession
 from sandbox_workspace.operator.settings import OperatorSettings
 

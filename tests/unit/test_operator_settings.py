@@ -1,4 +1,4 @@
-"""operator/settings.py and operator/kube.py: settings from the environment, credentials
+"""operator/settings.py and sandbox_workspace/kube.py: settings from the environment, credentials
 from a kubeconfig."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sandbox_workspace.operator.kube import CredentialsError, load_credentials
+from sandbox_workspace.kube import CredentialsError, load_credentials
 from sandbox_workspace.operator.settings import OperatorSettings
 
 

@@ -1,5 +1,8 @@
 """A thin async Kubernetes REST client (httpx) and the credentials it and kopf share.
 
+Neutral ground: the operator and the API's kubernetes backend both use it, so it lives
+beside neither (DESIGN: the API never reaches into the operator's client internals).
+
 Contract: ``load_credentials`` finds the cluster the way kubectl does (explicit
 kubeconfig, ``$KUBECONFIG``, ``~/.kube/config``, then the pod's service account);
 ``Credentials.connection_info()`` gives kopf the same cluster, so the operator has one
@@ -257,7 +260,8 @@ def core_path(namespace: str, plural: str, name: str | None = None) -> str:
 
 
 def custom_path(namespace: str, plural: str, name: str | None = None) -> str:
-    from .models import GROUP, VERSION
+    """A path of the custom resources (group and version: the operator's CRD contract)."""
+    from sandbox_workspace.operator.models import GROUP, VERSION
 
     base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}"
     return f"{base}/{name}" if name else base
