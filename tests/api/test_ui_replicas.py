@@ -149,7 +149,7 @@ def test_an_ag_ui_interrupt_on_a_is_resumed_on_b(ab):
         assert stale.status_code == 409 and stale.json()["error"]["code"] == "already_decided"
 
 
-def test_b_lists_as_runs_and_a_new_message_on_b_supersedes_as_run(ab):
+def test_b_lists_the_runs_of_a_and_a_new_message_on_b_supersedes_one(ab):
     a, b = ab
     question = user_message("run bash")
     asked = ui_chat(a, "chat-list", question)
@@ -178,10 +178,19 @@ def test_errors_on_b_are_as_on_a(ab):
     run_id = hello.headers["x-run-id"]
     ui_chunks(hello)
     stranger = {"X-User-Id": f"other-{uuid.uuid4().hex[:6]}"}
-    cases = [
-        # (what, request on a client)
-        ("unknown run", lambda c: ui_chat(c, "x", approval_response("run_nope:call_bash"))),
-        ("call never asked", lambda c: ui_chat(c, "x", approval_response(f"{run_id}:call_zz"))),
+    cases = [  # (what, request on a client, status, error code)
+        (
+            "unknown run",
+            lambda c: ui_chat(c, "x", approval_response("run_nope:call_bash")),
+            404,
+            "not_found",
+        ),
+        (
+            "call never asked",
+            lambda c: ui_chat(c, "x", approval_response(f"{run_id}:call_zz")),
+            404,
+            "unknown_tool_call",
+        ),
         (
             "another user's run",
             lambda c: c.post(
@@ -193,21 +202,23 @@ def test_errors_on_b_are_as_on_a(ab):
                     "conversation_id": "c",
                 },
             ),
+            404,
+            "not_found",
         ),
         (
             "unknown interrupt",
             lambda c: ag_ui(
-                c,
-                messages=[],
-                resume=[{"interruptId": "run_nope:call", "status": "cancelled"}],
+                c, messages=[], resume=[{"interruptId": "run_nope:call", "status": "cancelled"}]
             ),
+            404,
+            "not_found",
         ),
-        ("unknown chat", lambda c: c.get("/api/v1/ui/chat/never-used/stream")),
-        ("finished chat", lambda c: c.get("/api/v1/ui/chat/chat-errors/stream")),
+        ("unknown chat", lambda c: c.get("/api/v1/ui/chat/never-used/stream"), 204, None),
+        ("finished chat", lambda c: c.get("/api/v1/ui/chat/chat-errors/stream"), 204, None),
     ]
-    for what, call in cases:
+    for what, call, status, code in cases:
         on_a, on_b = call(a), call(b)
-        assert on_a.status_code < 500, (what, on_a.text)
+        assert on_a.status_code == status, (what, on_a.text)
+        if code is not None:
+            assert on_a.json()["error"]["code"] == code, (what, on_a.text)
         assert (on_b.status_code, on_b.content) == (on_a.status_code, on_a.content), what
-    assert call(b).status_code == 204
-    assert ui_chat(b, "x", approval_response("run_nope:c")).status_code == 404
