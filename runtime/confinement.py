@@ -14,7 +14,9 @@ What a code process gets, when Landlock is available (highest ABI, best effort):
 - read-write (every right, ``refer`` and ``truncate`` included): its conversation's
   directory and its private scratch directory — nothing else, so no other conversation,
   no runtime state (``{root}/.runtime``), not the runtime's temporary files;
-- TCP bind/connect denied unless ``network == "allow"`` (ABI 4);
+- TCP bind/connect denied unless ``network == "allow"`` (ABI 4); and with the network
+  denied, no internet socket at all — UDP, ICMP, raw, ``listen`` without ``bind`` —
+  by a seccomp filter (``seccomp``; applied even where Landlock is missing);
 - abstract unix sockets and signals scoped to its own domain (ABI 6): it cannot signal
   the runtime, the spawner or its reapers, nor talk to their abstract sockets.
 A read-only candidate that contains the workspace root or the scratch base is dropped
@@ -35,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import landlock
+from . import landlock, seccomp
 from .errors import ApiError
 from .schemas import ConfinementReport
 
@@ -71,6 +73,8 @@ class Confinement:
         self.root = os.geteuid() == 0
         self.abi, self.unavailable = self._probe() if mode != "none" else (0, "")
         self.cgroup = self._make_cgroup() if mode != "none" and self.root else None
+        wants_filter = mode != "none" and network != "allow"
+        self.no_filter = seccomp.available() if wants_filter else "not needed"
         if mode != "none" and not self.abi:
             log.warning(
                 "EXECUTED CODE IS NOT CONFINED: Landlock is unavailable (%s); mode %s %s",
@@ -88,6 +92,10 @@ class Confinement:
     @property
     def confined(self) -> bool:
         return self.abi > 0
+
+    @property
+    def denies_inet_sockets(self) -> bool:
+        return not self.no_filter
 
     def policy(self) -> landlock.Policy:
         net = 0 if self.network == "allow" else landlock.NET_BIND_TCP | landlock.NET_CONNECT_TCP
@@ -112,6 +120,8 @@ class Confinement:
                 found.append("scope_abstract_unix_socket")
             if policy.scoped & landlock.SCOPE_SIGNAL:
                 found.append("scope_signal")
+        if self.denies_inet_sockets:
+            found.append("inet_sockets")
         if self.cgroup:
             found.append("pids_cgroup")
         elif not self.root:
@@ -128,6 +138,8 @@ class Confinement:
             if self.network != "allow" and self.abi < 4:
                 missing.append("TCP cannot be denied")
             reason = ("kernel lacks " + "; ".join(missing)) if missing else ""
+            if self.network != "allow" and not self.denies_inet_sockets:
+                reason = "; ".join(filter(None, [reason, f"UDP not denied: {self.no_filter}"]))
         if self.network == "allow":
             network = "allowed"
         else:
@@ -199,6 +211,7 @@ class Confinement:
             "read_write": landlock.fs_all(self.abi) if self.confined else 0,
             "cgroup": str(self.cgroup) if self.cgroup else None,
             "nproc": self.max_processes if not self.root else None,
+            "deny_inet": self.denies_inet_sockets,
             "run_as": list(run_as) if run_as else None,
         }
 

@@ -17,7 +17,8 @@ from datetime import UTC, datetime
 from . import pathsafe
 from .errors import BadRequest, NotFoundError
 from .schemas import OutputFile, OutputList
-from .workspace import Workspace, guess_mime
+from .upload_files import guess_mime
+from .workspace import Workspace
 
 OUTPUTS = "outputs"
 _ENTRIES_PER_FILE = 10

@@ -56,9 +56,10 @@ def test_network_allowed_lets_code_connect(start_server):
         "dev", "--data-dir", "data",
         SANDBOX_WORKSPACE_SANDBOX_MOUNT="none", SANDBOX_WORKSPACE_SESSION_NETWORK="allow",
     )  # fmt: skip
-    tcp = [a for a in ATTACKS if a.name.startswith("TCP")]
+    network = [a for a in ATTACKS if a.when_allowed]
+    assert {a.when_allowed for a in network} == {"connect", "udp send"}
     with httpx.Client(base_url=server.url, headers={"X-User-Id": "net"}, timeout=60) as api:
-        _, failures = play(api, "/api/v1/sessions/sb-session-net", tcp, network="allow")
+        _, failures = play(api, "/api/v1/sessions/sb-session-net", network, network="allow")
     assert not failures
 
 
@@ -107,7 +108,7 @@ def test_stats_report_full_confinement(runtime):
     report = runtime.client.get("/v1/stats").json()["confinement"]
     assert report["mode"] == "auto" and report["confined"] is True
     assert report["landlock_abi"] == ABI and report["network"] == "denied"
-    expected = {"filesystem", "tcp", "subreaper"}
+    expected = {"filesystem", "tcp", "subreaper", "inet_sockets"}
     if ABI >= 6:
         expected |= {"refer", "truncate", "ioctl_dev", "scope_signal"}
         expected |= {"scope_abstract_unix_socket"}
@@ -155,6 +156,11 @@ def test_auto_without_landlock_runs_code_and_says_so_loudly(runtime):
     )
     assert "seccomp" in report["reason"]
     assert "EXECUTED CODE IS NOT CONFINED" in runtime.server.log()
+    # Without Landlock the seccomp filter still holds: no UDP, no internet socket.
+    assert "inet_sockets" in report["features"]
+    udp = "import socket\ntry:\n    socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+    udp += "except PermissionError:\n    print('refused')"
+    assert _execute(runtime, "c", udp).json()["stdout"] == "refused\n"
 
 
 BWRAP = shutil.which("bwrap")

@@ -10,8 +10,8 @@ Any tier runs the whole catalogue with one line::
 
     run_hostile_suite(client, f"/api/v1/sessions/{sid}")   # client: httpx.Client with auth
 
-``network="allow"`` when the session allows network: the TCP attack then expects to
-connect. Afterwards the driver checks that the sandbox is healthy: B's file and state are
+``network="allow"`` when the session allows network: the network attacks then expect to
+connect and send. Afterwards the driver checks that the sandbox is healthy: B's file and state are
 intact, upload, list, download and execute still work.
 """
 
@@ -63,6 +63,9 @@ class Attack:
     code: str  # Python, formatted with the scene (``{b_file}``, ``{b_dir}``, ``{root}``…)
     must_refuse: bool = True  # at least one permission error expected
     language: str = "python"
+    # With the network allowed, the leak (by this prefix) the attack must find instead:
+    # proof it would see the network if confinement let it through.
+    when_allowed: str = ""
 
 
 ATTACKS = [
@@ -218,6 +221,63 @@ def bind(port):
 attempt("bind an ephemeral port", lambda: bind(0))
 attempt("bind 8099", lambda: bind(8099), ignore=(errno.EADDRINUSE,))
 """,
+        when_allowed="connect",
+    ),
+    Attack(
+        "network beyond TCP: UDP, ICMP, listen unbound, io_uring, the i386 ABI",
+        """
+import ctypes, mmap, platform
+def udp_send():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        return s.sendto(b"exfiltrated", ("127.0.0.1", 9))
+    finally:
+        s.close()
+attempt("udp send", udp_send)
+def created(*args):
+    socket.socket(*args).close()
+    return "created"
+attempt("udp6 socket", lambda: created(socket.AF_INET6, socket.SOCK_DGRAM), ignore=(errno.EAFNOSUPPORT,))
+attempt("icmp socket", lambda: created(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP))
+attempt("raw socket", lambda: created(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP))
+def listen_unbound():  # listen() binds an ephemeral port by itself
+    s = socket.socket()
+    try:
+        s.listen()
+        return s.getsockname()
+    finally:
+        s.close()
+attempt("listen without bind", listen_unbound)
+libc = ctypes.CDLL(None, use_errno=True)
+def uring():  # io_uring makes sockets without the socket syscall
+    fd = libc.syscall(425, 4, ctypes.create_string_buffer(120))
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "io_uring_setup")
+    os.close(fd)
+    return "ring"
+attempt("io_uring_setup", uring, ignore=(errno.ENOSYS,))
+def i386_socket():  # int 0x80 from a 64-bit process: the i386 table's socket (359)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a child: a kernel without the i386 ABI kills it, not us
+        code = bytes.fromhex("53B867010000BB02000000B90200000031D2CD805BC3")
+        m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        m.write(code)
+        fn = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))
+        os.write(w, str(fn()).encode())
+        os._exit(0)
+    os.close(w)
+    out = os.read(r, 64)
+    os.close(r)
+    os.waitpid(pid, 0)
+    result = int(out or b"-38")
+    if result < 0:
+        raise OSError(-result, "int 0x80 socket")
+    return "i386 socket"
+if platform.machine() == "x86_64":
+    attempt("i386 socket", i386_socket, ignore=(errno.ENOSYS,))
+""",
+        when_allowed="udp send",
     ),
     Attack(
         "signals to the runtime, its helpers and other conversations",
@@ -330,9 +390,9 @@ def play(
             problems.append(f"no verdict: {out}")
             continue
         leaks, refused, odd = verdict["leaks"], verdict["refused"], verdict["odd"]
-        if attack.name.startswith("TCP") and network == "allow":
-            if not any(leak.startswith("connect") for leak in leaks):
-                problems.append("network is allowed but nothing connected")
+        if attack.when_allowed and network == "allow":
+            if not any(leak.startswith(attack.when_allowed) for leak in leaks):
+                problems.append(f"network is allowed but no {attack.when_allowed!r} went out")
             continue
         if leaks:
             problems.append(f"LEAKED {leaks}")

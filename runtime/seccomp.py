@@ -1,0 +1,119 @@
+"""A seccomp filter for executed code when its network is denied: no internet sockets.
+
+Landlock (``landlock``) denies TCP bind/connect, and nothing else of the network: a code
+process could still send UDP (a DNS query carries data out), open ICMP or raw sockets,
+SCTP or MPTCP, or ``listen()`` on a TCP socket it never bound. With the network denied
+there is nothing legitimate to do with an internet socket, so this filter refuses to
+create one at all — ``socket(AF_INET|AF_INET6, …)`` fails with ``EACCES``, the error
+Landlock gives for a denied connect. Unix sockets and socketpairs are untouched.
+
+Ways around such a filter, closed too:
+- ``io_uring`` can create sockets without the ``socket`` syscall (IORING_OP_SOCKET):
+  ``io_uring_setup``/``enter``/``register`` fail with ``EACCES``.
+- The other ABIs of the same kernel: on x86_64, ``int 0x80`` reaches the i386 table
+  (``socketcall``, its own ``socket`` number) and x32 numbers carry bit 30. Every syscall
+  of an architecture other than the native one, and every x32 number, fails with
+  ``ENOSYS``: no code of ours runs 32-bit, so nothing legitimate is lost.
+
+Contract: ``available()`` says whether the kernel takes filters; ``deny_inet_sockets()``
+installs the filter on the calling thread and every process it will start (irreversible;
+sets ``no_new_privs``, which Landlock sets anyway). Supported: x86_64 and aarch64; on
+another architecture ``available()`` is False and nothing is installed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import struct
+
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+# BPF (classic) instructions used here.
+_LD_W_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS
+_JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
+_JGE_K = 0x35  # BPF_JMP | BPF_JGE | BPF_K
+_RET_K = 0x06  # BPF_RET | BPF_K
+
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO = 0x00050000  # | errno
+
+# struct seccomp_data: int nr; __u32 arch; __u64 ip; __u64 args[6]
+_NR, _ARCH, _ARG0 = 0, 4, 16  # args[0]'s low 32 bits (little endian)
+
+_AF_INET, _AF_INET6 = 2, 10
+_X32_BIT = 0x40000000
+
+# arch → (AUDIT_ARCH value, socket's number); io_uring's numbers are the same everywhere.
+_ARCHES = {
+    "x86_64": (0xC000003E, 41),
+    "aarch64": (0xC00000B7, 198),
+}
+_IO_URING = (425, 426, 427)  # setup, enter, register
+
+
+def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+    return struct.pack("HBBI", code, jt, jf, k)
+
+
+def program(machine: str | None = None) -> bytes:
+    """The filter for ``machine`` (default: this one), as ``struct sock_filter``s."""
+    audit_arch, nr_socket = _ARCHES[machine or platform.machine()]
+    deny = _RET_ERRNO | errno.EACCES
+    # Each jump is counted in instructions from the next one.
+    insns = [
+        _insn(_LD_W_ABS, _ARCH),
+        _insn(_JEQ_K, audit_arch, jt=1),  # native: go on; foreign: ENOSYS
+        _insn(_RET_K, _RET_ERRNO | errno.ENOSYS),
+        _insn(_LD_W_ABS, _NR),
+        _insn(_JGE_K, _X32_BIT, jf=1),  # x32 numbers: ENOSYS
+        _insn(_RET_K, _RET_ERRNO | errno.ENOSYS),
+        _insn(_JEQ_K, _IO_URING[0], jt=4),
+        _insn(_JEQ_K, _IO_URING[1], jt=3),
+        _insn(_JEQ_K, _IO_URING[2], jt=2),
+        _insn(_JEQ_K, nr_socket, jt=2),
+        _insn(_RET_K, _RET_ALLOW),
+        _insn(_RET_K, deny),  # io_uring
+        _insn(_LD_W_ABS, _ARG0),  # socket(domain, …)
+        _insn(_JEQ_K, _AF_INET, jt=2),
+        _insn(_JEQ_K, _AF_INET6, jt=1),
+        _insn(_RET_K, _RET_ALLOW),
+        _insn(_RET_K, deny),
+    ]
+    return b"".join(insns)
+
+
+def available() -> str:
+    """Empty when the filter can be installed here; else why not."""
+    if platform.machine() not in _ARCHES:
+        return f"seccomp filter not built for {platform.machine()}"
+    try:
+        with open("/proc/self/status") as f:
+            if not any(line.startswith("Seccomp:") for line in f):
+                return "the kernel has no seccomp (no Seccomp: in /proc/self/status)"
+    except OSError as e:
+        return f"cannot read /proc/self/status: {e}"
+    return ""
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def deny_inet_sockets() -> None:
+    """Install the filter on this thread and its future children (irreversible)."""
+    prog = program()
+    fprog = _SockFprog(len(prog) // 8, prog)
+    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
+    if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_SECCOMP): {os.strerror(err)}")
