@@ -20,7 +20,6 @@ from sandbox_workspace.runtime.errors import install_error_handlers
 
 from . import garbage, openapi
 from .backends.base import Backend
-from .chat.chat_index import ChatIndex
 from .chat.llm import LlmClient, LlmConfig
 from .chat.policy import allowed_policies
 from .chat.runs import RunRegistry
@@ -150,7 +149,6 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         openapi_tags=openapi.TAGS,
     )
     app.state.services = services
-    app.state.ui_chats = ChatIndex()
     install_error_handlers(app, default_retry_after=openapi.RETRY_AFTER_SECONDS)
     openapi.install(
         app, settings.max_upload_bytes, allowed_policies(TOOL_NAMES, settings.tool_policies)

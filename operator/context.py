@@ -18,6 +18,7 @@ from sandbox_workspace.kube import Credentials, Kube, core_path, load_credential
 from sandbox_workspace.runtime.client import RuntimeClient
 
 from . import naming
+from .answers import RuntimeAnswers
 from .metrics import OperatorMetrics
 from .settings import OperatorSettings
 
@@ -34,6 +35,8 @@ class OperatorContext:
     # seen — both fixed for a session's life, so the periodic check need not GET them.
     _tokens: dict[str, str] = field(default_factory=dict)
     children_seen: set[str] = field(default_factory=set)
+    # Starting pods whose runtime answered the operator's own /healthz poll.
+    answers: RuntimeAnswers = field(default_factory=RuntimeAnswers)
 
     def ensure_credentials(self) -> Credentials:
         if self.credentials is None:
@@ -49,6 +52,7 @@ class OperatorContext:
             )
 
     async def aclose(self) -> None:
+        await self.answers.aclose()
         if self.kube is not None:
             await self.kube.aclose()
         if self.http is not None:

@@ -5,6 +5,9 @@
 - ``sandbox_operator_sessions{phase}``: sessions this operator sees, by phase.
 - ``sandbox_operator_workspace_deletion_seconds``: conversation delete requested (the
   resource's deletionTimestamp) to files verified gone.
+- ``sandbox_operator_runtime_answer_seconds``: a starting sandbox pod seen running (not
+  yet Ready) to its runtime's first answer to the operator's own /healthz poll — the
+  runtime's start-up as the operator sees it (``answers.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ class OperatorMetrics:
             "sandbox_operator_workspace_deletion_seconds",
             "From a ConversationWorkspace's deletion request to its files verified gone.",
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800),
+            registry=self.registry,
+        )
+        self.runtime_answer_seconds = Histogram(
+            "sandbox_operator_runtime_answer_seconds",
+            "From a starting sandbox pod seen running to its runtime's first /healthz answer.",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 120),
             registry=self.registry,
         )
         self._phases: dict[str, str] = {}

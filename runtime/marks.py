@@ -7,12 +7,14 @@ process: every API replica, and an API restarted, reads the same answer, and del
 conversation deletes its marks.
 
 Contract:
-- One JSON document per conversation at ``.runtime/marks/{cid}.json``:
+- One JSON document per conversation at ``.runtime/marks/{hash of cid}.json`` (a hash:
+  a 255-byte id plus ".json" would pass the file-name limit):
   ``{"conversation_id": cid, "modified": [path…], "presented": [path…]}``, paths as code
   opens them. Memory is the authority while the runtime runs; the document is written
   through (atomically) and loaded at the next start. Executed code cannot reach
   ``.runtime`` (Landlock); a document that is not what we would write (not a regular
-  file, not JSON of that shape, another conversation's id, too big) is removed at load —
+  file, not JSON of that shape, an id whose hash is not its name, too big) is removed at
+  load —
   marks are a view for a frontend, never a reason to keep or delete a file.
 - ``record`` applies one run's report: a path reported ``modified`` is marked, one
   reported ``created`` loses the mark (created again after a delete), presented paths are
@@ -24,6 +26,7 @@ Contract:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -52,17 +55,23 @@ class ConversationMarks:
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
-    def parse(cls, cid: str, data: bytes) -> ConversationMarks | None:
+    def parse(cls, data: bytes) -> tuple[str, ConversationMarks] | None:
+        """The conversation id and its marks, or None when ``data`` is not a document we
+        would write."""
         try:
             doc = json.loads(data)
         except ValueError:
             return None
-        if not isinstance(doc, dict) or doc.get("conversation_id") != cid:
+        if not isinstance(doc, dict) or not isinstance(cid := doc.get("conversation_id"), str):
             return None
         sets = [doc.get("modified"), doc.get("presented")]
         if not all(isinstance(s, list) and all(isinstance(p, str) for p in s) for s in sets):
             return None
-        return cls(*({p: None for p in s[-MAX_MARKS:]} for s in sets))
+        return cid, cls(*({p: None for p in s[-MAX_MARKS:]} for s in sets))
+
+
+def doc_name(cid: str) -> str:
+    return hashlib.sha256(cid.encode()).hexdigest()[:40] + ".json"
 
 
 def _bounded(marks: dict[str, None]) -> None:
@@ -83,14 +92,14 @@ class MarksStore:
         removed = 0
         with self._lock, self.state.directory(MARKS) as dfd:
             for doc in os.listdir(dfd):
-                cid = doc.removesuffix(".json")
-                read = read_document(dfd, doc, _MAX_DOC_BYTES) if doc != cid else None
-                marks = ConversationMarks.parse(cid, read[0]) if read is not None else None
-                if marks is None or not valid_conversation_id(cid):
+                read = read_document(dfd, doc, _MAX_DOC_BYTES)
+                found = ConversationMarks.parse(read[0]) if read is not None else None
+                cid = found[0] if found else ""
+                if not (found and valid_conversation_id(cid) and doc_name(cid) == doc):
                     tree.remove_tree(dfd, doc)
                     removed += 1
                     continue
-                self._marks[cid] = marks
+                self._marks[cid] = found[1]
         if removed:
             log.warning("removed untrustworthy output marks", extra={"entries": removed})
 
@@ -122,8 +131,8 @@ class MarksStore:
         with self._lock:
             self._marks.pop(cid, None)
             with self.state.directory(MARKS, create=True) as dfd:
-                tree.remove_tree(dfd, f"{cid}.json")
-                return not tree.entry_exists(dfd, f"{cid}.json")
+                tree.remove_tree(dfd, doc_name(cid))
+                return not tree.entry_exists(dfd, doc_name(cid))
 
     def rewrite_all(self) -> None:
         """After ``.runtime`` was rebuilt: write back everything memory holds."""
@@ -133,4 +142,4 @@ class MarksStore:
 
     def _write(self, cid: str, marks: ConversationMarks) -> None:
         with self.state.directory(MARKS, create=True) as dfd:
-            write_atomically(dfd, f"{cid}.json", marks.to_bytes(cid))
+            write_atomically(dfd, doc_name(cid), marks.to_bytes(cid))

@@ -1,11 +1,15 @@
 """Which run a client-side chat is on: the AI SDK names chats by its own ``id``, and
-``GET /ui/chat/{id}/stream`` must find that chat's active run.
+``GET /ui/chat/{id}/stream`` must find that chat's active run — on whichever replica the
+request lands, so the index lives in the run store (``RunStore.chat_run`` /
+``set_chat_run``; the Redis store keeps it in Redis). This module holds the entry and the
+in-process index the in-process store uses.
 
-Contract: ``ChatIndex.set(user, chat_id, run_id, message_id)`` records the chat's current
-run and the id of the assistant message streaming it; ``get`` returns it only to the same
-user (a chat id is the client's choice, so it is scoped by user, never global). Bounded:
-past ``limit`` chats the least recently set are forgotten — they can only lose the
-ability to resume a stream, never reach another user's run (runs are checked by owner).
+Contract: ``ChatIndex.set(user, chat_id, entry)`` records the chat's current run and the
+id of the assistant message streaming it (``ChatRun``); ``get`` returns it only to the
+same user (a chat id is the client's choice, so it is scoped by user, never global).
+Bounded: past ``limit`` chats the least recently set are forgotten — they can only lose
+the ability to resume a stream, never reach another user's run (runs are checked by
+owner).
 """
 
 from __future__ import annotations
@@ -25,10 +29,10 @@ class ChatIndex:
         self.limit = limit
         self._chats: OrderedDict[tuple[str, str], ChatRun] = OrderedDict()
 
-    def set(self, user_id: str, chat_id: str, run_id: str, message_id: str) -> None:
+    def set(self, user_id: str, chat_id: str, entry: ChatRun) -> None:
         key = (user_id, chat_id)
         self._chats.pop(key, None)
-        self._chats[key] = ChatRun(run_id, message_id)
+        self._chats[key] = entry
         while len(self._chats) > self.limit:
             self._chats.popitem(last=False)
 

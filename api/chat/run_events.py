@@ -9,6 +9,9 @@ Contract:
   continues the same run. A run's log is thus a sequence of segments, each ending at a
   ``tool_approval`` event or at the run's end; a resumed stream replays every segment
   so far as one (``decided_approvals`` are those that no longer end one).
+- The log and the approvals still open are read through the run store
+  (``RunStore.frames`` / ``open_approvals``), so a run held by another replica reads the
+  same as one held here.
 - ``approval_id(run_id, call_id)`` names an approval across requests; ``parse_approval_id``
   refuses anything else with a 400 that says what an approval id looks like.
 - ``translate`` follows a run from an event id through a translator until the translator
@@ -26,6 +29,7 @@ from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
 
 from ..sse import KEEPALIVE
 from .runs import Run
+from .runstore import RunStore
 
 _SEPARATOR = ":"  # run ids are "run_<hex>": the first ':' splits an approval id
 
@@ -55,8 +59,9 @@ def encode_data(message: dict) -> bytes:
     return b"data: " + body.encode() + b"\n\n"
 
 
-def events_of(run: Run) -> list[RunEvent]:
-    return [parse_frame(frame) for frame in list(run.frames)]
+async def events_of(store: RunStore, run: Run) -> list[RunEvent]:
+    """The run's events stored so far (not waiting for more)."""
+    return [parse_frame(frame) for frame in await store.frames(run)]
 
 
 def approval_id(run_id: str, call_id: str) -> str:
@@ -74,22 +79,23 @@ def parse_approval_id(value: str) -> tuple[str, str]:
     return run_id, call_id
 
 
-def decided_approvals(run: Run) -> set[str]:
+async def decided_approvals(store: RunStore, run: Run) -> set[str]:
     """Tool calls whose approval was asked and answered (or timed out) — all asked but
     the one the run waits on now."""
-    asked = [e.data["tool_call_id"] for e in events_of(run) if e.kind == "tool_approval"]
-    if run.awaiting_approval and asked:
-        asked.pop()
-    return set(asked)
+    asked = [
+        e.data["tool_call_id"] for e in await events_of(store, run) if e.kind == "tool_approval"
+    ]
+    waiting = await store.open_approvals(run)  # read after the log: covers all it asked
+    return {call for call in asked if call not in waiting}
 
 
-def approval_event_id(run: Run, call_id: str) -> int:
+def approval_event_id(run_id: str, events: list[RunEvent], call_id: str) -> int:
     """The id of the event that asked for this call's approval (404 when none did)."""
-    for event in events_of(run):
+    for event in events:
         if event.kind == "tool_approval" and event.data.get("tool_call_id") == call_id:
             return event.id
     raise NotFoundError(
-        f"run '{run.id}' never asked to approve tool call '{call_id}'", code="unknown_tool_call"
+        f"run '{run_id}' never asked to approve tool call '{call_id}'", code="unknown_tool_call"
     )
 
 

@@ -8,7 +8,8 @@ history). A run that
 needs an approval ends with ``RUN_FINISHED`` and an interrupt outcome; the next
 ``RunAgentInput`` answers it in ``resume`` — ``status: "resolved"`` with ``payload:
 {"approved": bool, "reason"?: str}``, or ``status: "cancelled"`` (a rejection) — and its
-events continue the same engine run from the approval on.
+events continue the same engine run from the approval on — on whichever replica it lands
+(the run is found, read and decided through the run store, see turns.py).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ async def ag_ui(body: RunAgentInput, caller: CallerDep, services: ServicesDep) -
     keepalive = services.settings.chat_keepalive_seconds
     if body.resume:
         answers = [resume_answer(entry) for entry in body.resume]
-        run, after, calls = answer_approvals(caller, services, answers, "ag-ui")
+        run, after, calls = await answer_approvals(caller, services, answers, "ag-ui")
         translator = AgUiStream(body.threadId, body.runId, run.id, announced=calls)
         return _respond(run, translator, after, keepalive)
     props = body.forwardedProps or {}

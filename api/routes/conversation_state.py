@@ -84,7 +84,7 @@ def build_state(
     )
 
 
-def run_summary(run: Run) -> RunSummary:
+def run_summary(run: Run, last_event_id: int) -> RunSummary:
     state = (
         "finished" if run.finished else "awaiting_approval" if run.awaiting_approval else "running"
     )
@@ -95,7 +95,7 @@ def run_summary(run: Run) -> RunSummary:
         started_at=datetime.fromtimestamp(run.started_at, UTC),
         finished=run.finished,
         awaiting_approval=run.awaiting_approval,
-        last_event_id=len(run.frames),
+        last_event_id=last_event_id,
         events_url=f"/api/v1/runs/{quote(run.id, safe='')}/events",
     )
 
@@ -147,17 +147,19 @@ async def list_runs(
     services: ServicesDep,
 ) -> RunList:
     """The conversation's runs this API still holds (open ones, and finished ones for the
-    retention time), oldest first — re-attach with their `events_url`."""
+    retention time), oldest first — re-attach with their `events_url`. Every replica lists
+    the same runs (they are read through the run store)."""
     sid = services.sessions.own_session_id(caller, session_id)
     cid = Workspace.check_conversation_id(conversation_id)
     now, retention = time.monotonic(), services.runs.retention
     runs = [
         r
-        for r in services.runs.all()
+        for r in await services.runs.conversation_runs(sid, cid)
         if r.user_id == caller.user_id
-        and r.conversation_id == cid
-        and r.session_id == sid
-        and (r.finished_at is None or now - r.finished_at <= retention)
+        # A view from the store has no ``finished_at``: the store expires finished runs.
+        and (getattr(r, "finished_at", None) is None or now - r.finished_at <= retention)
     ]
     runs.sort(key=lambda r: r.started_at)
-    return RunList(session_id=sid, conversation_id=cid, runs=[run_summary(r) for r in runs])
+    last = await services.runs.store.last_event_ids(runs)
+    summaries = [run_summary(r, n) for r, n in zip(runs, last, strict=True)]
+    return RunList(session_id=sid, conversation_id=cid, runs=summaries)

@@ -5,7 +5,10 @@ Contract: ``start_turn`` validates like ``POST /chat`` (the same ``ChatRequest``
 malformed turn is a 422 naming the field) and starts the run on the one engine;
 ``answer_approvals`` decides each answered call on its run (only the caller's runs: any
 other is 404; a call already decided or timed out is 409) and returns the run with the
-event id after which the continuation streams, and the calls it answered.
+event id after which the continuation streams, and the calls it answered. The run may be
+held by any replica: it is found, read and decided through the run store
+(``services.runs.find`` / ``decide``, ``run_events.events_of``), so every replica answers
+alike.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pydantic import ValidationError
 
 from sandbox_workspace.runtime.errors import BadRequest
 
-from ..chat.run_events import approval_event_id, parse_approval_id
+from ..chat.run_events import approval_event_id, events_of, parse_approval_id
 from ..chat.runs import Run
 from ..identity import Caller
 from .chat import ChatRequest, start_run
@@ -63,7 +66,7 @@ async def start_turn(
     return run
 
 
-def answer_approvals(
+async def answer_approvals(
     caller: Caller, services, answers: list[Answer], protocol: str
 ) -> tuple[Run, int, set[str]]:
     if not answers:
@@ -77,10 +80,11 @@ def answer_approvals(
             "the approvals answered belong to different runs; answer one run's at a time",
             code="mixed_runs",
         )
-    run = services.runs.get(run_ids.pop(), caller.user_id)
-    positions = [approval_event_id(run, call_id) for _, _, call_id in targets]
+    run = await services.runs.find(run_ids.pop(), caller.user_id)
+    events = await events_of(services.runs.store, run)
+    positions = [approval_event_id(run.id, events, call_id) for _, _, call_id in targets]
     for answer, _, call_id in targets:
-        run.decide(call_id, answer.approved, answer.reason)
+        await services.runs.decide(run, call_id, answer.approved, answer.reason)
         log.info(
             "tool call decided",
             extra={

@@ -8,7 +8,9 @@ becoming the history. When the last message is the assistant's with tool parts i
 ``approval-responded``, it decides those calls on the waiting run and streams the run's
 continuation into that same message. ``GET /ui/chat/{id}/stream`` replays the chat's
 active run from its start and follows it live (``DefaultChatTransport`` resumes with
-replay semantics); 204 when the chat has no active run.
+replay semantics); 204 when the chat has no active run. Which run a chat is on, the
+run's log and its approvals are kept in the run store, so any replica answers any of
+these requests (``chat.runStore=redis``).
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
 
-from ..chat.chat_index import ChatIndex
+from ..chat.chat_index import ChatRun
 from ..chat.run_events import decided_approvals, encode_data, translate
 from ..chat.runs import Run
 from ..chat.ui_stream import DONE, HEADERS, UiMessageStream
@@ -77,8 +79,11 @@ def approval_answers(message: UiMessage) -> list[Answer]:
     return answers
 
 
-def _index(request: Request) -> ChatIndex:
-    return request.app.state.ui_chats
+async def _remember(services, user_id: str, chat_id: str, entry: ChatRun) -> None:
+    # Resuming matters while the run is open: at most its deadline (plus the retention).
+    settings = services.settings
+    ttl = settings.chat_run_deadline_seconds + settings.chat_run_retention_seconds
+    await services.runs.store.set_chat_run(user_id, chat_id, entry, ttl)
 
 
 def _respond(run: Run, translator: UiMessageStream, after: int, keepalive: float):
@@ -94,11 +99,10 @@ def _metadata(run: Run) -> dict[str, str]:
 
 @router.post("/chat", responses={200: {"content": {"text/event-stream": {}}}})
 async def ui_chat(
-    body: UiChatRequest, request: Request, caller: CallerDep, services: ServicesDep
+    body: UiChatRequest, caller: CallerDep, services: ServicesDep
 ) -> StreamingResponse:
     """Start a run, or answer its approvals; answers a UI message stream (v1)."""
     keepalive = services.settings.chat_keepalive_seconds
-    index = _index(request)
     last = body.messages[-1]
     if last.role == "assistant":
         answers = approval_answers(last)
@@ -108,8 +112,8 @@ async def ui_chat(
                 "send a user message to start a run",
                 code="nothing_to_continue",
             )
-        run, after, calls = answer_approvals(caller, services, answers, "ui")
-        index.set(caller.user_id, body.id, run.id, last.id)
+        run, after, calls = await answer_approvals(caller, services, answers, "ui")
+        await _remember(services, caller.user_id, body.id, ChatRun(run.id, last.id))
         translator = UiMessageStream(run.id, last.id, _metadata(run), announced=calls)
         return _respond(run, translator, after, keepalive)
     query = text_of(last)
@@ -122,7 +126,7 @@ async def ui_chat(
         for m in body.messages[:-1]
         if m.role in ("user", "assistant") and (text := text_of(m))
     ]
-    previous = index.get(caller.user_id, body.id)
+    previous = await services.runs.store.chat_run(caller.user_id, body.id)
     run = await start_turn(
         caller,
         services,
@@ -135,9 +139,9 @@ async def ui_chat(
     )
     if previous is not None:  # the new message supersedes the chat's run still open
         with contextlib.suppress(NotFoundError):
-            services.runs.get(previous.run_id, caller.user_id).cancel()
+            await services.runs.cancel(await services.runs.find(previous.run_id, caller.user_id))
     message_id = f"msg_{run.id}"
-    index.set(caller.user_id, body.id, run.id, message_id)
+    await _remember(services, caller.user_id, body.id, ChatRun(run.id, message_id))
     return _respond(run, UiMessageStream(run.id, message_id, _metadata(run)), 0, keepalive)
 
 
@@ -145,20 +149,17 @@ async def ui_chat(
     "/chat/{chat_id}/stream",
     responses={200: {"content": {"text/event-stream": {}}}, 204: {"description": "no active run"}},
 )
-async def ui_chat_stream(
-    chat_id: str, request: Request, caller: CallerDep, services: ServicesDep
-) -> Response:
+async def ui_chat_stream(chat_id: str, caller: CallerDep, services: ServicesDep) -> Response:
     """Resume the chat's active run: replayed from its start, then live (204 when none)."""
-    entry = _index(request).get(caller.user_id, chat_id)
+    entry = await services.runs.store.chat_run(caller.user_id, chat_id)
     if entry is None:
         return Response(status_code=204)
     try:
-        run = services.runs.get(entry.run_id, caller.user_id)
+        run = await services.runs.find(entry.run_id, caller.user_id)
     except NotFoundError:
         return Response(status_code=204)
     if run.finished:
         return Response(status_code=204)
-    translator = UiMessageStream(
-        run.id, entry.message_id, _metadata(run), decided=decided_approvals(run)
-    )
+    decided = await decided_approvals(services.runs.store, run)
+    translator = UiMessageStream(run.id, entry.message_id, _metadata(run), decided=decided)
     return _respond(run, translator, 0, services.settings.chat_keepalive_seconds)

@@ -9,6 +9,7 @@ garbage collector and awaited, a terminating one awaited, and a claim without an
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 
 import kopf
@@ -87,12 +88,18 @@ async def ensure_children(
     or a lost claim (``ClaimLost``: reported, never replaced — that is a data decision)."""
     if trust_cache and session.uid in ctx.children_seen:
         return None  # verified for this incarnation; owner refs keep them
-    waiting = await _ensure_secret(ctx, session, body)
+    # Independent objects: made side by side, one API round trip less on every start.
+    ensure = [_ensure_secret(ctx, session, body)]
     if session.spec.storage.persistent:
-        try:
-            waiting = await _ensure_claim(ctx, session, body) or waiting
-        except _ClaimLost as e:
-            return PodState("broken", "ClaimLost", str(e))
+        ensure.append(_ensure_claim(ctx, session, body))
+    results = await asyncio.gather(*ensure, return_exceptions=True)
+    for result in results:
+        if isinstance(result, _ClaimLost):
+            return PodState("broken", "ClaimLost", str(result))
+        if isinstance(result, BaseException):
+            raise result
+    # The claim's reason to wait first (as before), then the Secret's.
+    waiting = next((r for r in reversed(results) if r), None)
     if waiting is None and session.uid:
         ctx.children_seen.add(session.uid)
     return None if waiting is None else PodState("pending", OLD, waiting)

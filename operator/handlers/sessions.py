@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import kopf
@@ -50,7 +51,7 @@ from ..models import (
     SandboxSession,
     SandboxSessionStatus,
 )
-from ..status import PodState, is_stopped, observe_pod, session_status, set_condition
+from ..status import PodState, is_stopped, session_status, set_condition
 from .incarnation import OLD, ensure_children
 
 KIND = "SandboxSession"
@@ -125,12 +126,16 @@ async def reconcile_session(ctx: OperatorContext, namespace: str, name: str) -> 
         stopped = is_stopped(session)
         pod_path = core_path(namespace, "pods", naming.runtime_pod_name(name))
         pod = await ctx.api.get(pod_path)
-        serving = judge(pod, session.uid) == "ours" and observe_pod(pod).kind == "ready"
+        serving = judge(pod, session.uid) == "ours" and ctx.answers.observe(pod).kind == "ready"
         blocked = await ensure_children(ctx, session, body, trust_cache=serving)
         desired = build_sandbox_pod(session, ctx.settings)
         pod, state, outdated = await _converge_pod(
             ctx, session, body, pod, desired, stopped=stopped, blocked=blocked
         )
+        if pod is not None and ctx.http is not None and judge(pod, session.uid) == "ours":
+            # Running but not Ready yet: poll its runtime ourselves (answers.py).
+            answered = partial(_after_answer, ctx, namespace, name)
+            ctx.answers.watch(ctx.http, pod, state, answered)
         status = session_status(session, state, now(), stopped=stopped, restart_required=outdated)
         await _write_status(ctx, body, session, status)
         if ANNOTATION_RESUME in session.annotations:
@@ -162,7 +167,7 @@ async def _converge_pod(
         await ctx.api.delete(path, uid=uid_of(pod))
         message = "waiting for the pod of a previous incarnation to go"
         return pod, PodState("pending", OLD, message), False
-    state = observe_pod(pod)
+    state = ctx.answers.observe(pod)
     if pod is not None and ownership == "ours":
         current = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_POD_SPEC)
         outdated = current != desired["metadata"]["annotations"][ANNOTATION_POD_SPEC]
@@ -181,7 +186,7 @@ async def _converge_pod(
             return pod, blocked, False  # why it cannot start
         else:
             return pod, state, outdated and state.kind == "ready"
-        return pod, observe_pod(pod), False
+        return pod, ctx.answers.observe(pod), False
     if pod is None and not stopped:
         if blocked is not None:
             return None, blocked, False
@@ -191,8 +196,14 @@ async def _converge_pod(
             pod = await ctx.api.get(path)
         if session.status.phase is not None:
             kopf.event(body, type="Normal", reason="PodCreated", message="sandbox pod created")
-        return pod, observe_pod(pod), False
+        return pod, ctx.answers.observe(pod), False
     return pod, state, False
+
+
+async def _after_answer(ctx: OperatorContext, namespace: str, name: str, waited: float) -> None:
+    """The runtime of the session's starting pod answered: report it (Running)."""
+    ctx.metrics.runtime_answer_seconds.observe(waited)
+    await reconcile_session(ctx, namespace, name)
 
 
 async def request_resume(ctx: OperatorContext, namespace: str, name: str) -> None:
@@ -243,6 +254,8 @@ async def on_runtime_pod_event(
 ) -> None:
     """Any change of a sandbox pod: the session's status follows; a dead pod is replaced."""
     session_name = labels.get(LABEL_SESSION)
+    if event["type"] == "DELETED":
+        memo.ctx.answers.forget(event["object"].get("metadata", {}).get("uid"))
     if session_name:
         await reconcile_session(memo.ctx, namespace, session_name)
 

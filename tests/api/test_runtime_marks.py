@@ -13,6 +13,7 @@ import pytest
 from runtime_ops import assert_healthy, execute, restart
 
 from sandbox_workspace.runtime.errors import ConversationDeleting
+from sandbox_workspace.runtime.marks import doc_name
 from sandbox_workspace.runtime.schemas import ChangedFile, MarksReport
 from sandbox_workspace.runtime.workspace import Workspace
 
@@ -75,20 +76,22 @@ def test_marks_answer_listings_and_survive_a_restart(runtime) -> None:
     assert outputs(runtime, "c1")["a.txt"]["modified"] is False
 
 
-def test_marks_go_with_the_conversation(runtime) -> None:
-    """A conversation deleted and started again under the same id inherits nothing."""
-    base = conversation_path(runtime, "c1")
-    execute(runtime, "c1", "mkdir -p outputs && echo a > outputs/a.txt")
-    record(runtime, "c1", [(f"{base}/outputs/a.txt", "modified")], [f"{base}/outputs/a.txt"])
-    assert (marks_dir(runtime) / "c1.json").is_file()
+@pytest.mark.parametrize("cid", ["c1", "x" * 255], ids=["short", "longest-id"])
+def test_marks_go_with_the_conversation(runtime, cid: str) -> None:
+    """A conversation deleted and started again under the same id inherits nothing —
+    the longest id too (its document's name must fit the file-name limit)."""
+    base = conversation_path(runtime, cid)
+    execute(runtime, cid, "mkdir -p outputs && echo a > outputs/a.txt")
+    record(runtime, cid, [(f"{base}/outputs/a.txt", "modified")], [f"{base}/outputs/a.txt"])
+    assert (marks_dir(runtime) / doc_name(cid)).is_file()
 
-    assert runtime.client.delete("/v1/conversations/c1").status_code == 200
-    assert not (marks_dir(runtime) / "c1.json").exists()
-    execute(runtime, "c1", "mkdir -p outputs && echo again > outputs/a.txt")
-    a = outputs(runtime, "c1")["a.txt"]
+    assert runtime.client.delete(f"/v1/conversations/{cid}").status_code == 200
+    assert not (marks_dir(runtime) / doc_name(cid)).exists()
+    execute(runtime, cid, "mkdir -p outputs && echo again > outputs/a.txt")
+    a = outputs(runtime, cid)["a.txt"]
     assert (a["modified"], a["presented"]) == (False, False)
     restart(runtime)
-    a = outputs(runtime, "c1")["a.txt"]
+    a = outputs(runtime, cid)["a.txt"]
     assert (a["modified"], a["presented"]) == (False, False)
 
 
@@ -106,8 +109,8 @@ def test_marks_name_only_files_of_their_conversation(runtime) -> None:
     assert r.status_code == 404, r.text
     r = runtime.client.post("/v1/conversations/c1/marks", json={"presented": ["a" * 5000]})
     assert r.status_code in (400, 422), r.text
-    assert not (marks_dir(runtime) / "c2.json").exists()
-    assert not (marks_dir(runtime) / "c1.json").exists()  # nothing was recorded
+    assert not (marks_dir(runtime) / doc_name("c2")).exists()
+    assert not (marks_dir(runtime) / doc_name("c1")).exists()  # nothing was recorded
 
 
 def test_marks_refused_while_the_conversation_is_deleted(tmp_path: Path) -> None:
@@ -138,17 +141,24 @@ def test_forged_marks_documents_are_removed_at_start(runtime, tmp_path: Path) ->
 
     d = marks_dir(runtime)
     doc = {"conversation_id": "c2", "modified": [], "presented": [f"{base}/outputs/a.txt"]}
-    (d / "c2.json").write_text(json.dumps({**doc, "conversation_id": "c1"}))  # another's id
-    (d / "c3.json").write_text("{not json")
-    (d / "c4.json").write_text(json.dumps({**doc, "conversation_id": "c4", "presented": [1]}))
-    (d / "c5.json").symlink_to(outside / "secret.json")
-    os.mkfifo(d / "c6.json")
-    (d / "c7.json").mkdir()
-    (d / "c8").write_text(json.dumps({**doc, "conversation_id": "c8"}))  # not a .json name
-    (d / ".hidden.json").write_text(json.dumps({**doc, "conversation_id": ".hidden"}))
+
+    def forge(name: str, value) -> Path:
+        path = d / name
+        path.write_text(value if isinstance(value, str) else json.dumps(value))
+        return path
+
+    forge(doc_name("c2"), {**doc, "conversation_id": "c1"})  # another's id (hash mismatch)
+    forge(doc_name("c3"), "{not json")
+    forge(doc_name("c4"), {**doc, "conversation_id": "c4", "presented": [1]})
+    forge(doc_name("c8"), {**doc, "conversation_id": "c8", "modified": "x"})
+    forge(doc_name(".hidden"), {**doc, "conversation_id": ".hidden"})
+    forge("c9.json", {**doc, "conversation_id": "c9"})  # not named by its hash
+    (d / doc_name("c5")).symlink_to(outside / "secret.json")
+    os.mkfifo(d / doc_name("c6"))
+    (d / doc_name("c7")).mkdir()
 
     restart(runtime)
-    assert sorted(p.name for p in d.iterdir()) == ["c1.json"]
+    assert sorted(p.name for p in d.iterdir()) == [doc_name("c1")]
     assert (outside / "secret.json").read_bytes() == CANARY
     assert outputs(runtime, "c1")["a.txt"]["presented"] is True
     assert_healthy(runtime)

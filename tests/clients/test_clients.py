@@ -5,7 +5,10 @@
 ``/api/v1/ui/chat`` and ``@ag-ui/client``'s ``HttpAgent`` on ``/api/v1/ag-ui`` — with the
 server's URL and a user of its own in the environment; the scripted model
 (tests/support/ui_script.py) plays each scenario. The npm packages come pinned from
-package-lock.json (scripts/install-node-deps.sh, run by ``make test``).
+package-lock.json (scripts/install-node-deps.sh, run by ``make test``). ``replicated``
+plays the same suites on two API processes sharing a Redis-protocol run store, every
+continuation (approval, interrupt resumed, stream resumed) sent to the replica that does
+not hold the run (tests/clients/server.mjs).
 """
 
 from __future__ import annotations
@@ -50,9 +53,15 @@ def node_modules() -> Path:
     return HERE / "node_modules"
 
 
+@pytest.mark.parametrize("servers", ["one", "replicated"])
 @pytest.mark.parametrize("suite", ["ai_sdk.test.mjs", "ag_ui.test.mjs"])
-def test_npm_client(suite, node_modules, ui_server, tmp_path):
+def test_npm_client(suite, servers, node_modules, request, tmp_path):
     user = f"node-{uuid.uuid4().hex[:8]}"
+    if servers == "one":
+        ui_server, replica_b = request.getfixturevalue("ui_server"), {}
+    else:
+        ui_server, b = request.getfixturevalue("ui_replicas")
+        replica_b = {"SANDBOX_API_URL_B": b.url}
     try:
         result = subprocess.run(
             [NODE, "--test", "--test-reporter=spec", str(HERE / suite)],
@@ -61,6 +70,7 @@ def test_npm_client(suite, node_modules, ui_server, tmp_path):
                 "HOME": str(tmp_path),
                 "SANDBOX_API_URL": ui_server.url,
                 "SANDBOX_TEST_USER": user,
+                **replica_b,
             },
             cwd=HERE,
             capture_output=True,
@@ -77,3 +87,5 @@ def test_npm_client(suite, node_modules, ui_server, tmp_path):
     assert result.returncode == 0, report
     passed = re.search(r"^\S+ pass (\d+)$", report, re.M)
     assert passed and int(passed.group(1)) > 0 and re.search(r"^\S+ fail 0$", report, re.M), report
+    if replica_b:
+        assert re.search(r"replica B answered [1-9]", report), report

@@ -11,7 +11,10 @@ import threading
 import pytest
 from kubeenv.client import wait_until
 from scripted_llm import Reply, text_reply, tool_reply, tool_results
-from sessions import SBS, container_id
+from sessions import SBS, container_id, get
+
+from sandbox_workspace.operator.answers import ANSWERS
+from sandbox_workspace.operator.models import API_VERSION
 
 pytestmark = pytest.mark.node
 
@@ -139,3 +142,36 @@ def test_a_killed_sandbox_container_is_replaced_and_nothing_is_lost(session, nod
     wait_until(replaced, timeout=120, message="a replacement pod Running")
     assert session.download("k", "d.pkl") == data
     assert session.execute("print(1 + 1)", cid="k")["stdout"].strip() == "2"
+
+
+def test_running_is_reported_when_the_runtime_answers_not_a_probe_period_later(release, kube):
+    """The operator polls a starting pod's /healthz itself (operator/answers.py): the
+    session is Running the moment its runtime answers — before the kubelet's readiness
+    probe (every 2 s) marks the pod Ready — and Running still means it answers."""
+    names = [f"sb-session-early-{i}" for i in range(3)]
+    by = []
+    try:
+        for name in names:
+            body = {"apiVersion": API_VERSION, "kind": "SandboxSession",
+                    "metadata": {"name": name}, "spec": {"userId": name}}  # fmt: skip
+            kube.create(SBS, body)
+            running = wait_until(
+                lambda n=name: _if_running(kube.get(f"{SBS}/{n}")),
+                timeout=120,
+                interval=0.02,
+                message=f"session {name} to be Running",
+            )
+            endpoint = running["status"]["endpoint"]
+            assert get(f"{endpoint}/healthz").status_code == 200  # Running = answers
+            ready = next(c for c in running["status"]["conditions"] if c["type"] == "Ready")
+            by.append(ready["message"])
+        # Each is reported by the operator's check unless, in a rare race, the kubelet
+        # probes the instant the runtime is up: one of three is enough.
+        assert ANSWERS in by, by
+    finally:
+        for name in names:
+            kube.delete(f"{SBS}/{name}")
+
+
+def _if_running(session: dict) -> dict | None:
+    return session if session.get("status", {}).get("phase") == "Running" else None

@@ -12,13 +12,16 @@ clients and the browser play, concurrently:
 - ``Plot the monthly sales`` → ``execute_code`` plotting the selected CSV (its path from
                              the selected-files context message) to outputs/chart.png
                              (approval required), ``present_file``, then the answer.
-``ui_server`` (a fixture; conftests import it) is such a ``sandbox-workspace dev`` server.
+``ui_server`` (a fixture; conftests import it) is such a ``sandbox-workspace dev`` server;
+``ui_replicas`` two of them sharing a Redis-protocol run store (the ``redis_url`` fixture).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import signal
+import uuid
 
 import pytest
 from scripted_llm import Reply, ScriptedLLM, text_reply, tool_reply, tool_results
@@ -107,4 +110,25 @@ def ui_server(start_server):
     try:
         yield start_server("dev", "--data-dir", "data", **server_env(llm))
     finally:
+        llm.stop()
+
+
+@pytest.fixture(scope="module")
+def ui_replicas(start_server, redis_url):
+    """Two ``dev`` API processes, each with its own data directory, one run store: a
+    turn continued on the other replica needs only the store (its run is the owner's)."""
+    llm = ScriptedLLM().start()
+    llm.responder = respond
+    env = server_env(llm) | {
+        "SANDBOX_WORKSPACE_CHAT_RUN_STORE": "redis",
+        "SANDBOX_WORKSPACE_CHAT_REDIS_URL": redis_url,
+        "SANDBOX_WORKSPACE_CHAT_REDIS_PREFIX": f"t{uuid.uuid4().hex[:8]}:",
+        "SANDBOX_WORKSPACE_CHAT_APPROVAL_TIMEOUT_SECONDS": "60",
+    }
+    servers = [start_server("dev", "--data-dir", "data", **env) for _ in range(2)]
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop(signal.SIGTERM)
         llm.stop()

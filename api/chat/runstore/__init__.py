@@ -16,6 +16,17 @@ Contract (``RunStore``):
 - ``aclose(runs)``: at shutdown; the in-process store stops the runs, a replicated one
   hands them over to the other replicas.
 
+What the protocol routes (/ui/chat, /ag-ui, a conversation's run list) read, for a run
+this process holds (a ``Run``) or one ``lookup`` returned — same answers on every replica:
+- ``frames(run)``: the events stored so far, as SSE frames (event N at index N - 1),
+  without waiting for more; ``open_approvals(run)``: the tool calls it waits on now (asked,
+  neither decided nor timed out); ``last_event_ids(runs)``: each run's last event id.
+- ``chat_run(user_id, chat_id)`` / ``set_chat_run(user_id, chat_id, entry, ttl)``: which
+  run (and assistant message) a client-side chat is on (``chat_index.ChatRun``), scoped
+  by user; ``set`` replaces the entry, which may be forgotten after ``ttl`` seconds (or
+  earlier, bounded memory) — that only loses the chance to resume, never shows a run to
+  another user (runs are checked by owner).
+
 Two implementations: ``memory.MemoryRunStore`` (the embedded default: nothing leaves the
 process, no added latency) and ``redis_store.RedisRunStore`` (Valkey / Redis >= 7 streams;
 several API replicas, runs survive a restart). ``build_store(settings)`` picks one.
@@ -28,6 +39,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..chat_index import ChatRun
     from ..runs import Run
 
 Resume = Callable[["Run", dict, "dict | None"], Any]
@@ -58,6 +70,26 @@ class RunStore(ABC):
 
     @abstractmethod
     async def aclose(self, runs: list[Run]) -> None: ...
+
+    # What every store answers the same way for a run held in this process; a replicated
+    # store answers for its views (``lookup``) from the store.
+    async def frames(self, run: Any) -> list[bytes]:
+        end = len(run.frames) if run.durable is None else run.durable
+        return run.frames[:end]
+
+    async def open_approvals(self, run: Any) -> set[str]:
+        return {call for call, p in run._pending.items() if not p.decided}
+
+    async def last_event_ids(self, runs: list[Any]) -> list[int]:
+        return [len(run.frames) if run.durable is None else run.durable for run in runs]
+
+    @abstractmethod
+    async def chat_run(self, user_id: str, chat_id: str) -> ChatRun | None: ...
+
+    @abstractmethod
+    async def set_chat_run(
+        self, user_id: str, chat_id: str, entry: ChatRun, ttl: float
+    ) -> None: ...
 
 
 def build_store(settings) -> RunStore:

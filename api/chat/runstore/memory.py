@@ -3,7 +3,8 @@
 The embedded default (one API process): events stay SSE frames in the run's own list,
 followers are woken in process, nothing is written anywhere — today's speed. A restart
 loses open runs; ``aclose`` cancels them, so each stream still ends with ``error`` and
-``done`` while the process can write it.
+``done`` while the process can write it. Client-side chats' runs are a bounded in-process
+index (``chat_index.ChatIndex``; ``ttl`` unused: the bound forgets the oldest).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from ..chat_index import ChatIndex, ChatRun
 from . import RunStore
 
 if TYPE_CHECKING:
@@ -18,6 +20,9 @@ if TYPE_CHECKING:
 
 
 class MemoryRunStore(RunStore):
+    def __init__(self) -> None:
+        self.chats = ChatIndex()
+
     def register(self, run: Run, spec: dict | None) -> None:
         return None  # the registry's own dict is the store
 
@@ -37,3 +42,9 @@ class MemoryRunStore(RunStore):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def chat_run(self, user_id: str, chat_id: str) -> ChatRun | None:
+        return self.chats.get(user_id, chat_id)
+
+    async def set_chat_run(self, user_id: str, chat_id: str, entry: ChatRun, ttl: float) -> None:
+        self.chats.set(user_id, chat_id, entry)

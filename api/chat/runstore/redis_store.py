@@ -14,13 +14,15 @@ Contract:
 - ``aclose`` hands over: waits (bounded) for tool calls in flight to end, stops the loops
   without ending their streams, stores everything queued, releases the leases and
   announces it; the other replicas carry the runs on from their last step.
+- What the protocol routes read of a view (``RemoteRun``) comes from the store: its log
+  (``frames``), the approvals its metadata has open, its last event id; a client-side
+  chat's run is ``{p}chat:{len(user)}:{user}:{chat}`` (JSON, expires after ``ttl``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import time
@@ -29,15 +31,16 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily
 from redis.asyncio import Redis
 
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError
 
+from ..chat_index import ChatRun
 from . import Resume, RunStore, control
 from .lease import Leases
-from .redis_log import CANCEL, DECIDE, Keys, follow_log, text
-from .writer import ROUND_TRIP_BUCKETS, Writer
+from .redis_log import CANCEL, DECIDE, Keys, follow_log, read_log, text
+from .writer import Writer
 
 if TYPE_CHECKING:
     from ..runs import Run
@@ -60,6 +63,10 @@ class RemoteRun:
 
     def follow(self, after: int = 0, idle: float | None = None):
         return follow_log(self.store.redis, self.store.keys, self.id, after, idle)
+
+    @property
+    def started_at(self) -> float:  # as ``Run.started_at`` (listings)
+        return self.created_at
 
 
 class RedisRunStore(RunStore):
@@ -181,7 +188,7 @@ class RedisRunStore(RunStore):
             "session_id": run.session_id,
             "conversation_id": run.conversation_id,
             "state": "running",
-            "created_at": str(time.time()),
+            "created_at": repr(run.started_at),  # the same on every replica
             "spec": json.dumps(spec or {}),
             "index": self.keys.conversation(run.session_id, run.conversation_id),
             "index_ttl": int((spec or {}).get("deadline_seconds", 3600) + self.retention),
@@ -245,6 +252,46 @@ class RedisRunStore(RunStore):
                 args=[self.keys.control_prefix, note, json.dumps(reason)],
             )
         )
+
+    # -- what the protocol routes read (views from the store) ----------------------------
+    async def frames(self, run: Any) -> list[bytes]:
+        if not isinstance(run, RemoteRun):
+            return await super().frames(run)
+        return await read_log(self.redis, self.keys, run.id)
+
+    async def open_approvals(self, run: Any) -> set[str]:
+        if not isinstance(run, RemoteRun):
+            return await super().open_approvals(run)
+        meta = await self.redis.hgetall(self.keys.meta(run.id))
+        if text(meta, "state") != "running":
+            return set()
+        return {k[2:].decode() for k, v in meta.items() if k.startswith(b"a:") and v == b"open"}
+
+    async def last_event_ids(self, runs: list[Any]) -> list[int]:
+        there = [r for r in runs if isinstance(r, RemoteRun)]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for run in there:
+                pipe.xrevrange(self.keys.log(run.id), count=1)
+            # Event N is stored as stream id N-0.
+            stored = {
+                run.id: int(last[0][0].split(b"-")[0]) if last else 0
+                for run, last in zip(there, await pipe.execute() if there else [], strict=True)
+            }
+        here = [r for r in runs if not isinstance(r, RemoteRun)]
+        stored.update(zip([r.id for r in here], await super().last_event_ids(here), strict=True))
+        return [stored[r.id] for r in runs]
+
+    def _chat_key(self, user_id: str, chat_id: str) -> str:
+        # The user's length first: no two (user, chat) pairs share a key.
+        return f"{self.keys.prefix}chat:{len(user_id)}:{user_id}:{chat_id}"
+
+    async def chat_run(self, user_id: str, chat_id: str) -> ChatRun | None:
+        raw = await self.redis.get(self._chat_key(user_id, chat_id))
+        return None if raw is None else ChatRun(**json.loads(raw))
+
+    async def set_chat_run(self, user_id: str, chat_id: str, entry: ChatRun, ttl: float) -> None:
+        value = json.dumps({"run_id": entry.run_id, "message_id": entry.message_id})
+        await self.redis.set(self._chat_key(user_id, chat_id), value, px=max(1, int(ttl * 1000)))
 
     # -- background work --------------------------------------------------------------------
     async def _heartbeat(self) -> None:
@@ -317,18 +364,4 @@ class RedisRunStore(RunStore):
             family.add_metric([event], self.counts[event])
         family.add_metric(["lease_lost"], self.counts["lease_lost"])
         yield family
-        writer = self.writer
-        counts = itertools.accumulate(writer.round_trips)
-        trips = HistogramMetricFamily(
-            "sandbox_chat_run_store_flush_seconds",
-            "Run store writes: a flush (every run's queued events) sent until its reply is "
-            "handled — what followers wait for beyond the in-process store",
-        )
-        bounds = [*map(str, ROUND_TRIP_BUCKETS), "+Inf"]
-        trips.add_metric([], list(zip(bounds, counts, strict=True)), writer.round_trip_sum)
-        yield trips
-        yield CounterMetricFamily(
-            "sandbox_chat_run_store_events_stored",
-            "Chat events this replica stored in the run store",
-            value=writer.events_stored,
-        )
+        yield from self.writer.metric_families()

@@ -28,12 +28,14 @@ from __future__ import annotations
 import asyncio
 import bisect
 import hashlib
+import itertools
 import json
 import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
@@ -143,6 +145,23 @@ class Writer:
 
     def finished(self, run: Run) -> None:
         self._put(run, _bulk("f"), _bulk(run.id))
+
+    def metric_families(self):
+        """For /metrics: the writes' round trips and the events stored."""
+        trips = HistogramMetricFamily(
+            "sandbox_chat_run_store_flush_seconds",
+            "Run store writes: a flush (every run's queued events) sent until its reply is "
+            "handled — what followers wait for beyond the in-process store",
+        )
+        bounds = [*map(str, ROUND_TRIP_BUCKETS), "+Inf"]
+        counts = itertools.accumulate(self.round_trips)
+        trips.add_metric([], list(zip(bounds, counts, strict=True)), self.round_trip_sum)
+        yield trips
+        yield CounterMetricFamily(
+            "sandbox_chat_run_store_events_stored",
+            "Chat events this replica stored in the run store",
+            value=self.events_stored,
+        )
 
     # -- flushing -------------------------------------------------------------------------
     async def drained(self) -> None:

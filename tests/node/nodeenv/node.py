@@ -199,7 +199,9 @@ class NodeCluster:
                 f"--root-dir={self.kubelet_dir}",
                 f"--node-ip={NODE_IP}",
                 f"--hostname-override={NODE_NAME}",
-                "--v=1",
+                # SANDBOX_NODE_KUBELET_V=4 logs each pod's steps with timestamps (where
+                # the time of a pod start goes); 1 keeps the log small.
+                f"--v={os.environ.get('SANDBOX_NODE_KUBELET_V', '1')}",
             ],
             self.log_path("kubelet"),
         )
