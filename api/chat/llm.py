@@ -87,9 +87,26 @@ class LlmClient:
             body["tools"] = tools
             body["tool_choice"] = "auto"
         response = await self._open(body)
+        reply = _Reply()
+        # One generator from the body's bytes to the caller, lines split here: every
+        # async-generator layer a token passes through costs about as much as parsing it.
+        # Splitting bytes ourselves also skips httpx's text decoding (JSON parses bytes).
         try:
-            async for item in _parse(response):
-                yield item
+            pending = b""
+            async for chunk in response.aiter_bytes():
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    text = reply.feed(line)
+                    if text:
+                        yield TextDelta(text)
+                    elif reply.done:
+                        break
+                if reply.done:
+                    break
+            else:  # the body ended: a last line without a newline is a line all the same
+                text = reply.feed(pending)
+                if text:
+                    yield TextDelta(text)
         except httpx.ReadTimeout as e:
             raise LlmError(
                 f"the model stopped sending for {self.config.read_timeout:g}s", "llm_timeout"
@@ -100,6 +117,7 @@ class LlmClient:
             ) from e
         finally:
             await response.aclose()
+        yield reply.completion()
 
     async def _open(self, body: dict[str, Any]) -> httpx.Response:
         cfg = self.config
@@ -152,31 +170,32 @@ def _retry_after(response: httpx.Response) -> float:
         return 0.0
 
 
-async def _lines(response: httpx.Response) -> AsyncIterator[bytes]:
-    """Lines of the body. Splitting bytes ourselves skips httpx's text-decoding layers,
-    which cost more than the parsing on a busy stream; JSON is decoded from bytes."""
-    pending = b""
-    async for chunk in response.aiter_bytes():
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            yield line.rstrip(b"\r")
-    if pending:
-        yield pending
+class _Reply:
+    """The streamed reply assembled from its ``data:`` lines, one ``feed`` per line.
 
+    A line's tool-call fragments are folded in when the next line comes (or at
+    ``completion``): after its text has gone out, so a malformed tool call still fails
+    the stream only once the text that came with it is shown."""
 
-async def _parse(response: httpx.Response) -> AsyncIterator[TextDelta | Completion]:
-    content: list[str] = []
-    calls: dict[int, ToolCall] = {}
-    finish: str | None = None
-    done = False
-    async for line in _lines(response):
+    __slots__ = ("calls", "content", "done", "finish", "fragments")
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.calls: dict[int, ToolCall] = {}
+        self.fragments: Any = None  # the last line's tool-call fragments, not folded yet
+        self.finish: str | None = None
+        self.done = False  # "[DONE]" came: nothing after it is read
+
+    def feed(self, line: bytes) -> str | None:
+        """Take one line of the body; the text it adds to the reply, if any."""
+        if self.fragments:
+            self._fold()
         if not line.startswith(b"data:"):
-            continue  # comments, event names, blank separators
-        payload = line[5:].strip()
+            return None  # comments, event names, blank separators
+        payload = line[5:].strip()  # also drops the "\r" of a CRLF line end
         if payload == b"[DONE]":
-            done = True
-            break
+            self.done = True
+            return None
         try:
             chunk = json.loads(payload)
             choice = (chunk.get("choices") or [{}])[0]
@@ -186,25 +205,36 @@ async def _parse(response: httpx.Response) -> AsyncIterator[TextDelta | Completi
                 f"the model sent a malformed stream chunk: {payload[:200]!r}", "llm_malformed"
             ) from e
         if choice.get("finish_reason"):
-            finish = choice["finish_reason"]
-        if delta.get("content"):
-            content.append(delta["content"])
-            yield TextDelta(delta["content"])
-        for fragment in delta.get("tool_calls") or []:
+            self.finish = choice["finish_reason"]
+        text = delta.get("content")
+        if text:
+            self.content.append(text)
+        self.fragments = delta.get("tool_calls")
+        return text
+
+    def _fold(self) -> None:
+        fragments, self.fragments = self.fragments, None
+        for fragment in fragments:
             try:
                 index = int(fragment.get("index", 0))
-                call = calls.setdefault(index, ToolCall(id="", name="", arguments=""))
+                call = self.calls.setdefault(index, ToolCall(id="", name="", arguments=""))
                 function = fragment.get("function") or {}
                 call.id = fragment.get("id") or call.id
                 call.name = function.get("name") or call.name
                 call.arguments += function.get("arguments") or ""
             except (TypeError, ValueError, AttributeError) as e:
                 raise LlmError("the model sent a malformed tool call", "llm_malformed") from e
-    if not done and finish is None:
-        raise LlmError("the model's stream ended before it finished", "llm_stream_broken")
-    tool_calls = [calls[i] for i in sorted(calls)]
-    for i, call in enumerate(tool_calls):
-        if not call.name:
-            raise LlmError("the model sent a tool call without a name", "llm_malformed")
-        call.id = call.id or f"call_{i}"
-    yield Completion(content="".join(content), tool_calls=tool_calls, finish_reason=finish)
+
+    def completion(self) -> Completion:
+        if self.fragments:
+            self._fold()
+        if not self.done and self.finish is None:
+            raise LlmError("the model's stream ended before it finished", "llm_stream_broken")
+        tool_calls = [self.calls[i] for i in sorted(self.calls)]
+        for i, call in enumerate(tool_calls):
+            if not call.name:
+                raise LlmError("the model sent a tool call without a name", "llm_malformed")
+            call.id = call.id or f"call_{i}"
+        return Completion(
+            content="".join(self.content), tool_calls=tool_calls, finish_reason=self.finish
+        )

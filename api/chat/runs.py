@@ -59,9 +59,44 @@ class _Pending:
     decided: bool = False
 
 
-def _idle(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_result(False)
+class _IdleTimer:
+    """Resolves a follower's pending wait with ``False`` once it has lasted ``idle``
+    seconds. One timer, re-armed only when it fires — not one armed and cancelled per
+    wait: a busy follower waits once per event, and a timer each time cost as much as the
+    rest of the hand-over (measured with 200 runs streaming)."""
+
+    __slots__ = ("_armed_for", "_handle", "_idle", "_loop", "_since", "_waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, idle: float) -> None:
+        self._loop, self._idle = loop, idle
+        self._waiter: asyncio.Future | None = None
+        self._since = self._armed_for = 0.0
+        self._handle: asyncio.TimerHandle | None = None
+
+    def waiting(self, waiter: asyncio.Future) -> None:
+        self._waiter = waiter
+        self._since = self._loop.time()
+        if self._handle is None:
+            self._arm()
+
+    def _arm(self) -> None:
+        self._armed_for = self._since
+        self._handle = self._loop.call_at(self._since + self._idle, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # busy handing over a batch: its next wait arms the timer again
+        if self._since == self._armed_for:  # armed for this very wait: it lasted idle
+            waiter.set_result(False)
+        else:  # a later wait: its idle time runs out later
+            self._arm()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 @dataclass
@@ -129,29 +164,32 @@ class Run:
         time ``idle`` seconds pass without one (the caller's cue for a keep-alive)."""
         position = max(0, after)
         loop = asyncio.get_running_loop()
-        while True:
-            end = len(self.frames) if self.durable is None else self.durable
-            if position < end:
-                batch = self.frames[position:end]
-                position += len(batch)
-                yield batch
-                continue
-            if self.relay is not None:  # the run moved on to another replica
-                async for batch in self.relay(position, idle):
+        timer = None if idle is None else _IdleTimer(loop, idle)
+        try:
+            while True:
+                end = len(self.frames) if self.durable is None else self.durable
+                if position < end:
+                    batch = self.frames[position:end]
+                    position += len(batch)
                     yield batch
-                return
-            if self.finished and position >= len(self.frames):
-                return
-            waiter = loop.create_future()
-            self._followers.append(waiter)
-            timer = None if idle is None else loop.call_later(idle, _idle, waiter)
-            try:
-                woken = await waiter
-            finally:
+                    continue
+                if self.relay is not None:  # the run moved on to another replica
+                    if timer is not None:
+                        timer.close()
+                    async for batch in self.relay(position, idle):
+                        yield batch
+                    return
+                if self.finished and position >= len(self.frames):
+                    return
+                waiter = loop.create_future()
+                self._followers.append(waiter)
                 if timer is not None:
-                    timer.cancel()
-            if not woken:
-                yield []
+                    timer.waiting(waiter)
+                if not await waiter:
+                    yield []
+        finally:
+            if timer is not None:
+                timer.close()
 
     def open_approval(self, call_id: str, name: str) -> None:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
