@@ -66,6 +66,27 @@ async def test_a_quiet_run_hands_its_follower_empty_batches_for_keepalives():
     assert batches == [[], []]
 
 
+async def test_a_busy_follower_gets_no_keepalive_until_the_run_goes_quiet():
+    # The idle timer is re-armed lazily (not per wait): events closer together than
+    # ``idle`` must never count as silence, and silence after them must.
+    run = _run()
+    batches: list[list[bytes]] = []
+
+    async def follow():
+        async for batch in run.follow(idle=0.5):
+            batches.append(batch)
+            if not batch:
+                return
+
+    follower = asyncio.create_task(follow())
+    for _ in range(30):  # 1.5 s of events, 0.05 s apart: three idle periods and more
+        run.emit("text")
+        await asyncio.sleep(0.05)
+    assert all(batches), "no keep-alive while events keep coming"
+    await asyncio.wait_for(follower, 5)  # then quiet: one comes
+    assert sum(len(b) for b in batches) == 30 and batches[-1] == []
+
+
 async def test_a_follower_that_goes_away_leaves_the_run_untouched():
     run = _run()
     follower = asyncio.create_task(anext(run.follow()))
