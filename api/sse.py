@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from json.encoder import encode_basestring
 from typing import Any
 
 KEEPALIVE = b": keep-alive\n\n"
@@ -23,7 +24,18 @@ _encode_json = _ENCODER.encode
 
 
 def encode_event(event_id: int | str, kind: str, data: Any) -> bytes:
-    return f"id: {event_id}\nevent: {kind}\ndata: {_encode_json(data)}\n\n".encode()
+    return f"id: {event_id}\nevent: {kind}\ndata: {_json(data)}\n\n".encode()
+
+
+def _json(data: Any) -> str:
+    # The hot case is one token, ``{"delta": text}``: written directly it costs a quarter
+    # of the encoder's call (which sets up a C encoder per call), byte for byte the same —
+    # the encoder writes a dict this way, with this function for its strings.
+    if type(data) is dict and len(data) == 1:
+        ((key, value),) = data.items()
+        if type(key) is str and type(value) is str:
+            return "{" + encode_basestring(key) + ":" + encode_basestring(value) + "}"
+    return _encode_json(data)
 
 
 async def with_keepalive(source: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
