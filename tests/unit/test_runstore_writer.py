@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 
 import pytest
@@ -114,7 +115,10 @@ async def test_writes_refused_for_a_while_are_sent_again_and_shown_only_once_sto
     try:
         for run in runs:
             run.emit("text", {"delta": "refused at first"})
-        await asyncio.sleep(0.3)  # several attempts, each refused
+        writer, deadline = registry.store.writer, time.monotonic() + 10
+        while writer.refused_writes < 2:  # several attempts, each refused
+            assert time.monotonic() < deadline, "the writer never retried the refused write"
+            await asyncio.sleep(0.01)
         assert all(run.durable == 1 for run in runs)  # nobody saw the refused event
     finally:
         await admin.config_set("maxmemory", "0")

@@ -105,6 +105,7 @@ class Writer:
         self.step_ended = asyncio.Event()  # a tool call in flight ended (hand-over waits)
         self.lost_count = 0
         self.reconnects = 0
+        self.refused_writes = 0  # flushes the server answered with an error (then retried)
         # Flush sent → its reply handled: counts per bucket (+Inf last), sum, events.
         self.round_trips = [0] * (len(ROUND_TRIP_BUCKETS) + 1)
         self.round_trip_sum = 0.0
@@ -242,6 +243,7 @@ class Writer:
                 self._requeue(batch, runs, upto)
             else:  # kept (its runs stay busy: nothing overtakes it), sent after a backoff
                 log.warning("run store write failed, retrying", extra={"error": str(reply)})
+                self.refused_writes += 1
                 self._loop.call_later(self._delay, self._requeue, batch, runs, upto)
                 self._delay = min(_RETRY_MAX, self._delay * 2)
             return
