@@ -30,20 +30,18 @@ Other limits, as the machine allows: a cgroup-v1 ``pids`` hierarchy with ``pids.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import sys
 import time
 from pathlib import Path
 
-from . import landlock, seccomp
+from . import landlock, prctl, seccomp
 from .errors import ApiError
 from .schemas import ConfinementReport
 
 log = logging.getLogger(__name__)
 
-_PR_SET_DUMPABLE = 4
 _CGROUP_V1_PIDS = Path("/sys/fs/cgroup/pids")
 _SYSTEM_READ_ONLY = (
     "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/opt",
@@ -61,8 +59,7 @@ class ConfinementUnavailable(ApiError):
 
 def harden_runtime_process() -> None:
     """Make /proc/<runtime>/environ and friends unreadable to same-uid processes."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    prctl.call(prctl.PR_SET_DUMPABLE, 0)
 
 
 class Confinement:

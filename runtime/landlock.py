@@ -26,11 +26,12 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from . import prctl
+
 # Syscall numbers: the same on every architecture with the generic table (x86_64, arm64).
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
 _CREATE_RULESET_VERSION = 1 << 0
 _RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
-_PR_SET_NO_NEW_PRIVS = 38
 
 # Filesystem rights, with the ABI that introduced them.
 FS_EXECUTE = 1 << 0
@@ -208,9 +209,10 @@ def add_path_rule(ruleset_fd: int, path: str, allowed: int) -> None:
 
 def restrict_self(ruleset_fd: int) -> None:
     """Enforce the ruleset on this thread and every process it will start (irreversible)."""
-    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise LandlockError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
+    try:
+        prctl.no_new_privs()
+    except OSError as e:
+        raise LandlockError(e.errno, e.strerror) from e
     _syscall(
         _SYS_RESTRICT_SELF,
         ctypes.c_int(ruleset_fd),

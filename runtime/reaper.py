@@ -22,7 +22,6 @@ Contract of ``run_call`` (never returns):
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -31,12 +30,9 @@ import signal
 import time
 from typing import NoReturn
 
-from . import landlock, seccomp
+from . import landlock, prctl, seccomp
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 _KILL_DEADLINE = 30.0
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class _Stop(Exception):
@@ -58,8 +54,8 @@ def run_call(request: dict, fds: list[int], report_fd: int, config: dict, parent
 
 def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: int) -> int:
     signal.signal(signal.SIGTERM, _on_term)
-    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    prctl.call(prctl.PR_SET_CHILD_SUBREAPER, 1)
+    prctl.call(prctl.PR_SET_PDEATHSIG, signal.SIGTERM)
     root = None
     try:
         if os.getppid() != parent:  # the spawner died before we could ask to follow it
@@ -185,7 +181,7 @@ def _exec_code(request: dict, fds: list[int], err_w: int, config: dict) -> NoRet
         os.closerange(len(moved), err_w)
         os.closerange(err_w + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
         os.chdir(request["cwd"])
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        prctl.call(prctl.PR_SET_PDEATHSIG, signal.SIGKILL)
         if config.get("nproc"):
             resource.setrlimit(resource.RLIMIT_NPROC, (config["nproc"], config["nproc"]))
         if config.get("run_as"):

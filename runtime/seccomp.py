@@ -29,8 +29,8 @@ import os
 import platform
 import struct
 
-_PR_SET_NO_NEW_PRIVS = 38
-_PR_SET_SECCOMP = 22
+from . import prctl
+
 _SECCOMP_MODE_FILTER = 2
 
 # BPF (classic) instructions used here.
@@ -104,16 +104,11 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
 def deny_inet_sockets() -> None:
     """Install the filter on this thread and its future children (irreversible)."""
     prog = program()
     fprog = _SockFprog(len(prog) // 8, prog)
-    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
-    if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+    prctl.no_new_privs()
+    if prctl.call(prctl.PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_SECCOMP): {os.strerror(err)}")

@@ -22,7 +22,6 @@ spawner_config``) comes as JSON in ``SBW_SPAWNER_CONFIG``.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
@@ -31,12 +30,11 @@ import socket
 import sys
 import time
 
-from . import landlock, reaper
+from . import landlock, prctl, reaper
 
 _MAX_MESSAGE = 1 << 20
 _MAX_FDS = 16
 _REPORT_TIMEOUT = 30.0
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER = 1, 4, 36
 
 
 class Spawner:
@@ -224,10 +222,9 @@ def _read_report(fd: int) -> dict:
 
 
 def main() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    prctl.call(prctl.PR_SET_CHILD_SUBREAPER, 1)
+    prctl.call(prctl.PR_SET_DUMPABLE, 0)
+    prctl.call(prctl.PR_SET_PDEATHSIG, signal.SIGTERM)
     fd, parent = int(sys.argv[1]), int(sys.argv[2])
     sock = socket.socket(fileno=fd)
     config = json.loads(os.environ.pop("SBW_SPAWNER_CONFIG"))
