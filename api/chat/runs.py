@@ -127,6 +127,15 @@ class Run:
     def awaiting_approval(self) -> bool:
         return any(not p.decided for p in self._pending.values())
 
+    @property
+    def visible(self) -> int:
+        """How many events followers may see: all, or those stored (a replicated store)."""
+        return len(self.frames) if self.durable is None else self.durable
+
+    def open_calls(self) -> set[str]:
+        """Tool calls whose approval is asked and neither decided nor timed out."""
+        return {call for call, p in self._pending.items() if not p.decided}
+
     def emit(self, kind: str, data: dict[str, Any] | None = None) -> int:
         """Append an event; returns its id."""
         event_id = len(self.frames) + 1
@@ -167,7 +176,7 @@ class Run:
         timer = None if idle is None else _IdleTimer(loop, idle)
         try:
             while True:
-                end = len(self.frames) if self.durable is None else self.durable
+                end = self.visible
                 if position < end:
                     batch = self.frames[position:end]
                     position += len(batch)

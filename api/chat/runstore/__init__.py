@@ -74,14 +74,13 @@ class RunStore(ABC):
     # What every store answers the same way for a run held in this process; a replicated
     # store answers for its views (``lookup``) from the store.
     async def frames(self, run: Any) -> list[bytes]:
-        end = len(run.frames) if run.durable is None else run.durable
-        return run.frames[:end]
+        return run.frames[: run.visible]
 
     async def open_approvals(self, run: Any) -> set[str]:
-        return {call for call, p in run._pending.items() if not p.decided}
+        return run.open_calls()
 
     async def last_event_ids(self, runs: list[Any]) -> list[int]:
-        return [len(run.frames) if run.durable is None else run.durable for run in runs]
+        return [run.visible for run in runs]
 
     @abstractmethod
     async def chat_run(self, user_id: str, chat_id: str) -> ChatRun | None: ...

@@ -101,6 +101,7 @@ async def reconcile(store: RedisRunStore) -> None:
             apply(store, run, {"run": run.id, "op": "cancel", **json.loads(cancel)})
             continue
         meta = dict(zip(decided[::2], decided[1::2], strict=True))
+        open_calls = run.open_calls()
         for call, decision in decisions(meta).items():
-            if call in run._pending and not run._pending[call].decided:
+            if call in open_calls:
                 apply(store, run, {"run": run.id, "op": "decide", "call": call, **decision})
