@@ -75,7 +75,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
     )
 
 
-def build_llm(settings: ApiSettings, http: httpx.AsyncClient) -> LlmClient | None:
+def build_llm(settings: ApiSettings) -> LlmClient | None:
     if not (settings.llm_base_url and settings.llm_model):
         return None  # chat answers 503 saying which settings to set
     key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
@@ -87,7 +87,7 @@ def build_llm(settings: ApiSettings, http: httpx.AsyncClient) -> LlmClient | Non
         read_timeout=settings.llm_timeout_seconds,
         max_retries=settings.llm_max_retries,
     )
-    return LlmClient(config, http)
+    return LlmClient(config)
 
 
 def create_app(settings: ApiSettings | None = None, backend: Backend | None = None) -> FastAPI:
@@ -98,12 +98,12 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         write=settings.runtime_request_timeout_seconds,
         pool=30.0,
     )
-    # Runtime calls and model streams: httpx over aiohttp's pool and C parser
-    # (httpx-aiohttp). A model streams one token per chunk to hundreds of runs at once;
-    # per chunk, httpcore's pure-Python parser and anyio's cancel scope per read cost
-    # about twice as much — the API's largest CPU share in bench/chat.py. httpx stays
-    # the interface; proxies from the environment still use httpx's own transports.
-    # aiohttp has no write timeout: connect, read and pool apply.
+    # Runtime calls: httpx over aiohttp's pool and C parser (httpx-aiohttp): httpcore's
+    # pure-Python parser and anyio's cancel scope per read cost about twice as much.
+    # httpx stays the interface; proxies from the environment still use httpx's own
+    # transports. aiohttp has no write timeout: connect, read and pool apply. Model
+    # streams go over aiohttp directly (``LlmClient``: per token, even httpx's layers
+    # over aiohttp were the API's largest CPU share in bench/chat.py).
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
     http = httpx.AsyncClient(timeout=timeout, transport=AiohttpTransport(limits=limits))
     backend = backend or build_backend(settings, http)
@@ -125,7 +125,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
             else secrets.token_bytes(32),
             settings.stream_token_ttl_seconds,
         ),
-        llm=build_llm(settings, http),
+        llm=build_llm(settings),
     )
 
     @asynccontextmanager
@@ -139,6 +139,8 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
             await services.runs.aclose()
             await backend.aclose()
             await http.aclose()
+            if services.llm is not None:
+                await services.llm.aclose()
 
     app = FastAPI(
         title="Sandbox Workspace API",

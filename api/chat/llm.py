@@ -1,7 +1,7 @@
 """OpenAI-compatible Chat Completions client (OpenAI, vLLM, Ollama, LiteLLM proxies).
 
-Contract: ``stream`` posts one streaming completion and yields ``TextDelta`` for content
-as it arrives, then one ``Completion`` with the assistant message — tool calls
+Contract: ``stream`` posts one streaming completion and yields each piece of content
+(``str``) as it arrives, then one ``Completion`` with the assistant message — tool calls
 reassembled from their fragments (ids and names arrive once, arguments in pieces, keyed
 by ``index``). A 429/5xx or a connection failure *before the first byte* is retried with
 exponential backoff (``Retry-After`` honoured, bounded); anything else — a 4xx, a
@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 _RETRY_STATUSES = {429, 500, 502, 503, 504}
 _MAX_RETRY_AFTER = 30.0
@@ -29,11 +29,6 @@ class LlmError(Exception):
     def __init__(self, message: str, code: str = "llm_error") -> None:
         super().__init__(message)
         self.code = code
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    text: str
 
 
 @dataclass
@@ -75,30 +70,56 @@ class LlmConfig:
 
 
 class LlmClient:
-    def __init__(self, config: LlmConfig, http: httpx.AsyncClient) -> None:
+    """Streams completions over its own aiohttp session (created on first use, in the
+    running loop; ``aclose`` closes it). Proxies come from the environment
+    (``HTTP(S)_PROXY``, ``NO_PROXY``), as httpx's did.
+
+    Why aiohttp directly, not the API's httpx client: a model sends one token per chunk
+    to hundreds of runs at once, and httpx's layers over aiohttp (four async generators,
+    a chunker, a decoder and a request context per chunk) cost 9–16 µs of the 23 µs
+    reading one chunk takes (bench/chat.py). For the same reason a stall is watched by
+    one timer per stream (``_Watchdog``), not aiohttp's read timeout, which re-arms a
+    timer on every chunk."""
+
+    def __init__(self, config: LlmConfig) -> None:
         self.config = config
-        self.http = http
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=512, limit_per_host=0),
+                trust_env=True,
+                json_serialize=_compact_json,
+            )
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
     async def stream(
         self, messages: list[dict], tools: list[dict]
-    ) -> AsyncIterator[TextDelta | Completion]:
+    ) -> AsyncIterator[str | Completion]:
         body: dict[str, Any] = {"model": self.config.model, "messages": messages, "stream": True}
         if tools:
             body["tools"] = tools
             body["tool_choice"] = "auto"
         response = await self._open(body)
         reply = _Reply()
+        content = response.content
+        watchdog = _Watchdog(content, self.config.read_timeout)
         # One generator from the body's bytes to the caller, lines split here: every
         # async-generator layer a token passes through costs about as much as parsing it.
-        # Splitting bytes ourselves also skips httpx's text decoding (JSON parses bytes).
         try:
             pending = b""
-            async for chunk in response.aiter_bytes():
+            while chunk := await content.readany():
+                watchdog.fed()
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
                     text = reply.feed(line)
                     if text:
-                        yield TextDelta(text)
+                        yield text  # a plain str: a wrapper object per token costs ~1 µs
                     elif reply.done:
                         break
                 if reply.done:
@@ -106,56 +127,55 @@ class LlmClient:
             else:  # the body ended: a last line without a newline is a line all the same
                 text = reply.feed(pending)
                 if text:
-                    yield TextDelta(text)
-        except httpx.ReadTimeout as e:
-            raise LlmError(
-                f"the model stopped sending for {self.config.read_timeout:g}s", "llm_timeout"
-            ) from e
-        except httpx.TransportError as e:
+                    yield text
+        except aiohttp.ClientError as e:  # payload cut short, connection reset, ...
             raise LlmError(
                 f"the model's stream broke: {e.__class__.__name__}", "llm_stream_broken"
             ) from e
         finally:
-            await response.aclose()
+            watchdog.stop()
+            if reply.done:
+                response.release()  # the connection goes back to the pool
+            else:
+                response.close()
         yield reply.completion()
 
-    async def _open(self, body: dict[str, Any]) -> httpx.Response:
+    async def _open(self, body: dict[str, Any]) -> aiohttp.ClientResponse:
         cfg = self.config
         headers = {"Accept": "text/event-stream"}
         if cfg.api_key:
             headers["Authorization"] = f"Bearer {cfg.api_key}"
-        timeout = httpx.Timeout(
-            connect=cfg.connect_timeout,
-            read=cfg.read_timeout,
-            write=cfg.read_timeout,
-            pool=cfg.connect_timeout,
-        )
+        # Connecting, then the response's head, each within its timeout; the body is
+        # watched by ``_Watchdog``.
+        timeout = aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout, sock_read=None)
         url = cfg.base_url.rstrip("/") + "/chat/completions"
+        session = self._client()
         for attempt in range(cfg.max_retries + 1):
             last = attempt == cfg.max_retries
             delay = cfg.backoff_seconds * 2**attempt
             try:
-                request = self.http.build_request(
-                    "POST", url, json=body, headers=headers, timeout=timeout
-                )
-                response = await self.http.send(request, stream=True)
-            except httpx.TimeoutException as e:
+                async with asyncio.timeout(cfg.connect_timeout + cfg.read_timeout):
+                    response = await session.post(url, json=body, headers=headers, timeout=timeout)
+            except (TimeoutError, aiohttp.ServerTimeoutError) as e:
                 if last:
                     raise LlmError("the model did not answer in time", "llm_timeout") from e
-            except httpx.TransportError as e:
+            except aiohttp.ClientError as e:
                 if last:
                     raise LlmError(
                         f"the model endpoint is unreachable ({e.__class__.__name__})",
                         "llm_unreachable",
                     ) from e
             else:
-                if response.status_code < 400:
+                if response.status < 400:
                     return response
-                text = (await response.aread()).decode(errors="replace")[:500]
-                await response.aclose()
-                if response.status_code not in _RETRY_STATUSES or last:
+                try:
+                    text = (await response.read()).decode(errors="replace")[:500]
+                except aiohttp.ClientError:
+                    text = ""
+                response.release()
+                if response.status not in _RETRY_STATUSES or last:
                     raise LlmError(
-                        f"the model endpoint answered {response.status_code}: {text}",
+                        f"the model endpoint answered {response.status}: {text}",
                         "llm_http_error",
                     )
                 delay = max(delay, _retry_after(response))
@@ -163,7 +183,41 @@ class LlmClient:
         raise AssertionError("unreachable")
 
 
-def _retry_after(response: httpx.Response) -> float:
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+class _Watchdog:
+    """Ends a model stream that has sent nothing for ``timeout`` seconds: its reader
+    then raises ``LlmError`` (``llm_timeout``). One timer per stream, re-armed only when
+    it fires (for the last chunk's time plus ``timeout``) — feeding it costs one clock
+    read per chunk."""
+
+    __slots__ = ("_content", "_handle", "_last", "_loop", "_timeout")
+
+    def __init__(self, content: aiohttp.StreamReader, timeout: float) -> None:
+        self._content, self._timeout = content, timeout
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
+        self._handle = self._loop.call_at(self._last + timeout, self._check)
+
+    def fed(self) -> None:
+        self._last = self._loop.time()
+
+    def _check(self) -> None:
+        due = self._last + self._timeout
+        if self._loop.time() < due:
+            self._handle = self._loop.call_at(due, self._check)
+            return
+        self._content.set_exception(
+            LlmError(f"the model stopped sending for {self._timeout:g}s", "llm_timeout")
+        )
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
+def _retry_after(response: aiohttp.ClientResponse) -> float:
     try:
         return min(float(response.headers.get("retry-after", "0")), _MAX_RETRY_AFTER)
     except ValueError:
@@ -208,6 +262,10 @@ class _Reply:
             self.finish = choice["finish_reason"]
         text = delta.get("content")
         if text:
+            if type(text) is not str:
+                raise LlmError(
+                    f"the model sent content that is not text: {payload[:200]!r}", "llm_malformed"
+                )
             self.content.append(text)
         self.fragments = delta.get("tool_calls")
         return text

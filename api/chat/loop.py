@@ -31,7 +31,7 @@ from sandbox_workspace.runtime.schemas import ChangedFile, MarksReport, OutputLi
 from ..backends.base import Session
 from ..runtime_client import RuntimeClient
 from .context import build_messages, system_prompt, workspace_context_message
-from .llm import Completion, LlmClient, LlmError, TextDelta
+from .llm import Completion, LlmClient, LlmError
 from .policy import Policy
 from .progress import Progress
 from .runs import Run
@@ -209,8 +209,8 @@ async def _loop(
             run.emit("status", {"stage": "thinking", "iteration": iteration})
             completion: Completion | None = None
             async for item in llm.stream(messages, offered):
-                if isinstance(item, TextDelta):
-                    run.emit("text", {"delta": item.text})
+                if type(item) is str:
+                    run.emit("text", {"delta": item})
                 else:
                     completion = item
             assert completion is not None

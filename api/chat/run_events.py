@@ -27,7 +27,6 @@ from typing import Any
 
 from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
 
-from ..sse import KEEPALIVE
 from .runs import Run
 from .runstore import RunStore
 
@@ -175,16 +174,18 @@ async def translate(
     encode: Callable[[dict], bytes],
     idle: float,
     tail: bytes = b"",
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[list[bytes]]:
     """The run's events after ``after`` in the translator's vocabulary, a batch per write
-    (a keep-alive comment when nothing came for ``idle`` seconds), then ``tail``."""
+    (``api.event_stream.EventStream``: an empty batch is a keep-alive comment), then
+    ``tail``."""
     async for frames in run.follow(after, idle=idle):
         out: list[dict] = []
         for frame in frames:
             out.extend(translator.feed(parse_frame(frame)))
             if translator.ended:
                 break
-        yield b"".join(encode(m) for m in out) if out else KEEPALIVE
+        yield [encode(m) for m in out]
         if translator.ended:
             break
-    yield tail
+    if tail:
+        yield [tail]

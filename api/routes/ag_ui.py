@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_workspace.runtime.errors import BadRequest
@@ -26,6 +25,7 @@ from ..chat.ag_ui import AgUiStream
 from ..chat.run_events import encode_data, translate
 from ..chat.runs import Run
 from ..deps import CallerDep, ServicesDep
+from ..event_stream import EventStream
 from ..sse import SSE_HEADERS
 from .turns import Answer, answer_approvals, start_turn
 
@@ -78,13 +78,11 @@ def resume_answer(entry: ResumeEntry) -> Answer:
 
 def _respond(run: Run, translator: AgUiStream, after: int, keepalive: float):
     frames = translate(run, after, translator, encode_data, keepalive)
-    return StreamingResponse(
-        frames, media_type="text/event-stream", headers={**SSE_HEADERS, "X-Run-Id": run.id}
-    )
+    return EventStream(frames, {**SSE_HEADERS, "X-Run-Id": run.id})
 
 
 @router.post("/ag-ui", responses={200: {"content": {"text/event-stream": {}}}})
-async def ag_ui(body: RunAgentInput, caller: CallerDep, services: ServicesDep) -> StreamingResponse:
+async def ag_ui(body: RunAgentInput, caller: CallerDep, services: ServicesDep) -> EventStream:
     """Run the agent for an AG-UI client (or resume it past an interrupt)."""
     keepalive = services.settings.chat_keepalive_seconds
     if body.resume:

@@ -16,7 +16,6 @@ from typing import Annotated, Literal
 from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Path, Query
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_workspace.operator.naming import session_id_for
@@ -30,12 +29,13 @@ from ..chat.progress import Progress, spec_data, spec_from_data
 from ..chat.runs import Run
 from ..chat.tools import TOOL_NAMES
 from ..deps import CallerDep, ServicesDep, StreamCallerDep
+from ..event_stream import EventStream
 from ..file_refs import parse_file_ref
 from ..identity import Caller
 from ..names import conversation_id_schema, name_schema
 from ..openapi import CHAT_EVENTS, errors, sse
 from ..schemas import StreamToken, json_int
-from ..sse import KEEPALIVE, SSE_HEADERS
+from ..sse import SSE_HEADERS
 
 router = APIRouter(prefix="/api/v1", tags=["chat"])
 
@@ -105,17 +105,9 @@ class ApprovalRequest(BaseModel):
     reason: str = Field("", max_length=2000)
 
 
-def _stream(run: Run, after: int, keepalive: float) -> StreamingResponse:
-    async def frames():
-        async for batch in run.follow(after, idle=keepalive):
-            if not batch:
-                yield KEEPALIVE
-                continue
-            yield b"".join(batch)  # events that arrived together go out in one write
-
-    return StreamingResponse(
-        frames(), media_type="text/event-stream", headers={**SSE_HEADERS, "X-Run-Id": run.id}
-    )
+def _stream(run: Run, after: int, keepalive: float) -> EventStream:
+    # Events that arrived together go out in one write; an empty batch is a keep-alive.
+    return EventStream(run.follow(after, idle=keepalive), {**SSE_HEADERS, "X-Run-Id": run.id})
 
 
 class ApprovalResult(BaseModel):
@@ -169,10 +161,10 @@ async def _selected_names(
 
 @router.post(
     "/chat",
-    response_class=StreamingResponse,
+    response_class=EventStream,
     responses={**_SSE, **errors(400, 404, 503)},
 )
-async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> StreamingResponse:
+async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> EventStream:
     """Start an agent run in the conversation; answers its SSE stream (`run_started` first,
     `done` last). The run goes on if the client drops: re-attach with `/runs/{id}/events`."""
     run = await start_run(body, caller, services)
@@ -249,7 +241,7 @@ def resume_run(services, run: Run, data: dict, checkpoint: dict | None):
 
 @router.get(
     "/runs/{run_id}/events",
-    response_class=StreamingResponse,
+    response_class=EventStream,
     responses={**_SSE, **errors(400, 404)},
 )
 async def run_events(
@@ -263,7 +255,7 @@ async def run_events(
     after: Annotated[
         int | None, Query(ge=0, le=10**18, description="Same as Last-Event-ID (wins over it).")
     ] = None,
-) -> StreamingResponse:
+) -> EventStream:
     """Re-attach to a run: every event after Last-Event-ID (or `after`), then live ones.
 
     Authenticate as usual, or — for EventSource — with `?token=` from

@@ -19,7 +19,6 @@ import contextlib
 from typing import Any, Literal
 
 from fastapi import APIRouter, Response
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
@@ -29,6 +28,7 @@ from ..chat.run_events import decided_approvals, encode_data, translate
 from ..chat.runs import Run
 from ..chat.ui_stream import DONE, HEADERS, UiMessageStream
 from ..deps import CallerDep, ServicesDep
+from ..event_stream import EventStream
 from .turns import Answer, answer_approvals, start_turn
 
 router = APIRouter(prefix="/api/v1/ui", tags=["ui-chat"])
@@ -88,9 +88,7 @@ async def _remember(services, user_id: str, chat_id: str, entry: ChatRun) -> Non
 
 def _respond(run: Run, translator: UiMessageStream, after: int, keepalive: float):
     frames = translate(run, after, translator, encode_data, keepalive, tail=DONE)
-    return StreamingResponse(
-        frames, media_type="text/event-stream", headers={**HEADERS, "X-Run-Id": run.id}
-    )
+    return EventStream(frames, {**HEADERS, "X-Run-Id": run.id})
 
 
 def _metadata(run: Run) -> dict[str, str]:
@@ -98,9 +96,7 @@ def _metadata(run: Run) -> dict[str, str]:
 
 
 @router.post("/chat", responses={200: {"content": {"text/event-stream": {}}}})
-async def ui_chat(
-    body: UiChatRequest, caller: CallerDep, services: ServicesDep
-) -> StreamingResponse:
+async def ui_chat(body: UiChatRequest, caller: CallerDep, services: ServicesDep) -> EventStream:
     """Start a run, or answer its approvals; answers a UI message stream (v1)."""
     keepalive = services.settings.chat_keepalive_seconds
     last = body.messages[-1]

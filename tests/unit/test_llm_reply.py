@@ -48,3 +48,10 @@ def test_a_stream_without_finish_or_done_is_broken():
     with pytest.raises(LlmError) as e:
         reply.completion()
     assert e.value.code == "llm_stream_broken"
+
+
+def test_content_that_is_not_text_is_malformed():
+    reply = _Reply()
+    with pytest.raises(LlmError) as caught:
+        reply.feed(_data('{"content":{"nested":1}}'))
+    assert caught.value.code == "llm_malformed"
