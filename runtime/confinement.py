@@ -91,7 +91,7 @@ class Confinement:
         return self.abi > 0
 
     @property
-    def denies_inet_sockets(self) -> bool:
+    def denies_sockets(self) -> bool:
         return not self.no_filter
 
     def policy(self) -> landlock.Policy:
@@ -117,8 +117,8 @@ class Confinement:
                 found.append("scope_abstract_unix_socket")
             if policy.scoped & landlock.SCOPE_SIGNAL:
                 found.append("scope_signal")
-        if self.denies_inet_sockets:
-            found.append("inet_sockets")
+        if self.denies_sockets:  # the seccomp filter: internet, unix, vsock… all refused
+            found.extend(("inet_sockets", "unix_sockets"))
         if self.cgroup:
             found.append("pids_cgroup")
         elif not self.root:
@@ -135,8 +135,9 @@ class Confinement:
             if self.network != "allow" and self.abi < 4:
                 missing.append("TCP cannot be denied")
             reason = ("kernel lacks " + "; ".join(missing)) if missing else ""
-            if self.network != "allow" and not self.denies_inet_sockets:
-                reason = "; ".join(filter(None, [reason, f"UDP not denied: {self.no_filter}"]))
+            if self.network != "allow" and not self.denies_sockets:
+                unfiltered = f"UDP and unix sockets not denied: {self.no_filter}"
+                reason = "; ".join(filter(None, [reason, unfiltered]))
         if self.network == "allow":
             network = "allowed"
         else:
@@ -208,7 +209,7 @@ class Confinement:
             "read_write": landlock.fs_all(self.abi) if self.confined else 0,
             "cgroup": str(self.cgroup) if self.cgroup else None,
             "nproc": self.max_processes if not self.root else None,
-            "deny_inet": self.denies_inet_sockets,
+            "deny_sockets": self.denies_sockets,
             "run_as": list(run_as) if run_as else None,
         }
 

@@ -168,8 +168,8 @@ def _exec_code(request: dict, fds: list[int], err_w: int, config: dict) -> NoRet
         # Confined first: the fd shuffle below closes the ruleset's fd.
         if request.get("ruleset") is not None:  # built once per conversation by the spawner
             landlock.restrict_self(request["ruleset"])
-        if config.get("deny_inet"):  # network denied: no UDP, ICMP, raw… (seccomp)
-            seccomp.deny_inet_sockets()
+        if config.get("deny_sockets"):  # network denied: no UDP, unix, raw… (seccomp)
+            seccomp.deny_sockets()
         for sig in (signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         # Move everything out of the way, then place the code's fds at 0, 1, 2, 3…

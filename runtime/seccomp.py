@@ -1,11 +1,18 @@
-"""A seccomp filter for executed code when its network is denied: no internet sockets.
+"""A seccomp filter for executed code when its network is denied: no sockets of its own.
 
 Landlock (``landlock``) denies TCP bind/connect, and nothing else of the network: a code
 process could still send UDP (a DNS query carries data out), open ICMP or raw sockets,
-SCTP or MPTCP, or ``listen()`` on a TCP socket it never bound. With the network denied
-there is nothing legitimate to do with an internet socket, so this filter refuses to
-create one at all — ``socket(AF_INET|AF_INET6, …)`` fails with ``EACCES``, the error
-Landlock gives for a denied connect. Unix sockets and socketpairs are untouched.
+SCTP or MPTCP, ``listen()`` on a TCP socket it never bound, reach the host through
+``AF_VSOCK``, or connect to a named unix socket by its path — Landlock has no right for
+that before ABI 9, and a daemon's socket (``/run/docker.sock``, containerd's, D-Bus) is
+the whole machine where the runtime runs as root (local development). With the network
+denied there is nothing legitimate to do with a socket of any of those families, so this
+filter lets ``socket()`` create only netlink sockets (``getifaddrs``, which glibc's
+``getaddrinfo`` uses): every other family fails with ``EACCES``, the error Landlock gives
+for a denied connect. ``socketpair()`` — an unnamed pair, IPC inside the code's own
+process tree (asyncio's self-pipe, ``multiprocessing.Pipe``) — is untouched. What stops
+working: ``multiprocessing`` managers and the ``forkserver`` start method (they listen on
+a unix socket); ``fork`` and ``spawn`` pools do not need one.
 
 Ways around such a filter, closed too:
 - ``io_uring`` can create sockets without the ``socket`` syscall (IORING_OP_SOCKET):
@@ -15,7 +22,7 @@ Ways around such a filter, closed too:
   of an architecture other than the native one, and every x32 number, fails with
   ``ENOSYS``: no code of ours runs 32-bit, so nothing legitimate is lost.
 
-Contract: ``available()`` says whether the kernel takes filters; ``deny_inet_sockets()``
+Contract: ``available()`` says whether the kernel takes filters; ``deny_sockets()``
 installs the filter on the calling thread and every process it will start (irreversible;
 sets ``no_new_privs``, which Landlock sets anyway). Supported: x86_64 and aarch64; on
 another architecture ``available()`` is False and nothing is installed.
@@ -45,7 +52,7 @@ _RET_ERRNO = 0x00050000  # | errno
 # struct seccomp_data: int nr; __u32 arch; __u64 ip; __u64 args[6]
 _NR, _ARCH, _ARG0 = 0, 4, 16  # args[0]'s low 32 bits (little endian)
 
-_AF_INET, _AF_INET6 = 2, 10
+_AF_NETLINK = 16  # the one family code may still create
 _X32_BIT = 0x40000000
 
 # arch → (AUDIT_ARCH value, socket's number); io_uring's numbers are the same everywhere.
@@ -79,10 +86,9 @@ def program(machine: str | None = None) -> bytes:
         _insn(_RET_K, _RET_ALLOW),
         _insn(_RET_K, deny),  # io_uring
         _insn(_LD_W_ABS, _ARG0),  # socket(domain, …)
-        _insn(_JEQ_K, _AF_INET, jt=2),
-        _insn(_JEQ_K, _AF_INET6, jt=1),
-        _insn(_RET_K, _RET_ALLOW),
+        _insn(_JEQ_K, _AF_NETLINK, jt=1),
         _insn(_RET_K, deny),
+        _insn(_RET_K, _RET_ALLOW),
     ]
     return b"".join(insns)
 
@@ -104,7 +110,7 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
 
-def deny_inet_sockets() -> None:
+def deny_sockets() -> None:
     """Install the filter on this thread and its future children (irreversible)."""
     prog = program()
     fprog = _SockFprog(len(prog) // 8, prog)

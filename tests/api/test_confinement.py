@@ -58,8 +58,13 @@ def test_network_allowed_lets_code_connect(start_server):
     )  # fmt: skip
     network = [a for a in ATTACKS if a.when_allowed]
     assert {a.when_allowed for a in network} == {"connect", "udp send"}
+    # With the network allowed code may make sockets again (no seccomp filter): another
+    # conversation's abstract socket is then refused by Landlock's scope alone.
+    abstract = [a for a in ATTACKS if a.name.startswith("abstract unix socket")]
     with httpx.Client(base_url=server.url, headers={"X-User-Id": "net"}, timeout=60) as api:
-        _, failures = play(api, "/api/v1/sessions/sb-session-net", network, network="allow")
+        _, failures = play(
+            api, "/api/v1/sessions/sb-session-net", network + abstract, network="allow"
+        )
     assert not failures
 
 
@@ -108,7 +113,7 @@ def test_stats_report_full_confinement(runtime):
     report = runtime.client.get("/v1/stats").json()["confinement"]
     assert report["mode"] == "auto" and report["confined"] is True
     assert report["landlock_abi"] == ABI and report["network"] == "denied"
-    expected = {"filesystem", "tcp", "subreaper", "inet_sockets"}
+    expected = {"filesystem", "tcp", "subreaper", "inet_sockets", "unix_sockets"}
     if ABI >= 6:
         expected |= {"refer", "truncate", "ioctl_dev", "scope_signal"}
         expected |= {"scope_abstract_unix_socket"}
@@ -156,11 +161,40 @@ def test_auto_without_landlock_runs_code_and_says_so_loudly(runtime):
     )
     assert "seccomp" in report["reason"]
     assert "EXECUTED CODE IS NOT CONFINED" in runtime.server.log()
-    # Without Landlock the seccomp filter still holds: no UDP, no internet socket.
-    assert "inet_sockets" in report["features"]
-    udp = "import socket\ntry:\n    socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-    udp += "except PermissionError:\n    print('refused')"
-    assert _execute(runtime, "c", udp).json()["stdout"] == "refused\n"
+    # Without Landlock the seccomp filter still holds: no UDP, no unix socket.
+    assert {"inet_sockets", "unix_sockets"} <= set(report["features"])
+    for family in ("AF_INET, socket.SOCK_DGRAM", "AF_UNIX"):
+        code = f"import socket\ntry:\n    socket.socket(socket.{family})\n"
+        code += "except PermissionError:\n    print('refused')"
+        assert _execute(runtime, "c", code).json()["stdout"] == "refused\n", family
+
+
+SOCKETS_THAT_STAY = """
+import multiprocessing, os, socket
+refused = []
+for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_PACKET", "AF_VSOCK", "AF_ALG"):
+    try:
+        socket.socket(getattr(socket, name)).close()
+    except PermissionError:
+        refused.append(name)
+a, b = socket.socketpair()  # IPC inside the code's own processes
+a.sendall(b"pair")
+ours, theirs = multiprocessing.Pipe()  # a socketpair too
+child = multiprocessing.get_context("fork").Process(target=lambda: theirs.send([1, 2, 3]))
+child.start()
+squares = ours.recv()
+child.join()
+netlink = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW)  # getifaddrs, getaddrinfo
+netlink.close()
+print(sorted(refused), b.recv(4).decode(), squares, socket.getaddrinfo("localhost", 80)[0][4][1])
+"""
+
+
+def test_with_the_network_denied_code_makes_no_socket_but_pairs_processes_and_netlink(runtime):
+    out = _execute(runtime, "c", SOCKETS_THAT_STAY).json()
+    assert out["stdout"] == (  # what failed, if anything: out["error"]
+        "['AF_ALG', 'AF_INET', 'AF_INET6', 'AF_PACKET', 'AF_UNIX', 'AF_VSOCK'] pair [1, 2, 3] 80\n"
+    ), out["error"]
 
 
 BWRAP = shutil.which("bwrap")

@@ -131,7 +131,7 @@ mkdir -p outputs/a/b/c uploads/temparea/sub/inner "outputs/new
 line" outputs/-rf
 echo x > outputs/a/b/c/f.txt; echo y > uploads/temparea/sub/inner/g.txt
 mkfifo outputs/a/fifo
-python3 -c "import socket; s=socket.socket(socket.AF_UNIX); s.bind('outputs/a/sock')"
+python3 -c "import os, stat; os.mknod('outputs/a/sock', stat.S_IFSOCK | 0o600)"
 ln -s / outputs/a/root-link; ln -s ../../c2 outputs/a/neighbour; ln -s "$OUTSIDE" outside-link
 ln -s . outputs/loop
 ln uploads/temparea/keep.csv outputs/hardlink.csv

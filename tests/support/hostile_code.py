@@ -314,8 +314,40 @@ for pid in [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.
     Attack(
         "abstract unix socket of another conversation",
         """
-s = socket.socket(socket.AF_UNIX)
-attempt("connect", lambda: s.connect("\\0sbw-hostile-{b}"))
+def connect(address):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(address)
+        return "connected"
+attempt("connect", lambda: connect("\\0sbw-hostile-{b}"))
+""",
+    ),
+    Attack(
+        # A daemon's socket on the machine (docker.sock, containerd's, D-Bus) is the whole
+        # machine where the runtime runs as root; Landlock has no right for it before ABI 9.
+        "named unix sockets: the machine's daemons, another conversation's",
+        """
+named = set()
+try:
+    for line in read("/proc/net/unix").splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[3] == "00010000" and fields[7].startswith("/"):
+            named.add(fields[7])  # listening, with a path
+except OSError:
+    pass
+named.add("../{b}/outputs/hostile.sock")  # B's, when it could make one (relative: 108 bytes)
+def connect(path):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(2)
+        s.connect(path)
+        return "connected"
+for path in sorted(named):
+    attempt(f"connect {{path}}", lambda: connect(path), ignore=(errno.ENOENT, errno.ECONNREFUSED, errno.ETIMEDOUT))
+def bind_outside():  # a socket of ours where B or the machine would look
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind("/tmp/sbw-hostile-{a}.sock")
+        os.unlink("/tmp/sbw-hostile-{a}.sock")
+        return "bound"
+attempt("bind in /tmp", bind_outside)
 """,
     ),
 ]
@@ -323,13 +355,20 @@ attempt("connect", lambda: s.connect("\\0sbw-hostile-{b}"))
 # Conversation B's set-up: an abstract socket it listens on (kept alive by its kernel),
 # checked to be reachable from B itself, so A's refusal is the confinement at work.
 B_SETUP = """
-import socket
-hostile_listener = socket.socket(socket.AF_UNIX)
-hostile_listener.bind("\\0sbw-hostile-{b}")
-hostile_listener.listen()
-probe = socket.socket(socket.AF_UNIX)
-probe.connect("\\0sbw-hostile-{b}")
-probe.close()
+import os, socket
+hostile_alive = True
+hostile_listeners = []
+try:  # B's own sockets, abstract and named, for A to find
+    for address in ("\\0sbw-hostile-{b}", "outputs/hostile.sock"):
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(address)
+        listener.listen()
+        hostile_listeners.append(listener)
+        probe = socket.socket(socket.AF_UNIX)
+        probe.connect(address)
+        probe.close()
+except PermissionError:  # the network is denied: code may make no socket at all
+    pass
 print("listening")
 """
 
@@ -406,7 +445,7 @@ def _check_healthy(client: httpx.Client, session_url: str, scene: dict) -> None:
     a, b, name, marker = scene["a"], scene["b"], scene["name"], scene["marker"]
     r = client.get(f"{session_url}/files/{name}", params={"conversation_id": b})
     assert r.status_code == 200 and r.text == marker, (r.status_code, r.text[:200])
-    alive = _execute(client, session_url, b, "hostile_listener.fileno() > 0")
+    alive = _execute(client, session_url, b, "hostile_alive")
     assert alive["results"][0]["data"]["text/plain"] == "True", alive
     _upload(client, session_url, a, "after.csv", b"after")
     listed = client.get(f"{session_url}/files", params={"conversation_id": a}).json()
