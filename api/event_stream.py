@@ -29,10 +29,13 @@ class EventStream(Response):
     media_type = "text/event-stream"
 
     def __init__(
-        self, batches: AsyncIterator[list[bytes]], headers: Mapping[str, str] | None = None
+        self,
+        batches: AsyncIterator[list[bytes]],
+        headers: Mapping[str, str] | None = None,
+        status_code: int = 200,  # FastAPI's OpenAPI reads the default status from here
     ) -> None:
         self.batches = batches
-        self.status_code = 200
+        self.status_code = status_code
         self.background = None
         self.init_headers(headers)
 

@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Path, Query
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_workspace.operator.naming import session_id_for
@@ -161,7 +162,9 @@ async def _selected_names(
 
 @router.post(
     "/chat",
-    response_class=EventStream,
+    # Documented as Starlette's streaming response (which leaves the error bodies
+    # application/json in the document); answered with ``EventStream``.
+    response_class=StreamingResponse,
     responses={**_SSE, **errors(400, 404, 503)},
 )
 async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> EventStream:
@@ -241,7 +244,9 @@ def resume_run(services, run: Run, data: dict, checkpoint: dict | None):
 
 @router.get(
     "/runs/{run_id}/events",
-    response_class=EventStream,
+    # Documented as Starlette's streaming response (which leaves the error bodies
+    # application/json in the document); answered with ``EventStream``.
+    response_class=StreamingResponse,
     responses={**_SSE, **errors(400, 404)},
 )
 async def run_events(
