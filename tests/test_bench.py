@@ -40,6 +40,10 @@ def test_bench_runs_in_quick_mode():
         assert trials["leaked_files"] == 0 and trials["stuck"] == 0, trials
     if shutil.which("redis-server") or shutil.which("valkey-server"):
         assert any(n.startswith("chat on the Redis run store") for n in names)
+        chat = json.loads((ROOT / "bench" / "results" / "chat-quick.json").read_text())
+        on_redis = chat["figures"][1]["extra"]
+        assert chat["quick"] and len(on_redis["rounds"]) == 1
+        assert on_redis["added_p50_ms"] == on_redis["rounds"][0]["added_p50_ms"]
         ha = json.loads((ROOT / "bench" / "results" / "ha-quick.json").read_text())
         assert ha["quick"] and ha["when"] >= time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(started)
