@@ -1,5 +1,6 @@
 """Prometheus metrics of the API: requests by route, method and status, latency, chat
-runs by state, and the process's garbage-collector pauses (api/garbage.py).
+runs by state, chat runs ended by outcome and the garbage-collector pauses (both counted
+per process: api/chat/runs.py ``ENDED``, api/garbage.py).
 
 A registry per app (not the global one) so several apps in one process — tests — do not
 collide. Routes are labelled by their template, never by raw path (ids would explode the
@@ -18,9 +19,10 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from . import garbage
+from .chat.runs import ENDED
 
 
 class _MetricsMiddleware:
@@ -79,6 +81,14 @@ class _RunsCollector:
         for state, value in counts.items():
             family.add_metric([state], value)
         yield family
+        ended = CounterMetricFamily(
+            "sandbox_chat_runs_ended",
+            "Chat runs this process ended, by outcome: completed, or the error's code",
+            labels=["outcome"],
+        )
+        for outcome, value in sorted(ENDED.items()):
+            ended.add_metric([outcome], value)
+        yield ended
         yield from getattr(self.runs.store, "metric_families", list)()  # a replicated store
 
 

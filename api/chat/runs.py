@@ -32,6 +32,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,6 +100,13 @@ class _IdleTimer:
             self._handle = None
 
 
+# Runs that ended (their ``done`` written) in this process, by outcome: "completed", or
+# the code of the ``error`` before ``done`` (llm_timeout, deadline_exceeded, cancelled,
+# run_interrupted…). /metrics: ``sandbox_chat_runs_ended_total{outcome}``. Counted where
+# ``done`` is emitted, so a run carried on by another replica counts once, there.
+ENDED: Counter[str] = Counter()
+
+
 @dataclass
 class Run:
     user_id: str
@@ -118,6 +126,7 @@ class Run:
     sink: Any = field(default=None, repr=False)
     durable: int | None = None
     relay: Callable[[int, float | None], AsyncIterator[list[bytes]]] | None = None
+    error_code: str | None = None  # of the last ``error`` event
 
     @property
     def finished(self) -> bool:
@@ -140,6 +149,10 @@ class Run:
         """Append an event; returns its id."""
         event_id = len(self.frames) + 1
         frame = encode_event(event_id, kind, data or {})
+        if kind == "error":
+            self.error_code = str((data or {}).get("code"))
+        elif kind == "done":
+            ENDED[self.error_code or "completed"] += 1
         self.frames.append(frame)
         if self.sink is None:
             self._notify()

@@ -318,16 +318,24 @@ def test_chat_without_a_model_says_which_settings_to_set(api):
     assert "SANDBOX_WORKSPACE_LLM_BASE_URL" in r.json()["error"]["message"]
 
 
-def test_runs_show_in_metrics(chat, scripted_llm):
+def _sample(metrics: str, prefix: str) -> float:
+    found = [line for line in metrics.splitlines() if line.startswith(prefix)]
+    return float(found[0].split()[-1]) if found else 0.0
+
+
+def test_runs_show_in_metrics_by_state_and_by_how_they_ended(chat, scripted_llm):
+    completed = 'sandbox_chat_runs_ended_total{outcome="completed"}'
+    failed = 'sandbox_chat_runs_ended_total{outcome="llm_http_error"}'
+    before = chat.get("/metrics").text
     with start_chat(chat) as r:
         Stream(r).rest()
+    scripted_llm.responder = lambda body: Reply(status=401)
+    with start_chat(chat) as r:
+        assert Stream(r).rest()[-2][2]["code"] == "llm_http_error"
     metrics = chat.get("/metrics").text
-    finished = [
-        line
-        for line in metrics.splitlines()
-        if line.startswith('sandbox_chat_runs{state="finished"}')
-    ]
-    assert finished and float(finished[0].split()[-1]) >= 1
+    assert _sample(metrics, 'sandbox_chat_runs{state="finished"}') >= 2
+    assert _sample(metrics, completed) == _sample(before, completed) + 1
+    assert _sample(metrics, failed) == _sample(before, failed) + 1
 
 
 def test_unknown_run_is_404(chat):
