@@ -40,8 +40,14 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from .harness import Figure, cpu_seconds, dev_server, wait_for_port
+from .harness import Figure, cpu_seconds, dev_server, percentile, wait_for_port
 from .stamp_client import post_and_measure
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests" / "support")]
+from redis_server import missing_reason, start_redis  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROUNDS = 3
 
 
 async def _direct(url: str, runs: int, sink: list[float], ramp: float = 0.0) -> float:
@@ -198,7 +204,7 @@ def run(quick: bool) -> list[Figure]:
             llm.wait(timeout=10)
 
     first = in_process[0]
-    figures = [_redis_figure(on_redis, in_process, runs, tokens)] if on_redis else []
+    redis_figures = [_redis_figure(on_redis, in_process, runs, tokens)] if on_redis else []
     figures = [
         Figure.of(
             f"chat: token → SSE event latency, {runs} runs × {tokens} tokens",
@@ -210,12 +216,12 @@ def run(quick: bool) -> list[Figure]:
             events_per_second=round(first.events / first.seconds),
             api_seconds=round(first.seconds, 2),
             direct_seconds=round(direct_seconds, 2),
-            added_p50_ms=round(_quantile(first.samples, 0.5) - _quantile(direct, 0.5), 3),
-            added_p99_ms=round(_quantile(first.samples, 0.99) - _quantile(direct, 0.99), 3),
+            added_p50_ms=round(percentile(first.samples, 50) - percentile(direct, 50), 3),
+            added_p99_ms=round(percentile(first.samples, 99) - percentile(direct, 99), 3),
             api_gc_pauses=first.gc_pauses,
             api_cpu_us_per_event=round(first.api_cpu_us, 1),
         ),
-        *figures,
+        *redis_figures,
     ]
     # Quick mode (the test command's) never overwrites the full run's committed figures.
     RESULTS.mkdir(exist_ok=True)
@@ -230,12 +236,6 @@ def run(quick: bool) -> list[Figure]:
     return figures
 
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-ROUNDS = 3
-
-
 @dataclass
 class Phase:
     """One pass of the load through one API process."""
@@ -247,11 +247,6 @@ class Phase:
     gc_pauses: dict
     store_cpu_us: float = 0.0  # the Redis server's CPU per event
     store_writes: dict | None = None
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def _phase(env: dict, runs: int, ramp: float, store_pid: int | None = None) -> Phase:
@@ -277,9 +272,6 @@ def _phase(env: dict, runs: int, ramp: float, store_pid: int | None = None) -> P
 
 def _on_redis_store(env: dict, runs: int, ramp: float, tmp: Path) -> Phase | None:
     """The same load through an API whose runs live on a local Redis-protocol server."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
-    from redis_server import missing_reason, start_redis
-
     if missing_reason():
         print(f"chat: Redis run store not measured — {missing_reason()}", flush=True)
         return None
@@ -299,8 +291,8 @@ def _redis_figure(on_redis: list[Phase], in_process: list[Phase], runs: int, tok
     """Pooled samples of every round; the added latency is the median of the rounds'."""
     per_round = [
         {
-            "added_p50_ms": round(_quantile(r.samples, 0.5) - _quantile(m.samples, 0.5), 3),
-            "added_p99_ms": round(_quantile(r.samples, 0.99) - _quantile(m.samples, 0.99), 3),
+            "added_p50_ms": round(percentile(r.samples, 50) - percentile(m.samples, 50), 3),
+            "added_p99_ms": round(percentile(r.samples, 99) - percentile(m.samples, 99), 3),
             "api_cpu_us_per_event": round(r.api_cpu_us, 1),
             "in_process_api_cpu_us_per_event": round(m.api_cpu_us, 1),
             "redis_cpu_us_per_event": round(r.store_cpu_us, 1),

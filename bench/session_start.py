@@ -183,7 +183,7 @@ def _breakdown(samples: list[tuple[float, dict[str, float], float]], last: str) 
     """Median ms of each step: request → pod seen → scheduled → container started →
     runtime answers → ``last`` (the end: the session's Running, the bare pod's Ready).
     Plus, where the kubelet's Ready came after the end (a session reported Running by the
-    operator's own check), ``kubelet Ready after the end``: how much that check saved."""
+    operator's own check), ``(kubelet Ready after Running)``: how much that check saved."""
     names = ("operator: pod created", "scheduled", "container started", "runtime answers", last)
     spans: dict[str, list[float]] = {n: [] for n in names}
     later: list[float] = []

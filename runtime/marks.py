@@ -14,8 +14,7 @@ Contract:
   through (atomically) and loaded at the next start. Executed code cannot reach
   ``.runtime`` (Landlock); a document that is not what we would write (not a regular
   file, not JSON of that shape, an id whose hash is not its name, too big) is removed at
-  load —
-  marks are a view for a frontend, never a reason to keep or delete a file.
+  load — marks are a view for a frontend, never a reason to keep or delete a file.
 - ``record`` applies one run's report: a path reported ``modified`` is marked, one
   reported ``created`` loses the mark (created again after a delete), presented paths are
   added. Each set is bounded (``MAX_MARKS``, oldest dropped first) so a chatty agent cannot
