@@ -178,8 +178,9 @@ class NetworkSpec(CamelModel):
 
     enabled: bool = Field(
         False,
-        description="Let code open TCP connections (SANDBOX_RUNTIME_NETWORK=allow). Off: "
-        "the runtime denies TCP bind/connect to every process it starts for code.",
+        description="Let code open sockets (SANDBOX_RUNTIME_NETWORK=allow). Off: the "
+        "runtime denies TCP bind/connect and every socket but socketpairs and netlink "
+        "(UDP, unix, vsock, raw) to every process it starts for code.",
     )
 
 
