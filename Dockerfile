@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # One image for the three processes of Sandbox Workspace; the entrypoint is the CLI:
-#   sandbox-workspace operator | api | runtime   (see README "Install on a cluster")
+#   sandbox-workspace operator | api | runtime   (see docs/operations.md)
 # Non-root (uid/gid 10001), made to run with a read-only root filesystem: only /tmp and,
 # in sandbox pods, /workspace need to be writable.
 #

@@ -187,7 +187,7 @@ class WorkspaceFile(BaseModel):
     modified_at: datetime = Field(description="Upload time for uploads.")
     source: Literal["user_upload", "ai_created", "ai_modified"] = Field(
         description="`user_upload`; `ai_modified` when a run changed a file that existed "
-        "before it, else `ai_created` (as seen by this API process; see README)."
+        "before it, else `ai_created` (as seen by this API process; see docs/api.md)."
     )
     is_presented: bool = Field(description="The agent offered it to the user (present_file).")
     sha256: str | None = Field(None, description="Uploads only.")

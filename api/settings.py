@@ -1,4 +1,4 @@
-"""API settings, from ``SANDBOX_WORKSPACE_*`` environment variables (see the README table).
+"""API settings, from ``SANDBOX_WORKSPACE_*`` environment variables (docs/operations.md).
 
 Refuses unsafe combinations at start-up with a message naming the setting to change:
 ``dev`` auth off loopback, ``required`` auth with no credential configured.

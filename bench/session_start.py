@@ -4,9 +4,10 @@ the same run, on the node tier's node (kubelet + containerd + runc, tests/node/n
 
 The run enters a private network/mount/PID namespace of its own (``nodeenv.netns``: it
 re-executes ``python -m bench session_start`` there), starts the control plane,
-kube-scheduler, containerd and the kubelet, installs the chart with the README's install
-block (operator check interval 2 s so idle sessions stop quickly; creation and resume are
-event-driven and do not wait for it) and measures, alternating so load drifts hit both:
+kube-scheduler, containerd and the kubelet, installs the chart with docs/operations.md's
+install block (operator check interval 2 s so idle sessions stop quickly; creation and
+resume are event-driven and do not wait for it) and measures, alternating so load drifts
+hit both:
 
 - create → Running: a SandboxSession (spec ``userId``, ``idleTimeoutSeconds: 1``) is
   created and watched until ``status.phase`` is Running: the operator makes Secret, PVC
@@ -46,7 +47,8 @@ from .harness import Figure, percentile
 from .operator import _pod_ready, _session_running, _watch_until
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests" / "node"), str(REPO / "tests" / "cluster")]
+# nodeenv, kubeenv, and the test-support helpers nodeenv uses (doc_blocks).
+sys.path[:0] = [str(REPO / "tests" / p) for p in ("node", "cluster", "support")]
 
 from kubeenv import KubeClient, wait_until  # noqa: E402
 from nodeenv import netns, network  # noqa: E402

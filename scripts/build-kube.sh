@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the Kubernetes binaries the `cluster` and `node` test tiers use, from Go modules
 # only: etcd, kube-apiserver and kube-controller-manager (control plane), plus
-# kube-scheduler, kubelet and kubectl (the node tier: a real node and the README's
+# kube-scheduler, kubelet and kubectl (the node tier: a real node and docs/operations.md's
 # kubectl commands).
 #
 #   scripts/build-kube.sh            build (or reuse) the pinned versions

@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def walkthrough() -> str:
-    text = README.read_text()
-    block = re.search(
-        r"<!-- walkthrough:start -->\s*```sh\n(.*?)```\s*<!-- walkthrough:end -->", text, re.S
-    )
-    assert block, "README lost its walk-through markers"
-    return block.group(1)
+from doc_blocks import README, shell_block
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_readme_walkthrough_works_as_written(start_server, tmp_path):
     server = start_server("dev", "--data-dir", "data")
-    script = walkthrough()
+    script = shell_block(README, "walkthrough")
     assert "http://127.0.0.1:8000" in script
     script = script.replace("http://127.0.0.1:8000", server.url)
     result = subprocess.run(

@@ -13,7 +13,7 @@ Inside (SANDBOX_NODE_NETNS=1), the fixtures:
 - ``node_cluster`` (session): control plane + kube-scheduler + containerd + kubelet,
   the node Ready (``nodeenv.node.NodeCluster``).
 - ``kube`` (session): a ``kubeenv.KubeClient`` as admin.
-- ``release`` (session, ``nodeenv.release``): the chart installed as the README says,
+- ``release`` (session, ``nodeenv.release``): the chart installed as docs/operations.md says,
   with ``node_llm`` (the scripted model on the node's address) as its chat model.
 - ``session``: a fresh user's session through the API pod (tests/node/sessions.py).
 """
@@ -138,7 +138,7 @@ def node_llm() -> Iterator[ScriptedLLM]:
 def release_result(
     node_cluster: NodeCluster, kube: KubeClient, node_llm: ScriptedLLM, tmp_path_factory
 ) -> tuple[Release, object]:
-    """The chart installed by the README's install block (once per session)."""
+    """The chart installed by docs/operations.md's install block (once per session)."""
     release = Release(
         node_cluster.kubeconfig,
         tmp_path_factory.mktemp("release"),
@@ -157,7 +157,9 @@ def release_result(
 def release(release_result, kube: KubeClient) -> Release:
     release, result = release_result
     if result.returncode != 0:
-        pytest.fail(f"helm install as the README says failed:\n{result.stdout}\n{result.stderr}")
+        pytest.fail(
+            f"helm install as docs/operations.md says failed:\n{result.stdout}\n{result.stderr}"
+        )
     return release.connect(kube)
 
 

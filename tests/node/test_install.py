@@ -1,5 +1,5 @@
-"""The chart installed exactly as the README's "Install on a cluster" says, on a real node,
-and the README's walk-through through ``kubectl port-forward``."""
+"""The chart installed exactly as docs/operations.md's "Install with Helm" says, on a real
+node, and its walk-through through ``kubectl port-forward``."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import signal
 import subprocess
 
 import pytest
-from nodeenv.release import NAMESPACE, SESSIONS, readme_block
+from nodeenv.release import NAMESPACE, SESSIONS, install_doc_block
 
 pytestmark = pytest.mark.node
 
 
-def test_helm_install_as_the_readme_says(release_result, kube):
+def test_helm_install_as_documented(release_result, kube):
     release, result = release_result
     assert result.returncode == 0, result.stdout + result.stderr
     assert 'deployment "sw-sandbox-workspace-operator" successfully rolled out' in result.stdout
@@ -33,8 +33,8 @@ def test_helm_install_as_the_readme_says(release_result, kube):
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
-def test_readme_walkthrough_through_port_forward(release, kube):
-    script = readme_block("install-walkthrough")
+def test_install_walkthrough_through_port_forward(release, kube):
+    script = install_doc_block("install-walkthrough")
     assert "port-forward service/sw-sandbox-workspace-api 8000:80 &" in script
     workdir = release.workdir / "walkthrough"
     workdir.mkdir(exist_ok=True)

@@ -1,27 +1,26 @@
-"""The product installed on the node as the README's "Install on a cluster" says (test
+"""The product installed on the node as docs/operations.md's "Install with Helm" says (test
 helper): its shell blocks, the tools they call (helm and kubectl 1.34 from .cache), and
 handles on the release for the tests.
 
-``readme_block(name)`` returns the block between ``<!-- name:start -->`` and
-``<!-- name:end -->``; ``Release.install()`` runs the ``install`` block with the flags
-README step 1 gives for a locally built image (plus the test's model and a short operator
-check interval), so the install is the README's, not a copy of it.
+``install_doc_block(name)`` returns the block between ``<!-- name:start -->`` and
+``<!-- name:end -->`` of docs/operations.md; ``Release.install()`` runs the ``install``
+block with the flags its step 1 gives for a locally built image (plus the test's model and
+a short operator check interval), so the install is the documented one, not a copy of it.
 """
 
 from __future__ import annotations
 
 import base64
 import os
-import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from doc_blocks import OPERATIONS, shell_block
 from kubeenv.client import KubeClient, wait_until
 from kubeenv.controlplane import BIN_DIR, REPO_ROOT
 
-README = REPO_ROOT / "README.md"
 TOOLS_BIN = Path(os.environ.get("SANDBOX_TOOLS_CACHE", REPO_ROOT / ".cache" / "tools")) / "bin"
 RELEASE = "sw"
 NAMESPACE = "sandbox-workspace"
@@ -31,11 +30,8 @@ OPERATOR = f"{RELEASE}-sandbox-workspace-operator"
 API_PORT = 8000  # the chart's api.containerPort
 
 
-def readme_block(name: str) -> str:
-    text = README.read_text()
-    block = re.search(rf"<!-- {name}:start -->\s*```sh\n(.*?)```\s*<!-- {name}:end -->", text, re.S)
-    assert block, f"README lost its {name} markers"
-    return block.group(1)
+def install_doc_block(name: str) -> str:
+    return shell_block(OPERATIONS, name)
 
 
 @dataclass
@@ -73,9 +69,9 @@ class Release:
     def install(self) -> subprocess.CompletedProcess[str]:
         repository, _, tag = self.image.rpartition(":")
         flags = {"image.repository": repository, "image.tag": tag, **self.set_values}
-        script = readme_block("install")
+        script = install_doc_block("install")
         line = "helm install sw charts/sandbox-workspace -n sandbox-workspace --create-namespace"
-        assert line in script, "the README's install command changed: update the node tier"
+        assert line in script, "the documented install command changed: update the node tier"
         extra = " ".join(f"--set {key}={value}" for key, value in flags.items())
         return self.shell(script.replace(line, f"{line} {extra}"))
 

@@ -1,0 +1,81 @@
+"""Check that moving README text into docs/ lost nothing and copied nothing.
+
+    .venv/bin/python scripts/docs_moved.py REV [OLD_FILE]
+
+Compares OLD_FILE (default README.md) as it is at git revision REV with README.md and
+docs/*.md as they are in the working tree: every non-trivial line of the old file (its
+text with the indentation stripped) must occur in the new files together exactly as many
+times as it occurred in the old one. Headings may move and change level (only their text
+is compared, and a renamed heading is reported, not failed). Lines that were reworded on
+purpose show up as "missing": read them, and check that their facts are where they went.
+Exit status 1 when a line is missing or duplicated.
+
+Written for the README split of issue 26; useful again whenever a README section is moved
+into docs/ (e.g. a branch's new README section placed on its docs/ page).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def meaningful(line: str) -> str | None:
+    """The line's text to compare, or None for lines that carry no fact of their own."""
+    text = line.strip()
+    if not text or text.startswith("```") or re.fullmatch(r"\|[-| :]*\|", text):
+        return None
+    if text.startswith("<!--") and text.endswith("-->"):
+        return text
+    return text if len(text) > 3 else None
+
+
+def heading(text: str) -> str | None:
+    match = re.match(r"#{1,6} (.*)", text)
+    return match.group(1).strip() if match else None
+
+
+def main() -> int:
+    rev = sys.argv[1]
+    old_file = sys.argv[2] if len(sys.argv) > 2 else "README.md"
+    old_text = subprocess.run(
+        ["git", "show", f"{rev}:{old_file}"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
+    new_files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    new_lines = [line for f in new_files for line in f.read_text().splitlines()]
+
+    in_code = False
+    old: Counter[str] = Counter()
+    for line in old_text.splitlines():
+        if line.strip().startswith("```"):
+            in_code = not in_code
+        text = meaningful(line)
+        if text is None:
+            continue
+        # Comment lines of shell blocks start with '#' too: they are not headings.
+        if not in_code and heading(text) is not None:
+            title = heading(text)
+            if not any(title in other for other in new_lines):
+                print(f"heading renamed or dropped: {text}")
+            continue
+        old[text] += 1
+    new = Counter(t for t in map(meaningful, new_lines) if t is not None)
+
+    missing = [(t, n, new[t]) for t, n in old.items() if new[t] < n]
+    duplicated = [(t, n, new[t]) for t, n in old.items() if new[t] > n]
+    for text, was, now in missing:
+        print(f"missing ({was} → {now}): {text}")
+    for text, was, now in duplicated:
+        print(f"duplicated ({was} → {now}): {text}")
+    total = sum(old.values())
+    print(f"{total} lines checked: {len(missing)} missing, {len(duplicated)} duplicated")
+    return 1 if missing or duplicated else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
