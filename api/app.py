@@ -57,6 +57,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         runtime_env = {
             "SANDBOX_RUNTIME_CONFINEMENT": settings.confinement,
             "SANDBOX_RUNTIME_NETWORK": settings.session_network,
+            **settings.limits.runtime_env(),
         }
         return LocalBackend(settings.data_dir, http, bwrap=bwrap, runtime_env=runtime_env)
     from sandbox_workspace.kube import Kube, load_credentials
@@ -72,6 +73,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         idle_timeout_seconds=settings.session_idle_timeout_seconds,
         storage=settings.session_storage,
         network_enabled=settings.session_network == "allow",
+        limits=settings.limits,
     )
 
 

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sandbox_workspace.operator.models import FileUploadConfig, StorageSpec
+from sandbox_workspace.operator.models import ExecutionLimits, FileUploadConfig, StorageSpec
 
 ENV_PREFIX = "SANDBOX_WORKSPACE_"
 
@@ -64,6 +64,13 @@ class ApiSettings(BaseSettings):
         "deny",
         description="Whether executed code of new sessions may open TCP connections (local "
         "runtimes; on Kubernetes written into new SandboxSessions as `spec.network.enabled`).",
+    )
+    limits: ExecutionLimits = Field(
+        default_factory=ExecutionLimits,
+        description="Limits of each execution of code in new sessions: memory, cpu_seconds, "
+        "file_size, conversation_size (sizes in bytes or quantities such as 512Mi); local "
+        "runtimes get them directly, on Kubernetes they are written into new "
+        "SandboxSessions as `spec.limits`.",
     )
     kubeconfig: Path | None = Field(
         None, description="Kubernetes backend: kubeconfig (default: $KUBECONFIG, then in-pod)."

@@ -69,6 +69,7 @@ class RuntimeState:
             output_cap=settings.output_cap_bytes,
             max_concurrent=settings.max_concurrent_executions,
             kernel_idle_seconds=settings.kernel_idle_seconds,
+            limits=settings.limits(),
             confinement=Confinement(
                 max_processes=settings.max_processes,
                 mode=settings.confinement,

@@ -33,6 +33,7 @@ from .bash import run_bash
 from .confinement import Confinement
 from .errors import ApiError, ConversationDeleting
 from .kernel import PythonKernel
+from .limits import Limits, classify
 from .output import EventSink, OutputCollector
 from .schemas import ExecuteRequest, ExecutionError, ExecutionResult
 from .spawner import Spawner, SpawnFailed
@@ -58,8 +59,10 @@ class Executor:
         kernel_idle_seconds: float,
         confinement: Confinement,
         run_as: tuple[int, int] | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.confinement = confinement
+        self.limits = limits
         self.workspace = workspace
         self.activity = activity
         self.output_cap = output_cap
@@ -144,6 +147,7 @@ class Executor:
                         collector=collector,
                         spawner=self.spawner,
                         guard=self._guard(cid),
+                        limits=self.limits,
                     )
         except SpawnFailed as e:
             collector.finish()
@@ -151,6 +155,7 @@ class Executor:
             error = ExecutionError(name="SpawnError", value=f"the code could not start: {e}")
         finally:
             self._slots.release()
+        error = classify(error, exit_code, self.limits)
         if self._generation.get(cid, 0) != generation:
             error = ExecutionError(
                 name="ConversationStopped",
@@ -179,6 +184,7 @@ class Executor:
                 self.spawner,
                 read_write=read_write,
                 guard=self._guard(cid),
+                limits=self.limits,
             )
             self._kernels[cid] = kernel
         return kernel
