@@ -11,6 +11,10 @@ Contract:
 - Every code process is started by the spawner (``runtime/spawner.py``): confined with
   Landlock to its conversation directory and a private scratch directory (its ``HOME``,
   ``TMPDIR``, ``MPLCONFIGDIR``, outside the workspace), tracked with everything it starts.
+- POSIX shared memory and named semaphores of code (multiprocessing, joblib) live in
+  that scratch directory (``runtime/shm.py``'s preload library), not in /dev/shm.
+- With ``limits`` (``runtime/limits.py``) every execution is held to them; one that
+  hits a limit ends with ``error.code`` naming it.
 - Nothing is spawned for a conversation being deleted (409 ``conversation_deleting``,
   checked right before the spawn request leaves); ``stop_conversation`` kills every
   process of a conversation and removes its scratch directory.
@@ -27,7 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from . import pathsafe
+from . import pathsafe, shm
 from .activity import Activity
 from .bash import run_bash
 from .confinement import Confinement
@@ -72,6 +76,7 @@ class Executor:
         # Bumped by stop_conversation: executions that started before it report the stop.
         self._generation: dict[str, int] = {}
         self.scratch_root = tempfile.mkdtemp(prefix="sbw-scratch-")  # mode 0700
+        self.shm_shim = shm.library()  # private POSIX shared memory for parallel code
         protected = [os.path.realpath(workspace.root.path), os.path.realpath(self.scratch_root)]
         self.spawner = Spawner(confinement.spawner_config(protected=protected, run_as=run_as))
 
@@ -100,6 +105,7 @@ class Executor:
             "MPLCONFIGDIR": scratch,
             "TMPDIR": scratch,
             "WORKSPACE_DIR": cwd,
+            **shm.environment(self.shm_shim, scratch),
         }
 
     def _guard(self, cid: str) -> Callable[[], None]:

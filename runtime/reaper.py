@@ -47,8 +47,14 @@ class _LimitHit(Exception):
     """The tree went past one of its limits (the argument names which): kill it."""
 
 
+# Whether a limit check may still raise: off for good once the tree is being killed, so
+# no tick interrupts the cleanup (a handler already pending when the timer stopped too).
+_ARMED = [False]
+
+
 def _on_term(*_: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once is enough; never interrupt cleanup
+    _ARMED[0] = False
     raise _Stop
 
 
@@ -84,11 +90,9 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
         while True:
             child, status = os.waitpid(-1, 0)
             if child == root:
-                signal.setitimer(signal.ITIMER_REAL, 0)
                 _kill_descendants()
                 return _exit_code(status)
     except _LimitHit as hit:
-        signal.setitimer(signal.ITIMER_REAL, 0)
         status = _kill_descendants(root)
         _report(report_fd, {"limit": hit.args[0]})
         return _exit_code(status) if status is not None else 128 + signal.SIGKILL
@@ -121,10 +125,14 @@ def _watch(request: dict, me: int) -> None:
     watch = TreeWatch(me, request["read_write"], limits)
 
     def on_tick(*_: object) -> None:
+        if not _ARMED[0]:
+            return
         hit = watch.check()
-        if hit is not None:
+        if hit is not None and _ARMED[0]:
+            _ARMED[0] = False
             raise _LimitHit(hit)
 
+    _ARMED[0] = True
     signal.signal(signal.SIGUSR1, lambda *_: watch.reset())
     signal.signal(signal.SIGALRM, on_tick)
     signal.setitimer(signal.ITIMER_REAL, TICK_SECONDS, TICK_SECONDS)
@@ -140,8 +148,9 @@ def _read_all(fd: int) -> str:
 
 def _kill_descendants(root: int | None = None) -> int | None:
     """SIGKILL every descendant until none is left; returns ``root``'s status if reaped."""
+    _ARMED[0] = False  # no limit check may interrupt the cleanup
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.setitimer(signal.ITIMER_REAL, 0)  # no limit check may interrupt the cleanup
+    signal.setitimer(signal.ITIMER_REAL, 0)
     root_status = None
     deadline = time.monotonic() + _KILL_DEADLINE
     me = os.getpid()
