@@ -17,6 +17,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__
 from sandbox_workspace.runtime.errors import install_error_handlers
+from sandbox_workspace.runtime.quantity import parse_bytes
 
 from . import garbage, openapi
 from .backends.base import Backend
@@ -58,6 +59,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             "SANDBOX_RUNTIME_CONFINEMENT": settings.confinement,
             "SANDBOX_RUNTIME_NETWORK": settings.session_network,
             **settings.limits.runtime_env(),
+            "SANDBOX_RUNTIME_SESSION_MEMORY": str(parse_bytes(settings.local_session_memory)),
         }
         return LocalBackend(settings.data_dir, http, bwrap=bwrap, runtime_env=runtime_env)
     from sandbox_workspace.kube import Kube, load_credentials

@@ -14,7 +14,8 @@ Contract:
 - POSIX shared memory and named semaphores of code (multiprocessing, joblib) live in
   that scratch directory (``runtime/shm.py``'s preload library), not in /dev/shm.
 - With ``limits`` (``runtime/limits.py``) every execution is held to them; one that
-  hits a limit ends with ``error.code`` naming it.
+  hits a limit ends with ``error.code`` naming it. With ``session_memory``, the memory of
+  all code together is too (``watch_session_memory``).
 - Nothing is spawned for a conversation being deleted (409 ``conversation_deleting``,
   checked right before the spawn request leaves); ``stop_conversation`` kills every
   process of a conversation and removes its scratch directory.
@@ -37,7 +38,7 @@ from .bash import run_bash
 from .confinement import Confinement
 from .errors import ApiError, ConversationDeleting
 from .kernel import PythonKernel
-from .limits import Limits, classify
+from .limits import Limits, classify, usage_by_call
 from .output import EventSink, OutputCollector
 from .schemas import ExecuteRequest, ExecutionError, ExecutionResult
 from .spawner import Spawner, SpawnFailed
@@ -64,9 +65,11 @@ class Executor:
         confinement: Confinement,
         run_as: tuple[int, int] | None = None,
         limits: Limits | None = None,
+        session_memory: int | None = None,
     ) -> None:
         self.confinement = confinement
         self.limits = limits
+        self.session_memory = session_memory
         self.workspace = workspace
         self.activity = activity
         self.output_cap = output_cap
@@ -82,6 +85,26 @@ class Executor:
 
     async def start(self) -> None:
         await self.spawner.start()
+
+    async def watch_session_memory(self, interval: float = 0.25) -> None:
+        """Keep the memory of all code together under ``session_memory``: past it, the
+        execution holding the most is killed (memory_limit_exceeded). Overshoot: what
+        code allocates in ``interval`` (RLIMIT_AS bounds each process meanwhile)."""
+        if not self.session_memory:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            spawner = self.spawner.pid
+            if spawner is None:
+                continue
+            usage = await asyncio.to_thread(usage_by_call, spawner)
+            if sum(usage.values()) <= self.session_memory:
+                continue
+            largest = max(usage, key=usage.__getitem__)
+            for call in self.spawner.running():
+                if call.reaper == largest:
+                    call.limit = "session_memory"
+                    self.spawner.kill(call)
 
     def scratch(self, cid: str) -> str:
         return os.path.join(self.scratch_root, cid)

@@ -46,6 +46,7 @@ DISK_EVERY = 5  # disk usage every 0.5 s: a walk costs more than /proc reads
 OOM_SCORE_ADJ = 1000
 REASONS = {
     "memory": "memory_limit_exceeded",
+    "session_memory": "memory_limit_exceeded",
     "cpu": "cpu_limit_exceeded",
     "file_size": "file_too_large",
     "conversation": "conversation_quota_exceeded",
@@ -108,23 +109,11 @@ class TreeWatch:
         return None
 
     def _tree(self) -> list[int]:
-        found, stack = [], [self.reaper_pid]
-        while stack:
-            pid = stack.pop()
-            for child in _children(pid):
-                found.append(child)
-                stack.append(child)
-        return found
+        return descendants(self.reaper_pid)
 
     @staticmethod
     def _memory(tree: list[int]) -> int:
-        total = 0
-        for pid in tree:
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                with open(f"/proc/{pid}/statm", "rb") as f:
-                    fields = f.read().split()
-                total += (int(fields[1]) - int(fields[2])) * _PAGE  # resident - shared
-        return total
+        return anonymous_memory(tree)
 
     def _cpu(self, tree: list[int]) -> float:
         ticks = 0
@@ -136,6 +125,33 @@ class TreeWatch:
                 ticks += sum(int(x) for x in fields[11:15])
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # what the reaper reaped
         return ticks / _TICK + usage.ru_utime + usage.ru_stime
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root``, walking /proc/PID/task/*/children (O(tree))."""
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        for child in _children(pid):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def anonymous_memory(pids: list[int]) -> int:
+    """Resident memory of ``pids`` that is not file-backed (heap, stacks, shm), in bytes."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{pid}/statm", "rb") as f:
+                fields = f.read().split()
+            total += (int(fields[1]) - int(fields[2])) * _PAGE  # resident - shared
+    return total
+
+
+def usage_by_call(spawner_pid: int) -> dict[int, int]:
+    """Anonymous memory of each call's tree, by reaper pid (the spawner's children)."""
+    return {reaper: anonymous_memory(descendants(reaper)) for reaper in _children(spawner_pid)}
 
 
 def _children(pid: int) -> list[int]:
@@ -195,8 +211,13 @@ def limit_error(name: str, limits: Limits | None, *, state_lost: bool) -> Execut
             f"the conversation's files above {_size(limits.conversation_size)}",
         ),
     } if limits else {}  # fmt: skip
+    described["session_memory"] = (
+        "MemoryLimitExceeded",
+        "the most memory when the session's code together went past its memory ceiling",
+    )
     title, what = described.get(name, (f"{name.title()}LimitExceeded", "a limit"))
-    value = f"the execution was stopped: it used {what}, this sandbox's limit per execution"
+    scope = "session" if name == "session_memory" else "execution"
+    value = f"the execution was stopped: it used {what}, this sandbox's limit per {scope}"
     if state_lost:
         value += "; the interpreter was restarted and its state is lost"
     return ExecutionError(name=title, value=value, code=REASONS.get(name))

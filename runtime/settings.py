@@ -73,11 +73,20 @@ class RuntimeSettings(BaseSettings):
     limit_conversation_size: int | None = Field(
         None, description="Bytes a conversation may hold while code runs (bytes or a quantity)."
     )
+    session_memory: int | None = Field(
+        None,
+        description="Ceiling on the memory of all executed code together (bytes or a "
+        "quantity); past it the execution holding the most is stopped. Unset: the pod's "
+        "limit is the ceiling (the local backend sets one: a machine has no pod).",
+    )
     kernel_idle_seconds: float = Field(
         1800.0, gt=0, description="A Python interpreter unused this long is stopped."
     )
 
-    @field_validator("limit_memory", "limit_file_size", "limit_conversation_size", mode="before")
+    @field_validator(
+        "limit_memory", "limit_file_size", "limit_conversation_size", "session_memory",
+        mode="before",
+    )  # fmt: skip
     @classmethod
     def _size(cls, value: object) -> object:
         return parse_bytes(value) if value is not None else None

@@ -132,6 +132,10 @@ class Spawner:
             raise
         return call
 
+    def running(self) -> list[Call]:
+        """Calls started and not yet exited."""
+        return [c for c in self._calls.values() if c.reaper and not c.exited.done()]
+
     def mark_execution(self, call: Call) -> None:
         if call.watched and call.reaper and not call.exited.done():
             with contextlib.suppress(ProcessLookupError):
@@ -192,7 +196,7 @@ class Spawner:
         elif op == "exited":
             call = self._calls.pop(ident, None)
             if call is not None:
-                call.limit = message.get("limit")
+                call.limit = message.get("limit") or call.limit
                 _resolve(call.exited, message["code"])
         elif op == "stopped":
             _resolve(self._stops.pop(ident, None), None)

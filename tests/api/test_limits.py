@@ -22,6 +22,7 @@ LIMITS = {
     "SANDBOX_WORKSPACE_LIMITS__CPU_SECONDS": "1",
     "SANDBOX_WORKSPACE_LIMITS__FILE_SIZE": "1Mi",
     "SANDBOX_WORKSPACE_LIMITS__CONVERSATION_SIZE": "8Mi",
+    "SANDBOX_WORKSPACE_LOCAL_SESSION_MEMORY": "400Mi",
 }
 
 
@@ -172,3 +173,17 @@ def test_code_is_what_the_oom_killer_takes_never_the_runtime(lim, limited_server
         spawners = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         for each in [pid, *map(int, spawners)]:
             assert Path(f"/proc/{each}/oom_score_adj").read_text().strip() == "0", each
+
+
+def test_the_sessions_memory_ceiling_stops_the_largest_execution(lim):
+    api, url = lim
+    _with_neighbour(api, url)
+    held = "import time\nx = bytearray({size} << 20)\nx[::4096] = b'x' * len(x[::4096])"
+    # 180 MiB held by conversation 'a' (under its 256 MiB), then 220 MiB in 'c' while it
+    # sleeps: 400 MiB together, past the session's 400Mi — 'c' holds the most.
+    assert run(api, url, held.format(size=180), cid="a")["error"] is None
+    result = run(api, url, held.format(size=220) + "\ntime.sleep(20)", cid="c", timeout=60)
+    assert result["error"]["code"] == "memory_limit_exceeded", result
+    assert "session" in result["error"]["value"] and result["duration_ms"] < 15_000
+    assert run(api, url, "len(x) >> 20", cid="a")["results"] == [{"data": {"text/plain": "180"}}]
+    _neighbour_is_intact(api, url)
