@@ -36,6 +36,7 @@ from . import pathsafe, shm
 from .activity import Activity
 from .bash import run_bash
 from .confinement import Confinement
+from .cpu_cgroup import CpuGroups
 from .errors import ApiError, ConversationDeleting
 from .kernel import PythonKernel
 from .limits import Limits, classify, usage_by_call
@@ -81,7 +82,10 @@ class Executor:
         self.scratch_root = tempfile.mkdtemp(prefix="sbw-scratch-")  # mode 0700
         self.shm_shim = shm.library()  # private POSIX shared memory for parallel code
         protected = [os.path.realpath(workspace.root.path), os.path.realpath(self.scratch_root)]
-        self.spawner = Spawner(confinement.spawner_config(protected=protected, run_as=run_as))
+        self.cpu_groups = CpuGroups.create()  # a CPU share per conversation (root only)
+        self.spawner = Spawner(
+            confinement.spawner_config(protected=protected, run_as=run_as), self.cpu_groups
+        )
 
     async def start(self) -> None:
         await self.spawner.start()
@@ -244,6 +248,8 @@ class Executor:
             await asyncio.to_thread(pathsafe.remove_tree, fd, cid)
         finally:
             os.close(fd)
+        if self.cpu_groups is not None:
+            await asyncio.to_thread(self.cpu_groups.remove, cid)
 
     async def reap_idle(self) -> list[str]:
         now = time.monotonic()
@@ -266,6 +272,8 @@ class Executor:
         self._kernels = {}
         await self.spawner.aclose()  # the spawner kills every call before it exits
         self.confinement.close()
+        if self.cpu_groups is not None:
+            self.cpu_groups.close()
         parent, name = os.path.split(self.scratch_root)
         fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
         try:

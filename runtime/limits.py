@@ -15,8 +15,8 @@ Contract:
 - ``apply_in_child(limits, cpu_rlimit)`` — in the code process before exec: RLIMIT_AS
   (memory: a Python allocation past it raises MemoryError and the interpreter lives on),
   RLIMIT_FSIZE (file size: a write past it fails with EFBIG, SIGXFSZ kills a shell
-  tool), RLIMIT_CPU when ``cpu_rlimit`` (a fresh process per call: bash), and
-  ``oom_score_adj`` 1000 (raising it needs no privilege).
+  tool), RLIMIT_CPU when ``cpu_rlimit`` (a fresh process per call: bash),
+  ``oom_score_adj`` 1000 and nice 5 (raising either needs no privilege).
 - ``TreeWatch(root_pid, paths, limits).check()`` → the name of the limit the tree is
   past (``memory``, ``cpu``, ``conversation``) or None; ``reset()`` starts a new
   execution's CPU and growth accounting (the runtime signals it at each Python cell).
@@ -37,13 +37,18 @@ import os
 import resource
 import signal
 import stat
+import time
 from dataclasses import asdict, dataclass
 
 from .schemas import ExecutionError
 
 TICK_SECONDS = 0.1
-DISK_EVERY = 5  # disk usage every 0.5 s: a walk costs more than /proc reads
+# Disk usage every 0.5 s, or 20 walks' time when the tree is large enough that a walk
+# takes longer than 25 ms: measuring never costs more than ~5% of a core.
+DISK_SECONDS = 0.5
+DISK_COST_FACTOR = 20
 OOM_SCORE_ADJ = 1000
+NICE = 5  # the runtime and the API answer first when code keeps every core busy
 REASONS = {
     "memory": "memory_limit_exceeded",
     "session_memory": "memory_limit_exceeded",
@@ -74,6 +79,7 @@ def apply_in_child(limits: Limits, *, cpu_rlimit: bool) -> None:
     """Runs in the forked code process before exec (see the module contract)."""
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write(str(OOM_SCORE_ADJ))
+    os.nice(NICE)
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory, limits.memory))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size, limits.file_size))
     if cpu_rlimit:
@@ -86,7 +92,7 @@ class TreeWatch:
         self.reaper_pid = reaper_pid
         self.paths = paths
         self.limits = limits
-        self.ticks = 0
+        self.next_disk = 0.0
         self.cpu_start = 0.0
         self.disk_start = 0
         self.reset()
@@ -96,14 +102,16 @@ class TreeWatch:
         self.disk_start = disk_usage(self.paths)
 
     def check(self) -> str | None:
-        self.ticks += 1
         tree = self._tree()
         if self._memory(tree) > self.limits.memory:
             return "memory"
         if self._cpu(tree) - self.cpu_start > self.limits.cpu_seconds:
             return "cpu"
-        if self.ticks % DISK_EVERY == 0:
+        now = time.monotonic()
+        if now >= self.next_disk:
             used = disk_usage(self.paths)
+            spent = time.monotonic() - now
+            self.next_disk = now + max(DISK_SECONDS, DISK_COST_FACTOR * spent)
             if used > self.limits.conversation_size and used > self.disk_start:
                 return "conversation"
         return None

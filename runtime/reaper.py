@@ -209,6 +209,12 @@ def _descendants(pid: int) -> list[int]:
 def _exec_code(request: dict, fds: list[int], err_w: int, config: dict) -> NoReturn:
     try:
         os.setsid()
+        if request.get("cpu_cgroup"):  # the conversation's CPU share (root, cgroup v1)
+            with (
+                contextlib.suppress(OSError),
+                open(request["cpu_cgroup"] + "/cgroup.procs", "w") as f,
+            ):
+                f.write(str(os.getpid()))
         limits = Limits.from_wire(request.get("limits"))
         if limits is not None:  # before Landlock: /proc/self/oom_score_adj is read-only then
             apply_in_child(limits, cpu_rlimit=request.get("cpu_rlimit", False))

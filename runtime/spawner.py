@@ -7,6 +7,8 @@ Contract:
   process runs (confined, fds placed at 0, 1, 2, 3…); raises ``SpawnFailed`` with the
   reason when it could not be started. The caller keeps ownership of its fds. ``guard``
   is called right before the request is sent (it may raise to refuse).
+- With ``cpu_groups`` (``runtime/cpu_cgroup.py``) each conversation's code shares one
+  CPU weight.
 - ``limits`` (``runtime/limits.py``) are applied to the call's tree; ``Call.limit`` names
   the one it was killed for, if any, once ``exited`` is done; ``mark_execution(call)``
   starts a new execution's accounting on a long-lived call (a Python cell).
@@ -29,6 +31,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .cpu_cgroup import CpuGroups
 from .limits import Limits
 
 log = logging.getLogger(__name__)
@@ -56,8 +59,9 @@ class Call:
 
 
 class Spawner:
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: dict, cpu_groups: CpuGroups | None = None) -> None:
         self.config = config
+        self.cpu_groups = cpu_groups
         self._ids = itertools.count(1)
         self._sock: socket.socket | None = None
         self._proc: asyncio.subprocess.Process | None = None
@@ -111,10 +115,11 @@ class Spawner:
         if guard is not None:
             guard()  # synchronously right before the request leaves: nothing can slip in
         call = Call(id=next(self._ids), cid=cid, watched=limits is not None)
+        cpu_cgroup = self.cpu_groups.path(cid) if self.cpu_groups else None
         message = {
             "op": "spawn", "id": call.id, "cid": cid, "argv": argv, "env": env, "cwd": cwd,
             "read_write": read_write, "limits": limits.to_wire() if limits else None,
-            "cpu_rlimit": cpu_rlimit,
+            "cpu_rlimit": cpu_rlimit, "cpu_cgroup": cpu_cgroup,
         }  # fmt: skip
         self._send(message, fds)
         # No answer can arrive before the next await: registering now is in time.

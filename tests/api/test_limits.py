@@ -5,6 +5,7 @@ execution), so a limit that failed would still be bounded by the test's own size
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,3 +188,17 @@ def test_the_sessions_memory_ceiling_stops_the_largest_execution(lim):
     assert "session" in result["error"]["value"] and result["duration_ms"] < 15_000
     assert run(api, url, "len(x) >> 20", cid="a")["results"] == [{"data": {"text/plain": "180"}}]
     _neighbour_is_intact(api, url)
+
+
+def test_code_runs_niced_and_each_conversation_has_its_own_cpu_share(lim):
+    api, url = lim
+    code = (
+        "import os\n"
+        "cpu = [l for l in open('/proc/self/cgroup') if l.split(':')[1].split(',')[0] == 'cpu']\n"
+        "print(os.getpriority(os.PRIO_PROCESS, 0), cpu[0].strip().split(':')[2] if cpu else '')"
+    )
+    a = run(api, url, code, cid="a")["stdout"].split()
+    b = run(api, url, code, cid="b")["stdout"].split()
+    assert a[0] == b[0] == "5"
+    if os.geteuid() == 0 and os.access("/sys/fs/cgroup/cpu", os.W_OK):  # cgroup v1 here
+        assert "/sandbox-workspace/runtime-" in a[1] and a[1] != b[1]
