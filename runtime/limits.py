@@ -24,8 +24,9 @@ Contract:
   count in both: conservative); CPU is user + system time of every process that ever
   ran in the tree since ``reset`` (live ones from /proc, reaped ones from their
   parents' children times and the reaper's own); the conversation's size is the disk
-  blocks under ``paths`` (hard links once), checked every ``DISK_EVERY`` ticks, and only
-  growth past the quota kills — code can always delete to get back under it.
+  blocks under ``paths`` (hard links once), checked every ``DISK_SECONDS`` (longer when a
+  walk is slow), and only growth past the quota kills — code can always delete to get
+  back under it.
 - ``REASONS`` maps a limit name to the result code the API answers.
 """
 
