@@ -3,6 +3,10 @@ runtime's SANDBOX_RUNTIME_LIMIT_*, and how an execution's end is classified."""
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+
 import pytest
 from pydantic import ValidationError
 
@@ -86,3 +90,40 @@ def test_without_limits_nothing_is_classified() -> None:
     error = ExecutionError(name="MemoryError", value="")
     assert classify(error, 1, None) is error
     assert classify(None, 128 + 25, None) is None
+
+
+def test_disk_usage_counts_blocks_and_hard_links_once(tmp_path) -> None:
+    from sandbox_workspace.runtime.limits import disk_usage
+
+    (tmp_path / "d").mkdir()
+    data = tmp_path / "d" / "data"
+    data.write_bytes(b"x" * 65536)
+    os.link(data, tmp_path / "again")
+    (tmp_path / "sparse").write_bytes(b"")
+    os.truncate(tmp_path / "sparse", 1 << 30)  # 1 GiB long, no blocks: no disk used
+    (tmp_path / "link").symlink_to("/usr")  # not followed
+    used = disk_usage([str(tmp_path)])
+    assert 65536 <= used < 65536 + 64 * 1024
+
+
+def test_the_tree_of_a_process_is_found_through_a_setsid_child() -> None:
+    import subprocess
+
+    from sandbox_workspace.runtime.limits import anonymous_memory, descendants
+
+    script = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\ntime.sleep(30)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 10
+        while len(descendants(os.getpid())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        tree = descendants(os.getpid())
+        assert proc.pid in tree and len(tree) >= 2
+        assert anonymous_memory(tree) > 0
+    finally:
+        for pid in descendants(proc.pid):
+            os.kill(pid, 9)
+        proc.kill()
+        proc.wait()
