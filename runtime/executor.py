@@ -46,6 +46,7 @@ from .spawner import Spawner, SpawnFailed
 from .workspace import Workspace
 
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+_BLAS_THREADS = str(min(8, len(os.sched_getaffinity(0))))
 
 
 class TooBusy(ApiError):
@@ -133,6 +134,9 @@ class Executor:
             "TMPDIR": scratch,
             "WORKSPACE_DIR": cwd,
             **shm.environment(self.shm_shim, scratch),
+            # OpenBLAS reserves address space per thread, one per core by default: on a
+            # node with many cores `import numpy` alone would pass RLIMIT_AS.
+            "OPENBLAS_NUM_THREADS": _BLAS_THREADS,
         }
 
     def _guard(self, cid: str) -> Callable[[], None]:
