@@ -25,6 +25,19 @@ print("\n".join([*p["dependencies"], *p["optional-dependencies"]["sandbox"]]))' 
  && echo /opt/app > "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sandbox-workspace.pth" \
  && /opt/venv/bin/python -m pip uninstall -y -q pip setuptools wheel
 
+# ---- shim: the preload library that gives executed code private POSIX shared memory ---
+# (runtime/shm.py: multiprocessing pools, shared_memory, joblib). Built with the base's C
+# compiler, installed here when missing; should that fail, /out stays empty and the image
+# works without it (parallel code then fails as it would without the library).
+FROM ${BASE_IMAGE} AS shim
+COPY runtime/shm_shim.c /src/shm_shim.c
+RUN mkdir /out \
+ && { command -v cc >/dev/null \
+      || { apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev; } \
+      || true; } \
+ && { cc -O2 -shared -fPIC -o /out/sbw_shm.so /src/shm_shim.c \
+      || echo "WARNING: no C compiler: the image has no shared-memory shim"; }
+
 # ---- final: the base, the virtualenv, the code, an unprivileged user --------------------
 FROM ${BASE_IMAGE}
 # The runtime runs code with bash and confines it with setpriv (util-linux; a package of
@@ -45,6 +58,7 @@ COPY sandbox_workspace /opt/app/sandbox_workspace
 COPY api /opt/app/sandbox_workspace/api
 COPY operator /opt/app/sandbox_workspace/operator
 COPY runtime /opt/app/sandbox_workspace/runtime
+COPY --from=shim /out/ /opt/app/sandbox_workspace/runtime/
 RUN /opt/venv/bin/python -m compileall -q /opt/app \
  && printf '%s\n' '#!/opt/venv/bin/python' 'import sys' 'from sandbox_workspace.cli import main' \
       'sys.exit(main())' > /usr/local/bin/sandbox-workspace \

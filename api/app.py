@@ -17,6 +17,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__
 from sandbox_workspace.runtime.errors import install_error_handlers
+from sandbox_workspace.runtime.quantity import parse_bytes
 
 from . import garbage, openapi
 from .backends.base import Backend
@@ -57,6 +58,8 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         runtime_env = {
             "SANDBOX_RUNTIME_CONFINEMENT": settings.confinement,
             "SANDBOX_RUNTIME_NETWORK": settings.session_network,
+            **settings.limits.runtime_env(),
+            "SANDBOX_RUNTIME_SESSION_MEMORY": str(parse_bytes(settings.local_session_memory)),
         }
         return LocalBackend(settings.data_dir, http, bwrap=bwrap, runtime_env=runtime_env)
     from sandbox_workspace.kube import Kube, load_credentials
@@ -72,6 +75,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         idle_timeout_seconds=settings.session_idle_timeout_seconds,
         storage=settings.session_storage,
         network_enabled=settings.session_network == "allow",
+        limits=settings.limits,
     )
 
 

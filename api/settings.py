@@ -13,7 +13,13 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sandbox_workspace.operator.models import FileUploadConfig, StorageSpec
+from sandbox_workspace.operator.models import (
+    ExecutionLimits,
+    FileUploadConfig,
+    Quantity,
+    StorageSpec,
+)
+from sandbox_workspace.runtime.quantity import parse_bytes
 
 ENV_PREFIX = "SANDBOX_WORKSPACE_"
 
@@ -64,6 +70,20 @@ class ApiSettings(BaseSettings):
         "deny",
         description="Whether executed code of new sessions may open TCP connections (local "
         "runtimes; on Kubernetes written into new SandboxSessions as `spec.network.enabled`).",
+    )
+    limits: ExecutionLimits = Field(
+        default_factory=ExecutionLimits,
+        description="Limits of each execution of code in new sessions: memory, cpu_seconds, "
+        "file_size, conversation_size (sizes in bytes or quantities such as 512Mi); local "
+        "runtimes get them directly, on Kubernetes they are written into new "
+        "SandboxSessions as `spec.limits`.",
+    )
+    local_session_memory: Quantity = Field(
+        "2Gi",
+        description="Local backend: ceiling on the memory of all code of one session "
+        "together (bytes or a quantity); past it the execution holding the most is "
+        "stopped (memory_limit_exceeded), so trying the product cannot take the machine "
+        "down. On Kubernetes the sandbox pod's memory limit is that ceiling.",
     )
     kubeconfig: Path | None = Field(
         None, description="Kubernetes backend: kubeconfig (default: $KUBECONFIG, then in-pod)."
@@ -147,6 +167,7 @@ class ApiSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _safe_auth(self) -> ApiSettings:
+        parse_bytes(self.local_session_memory)  # the pattern admits forms it refuses
         if self.auth_mode == "dev" and not is_loopback(self.host):
             raise ValueError(
                 f"auth_mode=dev is only allowed on a loopback host, not {self.host!r}; set "

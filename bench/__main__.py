@@ -20,6 +20,7 @@ SUITES = [
     "faults",
     "ha",
     "session_start",
+    "fairness",
 ]
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -126,6 +126,7 @@ def runtime_env(
             "name": "SANDBOX_RUNTIME_NETWORK",
             "value": "allow" if session.spec.network.enabled else "deny",
         },
+        *({"name": k, "value": v} for k, v in session.spec.limits.runtime_env().items()),
         # The root filesystem is read-only; tools that want a home get the scratch space.
         {"name": "HOME", "value": "/tmp"},
     ]

@@ -22,6 +22,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from sandbox_workspace.runtime.quantity import parse_bytes
+
 from .idrules import (
     CONVERSATION_ID_PATTERN,
     MAX_BYTES,
@@ -184,6 +186,82 @@ class NetworkSpec(CamelModel):
     )
 
 
+# Defaults of ExecutionLimits: inside the sandbox pod's default limits (1Gi memory, 1Gi
+# workspace, 256Mi /tmp) with room for the runtime itself (~100 MiB).
+DEFAULT_MEMORY_LIMIT = "512Mi"
+DEFAULT_CPU_SECONDS = 300
+DEFAULT_FILE_SIZE_LIMIT = "256Mi"
+DEFAULT_CONVERSATION_SIZE = "512Mi"
+_SIZE_MINIMUMS = {
+    "memory": 64 * 2**20,  # an interpreter with numpy needs more address space than this
+    "file_size": 1024,
+    "conversation_size": 2**20,
+}
+
+
+class ExecutionLimits(CamelModel):
+    """What one execution of code may use (seed 001 §4.9.3); a limit hit ends that
+    execution with its own error code, never the runtime nor another conversation."""
+
+    memory: Quantity = Field(
+        DEFAULT_MEMORY_LIMIT,
+        description="Memory of one execution's processes, in bytes or a quantity (`512Mi`): "
+        "each process's address space (RLIMIT_AS; a Python allocation beyond it raises "
+        "MemoryError, the interpreter keeps its state) and the resident memory of the "
+        "execution's whole process tree (killed past it: memory_limit_exceeded). At least "
+        "64Mi.",
+    )
+    cpu_seconds: int = Field(
+        DEFAULT_CPU_SECONDS,
+        ge=1,
+        le=86400,
+        description="CPU time of one execution's process tree, in seconds (all cores "
+        "summed); past it the tree is killed: cpu_limit_exceeded. Every process also has "
+        "RLIMIT_CPU.",
+    )
+    file_size: Quantity = Field(
+        DEFAULT_FILE_SIZE_LIMIT,
+        description="Largest file a code process may write (RLIMIT_FSIZE), in bytes or a "
+        "quantity: a write beyond it fails (EFBIG): file_too_large. At least 1Ki.",
+    )
+    conversation_size: Quantity = Field(
+        DEFAULT_CONVERSATION_SIZE,
+        description="Bytes a conversation may hold (its directory plus its scratch "
+        "space), enforced while code runs: an execution that grows it past this is "
+        "killed (conversation_quota_exceeded; overshoot at most what the code writes in "
+        "0.5 s). At least 1Mi.",
+    )
+
+    @field_validator("memory", "file_size", "conversation_size")
+    @classmethod
+    def _size(cls, value: int | str, info) -> int | str:
+        minimum = _SIZE_MINIMUMS[info.field_name]
+        if parse_bytes(value) < minimum:
+            raise ValueError(f"{value!r} is below the minimum of {minimum} bytes")
+        return value
+
+    @property
+    def memory_bytes(self) -> int:
+        return parse_bytes(self.memory)
+
+    @property
+    def file_size_bytes(self) -> int:
+        return parse_bytes(self.file_size)
+
+    @property
+    def conversation_size_bytes(self) -> int:
+        return parse_bytes(self.conversation_size)
+
+    def runtime_env(self) -> dict[str, str]:
+        """The runtime's settings (runtime/settings.py) carrying these limits, in bytes."""
+        return {
+            "SANDBOX_RUNTIME_LIMIT_MEMORY": str(self.memory_bytes),
+            "SANDBOX_RUNTIME_LIMIT_CPU_SECONDS": str(self.cpu_seconds),
+            "SANDBOX_RUNTIME_LIMIT_FILE_SIZE": str(self.file_size_bytes),
+            "SANDBOX_RUNTIME_LIMIT_CONVERSATION_SIZE": str(self.conversation_size_bytes),
+        }
+
+
 class SandboxSessionSpec(CamelModel):
     """One user's sandbox: a pod running the runtime, with the user's workspace."""
 
@@ -231,6 +309,11 @@ class SandboxSessionSpec(CamelModel):
     network: NetworkSpec = Field(
         default_factory=NetworkSpec,
         description="Network access of the code the sandbox runs (off by default).",
+    )
+    limits: ExecutionLimits = Field(
+        default_factory=ExecutionLimits,
+        description="Memory, CPU time, file size and conversation size of each execution "
+        "of code (the API's SANDBOX_WORKSPACE_LIMITS__* for new sessions).",
     )
 
     # "before": the runtime's own message says what is wrong, not the pattern's.

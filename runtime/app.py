@@ -69,6 +69,8 @@ class RuntimeState:
             output_cap=settings.output_cap_bytes,
             max_concurrent=settings.max_concurrent_executions,
             kernel_idle_seconds=settings.kernel_idle_seconds,
+            limits=settings.limits(),
+            session_memory=settings.session_memory,
             confinement=Confinement(
                 max_processes=settings.max_processes,
                 mode=settings.confinement,
@@ -312,12 +314,14 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         interval = min(30.0, settings.kernel_idle_seconds / 2)
         await state.executor.start()
         reaper = asyncio.create_task(state.executor.reap_forever(interval=interval))
+        memory = asyncio.create_task(state.executor.watch_session_memory())
         try:
             yield
         finally:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
+            for task in (reaper, memory):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await state.executor.aclose()
             state.workspace.close()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from .limits import Limits, limit_error
 from .output import OutputCollector
 from .pipes import CodePipes
 from .schemas import ExecutionError
@@ -35,13 +36,15 @@ async def run_bash(
     collector: OutputCollector,
     spawner: Spawner,
     guard: Callable[[], None] | None = None,
+    limits: Limits | None = None,
 ) -> tuple[int, ExecutionError | None]:
     pipes = CodePipes()
     try:
         try:
             call = await spawner.spawn(
                 cid, ["bash", "--noprofile", "--norc", "-c", code], env=env, cwd=cwd,
-                read_write=read_write, fds=pipes.child_fds, guard=guard,
+                read_write=read_write, fds=pipes.child_fds, guard=guard, limits=limits,
+                cpu_rlimit=True,
             )  # fmt: skip
         finally:
             pipes.close_child_ends()
@@ -59,6 +62,8 @@ async def run_bash(
             if not isinstance(e, TimeoutError):
                 raise
             error = ExecutionError(name="TimeoutError", value=f"execution exceeded {timeout:g}s")
+        if call.limit:  # the reaper killed the tree past a limit
+            error = limit_error(call.limit, limits, state_lost=False)
         # The tree is gone, so the pipes are at EOF; the grace only bounds a slow drain.
         _, pending = await asyncio.wait(readers, timeout=_DRAIN_GRACE)
         for task in pending:

@@ -11,6 +11,11 @@ Contract:
 - Every code process is started by the spawner (``runtime/spawner.py``): confined with
   Landlock to its conversation directory and a private scratch directory (its ``HOME``,
   ``TMPDIR``, ``MPLCONFIGDIR``, outside the workspace), tracked with everything it starts.
+- POSIX shared memory and named semaphores of code (multiprocessing, joblib) live in
+  that scratch directory (``runtime/shm.py``'s preload library), not in /dev/shm.
+- With ``limits`` (``runtime/limits.py``) every execution is held to them; one that
+  hits a limit ends with ``error.code`` naming it. With ``session_memory``, the memory of
+  all code together is too (``watch_session_memory``).
 - Nothing is spawned for a conversation being deleted (409 ``conversation_deleting``,
   checked right before the spawn request leaves); ``stop_conversation`` kills every
   process of a conversation and removes its scratch directory.
@@ -27,18 +32,21 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from . import pathsafe
+from . import pathsafe, shm
 from .activity import Activity
 from .bash import run_bash
 from .confinement import Confinement
+from .cpu_cgroup import CpuGroups
 from .errors import ApiError, ConversationDeleting
 from .kernel import PythonKernel
+from .limits import Limits, classify, usage_by_call
 from .output import EventSink, OutputCollector
 from .schemas import ExecuteRequest, ExecutionError, ExecutionResult
 from .spawner import Spawner, SpawnFailed
 from .workspace import Workspace
 
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+_BLAS_THREADS = str(min(8, len(os.sched_getaffinity(0))))
 
 
 class TooBusy(ApiError):
@@ -58,8 +66,12 @@ class Executor:
         kernel_idle_seconds: float,
         confinement: Confinement,
         run_as: tuple[int, int] | None = None,
+        limits: Limits | None = None,
+        session_memory: int | None = None,
     ) -> None:
         self.confinement = confinement
+        self.limits = limits
+        self.session_memory = session_memory
         self.workspace = workspace
         self.activity = activity
         self.output_cap = output_cap
@@ -69,11 +81,35 @@ class Executor:
         # Bumped by stop_conversation: executions that started before it report the stop.
         self._generation: dict[str, int] = {}
         self.scratch_root = tempfile.mkdtemp(prefix="sbw-scratch-")  # mode 0700
+        self.shm_shim = shm.library()  # private POSIX shared memory for parallel code
         protected = [os.path.realpath(workspace.root.path), os.path.realpath(self.scratch_root)]
-        self.spawner = Spawner(confinement.spawner_config(protected=protected, run_as=run_as))
+        self.cpu_groups = CpuGroups.create()  # a CPU share per conversation (root only)
+        self.spawner = Spawner(
+            confinement.spawner_config(protected=protected, run_as=run_as), self.cpu_groups
+        )
 
     async def start(self) -> None:
         await self.spawner.start()
+
+    async def watch_session_memory(self, interval: float = 0.25) -> None:
+        """Keep the memory of all code together under ``session_memory``: past it, the
+        execution holding the most is killed (memory_limit_exceeded). Overshoot: what
+        code allocates in ``interval`` (RLIMIT_AS bounds each process meanwhile)."""
+        if not self.session_memory:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            spawner = self.spawner.pid
+            if spawner is None:
+                continue
+            usage = await asyncio.to_thread(usage_by_call, spawner)
+            if sum(usage.values()) <= self.session_memory:
+                continue
+            largest = max(usage, key=usage.__getitem__)
+            for call in self.spawner.running():
+                if call.reaper == largest:
+                    call.limit = "session_memory"
+                    self.spawner.kill(call)
 
     def scratch(self, cid: str) -> str:
         return os.path.join(self.scratch_root, cid)
@@ -97,6 +133,10 @@ class Executor:
             "MPLCONFIGDIR": scratch,
             "TMPDIR": scratch,
             "WORKSPACE_DIR": cwd,
+            **shm.environment(self.shm_shim, scratch),
+            # OpenBLAS reserves address space per thread, one per core by default: on a
+            # node with many cores `import numpy` alone would pass RLIMIT_AS.
+            "OPENBLAS_NUM_THREADS": _BLAS_THREADS,
         }
 
     def _guard(self, cid: str) -> Callable[[], None]:
@@ -144,6 +184,7 @@ class Executor:
                         collector=collector,
                         spawner=self.spawner,
                         guard=self._guard(cid),
+                        limits=self.limits,
                     )
         except SpawnFailed as e:
             collector.finish()
@@ -151,6 +192,7 @@ class Executor:
             error = ExecutionError(name="SpawnError", value=f"the code could not start: {e}")
         finally:
             self._slots.release()
+        error = classify(error, exit_code, self.limits)
         if self._generation.get(cid, 0) != generation:
             error = ExecutionError(
                 name="ConversationStopped",
@@ -179,6 +221,7 @@ class Executor:
                 self.spawner,
                 read_write=read_write,
                 guard=self._guard(cid),
+                limits=self.limits,
             )
             self._kernels[cid] = kernel
         return kernel
@@ -209,6 +252,8 @@ class Executor:
             await asyncio.to_thread(pathsafe.remove_tree, fd, cid)
         finally:
             os.close(fd)
+        if self.cpu_groups is not None:
+            await asyncio.to_thread(self.cpu_groups.remove, cid)
 
     async def reap_idle(self) -> list[str]:
         now = time.monotonic()
@@ -231,6 +276,8 @@ class Executor:
         self._kernels = {}
         await self.spawner.aclose()  # the spawner kills every call before it exits
         self.confinement.close()
+        if self.cpu_groups is not None:
+            self.cpu_groups.close()
         parent, name = os.path.split(self.scratch_root)
         fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
         try:

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .limits import Limits, limit_error
 from .output import OutputCollector
 from .pipes import CodePipes
 from .schemas import ExecutionError
@@ -56,8 +57,10 @@ class PythonKernel:
         *,
         read_write: list[str],
         guard: Callable[[], None] | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.cid = cid
+        self.limits = limits
         self.cwd = cwd
         self.env = env
         self.spawner = spawner
@@ -89,7 +92,7 @@ class PythonKernel:
         try:
             self.call = await self.spawner.spawn(
                 self.cid, argv, env=env, cwd=self.cwd, read_write=self.read_write,
-                fds=pipes.child_fds, guard=self.guard,
+                fds=pipes.child_fds, guard=self.guard, limits=self.limits,
             )  # fmt: skip
         except BaseException:
             pipes.close()
@@ -137,7 +140,8 @@ class PythonKernel:
                 + "\n"
             )
             try:
-                assert self._cmd_w is not None
+                assert self._cmd_w is not None and self.call is not None
+                self.spawner.mark_execution(self.call)  # CPU and growth count from here
                 payload = command.encode()
                 if len(payload) <= _DIRECT_WRITE_MAX:  # fits the idle pipe: cannot block
                     _write_all(self._cmd_w, payload)
@@ -155,8 +159,12 @@ class PythonKernel:
                     "the interpreter was restarted and its state is lost",
                 }
             except (KernelDied, BrokenPipeError):
+                call = self.call
                 code_ = await self._exit_code()
                 await self.kill()
+                if call is not None and call.limit:  # the reaper killed it past a limit
+                    collector.finish()
+                    return limit_error(call.limit, self.limits, state_lost=True), restarted
                 error = {
                     "name": "KernelDied",
                     "value": f"the interpreter exited (code {code_}); its state is lost",

@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import traceback
+import types
 
 _FILENAME = "<cell>"
 
@@ -90,11 +91,13 @@ def _user_traceback(exc: BaseException) -> str:
 class Kernel:
     def __init__(self, events: _Channel) -> None:
         self.events = events
-        self.namespace: dict = {
-            "__name__": "__main__",
-            "__builtins__": builtins,
-            "display": self.display,
-        }
+        # The cells' namespace is a real module registered as ``__main__`` (as Jupyter's
+        # is): functions defined in a cell pickle by reference, so process pools
+        # (multiprocessing, concurrent.futures, joblib) can send them to workers.
+        main = types.ModuleType("__main__")
+        main.__dict__.update({"__builtins__": builtins, "display": self.display})
+        sys.modules["__main__"] = main
+        self.namespace: dict = main.__dict__
 
     def display(self, *values: object) -> None:
         for value in values:

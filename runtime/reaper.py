@@ -14,6 +14,9 @@ Contract of ``run_call`` (never returns):
   ruleset (its own conversation and scratch read-write, the system read-only). A failure in any step
   is reported and nothing runs unconfined.
 - It writes one JSON line to ``report_fd``: ``{"pid": …}`` or ``{"error": …}``.
+- With ``limits`` in the request (``runtime/limits.py``) the code process gets its
+  rlimits and ``oom_score_adj``, and the reaper checks the tree every tick; past a
+  limit it kills the tree and writes a second line ``{"limit": name}``.
 - When the code process ends, or on SIGTERM (kill this call), it kills every remaining
   descendant — looping until it has no child left — and exits with the code's status
   (its exit code, or 128 + signal number).
@@ -31,6 +34,7 @@ import time
 from typing import NoReturn
 
 from . import landlock, prctl, seccomp
+from .limits import TICK_SECONDS, Limits, TreeWatch, apply_in_child
 
 _KILL_DEADLINE = 30.0
 
@@ -39,8 +43,18 @@ class _Stop(Exception):
     """SIGTERM: kill the whole call now."""
 
 
+class _LimitHit(Exception):
+    """The tree went past one of its limits (the argument names which): kill it."""
+
+
+# Whether a limit check may still raise: off for good once the tree is being killed, so
+# no tick interrupts the cleanup (a handler already pending when the timer stopped too).
+_ARMED = [False]
+
+
 def _on_term(*_: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once is enough; never interrupt cleanup
+    _ARMED[0] = False
     raise _Stop
 
 
@@ -71,12 +85,17 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
         if failure:
             _report(report_fd, {"error": failure})
             return _exit_code(os.waitpid(root, 0)[1])
-        _report(report_fd, {"pid": root})
+        _watch(request, os.getpid())  # before the report: the runtime may signal at once
+        _report(report_fd, {"pid": root}, close=False)
         while True:
             child, status = os.waitpid(-1, 0)
             if child == root:
                 _kill_descendants()
                 return _exit_code(status)
+    except _LimitHit as hit:
+        status = _kill_descendants(root)
+        _report(report_fd, {"limit": hit.args[0]})
+        return _exit_code(status) if status is not None else 128 + signal.SIGKILL
     except _Stop:
         status = _kill_descendants(root)
         return _exit_code(status) if status is not None else 128 + signal.SIGKILL
@@ -90,10 +109,33 @@ def _exit_code(status: int) -> int:
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 255
 
 
-def _report(fd: int, message: dict) -> None:
+def _report(fd: int, message: dict, *, close: bool = True) -> None:
     with contextlib.suppress(OSError):
         os.write(fd, json.dumps(message).encode() + b"\n")
-        os.close(fd)
+        if close:
+            os.close(fd)
+
+
+def _watch(request: dict, me: int) -> None:
+    """Check the tree against its limits every tick (SIGALRM interrupts the wait);
+    SIGUSR1 from the runtime starts a new execution's accounting (a Python cell)."""
+    limits = Limits.from_wire(request.get("limits"))
+    if limits is None:
+        return
+    watch = TreeWatch(me, request["read_write"], limits)
+
+    def on_tick(*_: object) -> None:
+        if not _ARMED[0]:
+            return
+        hit = watch.check()
+        if hit is not None and _ARMED[0]:
+            _ARMED[0] = False
+            raise _LimitHit(hit)
+
+    _ARMED[0] = True
+    signal.signal(signal.SIGUSR1, lambda *_: watch.reset())
+    signal.signal(signal.SIGALRM, on_tick)
+    signal.setitimer(signal.ITIMER_REAL, TICK_SECONDS, TICK_SECONDS)
 
 
 def _read_all(fd: int) -> str:
@@ -106,7 +148,9 @@ def _read_all(fd: int) -> str:
 
 def _kill_descendants(root: int | None = None) -> int | None:
     """SIGKILL every descendant until none is left; returns ``root``'s status if reaped."""
+    _ARMED[0] = False  # no limit check may interrupt the cleanup
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.setitimer(signal.ITIMER_REAL, 0)
     root_status = None
     deadline = time.monotonic() + _KILL_DEADLINE
     me = os.getpid()
@@ -165,11 +209,21 @@ def _descendants(pid: int) -> list[int]:
 def _exec_code(request: dict, fds: list[int], err_w: int, config: dict) -> NoReturn:
     try:
         os.setsid()
+        if request.get("cpu_cgroup"):  # the conversation's CPU share (root, cgroup v1)
+            with (
+                contextlib.suppress(OSError),
+                open(request["cpu_cgroup"] + "/cgroup.procs", "w") as f,
+            ):
+                f.write(str(os.getpid()))
+        limits = Limits.from_wire(request.get("limits"))
+        if limits is not None:  # before Landlock: /proc/self/oom_score_adj is read-only then
+            apply_in_child(limits, cpu_rlimit=request.get("cpu_rlimit", False))
         # Confined first: the fd shuffle below closes the ruleset's fd.
         if request.get("ruleset") is not None:  # built once per conversation by the spawner
             landlock.restrict_self(request["ruleset"])
         if config.get("deny_sockets"):  # network denied: no UDP, unix, raw… (seccomp)
             seccomp.deny_sockets()
+
         for sig in (signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         # Move everything out of the way, then place the code's fds at 0, 1, 2, 3…

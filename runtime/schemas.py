@@ -120,10 +120,24 @@ class ExecuteRequest(BaseModel):
         return value
 
 
+LimitCode = Literal[
+    "memory_limit_exceeded",
+    "cpu_limit_exceeded",
+    "file_too_large",
+    "conversation_quota_exceeded",
+]
+
+
 class ExecutionError(BaseModel):
     name: str = Field(description="Exception class, or TimeoutError / KernelDied.")
     value: str
     traceback: str = ""
+    code: LimitCode | None = Field(
+        None,
+        description="Set when the execution hit one of the session's limits: "
+        "memory_limit_exceeded, cpu_limit_exceeded, file_too_large or "
+        "conversation_quota_exceeded (the runtime and other conversations are unaffected).",
+    )
 
 
 class DisplayData(BaseModel):

@@ -9,8 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .limits import Limits
+from .quantity import parse_bytes
 
 
 class RuntimeSettings(BaseSettings):
@@ -55,9 +58,59 @@ class RuntimeSettings(BaseSettings):
     network: Literal["deny", "allow"] = Field(
         "deny", description="TCP bind/connect for executed code (Landlock ABI >= 4)."
     )
+    limit_memory: int | None = Field(
+        None,
+        description="Memory of one execution (bytes or a quantity such as 512Mi): each "
+        "code process's address space and the tree's resident memory. Unset with the "
+        "other limit_* settings: no limits (set all four or none).",
+    )
+    limit_cpu_seconds: int | None = Field(
+        None, ge=1, description="CPU seconds of one execution's process tree."
+    )
+    limit_file_size: int | None = Field(
+        None, description="Largest file a code process may write (bytes or a quantity)."
+    )
+    limit_conversation_size: int | None = Field(
+        None, description="Bytes a conversation may hold while code runs (bytes or a quantity)."
+    )
+    session_memory: int | None = Field(
+        None,
+        description="Ceiling on the memory of all executed code together (bytes or a "
+        "quantity); past it the execution holding the most is stopped. Unset: the pod's "
+        "limit is the ceiling (the local backend sets one: a machine has no pod).",
+    )
     kernel_idle_seconds: float = Field(
         1800.0, gt=0, description="A Python interpreter unused this long is stopped."
     )
+
+    @field_validator(
+        "limit_memory", "limit_file_size", "limit_conversation_size", "session_memory",
+        mode="before",
+    )  # fmt: skip
+    @classmethod
+    def _size(cls, value: object) -> object:
+        return parse_bytes(value) if value is not None else None
+
+    @model_validator(mode="after")
+    def _all_or_no_limits(self) -> RuntimeSettings:
+        given = [self.limit_memory, self.limit_cpu_seconds, self.limit_file_size]
+        given.append(self.limit_conversation_size)
+        if any(v is not None for v in given) and any(v is None for v in given):
+            raise ValueError(
+                "set every SANDBOX_RUNTIME_LIMIT_* (MEMORY, CPU_SECONDS, FILE_SIZE, "
+                "CONVERSATION_SIZE) or none"
+            )
+        return self
+
+    def limits(self) -> Limits | None:
+        if self.limit_memory is None:
+            return None
+        return Limits(
+            memory=self.limit_memory,
+            cpu_seconds=self.limit_cpu_seconds or 0,
+            file_size=self.limit_file_size or 0,
+            conversation_size=self.limit_conversation_size or 0,
+        )
 
     @field_validator("allowed_file_types", mode="before")
     @classmethod

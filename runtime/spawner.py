@@ -7,6 +7,11 @@ Contract:
   process runs (confined, fds placed at 0, 1, 2, 3…); raises ``SpawnFailed`` with the
   reason when it could not be started. The caller keeps ownership of its fds. ``guard``
   is called right before the request is sent (it may raise to refuse).
+- With ``cpu_groups`` (``runtime/cpu_cgroup.py``) each conversation's code shares one
+  CPU weight.
+- ``limits`` (``runtime/limits.py``) are applied to the call's tree; ``Call.limit`` names
+  the one it was killed for, if any, once ``exited`` is done; ``mark_execution(call)``
+  starts a new execution's accounting on a long-lived call (a Python cell).
 - ``Call.exited`` resolves to the exit status (128 + signal when killed);
   ``kill(call)`` kills the call's whole process tree; ``await stop(cid)`` returns once
   every process of the conversation is gone.
@@ -20,10 +25,14 @@ import itertools
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from .cpu_cgroup import CpuGroups
+from .limits import Limits
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +50,18 @@ class Call:
     id: int
     cid: str
     pid: int = 0
+    reaper: int = 0
+    watched: bool = False  # its reaper checks limits (and takes SIGUSR1)
+    limit: str | None = None
     exited: asyncio.Future = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
 
 class Spawner:
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: dict, cpu_groups: CpuGroups | None = None) -> None:
         self.config = config
+        self.cpu_groups = cpu_groups
         self._ids = itertools.count(1)
         self._sock: socket.socket | None = None
         self._proc: asyncio.subprocess.Process | None = None
@@ -95,14 +108,18 @@ class Spawner:
         read_write: list[str],
         fds: list[int],
         guard: Callable[[], None] | None = None,
+        limits: Limits | None = None,
+        cpu_rlimit: bool = False,
     ) -> Call:
         await self.start()
         if guard is not None:
             guard()  # synchronously right before the request leaves: nothing can slip in
-        call = Call(id=next(self._ids), cid=cid)
+        call = Call(id=next(self._ids), cid=cid, watched=limits is not None)
+        cpu_cgroup = self.cpu_groups.path(cid) if self.cpu_groups else None
         message = {
             "op": "spawn", "id": call.id, "cid": cid, "argv": argv, "env": env, "cwd": cwd,
-            "read_write": read_write,
+            "read_write": read_write, "limits": limits.to_wire() if limits else None,
+            "cpu_rlimit": cpu_rlimit, "cpu_cgroup": cpu_cgroup,
         }  # fmt: skip
         self._send(message, fds)
         # No answer can arrive before the next await: registering now is in time.
@@ -110,7 +127,7 @@ class Spawner:
         self._starting[call.id] = started
         self._calls[call.id] = call
         try:
-            call.pid = await started
+            call.pid, call.reaper = await started
         except BaseException:
             self._starting.pop(call.id, None)
             self._calls.pop(call.id, None)
@@ -119,6 +136,15 @@ class Spawner:
                 self._send({"op": "kill", "id": call.id})
             raise
         return call
+
+    def running(self) -> list[Call]:
+        """Calls started and not yet exited."""
+        return [c for c in self._calls.values() if c.reaper and not c.exited.done()]
+
+    def mark_execution(self, call: Call) -> None:
+        if call.watched and call.reaper and not call.exited.done():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(call.reaper, signal.SIGUSR1)
 
     def kill(self, call: Call) -> None:
         if not call.exited.done():
@@ -166,7 +192,7 @@ class Spawner:
     def _dispatch(self, message: dict) -> None:
         op, ident = message["op"], message["id"]
         if op == "started":
-            _resolve(self._starting.pop(ident, None), message["pid"])
+            _resolve(self._starting.pop(ident, None), (message["pid"], message["reaper"]))
         elif op == "failed":
             future = self._starting.pop(ident, None)
             self._calls.pop(ident, None)
@@ -175,6 +201,7 @@ class Spawner:
         elif op == "exited":
             call = self._calls.pop(ident, None)
             if call is not None:
+                call.limit = message.get("limit") or call.limit
                 _resolve(call.exited, message["code"])
         elif op == "stopped":
             _resolve(self._stops.pop(ident, None), None)

@@ -9,8 +9,9 @@ Protocol (``SOCK_SEQPACKET``, one JSON object per message, fds by ``SCM_RIGHTS``
   runtime → spawner  {"op": "spawn", "id", "cid", "argv", "env", "cwd", "read_write"} + fds
                      {"op": "kill", "id"}            kill one call's whole tree
                      {"op": "stop", "id", "cid"}     kill every call of a conversation
-  spawner → runtime  {"op": "started", "id", "pid"} | {"op": "failed", "id", "error"}
-                     {"op": "exited", "id", "code"}  (code: exit status, 128 + signal)
+  spawner → runtime  {"op": "started", "id", "pid", "reaper"} | {"op": "failed", "id", "error"}
+                     {"op": "exited", "id", "code", "limit"}  (code: exit status, 128 +
+                                     signal; limit: the limit the reaper killed it for)
                      {"op": "stopped", "id"}         every call of that cid has ended
 Each call is a reaper process (``runtime/reaper.py``) that owns the code's process tree.
 This process is a child subreaper too: should a reaper die unexpectedly, its orphans come
@@ -43,6 +44,7 @@ class Spawner:
         self.config = config
         self.calls: dict[int, tuple[int, str]] = {}  # reaper pid → (call id, cid)
         self.by_id: dict[int, int] = {}  # call id → reaper pid
+        self.reports: dict[int, int] = {}  # reaper pid → its report pipe (a limit it hit)
         self.waiting_stop: dict[str, list[int]] = {}  # cid → stop request ids
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # cid → (read-write paths, Landlock ruleset fd): built once, reused by every call.
@@ -149,8 +151,10 @@ class Spawner:
         if "pid" in report:
             self.calls[pid] = (message["id"], message["cid"])
             self.by_id[message["id"]] = pid
-            self.send({"op": "started", "id": message["id"], "pid": report["pid"]})
+            self.reports[pid] = report_r
+            self.send({"op": "started", "id": message["id"], "pid": report["pid"], "reaper": pid})
         else:
+            os.close(report_r)
             # The reaper exits on its own; it is reaped (and ignored) like an orphan.
             self.send({"op": "failed", "id": message["id"], "error": report.get("error", "")})
 
@@ -168,7 +172,9 @@ class Spawner:
                 continue
             call_id, cid = entry
             self.by_id.pop(call_id, None)
-            self.send({"op": "exited", "id": call_id, "code": reaper._exit_code(status)})
+            limit = _read_limit(self.reports.pop(pid))
+            code = reaper._exit_code(status)
+            self.send({"op": "exited", "id": call_id, "code": code, "limit": limit})
             stray |= os.WIFSIGNALED(status)  # a reaper killed outright left orphans here
             if cid in self.waiting_stop and not any(c == cid for _, c in self.calls.values()):
                 for request in self.waiting_stop.pop(cid):
@@ -204,21 +210,35 @@ def _identity(path: str) -> tuple[int, int]:
 
 
 def _read_report(fd: int) -> dict:
+    """The reaper's first line; ``fd`` stays open (a second line may name a limit)."""
     data = b""
     deadline = time.monotonic() + _REPORT_TIMEOUT
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not data.endswith(b"\n"):
         ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
         if not ready:
             break
-        chunk = os.read(fd, 65536)
+        chunk = os.read(fd, 1)  # byte by byte: never past the first line
         if not chunk:
             break
         data += chunk
-    os.close(fd)
     try:
         return json.loads(data)
     except ValueError:
         return {"error": "the reaper ended before starting the code"}
+
+
+def _read_limit(fd: int) -> str | None:
+    """What a reaped reaper wrote after its first line (it is gone: no read blocks)."""
+    try:
+        os.set_blocking(fd, False)
+        data = os.read(fd, 4096)
+    except OSError:
+        data = b""
+    finally:
+        os.close(fd)
+    with contextlib.suppress(ValueError, AttributeError):
+        return json.loads(data).get("limit")
+    return None
 
 
 def main() -> None:

@@ -63,6 +63,7 @@ def session_body(
     idle_timeout_seconds: int | None,
     storage: models.StorageSpec | None,
     network_enabled: bool,
+    limits: models.ExecutionLimits | None = None,
 ) -> dict:
     """The SandboxSession a caller's spec becomes, with the API's defaults for new
     sessions (idle timeout, storage, network) applied; pure, so it is tested whole."""
@@ -79,6 +80,7 @@ def session_body(
         ),
         **({"storage": storage} if storage is not None else {}),
         **({"network": models.NetworkSpec(enabled=True)} if network_enabled else {}),
+        **({"limits": limits} if limits is not None else {}),
     )
     return {
         "apiVersion": models.API_VERSION,
@@ -102,8 +104,10 @@ class KubernetesBackend:
         idle_timeout_seconds: int | None = None,
         storage: models.StorageSpec | None = None,
         network_enabled: bool = False,
+        limits: models.ExecutionLimits | None = None,
     ) -> None:
         self.kube = kube
+        self.limits = limits
         self.network_enabled = network_enabled
         self.namespace = namespace
         self.http = http
@@ -214,6 +218,7 @@ class KubernetesBackend:
             idle_timeout_seconds=self.idle_timeout_seconds,
             storage=self.storage,
             network_enabled=self.network_enabled,
+            limits=self.limits,
         )
         try:
             obj = await self.kube.request("POST", self._sessions(), body)

@@ -23,7 +23,7 @@ from urllib.parse import quote
 from pydantic import ValidationError
 
 from sandbox_workspace.runtime.errors import ApiError
-from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult
+from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionError, ExecutionResult
 
 from ..file_refs import parse_file_ref
 from ..runtime_client import RuntimeClient
@@ -217,7 +217,7 @@ class SandboxTools:
     async def _run_program(self, code: str) -> ToolOutcome:
         result = await self._run("python", code)
         if result.error:
-            return ToolOutcome(False, f"{result.error.name}: {result.error.value}")
+            return ToolOutcome(False, _error_line(result.error))
         return ToolOutcome(True, result.stdout)
 
     async def _execute_code(self, code: str, timeout: float | None = None) -> ToolOutcome:
@@ -282,6 +282,13 @@ class SandboxTools:
         )
 
 
+def _error_line(error: ExecutionError) -> str:
+    """A limit hit names its code first, so the model knows what to change (less memory,
+    fewer or smaller files) rather than retrying the same code."""
+    line = f"{error.name}: {error.value}"
+    return f"{error.code} — {line}" if error.code else line
+
+
 def _describe(result: ExecutionResult) -> str:
     parts = []
     if result.stdout:
@@ -295,7 +302,7 @@ def _describe(result: ExecutionResult) -> str:
         if images:
             parts.append(f"[{', '.join(images)} output shown to the user]")
     if result.error:
-        parts.append(f"[error] {result.error.name}: {result.error.value}")
+        parts.append(f"[error] {_error_line(result.error)}")
         if result.error.traceback:
             parts.append(result.error.traceback)
     if result.exit_code and not result.error:

@@ -350,6 +350,32 @@ def bind_outside():  # a socket of ours where B or the machine would look
 attempt("bind in /tmp", bind_outside)
 """,
     ),
+    Attack(
+        "B's shared memory and semaphores",
+        """
+import ctypes, mmap
+scratch = os.environ["TMPDIR"]
+b_shm = os.path.join(os.path.dirname(scratch), "{b}", "shm")
+def by_name():  # through the preload library: A's own directory, where B's name is not
+    from multiprocessing import shared_memory
+    seg = shared_memory.SharedMemory(name="sbw-hostile-{b}")
+    data = bytes(seg.buf[:64]); seg.close()
+    return data
+attempt("B's segment by name", by_name, ignore=(errno.ENOENT,))
+def libc_shm_open():  # glibc's own shm_open, past the preload library: /dev/shm
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    fd = libc.shm_open(b"/sbw-hostile-{b}", os.O_RDONLY, 0)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return os.read(fd, 64)
+attempt("libc shm_open of B's name", libc_shm_open, ignore=(errno.ENOENT,))
+attempt("list /dev/shm", lambda: os.listdir("/dev/shm"), ignore=(errno.ENOENT,))
+attempt("list B's shm dir", lambda: os.listdir(b_shm))
+attempt("read B's segment file", lambda: read(os.path.join(b_shm, "sbw-hostile-{b}"), mode="rb"))
+attempt("plant in B's shm dir", lambda: write(os.path.join(b_shm, "sem.planted")))
+""",
+    ),
 ]
 
 # Conversation B's set-up: an abstract socket it listens on (kept alive by its kernel),
@@ -368,6 +394,12 @@ try:  # B's own sockets, abstract and named, for A to find
         probe.connect(address)
         probe.close()
 except PermissionError:  # the network is denied: code may make no socket at all
+    pass
+try:  # B's shared memory (the preload library puts it in B's scratch space)
+    from multiprocessing import shared_memory
+    hostile_shm = shared_memory.SharedMemory(name="sbw-hostile-{b}", create=True, size=64)
+    hostile_shm.buf[:len("{marker}")] = "{marker}".encode()
+except OSError:  # no shim in this runtime: shared memory is denied outright
     pass
 print("listening")
 """

@@ -128,6 +128,11 @@ def expected_pod(workspace_volume: dict, network: str = "deny", **spec_extra: ob
                         },
                         {"name": "SANDBOX_RUNTIME_CONFINEMENT", "value": "auto"},
                         {"name": "SANDBOX_RUNTIME_NETWORK", "value": network},
+                        # spec.limits' defaults, in bytes: inside the pod's 1Gi.
+                        {"name": "SANDBOX_RUNTIME_LIMIT_MEMORY", "value": "536870912"},
+                        {"name": "SANDBOX_RUNTIME_LIMIT_CPU_SECONDS", "value": "300"},
+                        {"name": "SANDBOX_RUNTIME_LIMIT_FILE_SIZE", "value": "268435456"},
+                        {"name": "SANDBOX_RUNTIME_LIMIT_CONVERSATION_SIZE", "value": "536870912"},
                         {"name": "HOME", "value": "/tmp"},
                     ],
                     "resources": {
@@ -299,3 +304,15 @@ def test_cleanup_pod_mounts_the_orphaned_claim_with_its_own_token(settings) -> N
     assert secret["metadata"]["name"] == "sb-session-alice-workspace-cleanup-token"
     assert secret["stringData"] == {"token": "tok"}
     assert "sandboxworkspace.io/session" not in secret["metadata"]["labels"]
+
+
+def test_a_sessions_limits_reach_the_runtime_in_bytes(settings) -> None:
+    limits = {"memory": "1Gi", "cpuSeconds": 60, "fileSize": 1048576, "conversationSize": "2G"}
+    pod = build_sandbox_pod(make_session(limits=limits), settings)
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert [env[f"SANDBOX_RUNTIME_LIMIT_{k}"] for k in ("MEMORY", "CPU_SECONDS")] == [
+        str(2**30),
+        "60",
+    ]
+    assert env["SANDBOX_RUNTIME_LIMIT_FILE_SIZE"] == "1048576"
+    assert env["SANDBOX_RUNTIME_LIMIT_CONVERSATION_SIZE"] == str(2 * 10**9)

@@ -52,3 +52,14 @@ def test_session_body_carries_the_api_defaults_for_new_sessions(network_enabled,
     assert models.SandboxSessionSpec.model_validate(body["spec"]).network.enabled is network_enabled
     for key, value in _expected_spec(**extra).items():
         assert body["spec"][key] == value
+
+
+def test_the_apis_limits_are_written_into_new_sessions() -> None:
+    spec = SessionSpec(session_id="sb-session-alice", user_id="alice")
+    limits = models.ExecutionLimits(memory="1Gi", cpu_seconds=60)
+    body = session_body(
+        spec, idle_timeout_seconds=None, storage=None, network_enabled=False, limits=limits
+    )
+    assert body["spec"]["limits"] == {
+        "memory": "1Gi", "cpuSeconds": 60, "fileSize": "256Mi", "conversationSize": "512Mi",
+    }  # fmt: skip

@@ -1,0 +1,252 @@
+"""Limits of one execution: what a code process gets before exec, and what its reaper
+watches while it runs (``runtime/reaper.py``).
+
+Why these mechanisms: a sandbox pod has no CAP_SYS_ADMIN (no cgroup of its own, no
+mount, no quota), so everything here is what an unprivileged process can do to its own
+children — rlimits, which the kernel enforces exactly per process, and accounting the
+reaper does itself for the whole tree (it is the tree's subreaper, so it knows every
+process, ``setsid`` and double forks included). The pod's own cgroup limit stays the
+outer wall; ``oom_score_adj`` 1000 on every code process makes code, never the runtime,
+what the OOM killer takes when that wall is hit.
+
+Contract:
+- ``Limits.from_wire(d)`` / ``to_wire()``: the plain dict a spawn request carries
+  (``None`` when the runtime has no limits).
+- ``apply_in_child(limits, cpu_rlimit)`` — in the code process before exec: RLIMIT_AS
+  (memory: a Python allocation past it raises MemoryError and the interpreter lives on),
+  RLIMIT_FSIZE (file size: a write past it fails with EFBIG, SIGXFSZ kills a shell
+  tool), RLIMIT_CPU when ``cpu_rlimit`` (a fresh process per call: bash),
+  ``oom_score_adj`` 1000 and nice 5 (raising either needs no privilege).
+- ``TreeWatch(root_pid, paths, limits).check()`` → the name of the limit the tree is
+  past (``memory``, ``cpu``, ``conversation``) or None; ``reset()`` starts a new
+  execution's CPU and growth accounting (the runtime signals it at each Python cell).
+  Memory is the tree's anonymous resident memory (a forked child's copy-on-write pages
+  count in both: conservative); CPU is user + system time of every process that ever
+  ran in the tree since ``reset`` (live ones from /proc, reaped ones from their
+  parents' children times and the reaper's own); the conversation's size is the disk
+  blocks under ``paths`` (hard links once), checked every ``DISK_SECONDS`` (longer when a
+  walk is slow), and only growth past the quota kills — code can always delete to get
+  back under it.
+- ``REASONS`` maps a limit name to the result code the API answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import resource
+import signal
+import stat
+import time
+from dataclasses import asdict, dataclass
+
+from .schemas import ExecutionError
+
+TICK_SECONDS = 0.1
+# Disk usage every 0.5 s, or 20 walks' time when the tree is large enough that a walk
+# takes longer than 25 ms: measuring never costs more than ~5% of a core.
+DISK_SECONDS = 0.5
+DISK_COST_FACTOR = 20
+OOM_SCORE_ADJ = 1000
+NICE = 5  # the runtime and the API answer first when code keeps every core busy
+REASONS = {
+    "memory": "memory_limit_exceeded",
+    "session_memory": "memory_limit_exceeded",
+    "cpu": "cpu_limit_exceeded",
+    "file_size": "file_too_large",
+    "conversation": "conversation_quota_exceeded",
+}
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory: int  # bytes
+    cpu_seconds: int
+    file_size: int  # bytes
+    conversation_size: int  # bytes
+
+    @classmethod
+    def from_wire(cls, data: dict | None) -> Limits | None:
+        return cls(**data) if data else None
+
+    def to_wire(self) -> dict:
+        return asdict(self)
+
+
+def apply_in_child(limits: Limits, *, cpu_rlimit: bool) -> None:
+    """Runs in the forked code process before exec (see the module contract)."""
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(OOM_SCORE_ADJ))
+    os.nice(NICE)
+    resource.setrlimit(resource.RLIMIT_AS, (limits.memory, limits.memory))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size, limits.file_size))
+    if cpu_rlimit:
+        # SIGXCPU at the soft limit, SIGKILL a second later should it be caught.
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1))
+
+
+class TreeWatch:
+    def __init__(self, reaper_pid: int, paths: list[str], limits: Limits) -> None:
+        self.reaper_pid = reaper_pid
+        self.paths = paths
+        self.limits = limits
+        self.next_disk = 0.0
+        self.cpu_start = 0.0
+        self.disk_start = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.cpu_start = self._cpu(self._tree())
+        self.disk_start = disk_usage(self.paths)
+
+    def check(self) -> str | None:
+        tree = self._tree()
+        if self._memory(tree) > self.limits.memory:
+            return "memory"
+        if self._cpu(tree) - self.cpu_start > self.limits.cpu_seconds:
+            return "cpu"
+        now = time.monotonic()
+        if now >= self.next_disk:
+            used = disk_usage(self.paths)
+            spent = time.monotonic() - now
+            self.next_disk = now + max(DISK_SECONDS, DISK_COST_FACTOR * spent)
+            if used > self.limits.conversation_size and used > self.disk_start:
+                return "conversation"
+        return None
+
+    def _tree(self) -> list[int]:
+        return descendants(self.reaper_pid)
+
+    @staticmethod
+    def _memory(tree: list[int]) -> int:
+        return anonymous_memory(tree)
+
+    def _cpu(self, tree: list[int]) -> float:
+        ticks = 0
+        for pid in tree:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                # utime stime cutime cstime: fields 14-17, i.e. 11-14 after the name
+                ticks += sum(int(x) for x in fields[11:15])
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # what the reaper reaped
+        return ticks / _TICK + usage.ru_utime + usage.ru_stime
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root``, walking /proc/PID/task/*/children (O(tree))."""
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        for child in _children(pid):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def anonymous_memory(pids: list[int]) -> int:
+    """Resident memory of ``pids`` that is not file-backed (heap, stacks, shm), in bytes."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{pid}/statm", "rb") as f:
+                fields = f.read().split()
+            total += (int(fields[1]) - int(fields[2])) * _PAGE  # resident - shared
+    return total
+
+
+def usage_by_call(spawner_pid: int) -> dict[int, int]:
+    """Anonymous memory of each call's tree, by reaper pid (the spawner's children)."""
+    return {reaper: anonymous_memory(descendants(reaper)) for reaper in _children(spawner_pid)}
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+            found.extend(int(p) for p in f.read().split())
+    return found
+
+
+def disk_usage(paths: list[str]) -> int:
+    """Bytes of disk blocks under ``paths`` (no symlink followed, hard links once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    stack = list(paths)
+    while stack:
+        path = stack.pop()
+        try:
+            entries = os.scandir(path)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if key in seen:
+                    continue
+                seen.add(key)
+                total += st.st_blocks * 512
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(entry.path)
+    return total
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} bytes"
+
+
+def limit_error(name: str, limits: Limits | None, *, state_lost: bool) -> ExecutionError:
+    """The error an execution ends with when it hit limit ``name``."""
+    described = {
+        "memory": ("MemoryLimitExceeded", f"memory above {_size(limits.memory)}"),
+        "cpu": ("CpuLimitExceeded", f"more than {limits.cpu_seconds} s of CPU time"),
+        "file_size": ("FileTooLarge", f"a file larger than {_size(limits.file_size)}"),
+        "conversation": (
+            "ConversationQuotaExceeded",
+            f"the conversation's files above {_size(limits.conversation_size)}",
+        ),
+    } if limits else {}  # fmt: skip
+    described["session_memory"] = (
+        "MemoryLimitExceeded",
+        "the most memory when the session's code together went past its memory ceiling",
+    )
+    title, what = described.get(name, (f"{name.title()}LimitExceeded", "a limit"))
+    scope = "session" if name == "session_memory" else "execution"
+    value = f"the execution was stopped: it used {what}, this sandbox's limit per {scope}"
+    if state_lost:
+        value += "; the interpreter was restarted and its state is lost"
+    return ExecutionError(name=title, value=value, code=REASONS.get(name))
+
+
+def classify(
+    error: ExecutionError | None, exit_code: int, limits: Limits | None
+) -> ExecutionError | None:
+    """The error of an execution that ended on its own, with the limit it hit if any:
+    a Python MemoryError or EFBIG under the limits, a tool killed by SIGXFSZ/SIGXCPU."""
+    if limits is None:
+        return error
+    if error is not None and error.code is None:
+        if error.name == "MemoryError":
+            return error.model_copy(update={"code": REASONS["memory"]})
+        if error.value.startswith(f"[Errno {errno.EFBIG}]"):
+            return error.model_copy(update={"code": REASONS["file_size"]})
+        return error
+    if error is None and exit_code == 128 + signal.SIGXFSZ:
+        return limit_error("file_size", limits, state_lost=False)
+    if error is None and exit_code == 128 + signal.SIGXCPU:
+        return limit_error("cpu", limits, state_lost=False)
+    return error

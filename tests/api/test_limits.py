@@ -1,0 +1,204 @@
+"""Limits per execution through the real API and runtime: each limit ends only that
+execution, with its own code; the runtime, the kernel of another conversation and its
+variables carry on. Every bomb here runs under a low limit (256 MiB of memory per
+execution), so a limit that failed would still be bounded by the test's own sizes."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from api_calls import execute as run
+from scripted_llm import Reply, text_reply, tool_reply, tool_results
+from sse_stream import Stream
+
+pytestmark = pytest.mark.local_backend
+
+LIMITS = {
+    "SANDBOX_WORKSPACE_LIMITS__MEMORY": "256Mi",
+    "SANDBOX_WORKSPACE_LIMITS__CPU_SECONDS": "1",
+    "SANDBOX_WORKSPACE_LIMITS__FILE_SIZE": "1Mi",
+    "SANDBOX_WORKSPACE_LIMITS__CONVERSATION_SIZE": "8Mi",
+    "SANDBOX_WORKSPACE_LOCAL_SESSION_MEMORY": "400Mi",
+}
+
+
+@pytest.fixture(scope="module")
+def limited_server(start_server, scripted_llm_server, chat_env_factory):
+    return start_server(
+        "dev", "--data-dir", "data", **chat_env_factory(scripted_llm_server, **LIMITS)
+    )
+
+
+@pytest.fixture
+def lim(limited_server) -> Iterator[tuple[httpx.Client, str]]:
+    user = f"u-{uuid.uuid4().hex[:10]}"
+    url = f"/api/v1/sessions/sb-session-{user}"
+    with httpx.Client(
+        base_url=limited_server.url, headers={"X-User-Id": user}, timeout=60
+    ) as client:
+        yield client, url
+        client.delete(url)
+
+
+def _neighbour_is_intact(api: httpx.Client, url: str) -> None:
+    """Conversation 'b' kept its interpreter and its variable; the runtime answers."""
+    result = run(api, url, "kept", cid="b")
+    assert result["error"] is None, result
+    assert result["results"] == [{"data": {"text/plain": "'still here'"}}]
+    assert result["kernel_restarted"] is False
+
+
+def _with_neighbour(api: httpx.Client, url: str) -> None:
+    assert run(api, url, "kept = 'still here'", cid="b")["error"] is None
+
+
+def test_python_allocation_past_the_memory_limit_is_a_memory_error(lim):
+    api, url = lim
+    _with_neighbour(api, url)
+    run(api, url, "small = 41", cid="a")
+    result = run(api, url, "x = bytearray(1 << 30)", cid="a")  # 1 GiB > 256 MiB
+    assert result["error"]["name"] == "MemoryError"
+    assert result["error"]["code"] == "memory_limit_exceeded"
+    # RLIMIT_AS refused the allocation: the interpreter and its state live on.
+    after = run(api, url, "small + 1", cid="a")
+    assert after["results"] == [{"data": {"text/plain": "42"}}]
+    _neighbour_is_intact(api, url)
+
+
+def test_a_process_tree_past_the_memory_limit_is_killed(lim):
+    api, url = lim
+    _with_neighbour(api, url)
+    # Four processes of 120 MiB each: every one under the per-process limit, the tree
+    # (480 MiB) past it — the reaper's watch kills the tree.
+    code = (
+        "for i in 1 2 3 4; do python3 -c 'import time; b = bytearray(120 << 20); "
+        'b[::4096] = b"x" * len(b[::4096]); time.sleep(30)\' & done; wait'
+    )
+    result = run(api, url, code, cid="a", language="bash", timeout=60)
+    assert result["error"]["code"] == "memory_limit_exceeded", result
+    assert result["duration_ms"] < 20_000
+    _neighbour_is_intact(api, url)
+
+
+def test_python_cpu_spin_past_the_cpu_limit_is_stopped(lim):
+    api, url = lim
+    _with_neighbour(api, url)
+    result = run(api, url, "while True: pass", cid="a", timeout=60)
+    assert result["error"]["code"] == "cpu_limit_exceeded", result
+    assert result["error"]["name"] == "CpuLimitExceeded"
+    assert result["duration_ms"] < 20_000
+    # The next cell starts a fresh interpreter, and its CPU is counted afresh.
+    again = run(api, url, "sum(range(1000))", cid="a")
+    assert again["kernel_restarted"] is True and again["error"] is None
+    _neighbour_is_intact(api, url)
+
+
+def test_cpu_is_counted_per_cell_not_per_interpreter(lim):
+    api, url = lim
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
+    for _ in range(3):  # 1.8 s of CPU in one interpreter, 0.6 s per cell: under 1 s each
+        result = run(api, url, spin, cid="a", timeout=60)
+        assert result["error"] is None, result
+
+
+def test_bash_cpu_spin_is_stopped(lim):
+    api, url = lim
+    result = run(api, url, "while :; do :; done", cid="a", language="bash", timeout=60)
+    assert result["error"]["code"] == "cpu_limit_exceeded", result
+
+
+def test_a_file_past_the_file_size_limit(lim):
+    api, url = lim
+    _with_neighbour(api, url)
+    py = run(api, url, "open('big', 'wb').write(b'x' * (2 << 20))", cid="a")
+    assert py["error"]["code"] == "file_too_large", py
+    assert run(api, url, "1 + 1", cid="a")["kernel_restarted"] is False
+    sh = run(api, url, "head -c 2M /dev/zero > big2", cid="a", language="bash")
+    assert sh["error"]["code"] == "file_too_large", sh
+    _neighbour_is_intact(api, url)
+
+
+def test_a_conversation_past_its_quota_is_stopped(lim):
+    api, url = lim
+    _with_neighbour(api, url)
+    # 1 MiB files (each under the file limit) until the 8 MiB quota; 64 would be 64 MiB.
+    code = "for i in $(seq 64); do head -c 1000K /dev/zero > f$i; sleep 0.05; done"
+    result = run(api, url, code, cid="a", language="bash", timeout=60)
+    assert result["error"]["code"] == "conversation_quota_exceeded", result
+    # Overshoot bounded: at most what 0.5 s of writing adds (here ~10 files).
+    listing = run(api, url, "du -sk . | cut -f1", cid="a", language="bash")
+    assert int(listing["stdout"]) < 8 * 1024 + 12 * 1000
+    # Code may still run, and delete to get under the quota again.
+    cleanup = run(api, url, "rm -f f*; echo ok", cid="a", language="bash")
+    assert cleanup["stdout"] == "ok\n" and cleanup["error"] is None
+    _neighbour_is_intact(api, url)
+
+
+def test_the_model_is_told_which_limit_was_hit(lim, scripted_llm):
+    api, _ = lim
+
+    def respond(body: dict) -> Reply:
+        if not tool_results(body):
+            return tool_reply("execute_code", {"code": "x = bytearray(1 << 30)"})
+        return text_reply("done")
+
+    scripted_llm.responder = respond
+    with api.stream("POST", "/api/v1/chat", json={"conversation_id": "a", "query": "go"}) as r:
+        events = Stream(r).rest()
+    end = next(d for _, k, d in events if k == "tool_end")
+    assert end["ok"] is False
+    told = tool_results(scripted_llm.requests[-1])[-1]["content"]
+    assert "memory_limit_exceeded" in told and "MemoryError" in told
+
+
+def test_code_is_what_the_oom_killer_takes_never_the_runtime(lim, limited_server, runtime_pids):
+    api, url = lim
+    code = (
+        "import os\n"
+        "mine = open('/proc/self/oom_score_adj').read().strip()\n"
+        "reaper = open(f'/proc/{os.getppid()}/oom_score_adj').read().strip()\n"
+        "print(mine, reaper)"
+    )
+    assert run(api, url, code, cid="a")["stdout"] == "1000 0\n"
+    child = "python3 -c \"print(open('/proc/self/oom_score_adj').read().strip())\""
+    assert run(api, url, child, cid="a", language="bash")["stdout"] == "1000\n"
+    # The runtime and its spawner (a child of the runtime) keep the default.
+    runtimes = runtime_pids(limited_server.workdir)
+    assert runtimes
+    for pid in runtimes:
+        spawners = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        for each in [pid, *map(int, spawners)]:
+            assert Path(f"/proc/{each}/oom_score_adj").read_text().strip() == "0", each
+
+
+def test_the_sessions_memory_ceiling_stops_the_largest_execution(lim):
+    api, url = lim
+    _with_neighbour(api, url)
+    held = "import time\nx = bytearray({size} << 20)\nx[::4096] = b'x' * len(x[::4096])"
+    # 180 MiB held by conversation 'a' (under its 256 MiB), then 220 MiB in 'c' while it
+    # sleeps: 400 MiB together, past the session's 400Mi — 'c' holds the most.
+    assert run(api, url, held.format(size=180), cid="a")["error"] is None
+    result = run(api, url, held.format(size=220) + "\ntime.sleep(20)", cid="c", timeout=60)
+    assert result["error"]["code"] == "memory_limit_exceeded", result
+    assert "session" in result["error"]["value"] and result["duration_ms"] < 15_000
+    assert run(api, url, "len(x) >> 20", cid="a")["results"] == [{"data": {"text/plain": "180"}}]
+    _neighbour_is_intact(api, url)
+
+
+def test_code_runs_niced_and_each_conversation_has_its_own_cpu_share(lim):
+    api, url = lim
+    code = (
+        "import os\n"
+        "cpu = [l for l in open('/proc/self/cgroup') if l.split(':')[1].split(',')[0] == 'cpu']\n"
+        "print(os.getpriority(os.PRIO_PROCESS, 0), cpu[0].strip().split(':')[2] if cpu else '')"
+    )
+    a = run(api, url, code, cid="a")["stdout"].split()
+    b = run(api, url, code, cid="b")["stdout"].split()
+    assert a[0] == b[0] == "5"
+    if os.geteuid() == 0 and os.access("/sys/fs/cgroup/cpu", os.W_OK):  # cgroup v1 here
+        assert "/sandbox-workspace/runtime-" in a[1] and a[1] != b[1]

@@ -1,0 +1,129 @@
+"""Execution limits as settings: the CRD model, the API's SANDBOX_WORKSPACE_LIMITS__*, the
+runtime's SANDBOX_RUNTIME_LIMIT_*, and how an execution's end is classified."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+from pydantic import ValidationError
+
+from sandbox_workspace.api.settings import ApiSettings
+from sandbox_workspace.operator.models import ExecutionLimits, SandboxSessionSpec
+from sandbox_workspace.runtime.limits import Limits, classify
+from sandbox_workspace.runtime.schemas import ExecutionError
+from sandbox_workspace.runtime.settings import RuntimeSettings
+
+LIMITS = Limits(memory=2**28, cpu_seconds=5, file_size=2**20, conversation_size=2**23)
+
+
+def test_defaults_fit_inside_the_sandbox_pods_default_limits() -> None:
+    limits = ExecutionLimits()
+    assert limits.memory_bytes == 512 * 2**20  # the pod: 1Gi, the runtime ~100 MiB
+    assert limits.conversation_size_bytes <= 2**30  # the workspace: 1Gi
+    assert limits.file_size_bytes <= limits.conversation_size_bytes
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        pytest.param({"memory": "1Mi"}, id="memory-below-64Mi"),
+        pytest.param({"memory": "512MB"}, id="memory-not-a-quantity"),
+        pytest.param({"fileSize": 10}, id="file-below-1Ki"),
+        pytest.param({"conversationSize": "1Ki"}, id="quota-below-1Mi"),
+        pytest.param({"cpuSeconds": 0}, id="cpu-zero"),
+        pytest.param({"cpuSeconds": 86401}, id="cpu-above-a-day"),
+        pytest.param({"swap": "1Gi"}, id="unknown-field"),
+    ],
+)
+def test_a_session_spec_refuses_bad_limits(limits: dict) -> None:
+    with pytest.raises(ValidationError):
+        SandboxSessionSpec.model_validate({"userId": "alice", "limits": limits})
+
+
+def test_the_api_reads_limits_from_its_environment(monkeypatch) -> None:
+    monkeypatch.setenv("SANDBOX_WORKSPACE_LIMITS__MEMORY", "1Gi")
+    monkeypatch.setenv("SANDBOX_WORKSPACE_LIMITS__CPU_SECONDS", "30")
+    monkeypatch.setenv("SANDBOX_WORKSPACE_LIMITS__FILE_SIZE", "1048576")
+    monkeypatch.setenv("SANDBOX_WORKSPACE_LIMITS__CONVERSATION_SIZE", "2Gi")
+    settings = ApiSettings(auth_mode="dev")
+    assert settings.limits.runtime_env() == {
+        "SANDBOX_RUNTIME_LIMIT_MEMORY": str(2**30),
+        "SANDBOX_RUNTIME_LIMIT_CPU_SECONDS": "30",
+        "SANDBOX_RUNTIME_LIMIT_FILE_SIZE": "1048576",
+        "SANDBOX_RUNTIME_LIMIT_CONVERSATION_SIZE": str(2**31),
+    }
+
+
+def test_the_runtime_takes_all_limits_or_none() -> None:
+    assert RuntimeSettings().limits() is None
+    settings = RuntimeSettings(
+        limit_memory="256Mi", limit_cpu_seconds=5, limit_file_size="1Mi",
+        limit_conversation_size=8 * 2**20,
+    )  # fmt: skip
+    assert settings.limits() == LIMITS
+    with pytest.raises(ValidationError, match="every SANDBOX_RUNTIME_LIMIT_"):
+        RuntimeSettings(limit_memory="256Mi")
+
+
+@pytest.mark.parametrize(
+    ("error", "exit_code", "code"),
+    [
+        pytest.param(ExecutionError(name="MemoryError", value=""), 1, "memory_limit_exceeded",
+                     id="memory-error"),
+        pytest.param(ExecutionError(name="OSError", value="[Errno 27] File too large"), 1,
+                     "file_too_large", id="efbig"),
+        pytest.param(None, 128 + 25, "file_too_large", id="sigxfsz"),
+        pytest.param(None, 128 + 24, "cpu_limit_exceeded", id="sigxcpu"),
+        pytest.param(ExecutionError(name="KeyError", value="'x'"), 1, None, id="other-error"),
+        pytest.param(None, 1, None, id="plain-exit"),
+    ],
+)  # fmt: skip
+def test_an_execution_that_ended_on_its_own_is_classified(error, exit_code, code) -> None:
+    classified = classify(error, exit_code, LIMITS)
+    assert (classified.code if classified else None) == code
+
+
+def test_without_limits_nothing_is_classified() -> None:
+    error = ExecutionError(name="MemoryError", value="")
+    assert classify(error, 1, None) is error
+    assert classify(None, 128 + 25, None) is None
+
+
+def test_disk_usage_counts_blocks_and_hard_links_once(tmp_path) -> None:
+    from sandbox_workspace.runtime.limits import disk_usage
+
+    (tmp_path / "d").mkdir()
+    data = tmp_path / "d" / "data"
+    data.write_bytes(b"x" * 65536)
+    os.link(data, tmp_path / "again")
+    (tmp_path / "sparse").write_bytes(b"")
+    os.truncate(tmp_path / "sparse", 1 << 30)  # 1 GiB long, no blocks: no disk used
+    (tmp_path / "link").symlink_to("/usr")  # not followed
+    used = disk_usage([str(tmp_path)])
+    assert 65536 <= used < 65536 + 64 * 1024
+
+
+def test_the_tree_of_a_process_is_found_through_a_setsid_child() -> None:
+    import subprocess
+
+    from sandbox_workspace.runtime.limits import anonymous_memory, descendants
+
+    script = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\ntime.sleep(30)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 10
+        while len(descendants(os.getpid())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        tree = descendants(os.getpid())
+        assert proc.pid in tree and len(tree) >= 2
+        assert anonymous_memory(tree) > 0
+    finally:
+        for pid in descendants(proc.pid):
+            os.kill(pid, 9)
+        proc.kill()
+        proc.wait()
