@@ -30,6 +30,7 @@ from .identity import Authenticator, StreamTokens
 from .metrics import install_metrics
 from .routes import (
     ag_ui,
+    agents,
     chat,
     conversation_state,
     conversations,
@@ -181,6 +182,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         chat,
         ui_chat,
         ag_ui,
+        agents,
     )
     for module in api_modules:
         app.include_router(module.router, responses=openapi.errors(*openapi.COMMON_ERRORS))

@@ -123,18 +123,23 @@ async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> E
     return _stream(run, 0, services.settings.chat_keepalive_seconds)
 
 
-async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
-    """Validate a chat request and start its run in the background (the one run engine
-    behind /chat, /ui/chat and /ag-ui)."""
-    settings = services.settings
-    llm = services.llm
-    if llm is None:
+def require_llm(services):
+    """The configured model, or 503 naming the settings to set."""
+    if services.llm is None:
         raise Unavailable(
             "chat needs a model: set SANDBOX_WORKSPACE_LLM_BASE_URL and "
             "SANDBOX_WORKSPACE_LLM_MODEL (and SANDBOX_WORKSPACE_LLM_API_KEY if "
             "the endpoint wants one)",
             code="llm_not_configured",
         )
+    return services.llm
+
+
+async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
+    """Validate a chat request and start its run in the background (the one run engine
+    behind /chat, /ui/chat and /ag-ui)."""
+    settings = services.settings
+    llm = require_llm(services)
     cid = Workspace.check_conversation_id(body.conversation_id)
     policies = effective_policies(TOOL_NAMES, settings.tool_policies, body.tool_policies)
     session_id = session_id_for(caller.user_id)

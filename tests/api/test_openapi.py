@@ -53,9 +53,10 @@ def test_operation_ids_are_readable_and_unique(document):
     assert {"list_runs", "create_stream_token", "chat", "run_events"} <= set(ids)
 
 
-# Bodies whose field names another protocol defines: AG-UI's RunAgentInput (threadId…)
-# and the Vercel AI SDK's useChat request (messageId). Everything of our own is snake_case.
-FOREIGN_PROTOCOLS = {"RunAgentInput", "ResumeEntry", "UiChatRequest"}
+# Bodies whose field names another protocol defines: AG-UI's RunAgentInput (threadId…),
+# the Vercel AI SDK's useChat request (messageId) and seed 002's sidebar (chatHistory…).
+# Everything of our own is snake_case.
+FOREIGN_PROTOCOLS = {"RunAgentInput", "ResumeEntry", "UiChatRequest", "AgentRequest"}
 
 
 def test_one_naming_convention_snake_case_everywhere(document, api, session_url):

@@ -36,7 +36,7 @@ ROUTES: dict[str, tuple[str, Callable[[object], dict]]] = {
     "chat": ("/api/v1/chat", _chat),
     "ui-chat": ("/api/v1/ui/chat", _ui_chat),
     "ag-ui": ("/api/v1/ag-ui", _ag_ui),
-    # "agents" joins with the route (commit of POST /api/v1/agents)
+    "agents": ("/api/v1/agents", _agents),
 }
 SHAPES: dict[str, Callable[[str], object]] = {
     "name": lambda path: "a.csv",

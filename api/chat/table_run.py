@@ -1,0 +1,58 @@
+"""The I/O half of seed 002's table agent (the pure half is ``table_agent``): what the run
+loop calls to put a table's nodes into the sandbox and to take them back.
+
+Contract: ``prepare_table`` writes every file of the plan into the conversation's
+directory (a ``status`` event says so) and returns what the system prompt adds; a file
+that cannot be written fails the run (``error`` ``table_write_failed``).
+``finish_table`` reads every ``full`` file back through the same runtime client and
+returns the ``result`` fields (``table_agent.merge_back``); it never raises for what the
+agent left behind. ``table_tools_root`` is the file tools' root (None: unrestricted).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .runs import Run
+from .table_agent import conversation_root, describe, merge_back, read_command, write_command
+from .tools import SandboxTools
+
+
+def table_tools_root(plan: dict | None, workspace_path: str, cid: str) -> str | None:
+    if plan is None or plan["files"]:
+        return None
+    return f"{conversation_root(workspace_path, cid)}/{plan['root']}".rstrip("/")
+
+
+async def prepare_table(run: Run, tools: SandboxTools, plan: dict) -> str:
+    from .loop import RunFailed
+
+    root = conversation_root(tools.workspace_path, tools.cid)
+    for f in plan["files"]:
+        result = await tools.run_trusted("bash", write_command(f))
+        if result.exit_code != 0 or result.error is not None:
+            why = result.error.value if result.error else result.stderr.strip()
+            raise RunFailed("table_write_failed", f"could not write {f['file']}: {why}")
+    if plan["files"]:
+        names = ", ".join(f"{f['file']} ({f['mode']})" for f in plan["files"])
+        run.emit("status", {"stage": "table", "message": f"table data written: {names}"})
+    return describe(plan, root)
+
+
+async def finish_table(run: Run, tools: SandboxTools, plan: dict) -> dict[str, Any]:
+    contents: dict[str, str | None] = {}
+    for f in plan["files"]:
+        if f["mode"] != "full":
+            continue
+        result = await tools.run_trusted("bash", read_command(f))
+        if result.truncated:
+            return {
+                "success": False,
+                "updatedData": None,
+                "modifiedPath": None,
+                "error": f"{f['file']} is larger than the runtime's output limit",
+            }
+        contents[f["file"]] = result.stdout if result.exit_code == 0 else None
+    if plan["files"]:
+        run.emit("status", {"stage": "table", "message": "table data read back"})
+    return merge_back(plan, contents)
