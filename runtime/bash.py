@@ -35,13 +35,14 @@ async def run_bash(
     collector: OutputCollector,
     spawner: Spawner,
     guard: Callable[[], None] | None = None,
+    read_only: list[str] | None = None,
 ) -> tuple[int, ExecutionError | None]:
     pipes = CodePipes()
     try:
         try:
             call = await spawner.spawn(
                 cid, ["bash", "--noprofile", "--norc", "-c", code], env=env, cwd=cwd,
-                read_write=read_write, fds=pipes.child_fds, guard=guard,
+                read_write=read_write, fds=pipes.child_fds, guard=guard, read_only=read_only,
             )  # fmt: skip
         finally:
             pipes.close_child_ends()

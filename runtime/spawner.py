@@ -95,6 +95,7 @@ class Spawner:
         read_write: list[str],
         fds: list[int],
         guard: Callable[[], None] | None = None,
+        read_only: list[str] | None = None,
     ) -> Call:
         await self.start()
         if guard is not None:
@@ -104,6 +105,8 @@ class Spawner:
             "op": "spawn", "id": call.id, "cid": cid, "argv": argv, "env": env, "cwd": cwd,
             "read_write": read_write,
         }  # fmt: skip
+        if read_only:  # a call of its own rules (runtime/readonly.py)
+            message["read_only"] = read_only
         self._send(message, fds)
         # No answer can arrive before the next await: registering now is in time.
         started = asyncio.get_running_loop().create_future()

@@ -35,7 +35,7 @@ from .llm import Completion, LlmClient, LlmError
 from .policy import Policy
 from .progress import Progress
 from .runs import Run
-from .table_run import finish_table, prepare_table, table_tools_root
+from .table_run import finish_table, prepare_table, table_read_only, table_tools_root
 from .tools import TOOL_SPECS, PresentedFile, SandboxTools
 
 log = logging.getLogger(__name__)
@@ -189,6 +189,7 @@ async def _loop(
         workspace_path=session.workspace_path,
         exec_timeout=spec.tool_timeout,
         root=table_tools_root(spec.table, session.workspace_path, cid),
+        read_only=table_read_only(spec.table),
     )
     if progress is None:
         uploads = (await client.list_uploads(cid)).files

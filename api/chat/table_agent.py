@@ -133,6 +133,12 @@ def describe(plan: dict, root: str) -> str:
         "Use the bash tool (jq, python3) to read and modify them. Keep every full file "
         "valid JSON: invalid JSON leaves the table untouched."
     )
+    if any(f["mode"] == "readonly" for f in plan["files"]):
+        lines.append(
+            f"While a read-only file exists, nothing can be created at the top of {root}: "
+            "edit full files in place (no temporary file + mv) and write other files "
+            f"under {root}/outputs/."
+        )
     return "\n".join(lines)
 
 

@@ -4,6 +4,9 @@ loop calls to put a table's nodes into the sandbox and to take them back.
 Contract: ``prepare_table`` writes every file of the plan into the conversation's
 directory (a ``status`` event says so) and returns what the system prompt adds; a file
 that cannot be written fails the run (``error`` ``table_write_failed``).
+``table_read_only`` names the files every bash call of the model gets as the runtime's
+``read_only`` (runtime/readonly.py: Landlock refuses any change to them, whatever the code
+tries); ``prepare_table`` and ``finish_table`` themselves are ordinary calls.
 ``finish_table`` reads every ``full`` file back through the same runtime client and
 returns the ``result`` fields (``table_agent.merge_back``); it never raises for what the
 agent left behind. ``table_tools_root`` is the file tools' root (None: unrestricted).
@@ -22,6 +25,11 @@ def table_tools_root(plan: dict | None, workspace_path: str, cid: str) -> str | 
     if plan is None or plan["files"]:
         return None
     return f"{conversation_root(workspace_path, cid)}/{plan['root']}".rstrip("/")
+
+
+def table_read_only(plan: dict | None) -> list[str]:
+    """The files the model's bash calls may not change (the runtime enforces it)."""
+    return [f["file"] for f in (plan or {}).get("files", []) if f["mode"] == "readonly"]
 
 
 async def prepare_table(run: Run, tools: SandboxTools, plan: dict) -> str:

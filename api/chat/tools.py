@@ -180,6 +180,7 @@ class SandboxTools:
         exec_timeout: float = 120.0,
         output_limit: int = 8000,
         root: str | None = None,
+        read_only: list[str] | None = None,
     ) -> None:
         self.client = client
         self.session_id = session_id
@@ -191,6 +192,9 @@ class SandboxTools:
         # The file tools' root (seed 002's workingDirectory): paths resolve from it and
         # may not leave it. None: the conversation's directory, unrestricted.
         self.root = root
+        # Top-level names of the conversation the model's bash calls may not change
+        # (seed 002's readonly nodes; enforced by the runtime with Landlock).
+        self.read_only = read_only or []
 
     async def call(self, name: str, arguments: str) -> ToolOutcome:
         started = time.perf_counter()
@@ -223,11 +227,14 @@ class SandboxTools:
             "characters cut]"
         )
 
-    async def _run(self, language: str, code: str, timeout: float | None = None) -> ExecutionResult:
+    async def _run(
+        self, language: str, code: str, timeout: float | None = None, read_only: list[str] = ()
+    ) -> ExecutionResult:
         limit = min(float(timeout) if timeout else self.exec_timeout, self.exec_timeout)
-        return await self.client.execute(
-            self.cid, ExecuteRequest(language=language, code=code, timeout=limit)
+        request = ExecuteRequest(
+            language=language, code=code, timeout=limit, read_only=list(read_only)
         )
+        return await self.client.execute(self.cid, request)
 
     async def run_trusted(self, language: str, code: str) -> ExecutionResult:
         """Code of ours, not the model's (the table files written and read back)."""
@@ -248,7 +255,7 @@ class SandboxTools:
         )
 
     async def _bash(self, command: str, timeout: float | None = None) -> ToolOutcome:
-        result = await self._run("bash", command, timeout)
+        result = await self._run("bash", command, timeout, self.read_only)
         return ToolOutcome(
             result.exit_code == 0 and result.error is None,
             _describe(result),

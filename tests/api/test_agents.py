@@ -10,6 +10,8 @@ import httpx
 import pytest
 from scripted_llm import Reply, text_reply, tool_reply, tool_results
 
+from sandbox_workspace.runtime import landlock
+
 TABLE = {"users": [{"name": "ann", "age": 30}, {"name": "bob", "age": 40}], "meta": {"v": 1}}
 SEED_EVENTS = {"status", "tool_start", "tool_end", "text", "result", "error"}
 
@@ -132,6 +134,7 @@ def test_what_the_agent_broke_leaves_the_table_untouched(agents, scripted_llm, c
 def test_readonly_node_is_not_merged(agents, scripted_llm):
     scripted_llm.responder = bash_then_answer("cat data.json")
     events = run(agents, tableData=TABLE, bashAccessPoints=[{"path": "/meta", "mode": "readonly"}])
+    assert json.loads(next(e for e in events if e["type"] == "tool_end")["output"]) == {"v": 1}
     assert events[-1] == {
         "type": "result",
         "success": True,
@@ -140,6 +143,26 @@ def test_readonly_node_is_not_merged(agents, scripted_llm):
         "answer": events[-1]["answer"],
     }
     assert "READ-ONLY" in scripted_llm.requests[0]["messages"][0]["content"]
+
+
+@pytest.mark.skipif(not landlock.abi_version(), reason="no Landlock here")
+def test_readonly_node_holds_beside_a_full_one(agents, scripted_llm):
+    scripted_llm.responder = bash_then_answer(
+        "echo '{}' > data.json; rm -f data.json; mv data_2.json data.json; cat data.json",
+        edit("d.append('x')", "data_2.json"),
+    )
+    events = run(
+        agents,
+        tableData={"meta": {"v": 1}, "list": [1]},
+        bashAccessPoints=[{"path": "/meta", "mode": "readonly"}, {"path": "/list", "mode": "full"}],
+        conversation_id="ro",
+    )
+    attack = next(e for e in events if e["type"] == "tool_end")
+    assert attack["output"].count("Permission denied") >= 3, attack["output"]
+    assert '{"v": 1}' in attack["output"]  # cat: still the node as written
+    result = events[-1]
+    assert result["success"] is True and result["modifiedPath"] == "/list"
+    assert result["updatedData"] == {"meta": {"v": 1}, "list": [1, "x"]}
 
 
 def test_without_nodes_the_file_tools_work_in_the_working_directory(
