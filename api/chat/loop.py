@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sandbox_workspace.runtime.errors import ApiError
 from sandbox_workspace.runtime.schemas import ChangedFile, MarksReport, OutputList, UploadedFile
@@ -61,6 +62,9 @@ class RunSpec:
     # /agents (seed 002): the table plan — its nodes as data.json files, merged back at
     # the end (chat/table_agent.py); None for every other route.
     table: dict | None = None
+    # /agents with table_id: PUTs the merged table to the table source (not kept with the
+    # run: it carries the caller's credential; a run resumed elsewhere has none).
+    write_table: Callable[[Any], Awaitable[None]] | None = None
 
 
 async def _noop() -> None:
@@ -229,7 +233,7 @@ async def _loop(
                 await _record_marks(client, cid, files, [p.path for p in tools.presented])
                 outcome = {"success": True}
                 if spec.table is not None:
-                    outcome = await finish_table(run, tools, spec.table)
+                    outcome = await finish_table(run, tools, spec.table, spec.write_table)
                 run.emit(
                     "result",
                     {

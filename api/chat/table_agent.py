@@ -77,7 +77,12 @@ def working_directory(value: str | None, cid: str, workspace_path: str | None) -
 
 
 def make_plan(
-    table: Any, points: list[dict], working_dir: str, *, has_table: bool
+    table: Any,
+    points: list[dict],
+    working_dir: str,
+    *,
+    has_table: bool,
+    table_id: int | str | None = None,
 ) -> dict[str, Any]:
     parsed = []
     for i, point in enumerate(points):
@@ -108,6 +113,7 @@ def make_plan(
         )
     return {
         "table": table if has_table else None,
+        "table_id": table_id,
         "files": files,
         "tools": BASH_TOOLS if files else FILE_TOOLS,
         "root": working_dir,
@@ -164,15 +170,15 @@ def merge_back(plan: dict, contents: dict[str, str | None]) -> dict[str, Any]:
     for f in full:
         text = contents.get(f["file"])
         if text is None:
-            return _failed(f"{f['file']} (node {f['pointer']}) was deleted")
+            return failed(f"{f['file']} (node {f['pointer']}) was deleted")
         try:
             value = json.loads(text)
         except ValueError as e:
-            return _failed(f"{f['file']} (node {f['pointer']}) is not valid JSON: {e}")
+            return failed(f"{f['file']} (node {f['pointer']}) is not valid JSON: {e}")
         try:
             table = json_pointer.merge(table, json_pointer.parse(f["pointer"]), value)
         except PointerError as e:
-            return _failed(f"cannot merge {f['file']} back: {e}")
+            return failed(f"cannot merge {f['file']} back: {e}")
     paths = [f["pointer"] for f in full]
     return {
         "success": True,
@@ -181,5 +187,5 @@ def merge_back(plan: dict, contents: dict[str, str | None]) -> dict[str, Any]:
     }
 
 
-def _failed(reason: str) -> dict[str, Any]:
+def failed(reason: str) -> dict[str, Any]:
     return {"success": False, "updatedData": None, "modifiedPath": None, "error": reason}

@@ -9,15 +9,28 @@ that cannot be written fails the run (``error`` ``table_write_failed``).
 tries); ``prepare_table`` and ``finish_table`` themselves are ordinary calls.
 ``finish_table`` reads every ``full`` file back through the same runtime client and
 returns the ``result`` fields (``table_agent.merge_back``); it never raises for what the
-agent left behind. ``table_tools_root`` is the file tools' root (None: unrestricted).
+agent left behind. A plan with a ``table_id`` has the merged table PUT back to the table
+source (``write_table``) before the fields are returned — so before the ``result`` event;
+a write that fails (source down, slow, refusing) is ``success: false`` with the reason.
+``table_tools_root`` is the file tools' root (None: unrestricted).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from sandbox_workspace.runtime.errors import ApiError
+
 from .runs import Run
-from .table_agent import conversation_root, describe, merge_back, read_command, write_command
+from .table_agent import (
+    conversation_root,
+    describe,
+    failed,
+    merge_back,
+    read_command,
+    write_command,
+)
 from .tools import SandboxTools
 
 
@@ -47,20 +60,33 @@ async def prepare_table(run: Run, tools: SandboxTools, plan: dict) -> str:
     return describe(plan, root)
 
 
-async def finish_table(run: Run, tools: SandboxTools, plan: dict) -> dict[str, Any]:
+async def finish_table(
+    run: Run,
+    tools: SandboxTools,
+    plan: dict,
+    write_table: Callable[[Any], Awaitable[None]] | None = None,
+) -> dict[str, Any]:
     contents: dict[str, str | None] = {}
     for f in plan["files"]:
         if f["mode"] != "full":
             continue
         result = await tools.run_trusted("bash", read_command(f))
         if result.truncated:
-            return {
-                "success": False,
-                "updatedData": None,
-                "modifiedPath": None,
-                "error": f"{f['file']} is larger than the runtime's output limit",
-            }
+            return failed(f"{f['file']} is larger than the runtime's output limit")
         contents[f["file"]] = result.stdout if result.exit_code == 0 else None
     if plan["files"]:
         run.emit("status", {"stage": "table", "message": "table data read back"})
-    return merge_back(plan, contents)
+    outcome = merge_back(plan, contents)
+    if plan.get("table_id") is None or outcome["updatedData"] is None:
+        return outcome
+    if write_table is None:
+        return failed(
+            "the run was carried on by another API replica, which holds no credential to "
+            "write the table back; nothing was written"
+        )
+    try:
+        await write_table(outcome["updatedData"])
+    except ApiError as e:
+        return failed(f"the table was not written back: {e.message}")
+    run.emit("status", {"stage": "table", "message": f"table {plan['table_id']} written back"})
+    return outcome

@@ -9,14 +9,20 @@ conversation, the selected files as on every chat route), builds the table plan
 its own, ``agent-{hex}``, named in the first ``status`` event; it is kept like any other
 conversation (delete it with ``DELETE /sessions/{session_id}/conversations/{id}``), so a
 client that wants the files of one chat sidebar together sends the same id each time.
+
+With ``table_id`` the table comes from the table source (``api/table_source.py``) before
+anything else: 403/404 there is our 404; a source that is down or slow answers the
+stream at once with ``error`` and ``result {success: false}`` (no run). After a run with
+a ``full`` node, the merged table is PUT back before the ``result`` event.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,7 +30,7 @@ from sandbox_workspace.operator.naming import session_id_for
 from sandbox_workspace.runtime.errors import BadRequest
 from sandbox_workspace.runtime.workspace import Workspace
 
-from ..chat.agents_stream import EVENT_TYPES, AgentsStream, encode
+from ..chat.agents_stream import EVENT_TYPES, AgentsStream, encode, failed
 from ..chat.loop import RunSpec, run_agent
 from ..chat.policy import effective_policies
 from ..chat.progress import spec_data
@@ -37,6 +43,7 @@ from ..event_stream import EventStream
 from ..names import conversation_id_schema
 from ..openapi import errors, sse
 from ..sse import SSE_HEADERS
+from ..table_source import TableSource, TableSourceFailed, identity_headers
 from .chat import HistoryMessage, _refuse_deleting, _session_callbacks, require_llm
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])
@@ -82,29 +89,51 @@ class AgentRequest(BaseModel):
     response_class=StreamingResponse,
     responses={
         **sse(EVENT_TYPES, "seed 002's events; `result` is always the last."),
-        **errors(400, 404, 503),
+        **errors(400, 404, 503),  # 404: table_id unknown to (or refused by) the source
     },
 )
-async def agents(body: AgentRequest, caller: CallerDep, services: ServicesDep) -> EventStream:
+async def agents(
+    body: AgentRequest, caller: CallerDep, services: ServicesDep, request: Request
+) -> EventStream:
     """Run seed 002's table agent; answers its SSE events (`result` last, also on failure)."""
     llm = require_llm(services)
     settings = services.settings
+    table, has_table = body.tableData, "tableData" in body.model_fields_set
+    write_table = None
     if body.table_id is not None:
-        raise BadRequest(
-            "table_id needs a table source (SANDBOX_WORKSPACE_TABLE_SOURCE_URL); send "
-            "tableData instead",
-            code="table_source_not_configured",
+        if has_table:
+            raise BadRequest("send table_id or tableData, not both", code="invalid_table")
+        if not settings.table_source_url:
+            raise BadRequest(
+                "table_id needs a table source (SANDBOX_WORKSPACE_TABLE_SOURCE_URL); send "
+                "tableData instead",
+                code="table_source_not_configured",
+            )
+        source = TableSource(
+            services.http, settings.table_source_url, settings.table_source_timeout_seconds
         )
+        identity = identity_headers(caller, request.headers.get("authorization"))
+        try:
+            table = await source.get(body.table_id, identity)  # 403/404: our 404
+        except TableSourceFailed as e:  # down or slow: the seed's stream, ending at once
+            return EventStream(_once(failed(e.message, e.code)), SSE_HEADERS)
+        has_table = True
+        table_id = body.table_id
+
+        async def write_table(data: Any) -> None:
+            await source.put(table_id, data, identity)
+
     cid = Workspace.check_conversation_id(body.conversation_id or f"agent-{uuid.uuid4().hex[:16]}")
     session_id = session_id_for(caller.user_id)
     existing = await services.backend.get_session(session_id)
     workspace = existing.workspace_path if existing is not None else None
     root = working_directory(body.workingDirectory, cid, workspace)
     plan = make_plan(
-        body.tableData,
+        table,
         [p.model_dump() for p in body.bashAccessPoints],
         root,
-        has_table="tableData" in body.model_fields_set,
+        has_table=has_table,
+        table_id=body.table_id,
     )
     await _refuse_deleting(services, existing, cid)
     names = selected_names(cid, workspace, body.selected_files)
@@ -122,9 +151,14 @@ async def agents(body: AgentRequest, caller: CallerDep, services: ServicesDep) -
         before_tool=before_tool,
         record_activity=record_activity,
         table=plan,
+        write_table=write_table,
     )
     run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
     services.runs.add(run, spec_data(spec))
     run.task = services.spawn(run_agent(run, spec, llm, services.http))
     frames = translate(run, 0, AgentsStream(), encode, settings.chat_keepalive_seconds)
     return EventStream(frames, {**SSE_HEADERS, "X-Run-Id": run.id})
+
+
+async def _once(messages: list[dict]) -> AsyncIterator[list[bytes]]:
+    yield [encode(m) for m in messages]
