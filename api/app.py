@@ -37,6 +37,7 @@ from .routes import (
     execute,
     files,
     health,
+    sandboxes,
     sessions,
     ui_chat,
     web,
@@ -183,6 +184,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         ui_chat,
         ag_ui,
         agents,
+        sandboxes,
     )
     for module in api_modules:
         app.include_router(module.router, responses=openapi.errors(*openapi.COMMON_ERRORS))

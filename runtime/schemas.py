@@ -160,6 +160,11 @@ class KernelRestarted(BaseModel):
     restarted: bool
 
 
+class ProcessesStopped(BaseModel):
+    conversation_id: str
+    stopped: bool = Field(True, description="Every process of the conversation is gone.")
+
+
 # -- agent outputs --------------------------------------------------------------------
 
 
