@@ -4,11 +4,16 @@ back to it (api/table_source.py) — against a real HTTP table source on loopbac
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+from agents_script import ANSWER, double_ages
 from scripted_llm import Reply, text_reply, tool_reply, tool_results
 from table_source import TableSource
 
@@ -165,3 +170,31 @@ def test_source_down_on_write(
 def test_table_id_and_table_data_together_is_400(client):
     r = client.post("/api/v1/agents", json={"prompt": "p", "table_id": 7, "tableData": {}})
     assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_table")
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_readme_curl_example_works_as_written(server, fresh, scripted_llm, tmp_path):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(
+        r"<!-- agents-example:start -->\s*```sh\n(.*?)```\s*<!-- agents-example:end -->",
+        readme,
+        re.S,
+    )
+    assert block, "README lost its /agents example markers"
+    script = block.group(1).replace("http://127.0.0.1:8000", server.url)
+    fresh.tables["42"] = [{"name": "ann", "age": 30}, {"name": "bob", "age": 41}]
+    scripted_llm.responder = double_ages
+    out = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    events = [json.loads(line[6:]) for line in out.stdout.splitlines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "result" and events[-1]["success"] is True, out.stdout
+    doubled = [{"name": "ann", "age": 60}, {"name": "bob", "age": 82}]
+    assert events[-1]["updatedData"] == doubled and events[-1]["modifiedPath"] == "/"
+    assert "".join(e["content"] for e in events if e["type"] == "text") == ANSWER
+    assert fresh.tables["42"] == doubled
