@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sandbox_workspace.runtime.errors import ApiError
+from sandbox_workspace.runtime.errors import ApiError, Unavailable
 
+from ..runtime_client import RuntimeClient
 from .runs import Run
 from .table_agent import (
     conversation_root,
@@ -40,6 +41,22 @@ def table_tools_root(plan: dict | None, workspace_path: str, cid: str) -> str | 
     return f"{conversation_root(workspace_path, cid)}/{plan['root']}".rstrip("/")
 
 
+READ_ONLY_FEATURE = "read_only_entries"
+
+
+async def check_read_only_enforced(client: RuntimeClient) -> None:
+    """Refuse (503) unless this runtime enforces an execution's ``read_only``: a runtime
+    without Landlock refuses such a call itself, but an older runtime image would ignore
+    the field — read-only is enforced or refused, never pretended."""
+    report = (await client.stats()).confinement
+    if report is None or READ_ONLY_FEATURE not in report.features:
+        raise Unavailable(
+            "this sandbox's runtime cannot enforce read-only files (Landlock unavailable, or "
+            "a runtime image older than the API)",
+            code="read_only_unavailable",
+        )
+
+
 def table_read_only(plan: dict | None) -> list[str]:
     """The files the model's bash calls may not change (the runtime enforces it)."""
     return [f["file"] for f in (plan or {}).get("files", []) if f["mode"] == "readonly"]
@@ -49,6 +66,8 @@ async def prepare_table(run: Run, tools: SandboxTools, plan: dict) -> str:
     from .loop import RunFailed
 
     root = conversation_root(tools.workspace_path, tools.cid)
+    if table_read_only(plan):
+        await check_read_only_enforced(tools.client)
     for f in plan["files"]:
         result = await tools.run_trusted("bash", write_command(f))
         if result.exit_code != 0 or result.error is not None:

@@ -23,8 +23,9 @@ Errors of an action answer the same shape with ``success: false``, ``error`` the
 and ``data: {"code"}``, and the HTTP status of the error: 404 ``sandbox_not_found``
 (never started, or not this user's), 404 ``data_not_found`` (``read`` without
 ``data.json``), 409 ``conversation_deleting``, 503 when the session cannot start or the
-runtime cannot enforce ``readonly``. A malformed request (unknown action, ``exec``
-without ``command``, a bad ``session_id``) is the API's usual 422/400 error body.
+runtime cannot enforce ``readonly`` (``read_only_unavailable``, checked at ``start``). A
+malformed request (unknown action, ``exec`` without ``command``, a bad ``session_id``)
+is the API's usual 422/400 error body.
 ``GET /sandboxes?session_id=…`` is ``status``; without ``session_id`` it lists the
 conversations of the caller's session while it runs — each one a sandbox id — as
 ``data: {session_status, sandboxes: [{session_id}]}`` (a session not running: none).
@@ -46,6 +47,7 @@ from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import ConversationDeleting, ConversationPhase, Session, SessionStatus
 from ..chat.table_agent import conversation_root, write_command
+from ..chat.table_run import check_read_only_enforced
 from ..deps import CallerDep, ServicesDep
 from ..identity import Caller
 from ..names import conversation_id_schema
@@ -133,6 +135,8 @@ class _Sandbox:
 
     async def start(self, body: SandboxAction) -> SandboxAnswer:
         session, client = await self.running()
+        if body.readonly:
+            await check_read_only_enforced(client)
         await self.services.backend.conversation_opened(session, self.cid)
         marker = {"node": {"readonly": body.readonly}, "file": MARKER}
         code = write_command(marker)

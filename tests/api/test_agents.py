@@ -278,3 +278,29 @@ def test_without_conversation_id_a_conversation_of_its_own(agents, scripted_llm)
     history = [{"role": "user", "content": "before"}, {"role": "assistant", "content": "ok"}]
     run(agents, chatHistory=history)
     assert scripted_llm.requests[-1]["messages"][1:3] == history
+
+
+def test_readonly_is_refused_where_it_cannot_be_enforced(
+    start_server, scripted_llm_server, scripted_llm, chat_env_factory, user
+):
+    server = start_server(
+        "dev",
+        "--data-dir",
+        "data",
+        **chat_env_factory(scripted_llm_server, SANDBOX_WORKSPACE_CONFINEMENT="none"),
+    )
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as client:
+        events = run(
+            client, tableData=TABLE, bashAccessPoints=[{"path": "/meta", "mode": "readonly"}]
+        )
+        assert events[-2]["code"] == "read_only_unavailable"
+        assert events[-1]["success"] is False and not scripted_llm.requests
+        r = client.post(
+            "/api/v1/sandboxes", json={"action": "start", "session_id": "s", "readonly": True}
+        )
+        assert r.status_code == 503 and r.json()["data"] == {"code": "read_only_unavailable"}
+        # A full node needs no enforcement: that run goes ahead.
+        scripted_llm.responder = lambda body: text_reply("fine")
+        events = run(client, tableData=TABLE, bashAccessPoints=[{"path": "/meta", "mode": "full"}])
+        assert events[-1]["success"] is True
+        client.delete(f"/api/v1/sessions/sb-session-{user}")
