@@ -27,7 +27,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_workspace.operator.naming import session_id_for
-from sandbox_workspace.runtime.errors import BadRequest
+from sandbox_workspace.runtime.errors import BadRequest, Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..chat.agents_stream import EVENT_TYPES, AgentsStream, encode, failed
@@ -56,6 +56,7 @@ class AccessPoint(BaseModel):
     path: str = Field(
         "",
         max_length=4096,
+        pattern=r"^(/([^~]|~[01])*)?$",
         description="A JSON pointer (RFC 6901) into the table: `/users/0/name`; empty or "
         "`/` for the root; `~1` for '/', `~0` for '~' in a key.",
     )
@@ -65,7 +66,10 @@ class AccessPoint(BaseModel):
 class AgentRequest(BaseModel):
     """seed 002 §POST /agents, plus our ``conversation_id`` and ``selected_files``."""
 
-    model_config = ConfigDict(strict=True)  # JSON types as documented: no "1" for 1
+    model_config = ConfigDict(
+        strict=True,  # JSON types as documented: no "1" for 1
+        json_schema_extra={"not": {"required": ["table_id", "tableData"]}},
+    )
 
     prompt: str = Field(min_length=1, max_length=100_000, pattern=r"\S")
     chatHistory: list[HistoryMessage] = Field(default_factory=list, max_length=500)
@@ -100,11 +104,11 @@ async def agents(
     settings = services.settings
     table, has_table = body.tableData, "tableData" in body.model_fields_set
     write_table = None
+    if "table_id" in body.model_fields_set and has_table:
+        raise BadRequest("send table_id or tableData, not both", code="invalid_table")
     if body.table_id is not None:
-        if has_table:
-            raise BadRequest("send table_id or tableData, not both", code="invalid_table")
-        if not settings.table_source_url:
-            raise BadRequest(
+        if not settings.table_source_url:  # this server's configuration, not the request
+            raise Unavailable(
                 "table_id needs a table source (SANDBOX_WORKSPACE_TABLE_SOURCE_URL); send "
                 "tableData instead",
                 code="table_source_not_configured",

@@ -17,7 +17,8 @@ own conversation, which they did not start: 404.
   ``data`` ``{exit_code, stdout, stderr}``;
 - ``read``: ``data`` is ``data.json`` parsed; not valid JSON → ``success: false`` with
   the parser's reason (HTTP 200);
-- ``stop``: every process of the sandbox is killed, its files stay;
+- ``stop``: every process of the sandbox is killed — a command still running (its
+  ``exec`` answers ``ConversationStopped``), the Python interpreter — its files stay;
 - ``status``: ``data`` ``{session_id, status, readonly, has_data, path}``.
 Errors of an action answer the same shape with ``success: false``, ``error`` the message
 and ``data: {"code"}``, and the HTTP status of the error: 404 ``sandbox_not_found``
@@ -38,7 +39,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_workspace.operator.naming import session_id_for
 from sandbox_workspace.runtime.errors import ApiError, NotFoundError
@@ -51,7 +52,7 @@ from ..chat.table_run import check_read_only_enforced
 from ..deps import CallerDep, ServicesDep
 from ..identity import Caller
 from ..names import conversation_id_schema
-from ..openapi import errors
+from ..openapi import RETRY_AFTER_SECONDS, RETRY_HEADER, errors
 from ..runtime_client import RuntimeClient
 
 router = APIRouter(prefix="/api/v1", tags=["sandboxes"])
@@ -59,25 +60,43 @@ DATA_FILE = "data.json"
 MARKER = ".sandbox.json"
 
 
-class SandboxAction(BaseModel):
-    """seed 002 §POST /sandboxes."""
+class _Action(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON types as documented: no "1" for 1
 
-    model_config = ConfigDict(strict=True)
-
-    action: Literal["start", "exec", "read", "stop", "status"]
-    session_id: str = Field(json_schema_extra=conversation_id_schema())
-    data: Any = Field(None, description="start: written to data.json (any JSON).")
-    readonly: bool = Field(False, description="start: data.json may not be changed by exec.")
-    command: str | None = Field(
-        None, min_length=1, max_length=100_000, description="exec: a bash command (required)."
+    session_id: str = Field(
+        description="The sandbox: a conversation id of the caller's session.",
+        json_schema_extra=conversation_id_schema(),
     )
-    timeout: float = Field(120.0, gt=0, le=3600, description="exec: seconds before it is killed.")
 
-    @model_validator(mode="after")
-    def _exec_has_command(self) -> SandboxAction:
-        if self.action == "exec" and not (self.command or "").strip():
-            raise ValueError("exec needs a command")
-        return self
+
+class StartAction(_Action):
+    action: Literal["start"]
+    data: Any = Field(None, description="Written to data.json (any JSON), when given.")
+    readonly: bool = Field(False, description="data.json may not be changed by exec.")
+
+
+class ExecAction(_Action):
+    action: Literal["exec"]
+    command: str = Field(min_length=1, max_length=100_000, pattern=r"\S", description="Bash.")
+    timeout: float = Field(120.0, gt=0, le=3600, description="Seconds before it is killed.")
+
+
+class ReadAction(_Action):
+    action: Literal["read"]
+
+
+class StopAction(_Action):
+    action: Literal["stop"]
+
+
+class StatusAction(_Action):
+    action: Literal["status"]
+
+
+SandboxAction = Annotated[
+    StartAction | ExecAction | ReadAction | StopAction | StatusAction,
+    Field(discriminator="action"),
+]
 
 
 class SandboxAnswer(BaseModel):
@@ -89,7 +108,8 @@ class SandboxAnswer(BaseModel):
 
 def _failure(e: ApiError) -> JSONResponse:
     body = SandboxAnswer(success=False, error=e.message, data={"code": e.code})
-    headers = {"Retry-After": str(e.retry_after)} if getattr(e, "retry_after", None) else None
+    retry = e.retry_after or (RETRY_AFTER_SECONDS if e.status in (429, 503) else None)
+    headers = {"Retry-After": str(retry)} if retry else None
     return JSONResponse(body.model_dump(), status_code=e.status, headers=headers)
 
 
@@ -133,7 +153,7 @@ class _Sandbox:
                 return {"readonly": bool(state.get("readonly")), "has_data": rest.strip() == "+"}
         raise NotFoundError(f"no sandbox '{self.cid}': start it first", code="sandbox_not_found")
 
-    async def start(self, body: SandboxAction) -> SandboxAnswer:
+    async def start(self, body: StartAction) -> SandboxAnswer:
         session, client = await self.running()
         if body.readonly:
             await check_read_only_enforced(client)
@@ -152,11 +172,10 @@ class _Sandbox:
             data={"session_id": self.cid, "path": path, "readonly": body.readonly},
         )
 
-    async def exec(self, body: SandboxAction) -> SandboxAnswer:
+    async def exec(self, body: ExecAction) -> SandboxAnswer:
         _, client = await self.running()
         state = await self._state(client)
         read_only = [DATA_FILE, MARKER] if state["readonly"] else []
-        assert body.command is not None
         out = await self._bash(client, body.command, body.timeout, read_only)
         error = out.stderr or (f"{out.error.name}: {out.error.value}" if out.error else None)
         return SandboxAnswer(
@@ -166,7 +185,7 @@ class _Sandbox:
             data={"exit_code": out.exit_code, "stdout": out.stdout, "stderr": out.stderr},
         )
 
-    async def read(self, _: SandboxAction) -> SandboxAnswer:
+    async def read(self, _: ReadAction) -> SandboxAnswer:
         _, client = await self.running()
         state = await self._state(client)
         if not state["has_data"]:
@@ -180,13 +199,13 @@ class _Sandbox:
             return SandboxAnswer(success=False, output=out.stdout, error=f"not valid JSON: {e}")
         return SandboxAnswer(success=True, output=out.stdout, data=data)
 
-    async def stop(self, _: SandboxAction) -> SandboxAnswer:
+    async def stop(self, _: StopAction) -> SandboxAnswer:
         _, client = await self.running()
         await self._state(client)
         await client.stop_processes(self.cid)
         return SandboxAnswer(success=True, output=f"sandbox {self.cid} stopped; files kept")
 
-    async def status(self, _: SandboxAction | None = None) -> SandboxAnswer:
+    async def status(self, _: StatusAction | None = None) -> SandboxAnswer:
         session = await self.services.backend.get_session(self.session_id)
         if session is None or session.status != SessionStatus.RUNNING:
             status = "none" if session is None else str(session.status)
@@ -205,7 +224,22 @@ _STATE = f"""if [ -f {MARKER} ]; then
 else
   exit 3
 fi"""
-_ERRORS = errors(400, 404, 409, 503)
+# An action's errors answer the seed's shape; a malformed request the usual error body.
+_ERRORS: dict[int | str, dict] = {
+    **errors(400),
+    **{
+        status: {
+            "model": SandboxAnswer,
+            "description": f"{what} (`success: false`)",
+            **({"headers": RETRY_HEADER} if status == 503 else {}),
+        }
+        for status, what in (
+            (404, "no such sandbox (never started, or not this user's), or no data.json"),
+            (409, "the conversation is being deleted"),
+            (503, "the session cannot start, or read-only cannot be enforced"),
+        )
+    },
+}
 
 
 @router.post("/sandboxes", responses=_ERRORS)
@@ -223,7 +257,11 @@ async def sandbox_status(
     caller: CallerDep,
     services: ServicesDep,
     session_id: Annotated[
-        str | None, Query(max_length=255, description="One sandbox; else the caller's list.")
+        str | None,
+        Query(
+            description="One sandbox; else the caller's list.",
+            json_schema_extra=conversation_id_schema(),
+        ),
     ] = None,
 ) -> SandboxAnswer:
     """One sandbox's status, or the caller's sandboxes while their session runs."""

@@ -212,14 +212,14 @@ def test_without_nodes_the_file_tools_work_in_the_working_directory(
         pytest.param({"prompt": " "}, 422, "invalid_request", id="blank-prompt"),
         pytest.param(
             {"bashAccessPoints": [{"path": "x", "mode": "full"}]},
-            400,
-            "invalid_access_point",
+            422,
+            "invalid_request",
             id="pointer-without-slash",
         ),
         pytest.param(
             {"bashAccessPoints": [{"path": "/a~2", "mode": "full"}]},
-            400,
-            "invalid_access_point",
+            422,
+            "invalid_request",
             id="bad-escape",
         ),
         pytest.param(
@@ -249,7 +249,7 @@ def test_without_nodes_the_file_tools_work_in_the_working_directory(
             {"workingDirectory": "a\\b"}, 400, "invalid_working_directory", id="backslash"
         ),
         pytest.param({"conversation_id": "../x"}, 400, "invalid_conversation_id", id="bad-cid"),
-        pytest.param({"table_id": 7}, 400, "table_source_not_configured", id="no-table-source"),
+        pytest.param({"table_id": 7}, 503, "table_source_not_configured", id="no-table-source"),
         pytest.param(
             {"chatHistory": [{"role": "tool", "content": "x"}]},
             422,

@@ -29,6 +29,11 @@ def api_operations(document: dict):
                 yield path, method, operation
 
 
+# seed 002's /sandboxes answers an action's errors in its frontend's shape
+# {success: false, output, error, data: {code}}; malformed requests as everywhere.
+SEED_SHAPED = {"sandboxes": ("404", "409", "503"), "sandbox_status": ("404", "409", "503")}
+
+
 def test_every_error_status_is_documented_with_the_error_model(document):
     for path, method, operation in api_operations(document):
         responses = operation["responses"]
@@ -37,7 +42,10 @@ def test_every_error_status_is_documented_with_the_error_model(document):
             if int(status) < 400:
                 continue
             schema = response["content"]["application/json"]["schema"]
-            assert schema == {"$ref": "#/components/schemas/ErrorBody"}, (method, path, status)
+            model = "ErrorBody"
+            if status in SEED_SHAPED.get(operation["operationId"], ()):
+                model = "SandboxAnswer"
+            assert schema == {"$ref": f"#/components/schemas/{model}"}, (method, path, status)
             if status in ("429", "503"):
                 assert "Retry-After" in response["headers"], (method, path, status)
     error = document["components"]["schemas"]["ErrorDetail"]

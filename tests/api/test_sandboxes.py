@@ -3,7 +3,9 @@ conversation of the caller) answering {success, output, error, data}."""
 
 from __future__ import annotations
 
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -44,11 +46,18 @@ def test_start_exec_read_stop_status(api):
     assert ok(act(api, "status"))["data"] == status["data"]
     listing = ok(api.get("/api/v1/sandboxes"))["data"]
     assert {"session_id": "sb1"} in listing["sandboxes"]
-    # stop: a process left running is killed, the files stay.
-    ok(act(api, "exec", command="nohup sleep 300 >/dev/null 2>&1 & echo started"))
-    ok(act(api, "stop"))
-    gone = ok(act(api, "exec", command="pgrep -x sleep || echo none"))
-    assert gone["output"].strip() == "none"
+    # stop: a command still running is killed (with its whole tree); the files stay.
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(act, api, "exec", command="echo begun > outputs/s; sleep 60")
+        deadline = time.monotonic() + 20
+        while "begun" not in act(api, "exec", command="cat outputs/s 2>/dev/null").text:
+            assert time.monotonic() < deadline, "the command did not start"
+            time.sleep(0.05)
+        started = time.monotonic()
+        ok(act(api, "stop"))
+        killed = running.result(timeout=30).json()
+    assert time.monotonic() - started < 10
+    assert killed["success"] is False and "ConversationStopped" in killed["error"], killed
     assert ok(act(api, "read"))["data"]["rows"][-1] == {"a": 2}
 
 
