@@ -31,12 +31,14 @@ from .identity import Authenticator, StreamTokens
 from .metrics import install_metrics
 from .routes import (
     ag_ui,
+    agents,
     chat,
     conversation_state,
     conversations,
     execute,
     files,
     health,
+    sandboxes,
     sessions,
     ui_chat,
     web,
@@ -185,6 +187,8 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         chat,
         ui_chat,
         ag_ui,
+        agents,
+        sandboxes,
     )
     for module in api_modules:
         app.include_router(module.router, responses=openapi.errors(*openapi.COMMON_ERRORS))

@@ -107,7 +107,7 @@ _DESCRIPTIONS = {
     "`Retry-After` seconds.",
     504: "The sandbox runtime did not answer in time.",
 }
-_RETRY_HEADER = {
+RETRY_HEADER = {
     "Retry-After": {
         "description": "Seconds to wait before retrying.",
         "schema": {"type": "integer", "minimum": 0},
@@ -121,7 +121,7 @@ def errors(*statuses: int) -> dict[int | str, dict]:
     for status in sorted(statuses):
         entry: dict = {"model": ErrorBody, "description": _DESCRIPTIONS[status]}
         if status in (429, 503):
-            entry["headers"] = _RETRY_HEADER
+            entry["headers"] = RETRY_HEADER
         out[status] = entry
     return out
 

@@ -140,6 +140,15 @@ class ApiSettings(BaseSettings):
     )
     chat_keepalive_seconds: float = Field(15.0, gt=0, description="SSE keep-alive interval.")
     chat_tool_timeout_seconds: float = Field(120.0, gt=0, description="Per tool call.")
+    table_source_url: str | None = Field(
+        None,
+        description="/agents with table_id: the platform's tables, read with GET {url}/{id} "
+        'and written back with PUT {url}/{id} (JSON {"data": …}), the caller\'s identity '
+        "forwarded.",
+    )
+    table_source_timeout_seconds: float = Field(
+        10.0, gt=0, description="Per request to the table source (a slower one fails the run)."
+    )
     tool_policies: dict[str, Literal["auto", "require_approval", "deny"]] = Field(
         default_factory=dict,
         description='Per tool: auto | require_approval | deny, e.g. {"bash": '

@@ -37,6 +37,7 @@ from .schemas import (
     Marks,
     MarksReport,
     OutputList,
+    ProcessesStopped,
     RuntimeStats,
     UploadList,
     UploadResult,
@@ -285,6 +286,15 @@ async def restart_kernel(conversation_id: str, state: State) -> KernelRestarted:
     """Stop the conversation's Python interpreter; the next call starts a fresh one."""
     restarted = await state.executor.restart(conversation_id)
     return KernelRestarted(conversation_id=conversation_id, restarted=restarted)
+
+
+@router.post("/conversations/{conversation_id}/processes/stop")
+async def stop_processes(conversation_id: str, state: State) -> ProcessesStopped:
+    """Kill every process of the conversation (interpreter, bash calls, daemons) and drop
+    its scratch directory; its files stay (seed 002's sandbox ``stop``)."""
+    with state.activity.track():
+        await state.executor.stop_conversation(conversation_id)
+    return ProcessesStopped(conversation_id=conversation_id)
 
 
 async def _read_fd(fd: int, activity: Activity) -> AsyncIterator[bytes]:

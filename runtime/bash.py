@@ -37,6 +37,7 @@ async def run_bash(
     spawner: Spawner,
     guard: Callable[[], None] | None = None,
     limits: Limits | None = None,
+    read_only: list[str] | None = None,
 ) -> tuple[int, ExecutionError | None]:
     pipes = CodePipes()
     try:
@@ -44,7 +45,7 @@ async def run_bash(
             call = await spawner.spawn(
                 cid, ["bash", "--noprofile", "--norc", "-c", code], env=env, cwd=cwd,
                 read_write=read_write, fds=pipes.child_fds, guard=guard, limits=limits,
-                cpu_rlimit=True,
+                cpu_rlimit=True, read_only=read_only,
             )  # fmt: skip
         finally:
             pipes.close_child_ends()

@@ -36,6 +36,7 @@ from .schemas import (
     Marks,
     MarksReport,
     OutputList,
+    ProcessesStopped,
     RuntimeStats,
     UploadList,
     UploadResult,
@@ -237,6 +238,10 @@ class RuntimeClient:
     async def restart_kernel(self, cid: str) -> KernelRestarted:
         r = await self._request("POST", self._conversation(cid, "kernel", "restart"))
         return _parse(KernelRestarted, r)
+
+    async def stop_processes(self, cid: str) -> ProcessesStopped:
+        r = await self._request("POST", self._conversation(cid, "processes", "stop"))
+        return _parse(ProcessesStopped, r)
 
     async def open_download(self, cid: str, name: str) -> httpx.Response:
         """Start a download; the caller streams ``aiter_raw()`` and must ``aclose()`` it."""

@@ -104,6 +104,7 @@ class Confinement:
         found = ["subreaper"]
         if self.confined:
             found.append("filesystem")
+            found.append("read_only_entries")  # an execution's read_only (runtime/readonly.py)
             for name, bit in (
                 ("refer", landlock.FS_REFER),
                 ("truncate", landlock.FS_TRUNCATE),

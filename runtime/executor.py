@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from . import pathsafe, shm
+from . import pathsafe, readonly, shm
 from .activity import Activity
 from .bash import run_bash
 from .confinement import Confinement
@@ -152,6 +152,7 @@ class Executor:
         self, conversation_id: str, request: ExecuteRequest, on_event: EventSink | None = None
     ) -> ExecutionResult:
         self.confinement.check_can_execute()
+        read_only = readonly.check(request, self.confinement)
         cid = self.workspace.ensure_layout(conversation_id)
         cwd = self.workspace.real_path(cid)
         collector = OutputCollector(self.output_cap, on_event)
@@ -174,11 +175,15 @@ class Executor:
                     )
                     exit_code = 0 if error is None else 1
                 else:
+                    ro = None
+                    if read_only:  # seed 002's readonly nodes: see runtime/readonly.py
+                        read_write, ro = readonly.rules(cwd, self.scratch(cid), read_only)
                     exit_code, error = await run_bash(
                         request.code,
                         cid=cid,
                         cwd=cwd,
                         env=self.environment(cid, cwd),
+                        read_only=ro,
                         read_write=read_write,
                         timeout=request.timeout,
                         collector=collector,

@@ -159,11 +159,17 @@ class Policy:
         return replace(self, fs=self.fs & fs_all(abi), net=net, scoped=scoped)
 
 
-def build_ruleset(policy: Policy, rules: Iterable[tuple[str, int]]) -> int:
+def build_ruleset(
+    policy: Policy,
+    rules: Iterable[tuple[str, int]],
+    no_follow: Iterable[tuple[str, int]] = (),
+) -> int:
     """A ruleset fd enforcing ``policy`` with ``(path, allowed rights)`` exceptions.
 
     A path that does not exist is skipped (a system without /lib64 is fine); a right the
     policy does not handle is dropped from the rule; on a file, only file rights count.
+    ``no_follow`` rules are paths that code may have made (a conversation's entries):
+    a symlink there is skipped, never followed — else it would grant its target.
     """
     attr = _RulesetAttr(policy.fs, policy.net, policy.scoped)
     # Kernels before ABI 4 / 6 know a shorter struct: pass only what they know.
@@ -178,19 +184,25 @@ def build_ruleset(policy: Policy, rules: Iterable[tuple[str, int]]) -> int:
     try:
         for path, allowed in rules:
             add_path_rule(fd, path, allowed & policy.fs)
+        for path, allowed in no_follow:
+            add_path_rule(fd, path, allowed & policy.fs, follow=False)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def add_path_rule(ruleset_fd: int, path: str, allowed: int) -> None:
+def add_path_rule(ruleset_fd: int, path: str, allowed: int, *, follow: bool = True) -> None:
+    flags = os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        target = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        target = os.open(path, flags)
     except FileNotFoundError:
         return
     try:
-        if not stat.S_ISDIR(os.fstat(target).st_mode):
+        mode = os.fstat(target).st_mode
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)) and not follow:
+            return  # a symlink (or fifo, socket…) made by code: no rule through it
+        if not stat.S_ISDIR(mode):
             allowed &= FS_FILE_RIGHTS
         if not allowed:
             return

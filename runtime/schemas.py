@@ -107,6 +107,14 @@ class ExecuteRequest(BaseModel):
     )
     code: str = Field(min_length=1, description=f"Source, at most {MAX_CODE_BYTES} bytes.")
     timeout: float = Field(30.0, gt=0, le=3600, description="Wall-clock limit in seconds.")
+    read_only: list[str] = Field(
+        default_factory=list,
+        max_length=50,
+        description="`bash` only: names at the top of the conversation's directory that this "
+        "call's processes may read but not change in any way (Landlock; the directory's top "
+        "level is then read-only too, its subdirectories stay writable). 503 where Landlock "
+        "is unavailable.",
+    )
 
     @field_validator("code")
     @classmethod
@@ -164,6 +172,11 @@ class ExecutionResult(BaseModel):
 class KernelRestarted(BaseModel):
     conversation_id: str
     restarted: bool
+
+
+class ProcessesStopped(BaseModel):
+    conversation_id: str
+    stopped: bool = Field(True, description="Every process of the conversation is gone.")
 
 
 # -- agent outputs --------------------------------------------------------------------

@@ -110,6 +110,7 @@ class Spawner:
         guard: Callable[[], None] | None = None,
         limits: Limits | None = None,
         cpu_rlimit: bool = False,
+        read_only: list[str] | None = None,
     ) -> Call:
         await self.start()
         if guard is not None:
@@ -121,6 +122,8 @@ class Spawner:
             "read_write": read_write, "limits": limits.to_wire() if limits else None,
             "cpu_rlimit": cpu_rlimit, "cpu_cgroup": cpu_cgroup,
         }  # fmt: skip
+        if read_only:  # a call of its own rules (runtime/readonly.py)
+            message["read_only"] = read_only
         self._send(message, fds)
         # No answer can arrive before the next await: registering now is in time.
         started = asyncio.get_running_loop().create_future()

@@ -6,7 +6,8 @@ costs well under a millisecond and its children may run Python (Landlock set-up,
 reaper's loop) before exec — no interpreter start-up per call.
 
 Protocol (``SOCK_SEQPACKET``, one JSON object per message, fds by ``SCM_RIGHTS``):
-  runtime → spawner  {"op": "spawn", "id", "cid", "argv", "env", "cwd", "read_write"} + fds
+  runtime → spawner  {"op": "spawn", "id", "cid", "argv", "env", "cwd", "read_write",
+                      "read_only"?} + fds
                      {"op": "kill", "id"}            kill one call's whole tree
                      {"op": "stop", "id", "cid"}     kill every call of a conversation
   spawner → runtime  {"op": "started", "id", "pid", "reaper"} | {"op": "failed", "id", "error"}
@@ -121,14 +122,28 @@ class Spawner:
         self.rulesets[cid] = (key, fd)
         return fd
 
+    def call_ruleset(self, message: dict) -> int:
+        """A call's own ruleset (see runtime/readonly.py): its read-write entries are
+        taken as they are now, never through a symlink, and the ``read_only`` paths get
+        only the read rights — so the conversation directory itself is read-only."""
+        read = landlock.FS_READ
+        rules = [tuple(rule) for rule in self.config["read_only"]]
+        rules += [(path, read) for path in message["read_only"]]
+        mine = [(path, self.config["read_write"]) for path in message["read_write"]]
+        return landlock.build_ruleset(landlock.Policy(*self.config["policy"]), rules, mine)
+
     def forget(self, cid: str) -> None:
         cached = self.rulesets.pop(cid, None)
         if cached is not None:
             os.close(cached[1])
 
     def spawn(self, message: dict, fds: list[int]) -> None:
+        own = None  # a ruleset for this call alone (read-only entries), closed after fork
         try:
-            message["ruleset"] = self.ruleset(message["cid"], message["read_write"])
+            if message.get("read_only") and self.config.get("landlock"):
+                own = message["ruleset"] = self.call_ruleset(message)
+            else:
+                message["ruleset"] = self.ruleset(message["cid"], message["read_write"])
         except OSError as e:  # nothing runs unconfined: the call fails instead
             for fd in fds:
                 os.close(fd)
@@ -147,6 +162,8 @@ class Spawner:
         os.close(report_w)
         for fd in fds:
             os.close(fd)
+        if own is not None:
+            os.close(own)
         report = _read_report(report_r)
         if "pid" in report:
             self.calls[pid] = (message["id"], message["cid"])

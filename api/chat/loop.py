@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sandbox_workspace.runtime.errors import ApiError
 from sandbox_workspace.runtime.schemas import ChangedFile, MarksReport, OutputList, UploadedFile
@@ -35,6 +36,7 @@ from .llm import Completion, LlmClient, LlmError
 from .policy import Policy
 from .progress import Progress
 from .runs import Run
+from .table_run import finish_table, prepare_table, table_read_only, table_tools_root
 from .tools import TOOL_SPECS, PresentedFile, SandboxTools
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,12 @@ class RunSpec:
     record_activity: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
     # Before each tool call: raises when the conversation may no longer be written.
     before_tool: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
+    # /agents (seed 002): the table plan — its nodes as data.json files, merged back at
+    # the end (chat/table_agent.py); None for every other route.
+    table: dict | None = None
+    # /agents with table_id: PUTs the merged table to the table source (not kept with the
+    # run: it carries the caller's credential; a run resumed elsewhere has none).
+    write_table: Callable[[Any], Awaitable[None]] | None = None
 
 
 async def _noop() -> None:
@@ -184,12 +192,17 @@ async def _loop(
         conversation_id=cid,
         workspace_path=session.workspace_path,
         exec_timeout=spec.tool_timeout,
+        root=table_tools_root(spec.table, session.workspace_path, cid),
+        read_only=table_read_only(spec.table),
     )
     if progress is None:
         uploads = (await client.list_uploads(cid)).files
         selected = _resolve_selected(spec.selected_files, uploads)
+        system = system_prompt(session.workspace_path, cid, run.session_id, uploads)
+        if spec.table is not None:
+            system += "\n\n" + await prepare_table(run, tools, spec.table)
         messages = build_messages(
-            system_prompt(session.workspace_path, cid, run.session_id, uploads),
+            system,
             spec.history,
             workspace_context_message(session.workspace_path, cid, run.session_id, selected),
             spec.query,
@@ -218,10 +231,13 @@ async def _loop(
             if not completion.tool_calls:
                 files = [] if before is None else _changed(before, await _outputs(client, cid))
                 await _record_marks(client, cid, files, [p.path for p in tools.presented])
+                outcome = {"success": True}
+                if spec.table is not None:
+                    outcome = await finish_table(run, tools, spec.table, spec.write_table)
                 run.emit(
                     "result",
                     {
-                        "success": True,
+                        **outcome,
                         "answer": completion.content,
                         "files": files,
                         "presented": [p.__dict__ for p in tools.presented],

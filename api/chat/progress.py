@@ -48,6 +48,7 @@ _SPEC_FIELDS = (
     "max_iterations",
     "approval_timeout",
     "tool_timeout",
+    "table",  # /agents runs: the table plan (table_agent.make_plan), else None
 )
 
 
@@ -67,7 +68,8 @@ def spec_from_data(
 
     remaining = data["deadline_at"] - time.time()
     return RunSpec(
-        **{name: data[name] for name in _SPEC_FIELDS},
+        # A run stored before /agents existed has no "table".
+        **{name: data[name] if name != "table" else data.get(name) for name in _SPEC_FIELDS},
         deadline_seconds=max(0.001, remaining),
         ensure_session=ensure_session,
         record_activity=record_activity,

@@ -15,6 +15,7 @@ uploads and records a download URL for the ``result`` event.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,6 +106,8 @@ _READ_FILE = """
 import os
 p = {path!r}
 n = {limit!r}
+if not {inside}(p):
+    raise PermissionError(f'{{p}} is outside the working directory')
 with open(p, 'rb') as f:
     data = f.read(n + 1)
 size = os.path.getsize(p)
@@ -113,9 +116,15 @@ print(text, end='')
 if size > n:
     print(f'\\n[... {{size - n}} more bytes not shown]', end='')
 """
+_ROOTED = """
+import os as _sbw_os
+def _sbw_inside(p, _root=_sbw_os.path.realpath({root!r})):
+    real = _sbw_os.path.realpath(p)
+    return real == _root or real.startswith(_root + _sbw_os.sep)
+"""
 _GLOB = """
 import glob
-hits = sorted(glob.glob({pattern!r}, recursive=True))
+hits = sorted(h for h in glob.glob({pattern!r}, recursive=True) if {inside}(h))
 print('\\n'.join(hits[:200]) or '(no matches)')
 if len(hits) > 200:
     print(f'[... {{len(hits) - 200}} more]')
@@ -124,6 +133,8 @@ _GREP = """
 import os, re
 rx = re.compile({pattern!r})
 root = {path!r}
+if not {inside}(root):
+    raise PermissionError(f'{{root}} is outside the working directory')
 hits = []
 paths = [root] if os.path.isfile(root) else [
     os.path.join(d, f) for d, _, fs in os.walk(root) for f in sorted(fs)]
@@ -168,6 +179,8 @@ class SandboxTools:
         workspace_path: str,
         exec_timeout: float = 120.0,
         output_limit: int = 8000,
+        root: str | None = None,
+        read_only: list[str] | None = None,
     ) -> None:
         self.client = client
         self.session_id = session_id
@@ -176,6 +189,12 @@ class SandboxTools:
         self.exec_timeout = exec_timeout
         self.output_limit = output_limit
         self.presented: list[PresentedFile] = []
+        # The file tools' root (seed 002's workingDirectory): paths resolve from it and
+        # may not leave it. None: the conversation's directory, unrestricted.
+        self.root = root
+        # Top-level names of the conversation the model's bash calls may not change
+        # (seed 002's readonly nodes; enforced by the runtime with Landlock).
+        self.read_only = read_only or []
 
     async def call(self, name: str, arguments: str) -> ToolOutcome:
         started = time.perf_counter()
@@ -208,13 +227,22 @@ class SandboxTools:
             "characters cut]"
         )
 
-    async def _run(self, language: str, code: str, timeout: float | None = None) -> ExecutionResult:
+    async def _run(
+        self, language: str, code: str, timeout: float | None = None, read_only: list[str] = ()
+    ) -> ExecutionResult:
         limit = min(float(timeout) if timeout else self.exec_timeout, self.exec_timeout)
-        return await self.client.execute(
-            self.cid, ExecuteRequest(language=language, code=code, timeout=limit)
+        request = ExecuteRequest(
+            language=language, code=code, timeout=limit, read_only=list(read_only)
         )
+        return await self.client.execute(self.cid, request)
+
+    async def run_trusted(self, language: str, code: str) -> ExecutionResult:
+        """Code of ours, not the model's (the table files written and read back)."""
+        return await self._run(language, code)
 
     async def _run_program(self, code: str) -> ToolOutcome:
+        if self.root is not None:
+            code = _ROOTED.format(root=self.root) + code
         result = await self._run("python", code)
         if result.error:
             return ToolOutcome(False, _error_line(result.error))
@@ -227,7 +255,7 @@ class SandboxTools:
         )
 
     async def _bash(self, command: str, timeout: float | None = None) -> ToolOutcome:
-        result = await self._run("bash", command, timeout)
+        result = await self._run("bash", command, timeout, self.read_only)
         return ToolOutcome(
             result.exit_code == 0 and result.error is None,
             _describe(result),
@@ -244,13 +272,26 @@ class SandboxTools:
         return ToolOutcome(True, "\n".join(lines))
 
     async def _read_file(self, path: str, max_bytes: int = 16384) -> ToolOutcome:
-        return await self._run_program(_READ_FILE.format(path=path, limit=max_bytes))
+        return await self._run_program(
+            _READ_FILE.format(path=self._rooted(path), limit=max_bytes, inside=self._inside)
+        )
 
     async def _glob_search(self, pattern: str) -> ToolOutcome:
-        return await self._run_program(_GLOB.format(pattern=pattern))
+        return await self._run_program(
+            _GLOB.format(pattern=self._rooted(pattern), inside=self._inside)
+        )
 
     async def _grep_search(self, pattern: str, path: str = ".") -> ToolOutcome:
-        return await self._run_program(_GREP.format(pattern=pattern, path=path))
+        return await self._run_program(
+            _GREP.format(pattern=pattern, path=self._rooted(path), inside=self._inside)
+        )
+
+    def _rooted(self, path: str) -> str:
+        return path if self.root is None else os.path.join(self.root, path)
+
+    @property
+    def _inside(self) -> str:
+        return "(lambda p: True)" if self.root is None else "_sbw_inside"
 
     async def _present_file(self, path: str) -> ToolOutcome:
         relative = path[2:] if path.startswith("./") else path

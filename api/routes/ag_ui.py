@@ -24,6 +24,7 @@ from sandbox_workspace.runtime.errors import BadRequest
 from ..chat.ag_ui import AgUiStream
 from ..chat.run_events import encode_data, translate
 from ..chat.runs import Run
+from ..chat.selected_files import parse_selected
 from ..deps import CallerDep, ServicesDep
 from ..event_stream import EventStream
 from ..sse import SSE_HEADERS
@@ -92,12 +93,13 @@ async def ag_ui(body: RunAgentInput, caller: CallerDep, services: ServicesDep) -
         return _respond(run, translator, after, keepalive)
     props = body.forwardedProps or {}
     conversation_id = props.get("conversation_id") or body.threadId
-    selected = props.get("selected_files") or []
-    if not isinstance(conversation_id, str) or not isinstance(selected, list):
+    if not isinstance(conversation_id, str):
         raise BadRequest(
-            "forwardedProps.conversation_id must be a string and selected_files a list",
-            code="invalid_forwarded_props",
+            "forwardedProps.conversation_id must be a string", code="invalid_forwarded_props"
         )
+    selected = parse_selected(
+        props.get("selected_files"), ("body", "forwardedProps", "selected_files")
+    )
     last = body.messages[-1] if body.messages else {}
     query = content_text(last.get("content")) if last.get("role") == "user" else ""
     if not query:
@@ -116,7 +118,7 @@ async def ag_ui(body: RunAgentInput, caller: CallerDep, services: ServicesDep) -
         query=query,
         history=history,
         conversation_id=conversation_id,
-        selected_files=[str(s) for s in selected],
+        selected_files=selected,
         agent_id=str(props.get("agent_id", "")),
         protocol="ag-ui",
     )

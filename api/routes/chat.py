@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_workspace.operator.naming import session_id_for
-from sandbox_workspace.runtime.errors import BadRequest, NotFoundError, Unavailable
+from sandbox_workspace.runtime.errors import Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import ConversationDeleting, ConversationPhase, Session
@@ -28,12 +28,12 @@ from ..chat.loop import RunSpec, run_agent
 from ..chat.policy import Policy, effective_policies
 from ..chat.progress import Progress, spec_data, spec_from_data
 from ..chat.runs import Run
+from ..chat.selected_files import SelectedFileRef, selected_files_field, selected_names
 from ..chat.tools import TOOL_NAMES
 from ..deps import CallerDep, ServicesDep, StreamCallerDep
 from ..event_stream import EventStream
-from ..file_refs import parse_file_ref
 from ..identity import Caller
-from ..names import conversation_id_schema, name_schema
+from ..names import conversation_id_schema
 from ..openapi import CHAT_EVENTS, errors, sse
 from ..schemas import StreamToken, json_int
 from ..sse import SSE_HEADERS
@@ -51,19 +51,6 @@ class HistoryMessage(BaseModel):
     content: str = Field(max_length=200_000)
 
 
-_FILE_NAME = {k: v for k, v in name_schema("x").items() if k != "description"}
-
-
-class SelectedFile(BaseModel):
-    model_config = ConfigDict(strict=True)  # JSON types as documented: no "1" for 1
-
-    file_name: str = Field(
-        description="A name in temparea, or — not covered by the pattern — its full sandbox "
-        "path `{workspace}/{conversation_id}/uploads/temparea/{name}`.",
-        json_schema_extra=_FILE_NAME,
-    )
-
-
 class ChatRequest(BaseModel):
     """seed 000 §7.6 ChatReq."""
 
@@ -78,14 +65,7 @@ class ChatRequest(BaseModel):
     conversation_id: str = Field(json_schema_extra=conversation_id_schema())
     agent_id: str = Field("", max_length=253)
     history: list[HistoryMessage] = Field(default_factory=list, max_length=500)
-    selected_files: list[SelectedFile | Annotated[str, Field(json_schema_extra=_FILE_NAME)]] = (
-        Field(
-            default_factory=list,
-            max_length=100,
-            description="Uploads of this conversation to put in the model's context (seed 000 "
-            "§7.2); objects or plain names.",
-        )
-    )
+    selected_files: list[SelectedFileRef] = selected_files_field()
     tool_policies: dict[str, Policy] | None = Field(
         None,
         description="Per tool, only stricter than the configured policy (the schema lists "
@@ -129,37 +109,6 @@ async def _refuse_deleting(services, session: Session | None, cid: str) -> None:
         raise ConversationDeleting(cid)
 
 
-async def _selected_names(
-    services, session: Session | None, cid: str, selected: list[SelectedFile | str]
-) -> list[str]:
-    refs = [s.file_name if isinstance(s, SelectedFile) else s for s in selected]
-    if not refs:
-        return []
-    if session is None:
-        # No session yet, so no uploads: a path can name nothing in this conversation's
-        # temparea (400, like any misplaced path); a bare name is simply not there (404).
-        for ref in refs:
-            if "/" in ref:
-                raise BadRequest(
-                    f"selected file '{ref}' is not in this conversation's temparea",
-                    code="invalid_selected_file",
-                )
-        raise NotFoundError(
-            f"selected file '{refs[0]}' not found: this user has no session, so no uploads yet",
-            code="file_not_found",
-        )
-    names = []
-    for ref in refs:
-        parsed = parse_file_ref(ref, cid, session.workspace_path)
-        if parsed.conversation_id != cid or parsed.area != "uploads":
-            raise BadRequest(
-                f"selected file '{ref}' is not in this conversation's temparea",
-                code="invalid_selected_file",
-            )
-        names.append(parsed.name)
-    return names
-
-
 @router.post(
     "/chat",
     # Documented as Starlette's streaming response (which leaves the error bodies
@@ -174,24 +123,30 @@ async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> E
     return _stream(run, 0, services.settings.chat_keepalive_seconds)
 
 
-async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
-    """Validate a chat request and start its run in the background (the one run engine
-    behind /chat, /ui/chat and /ag-ui)."""
-    settings = services.settings
-    llm = services.llm
-    if llm is None:
+def require_llm(services):
+    """The configured model, or 503 naming the settings to set."""
+    if services.llm is None:
         raise Unavailable(
             "chat needs a model: set SANDBOX_WORKSPACE_LLM_BASE_URL and "
             "SANDBOX_WORKSPACE_LLM_MODEL (and SANDBOX_WORKSPACE_LLM_API_KEY if "
             "the endpoint wants one)",
             code="llm_not_configured",
         )
+    return services.llm
+
+
+async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
+    """Validate a chat request and start its run in the background (the one run engine
+    behind /chat, /ui/chat and /ag-ui)."""
+    settings = services.settings
+    llm = require_llm(services)
     cid = Workspace.check_conversation_id(body.conversation_id)
     policies = effective_policies(TOOL_NAMES, settings.tool_policies, body.tool_policies)
     session_id = session_id_for(caller.user_id)
     existing = await services.backend.get_session(session_id)
     await _refuse_deleting(services, existing, cid)
-    names = await _selected_names(services, existing, cid, body.selected_files)
+    workspace = existing.workspace_path if existing is not None else None
+    names = selected_names(cid, workspace, body.selected_files)
     ensure, before_tool, record_activity = _session_callbacks(services, caller, session_id, cid)
     spec = RunSpec(
         query=body.query,

@@ -23,6 +23,7 @@ from sandbox_workspace.runtime.errors import BadRequest
 
 from ..chat.run_events import approval_event_id, events_of, parse_approval_id
 from ..chat.runs import Run
+from ..chat.selected_files import SelectedFileRef
 from ..identity import Caller
 from .chat import ChatRequest, start_run
 
@@ -44,7 +45,7 @@ async def start_turn(
     query: str,
     history: list[dict],
     conversation_id: str,
-    selected_files: list[str],
+    selected_files: list[SelectedFileRef],
     agent_id: str = "",
     protocol: str,
 ) -> Run:

@@ -26,6 +26,7 @@ from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
 from ..chat.chat_index import ChatRun
 from ..chat.run_events import decided_approvals, encode_data, translate
 from ..chat.runs import Run
+from ..chat.selected_files import SelectedFileRef, selected_files_field
 from ..chat.ui_stream import DONE, HEADERS, UiMessageStream
 from ..deps import CallerDep, ServicesDep
 from ..event_stream import EventStream
@@ -52,7 +53,7 @@ class UiChatRequest(BaseModel):
     trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
     messageId: str | None = Field(None, max_length=200)
     conversation_id: str
-    selected_files: list[str] = Field(default_factory=list, max_length=100)
+    selected_files: list[SelectedFileRef] = selected_files_field()
     agent_id: str = ""
 
 

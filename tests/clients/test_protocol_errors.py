@@ -145,8 +145,8 @@ def test_resume_without_an_active_run_is_204(client):
                 "messages": [{"id": "1", "role": "user", "content": "hi"}],
                 "forwardedProps": {"selected_files": "x.csv"},
             },
-            400,
-            "invalid_forwarded_props",
+            422,
+            "invalid_request",
             id="selected-not-a-list",
         ),
         pytest.param(
