@@ -17,6 +17,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__
 from sandbox_workspace.runtime.errors import install_error_handlers
+from sandbox_workspace.store import open_store
 
 from . import garbage, openapi
 from .backends.base import Backend
@@ -131,6 +132,8 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await backend.start()
+        if settings.store == "s3":
+            services.store = await open_store("s3", settings.s3)
         await services.runs.store.start(lambda *a: chat.resume_run(services, *a))
         garbage.tune()
         try:
@@ -138,6 +141,8 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         finally:
             await services.runs.aclose()
             await backend.aclose()
+            if services.store is not None:
+                await services.store.aclose()
             await http.aclose()
             if services.llm is not None:
                 await services.llm.aclose()

@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandbox_workspace.operator.models import FileUploadConfig, StorageSpec
+from sandbox_workspace.store.settings import S3Settings, StoreMode
 
 ENV_PREFIX = "SANDBOX_WORKSPACE_"
 
@@ -78,6 +79,17 @@ class ApiSettings(BaseSettings):
     )
     session_idle_timeout_seconds: int | None = Field(
         None, ge=0, description="Kubernetes backend: idleTimeoutSeconds of new sessions."
+    )
+    store: StoreMode = Field(
+        "local",
+        description="Where conversation files are kept: `local` (only in the sandboxes' "
+        "workspaces) or `s3` (an S3-compatible bucket is their source of truth; the "
+        "workspaces are caches). See the README's object store section.",
+    )
+    s3: S3Settings = Field(
+        default_factory=S3Settings,
+        description="Store `s3`: endpoint_url, bucket, prefix, region, access_key_id, "
+        "secret_access_key (SANDBOX_WORKSPACE_S3__BUCKET …).",
     )
     file_upload: FileUploadConfig = Field(default_factory=FileUploadConfig)
     max_upload_bytes: int = Field(
@@ -164,6 +176,8 @@ class ApiSettings(BaseSettings):
                 f"{ENV_PREFIX}CHAT_RUN_STORE=redis needs {ENV_PREFIX}CHAT_REDIS_URL "
                 "(redis://host:6379/0)"
             )
+        if self.store == "s3" and not self.s3.bucket:
+            raise ValueError(f"{ENV_PREFIX}STORE=s3 needs {ENV_PREFIX}S3__BUCKET")
         if self.service_token is not None and len(self.service_token.get_secret_value()) < 16:
             raise ValueError(f"{ENV_PREFIX}SERVICE_TOKEN must be at least 16 characters")
         return self
