@@ -17,7 +17,6 @@ from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__
 from sandbox_workspace.runtime.errors import install_error_handlers
-from sandbox_workspace.store import open_store
 
 from . import garbage, openapi
 from .backends.base import Backend
@@ -108,6 +107,15 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
     http = httpx.AsyncClient(timeout=timeout, transport=AiohttpTransport(limits=limits))
     backend = backend or build_backend(settings, http)
+    store = None
+    if settings.store == "s3":  # the store becomes the files' source of truth
+        from sandbox_workspace.store import S3Store
+        from sandbox_workspace.store.layout import Layout
+
+        from .backends.store_backend import StoreBackend
+
+        store = S3Store(settings.s3)
+        backend = StoreBackend(backend, http, store, Layout(settings.s3.prefix))
     services = Services(
         settings=settings,
         backend=backend,
@@ -127,13 +135,12 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
             settings.stream_token_ttl_seconds,
         ),
         llm=build_llm(settings),
+        store=store,
     )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await backend.start()
-        if settings.store == "s3":
-            services.store = await open_store("s3", settings.s3)
         await services.runs.store.start(lambda *a: chat.resume_run(services, *a))
         garbage.tune()
         try:
@@ -141,8 +148,6 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         finally:
             await services.runs.aclose()
             await backend.aclose()
-            if services.store is not None:
-                await services.store.aclose()
             await http.aclose()
             if services.llm is not None:
                 await services.llm.aclose()

@@ -41,3 +41,112 @@ def test_bad_credentials_stop_the_start(tmp_path, seaweedfs, s3_bucket):
     done = start_api(tmp_path, **env)
     assert done.returncode == 2, done.stderr
     assert "SANDBOX_WORKSPACE_S3__SECRET_ACCESS_KEY" in done.stderr
+
+
+# -- files through the store (local backend, s3 mode) ----------------------------------
+
+
+def manifest(server, bucket: str, session_id: str, cid: str) -> dict:
+    """The conversation's metadata document, read straight from the bucket."""
+    import asyncio
+    import json
+
+    from sandbox_workspace.store import S3Store
+    from sandbox_workspace.store.layout import Layout, Scope
+
+    async def read():
+        store = S3Store(server.settings(bucket))
+        data, _ = await store.read(Layout().manifest(Scope("default", session_id), cid))
+        return json.loads(data)
+
+    return asyncio.run(read())
+
+
+def objects(server, bucket: str, prefix: str) -> list[str]:
+    import asyncio
+
+    from sandbox_workspace.store import S3Store
+
+    async def keys():
+        store = S3Store(server.settings(bucket))
+        return sorted([i.key async for i in store.list(prefix)])
+
+    return asyncio.run(keys())
+
+
+def by_path(doc: dict) -> dict[str, dict]:
+    return {f["file_path"]: f for f in doc["files"] if f["status"] == "active"}
+
+
+def test_files_live_in_the_store_and_come_back_after_the_cache_is_lost(
+    tmp_path, start_server, seaweedfs, s3_bucket
+):
+    """Upload, code that edits the upload and writes an output: all in the bucket with
+    seed 003's metadata. Then the API stops, its data directory is deleted, a new API
+    starts: the first execution sees every file, byte-identical, at the same path."""
+    import hashlib
+    import shutil
+
+    import httpx
+    from api_calls import execute
+
+    data = tmp_path / "data"
+    env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none", **seaweedfs.env(s3_bucket)}
+    server = start_server("dev", "--data-dir", str(data), **env)
+    user = "store-user"
+    sid = f"sb-session-{user}"
+    url = f"/api/v1/sessions/{sid}"
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api:
+        r = api.post(
+            f"{url}/files/upload",
+            files={"file": ("in.csv", payload)},
+            data={"conversation_id": "c1"},
+        )
+        assert r.status_code == 201, r.text
+        first = by_path(manifest(seaweedfs, s3_bucket, sid, "c1"))["uploads/temparea/in.csv"]
+        assert (first["source"], first["version"], first["file_size"]) == (
+            "user_upload",
+            1,
+            len(payload),
+        )
+        assert first["checksum"] == hashlib.sha256(payload).hexdigest()
+        code = (
+            "open('uploads/temparea/in.csv', 'ab').write(b'+');"
+            "open('outputs/report.txt', 'w').write('made by code')"
+        )
+        assert execute(api, url, code, cid="c1")["exit_code"] == 0
+    files = by_path(manifest(seaweedfs, s3_bucket, sid, "c1"))
+    edited, report = files["uploads/temparea/in.csv"], files["outputs/report.txt"]
+    assert (edited["file_id"], edited["version"], edited["source"]) == (
+        first["file_id"],
+        2,
+        "ai_modified",
+    )
+    assert (report["source"], report["version"], report["file_size"]) == ("ai_created", 1, 12)
+    assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/c1/") == [
+        f"workspaces/default/{sid}/c1/.sbw/files.json",
+        f"workspaces/default/{sid}/c1/outputs/report.txt",
+        f"workspaces/default/{sid}/c1/uploads/temparea/in.csv",
+    ]
+
+    server.stop()
+    shutil.rmtree(data)
+    server = start_server("dev", "--data-dir", str(data), **env)
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api:
+        code = (
+            "import hashlib;"
+            "print(hashlib.sha256(open('uploads/temparea/in.csv','rb').read()).hexdigest());"
+            "print(open('outputs/report.txt').read())"
+        )
+        result = execute(api, url, code, cid="c1")
+        assert result["stdout"].split("\n")[:2] == [
+            hashlib.sha256(payload + b"+").hexdigest(),
+            "made by code",
+        ]
+        listing = api.get(f"{url}/files", params={"conversation_id": "c1"}).json()
+        assert [f["name"] for f in listing["files"]] == ["in.csv"]
+        # Deleting the conversation empties its prefix in the store.
+        r = api.delete(f"{url}/conversations/c1")
+        assert r.status_code in (200, 202), r.text
+    assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/c1/") == []

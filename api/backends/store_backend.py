@@ -1,0 +1,284 @@
+"""``StoreBackend``: any backend, with an object store as the source of truth of its files
+(``SANDBOX_WORKSPACE_STORE=s3``). The sandbox's workspace becomes a cache.
+
+A decorator of the ``Backend`` protocol, so routes never branch on the store mode: the
+hooks every route already calls around writes carry the synchronisation.
+
+- ``conversation_opened`` (before anything of a conversation is written, executed or
+  uploaded): the first time per runtime incarnation, the conversation is *filled* from the
+  store — every active file of its metadata that the cache lacks is written back at its
+  path (uploads through the runtime's upload route, so the runtime knows them as uploads;
+  outputs into the workspace directory beneath a ``SafeRoot``, never following a link).
+  A deleted data directory, or a new runtime, therefore gets every file back on first use.
+- ``conversation_written`` (after an upload, an execution, a tool call): *write-back* —
+  the runtime's listings of uploads and outputs are compared with the metadata; every new
+  or changed file is streamed runtime → store (flat memory, SHA-256 computed on the way)
+  and recorded: a new upload is ``user_upload``; an upload replaced by the user is a new
+  ``user_upload`` version; one changed by code (the runtime's ``modified``) is
+  ``ai_modified``; a new output is ``ai_created``, a changed one ``ai_modified``. An
+  output whose size and mtime are what the last write-back saw is not read again.
+- ``delete_conversation`` / ``delete_session`` delete the store prefix too, and count a
+  deletion complete only when nothing is left under it.
+
+The runtime stays store-free: the API moves the bytes, the sandbox holds no credential.
+Not synchronised: files code writes outside ``uploads/temparea`` and ``outputs`` (the
+conversation directory's top level), and deletions made by code (a file the cache lacks
+is filled back, since a lost cache and a deleted file look the same).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sandbox_workspace.runtime.client import RuntimeRefused
+from sandbox_workspace.runtime.pathsafe import SafeRoot
+from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
+from sandbox_workspace.store import ObjectStore
+from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
+from sandbox_workspace.store.metadata import FileRecord, Metadata, Written
+
+from ..runtime_client import RuntimeClient
+from .base import Backend, Session
+
+log = logging.getLogger(__name__)
+
+UPLOADS = f"uploads/{UPLOAD_SUBDIR}/"
+OUTPUTS = "outputs/"
+
+
+class _Hashing:
+    """A byte stream passed through, counted and hashed on the way."""
+
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self.chunks = chunks
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.chunks:
+            self.digest.update(chunk)
+            self.size += len(chunk)
+            yield chunk
+
+
+class StoreBackend:
+    def __init__(
+        self, inner: Backend, http: httpx.AsyncClient, store: ObjectStore, layout: Layout
+    ) -> None:
+        self.inner = inner
+        self.http = http
+        self.store = store
+        self.layout = layout
+        self.meta = Metadata(store, layout)
+        self._filled: set[tuple[str, str, str]] = set()  # (session, runtime token, cid)
+        self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the inner backend's
+        return getattr(self.inner, name)
+
+    @staticmethod
+    def scope(session: Session | str) -> Scope:
+        sid = session if isinstance(session, str) else session.session_id
+        return Scope(DEFAULT_TENANT, sid)
+
+    def _lock(self, session: Session, cid: str) -> asyncio.Lock:
+        return self._locks.setdefault((session.session_id, cid), asyncio.Lock())
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.store.check()
+        await self.inner.start()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+        await self.store.aclose()
+
+    # -- the hooks ------------------------------------------------------------------
+
+    async def conversation_opened(self, session: Session, conversation_id: str) -> None:
+        await self.inner.conversation_opened(session, conversation_id)
+        if session.endpoint is None:
+            return
+        key = (session.session_id, session.endpoint.token, conversation_id)
+        if key in self._filled:
+            return
+        async with self._lock(session, conversation_id):
+            if key not in self._filled:
+                await self.fill(session, conversation_id)
+                self._filled.add(key)
+
+    async def conversation_written(self, session: Session, conversation_id: str) -> None:
+        await self.inner.conversation_written(session, conversation_id)
+        if session.endpoint is not None:
+            async with self._lock(session, conversation_id):
+                await self.write_back(session, conversation_id)
+
+    async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
+        done = await self.inner.delete_conversation(session, conversation_id)
+        left = await self.store.delete_prefix(
+            self.layout.conversation(self.scope(session), conversation_id)
+        )
+        self._forget(session.session_id, conversation_id)
+        return done and left == 0
+
+    async def delete_session(self, session_id: str) -> bool:
+        existed = await self.inner.delete_session(session_id)
+        await self.store.delete_prefix(self.layout.session(DEFAULT_TENANT, session_id))
+        self._forget(session_id, None)
+        return existed
+
+    def _forget(self, session_id: str, cid: str | None) -> None:
+        for k in [k for k in self._filled if k[0] == session_id and cid in (None, k[2])]:
+            self._filled.discard(k)
+        for k in [k for k in self._seen if k[0] == session_id and cid in (None, k[1])]:
+            del self._seen[k]
+
+    # -- fill: store → cache ---------------------------------------------------------
+
+    async def fill(self, session: Session, cid: str) -> int:
+        """Write every active file the cache lacks back at its path; answer how many."""
+        manifest = await self.meta.get(self.scope(session), cid)
+        if manifest is None:
+            return 0
+        client = RuntimeClient(self.http, session.endpoint)
+        uploads, outputs = await self._listings(client, cid)
+        filled = 0
+        for record in manifest.files:
+            if not record.active:
+                continue
+            path = record.file_path
+            if path.startswith(UPLOADS) and path[len(UPLOADS) :] not in uploads:
+                await self._fill_upload(session, client, cid, record)
+            elif path.startswith(OUTPUTS) and path[len(OUTPUTS) :] not in outputs:
+                await self._fill_output(session, cid, record)
+            else:
+                continue
+            filled += 1
+        if filled:
+            log.info("filled conversation from the store", extra={"files": filled})
+        return filled
+
+    async def _open(self, session: Session, cid: str, record: FileRecord):
+        return await self.store.get(self.layout.file(self.scope(session), cid, record.file_path))
+
+    async def _fill_upload(
+        self, session: Session, client: RuntimeClient, cid: str, record: FileRecord
+    ) -> None:
+        name = record.file_path[len(UPLOADS) :]
+        download = await self.store.get(
+            self.layout.file(self.scope(session), cid, record.file_path)
+        )
+        boundary = secrets.token_hex(16)
+        quoted = name.replace("\\", "\\\\").replace('"', '\\"')
+        head = (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+            f'filename="{quoted}"\r\nContent-Type: {record.mime_type}\r\n\r\n'
+        ).encode()
+
+        async def body() -> AsyncIterator[bytes]:
+            yield head
+            async for chunk in download:
+                yield chunk
+            yield f"\r\n--{boundary}--\r\n".encode()
+
+        await client.upload(
+            body(),
+            f"multipart/form-data; boundary={boundary}",
+            {"conversation_id": cid, "subdir": UPLOAD_SUBDIR},
+        )
+
+    async def _fill_output(self, session: Session, cid: str, record: FileRecord) -> None:
+        workspace = getattr(self.inner, "workspace_dir", None)
+        if workspace is None:  # only the local backend's cache is on this machine
+            return
+        parts = [cid, *record.file_path.split("/")]
+        download = await self.store.get(
+            self.layout.file(self.scope(session), cid, record.file_path)
+        )
+        root = SafeRoot(Path(workspace(session.session_id)))
+        try:
+            with root.directory(parts[:-1], create=True) as dfd:
+                tmp = f".fill-{secrets.token_hex(8)}"
+                fd = os.open(
+                    tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd
+                )
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        async for chunk in download:
+                            await asyncio.to_thread(f.write, chunk)
+                    os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+                except BaseException:
+                    os.unlink(tmp, dir_fd=dfd)
+                    raise
+        finally:
+            root.close()
+
+    # -- write-back: cache → store ----------------------------------------------------
+
+    async def _listings(self, client: RuntimeClient, cid: str) -> tuple[dict, dict]:
+        try:
+            uploads = {f.name: f for f in (await client.list_uploads(cid)).files}
+            outputs = {f.relative_path: f for f in (await client.list_outputs(cid)).files}
+        except RuntimeRefused as e:
+            if e.status != 404:
+                raise
+            return {}, {}
+        return uploads, outputs
+
+    async def write_back(self, session: Session, cid: str) -> list[FileRecord]:
+        """Copy every new or changed file of the cache to the store and record it."""
+        scope = self.scope(session)
+        client = RuntimeClient(self.http, session.endpoint)
+        manifest = await self.meta.get(scope, cid)
+        uploads, outputs = await self._listings(client, cid)
+        recorded = []
+        for name, f in uploads.items():
+            path = UPLOADS + name
+            old = manifest.active(path) if manifest else None
+            if old is not None and not f.modified and old.checksum == f.sha256:
+                continue
+            response = await client.open_download(cid, name)
+            recorded.append(
+                await self._copy(scope, cid, path, response, f.mime_type, uploaded=not f.modified)
+            )
+        for rel, f in outputs.items():
+            path = OUTPUTS + rel
+            stamp = (f.size, f.modified_at.isoformat())
+            seen_key = (session.session_id, cid, path)
+            if self._seen.get(seen_key) == stamp and manifest and manifest.active(path):
+                continue
+            response = await client.open_output(cid, rel.split("/"))
+            recorded.append(
+                await self._copy(scope, cid, path, response, f.mime_type, uploaded=False)
+            )
+            self._seen[seen_key] = stamp
+        return recorded
+
+    async def _copy(
+        self,
+        scope: Scope,
+        cid: str,
+        path: str,
+        response: httpx.Response,
+        mime_type: str,
+        *,
+        uploaded: bool,
+    ) -> FileRecord:
+        body = _Hashing(response.aiter_raw())
+        try:
+            etag = await self.store.put(self.layout.file(scope, cid, path), body)
+        finally:
+            await response.aclose()
+        written = Written(path, body.size, body.digest.hexdigest(), mime_type, etag)
+        return await self.meta.record_write(scope, cid, written, uploaded=uploaded)
