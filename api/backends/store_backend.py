@@ -16,7 +16,9 @@ hooks every route already calls around writes carry the synchronisation.
   and recorded: a new upload is ``user_upload``; an upload replaced by the user is a new
   ``user_upload`` version; one changed by code (the runtime's ``modified``) is
   ``ai_modified``; a new output is ``ai_created``, a changed one ``ai_modified``. An
-  output whose size and mtime are what the last write-back saw is not read again.
+  output whose size and mtime are what the last write-back saw is not read again. Files
+  a run presented (``present_file``, kept as the runtime's marks) become
+  ``is_presented``. Chat runs write back after every tool call and after the run's marks.
 - ``delete_conversation`` / ``delete_session`` delete the store prefix too, and count a
   deletion complete only when nothing is left under it.
 
@@ -263,6 +265,14 @@ class StoreBackend:
                 await self._copy(scope, cid, path, response, f.mime_type, uploaded=False)
             )
             self._seen[seen_key] = stamp
+        # present_file's marks (kept by the runtime at the end of a run) → is_presented.
+        presented = [UPLOADS + n for n, f in uploads.items() if f.presented] + [
+            OUTPUTS + r for r, f in outputs.items() if f.presented
+        ]
+        known = {r.file_path: r for r in (manifest.files if manifest else []) if r.active}
+        known.update({r.file_path: r for r in recorded})
+        if newly := [p for p in presented if p in known and not known[p].is_presented]:
+            recorded += await self.meta.mark_presented(scope, cid, newly)
         return recorded
 
     async def _copy(

@@ -57,6 +57,9 @@ class RunSpec:
     record_activity: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
     # Before each tool call: raises when the conversation may no longer be written.
     before_tool: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
+    # After each tool call and after the run's marks: the conversation may have changed
+    # (store mode writes it back; the kubernetes backend re-checks a racing deletion).
+    after_write: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
 
 
 async def _noop() -> None:
@@ -218,6 +221,7 @@ async def _loop(
             if not completion.tool_calls:
                 files = [] if before is None else _changed(before, await _outputs(client, cid))
                 await _record_marks(client, cid, files, [p.path for p in tools.presented])
+                await spec.after_write()
                 run.emit(
                     "result",
                     {
@@ -313,6 +317,7 @@ async def _act(
     run.checkpoint(progress)
     run.emit("tool_start", {"tool_call_id": call_id, "name": name, "arguments": arguments})
     outcome = await tools.call(name, arguments)
+    await spec.after_write()
     run.emit(
         "tool_end",
         {

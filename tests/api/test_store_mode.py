@@ -150,3 +150,39 @@ def test_files_live_in_the_store_and_come_back_after_the_cache_is_lost(
         r = api.delete(f"{url}/conversations/c1")
         assert r.status_code in (200, 202), r.text
     assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/c1/") == []
+
+
+def test_a_chat_run_writes_back_after_its_tools_and_marks_presented_files(
+    tmp_path, start_server, seaweedfs, s3_bucket, scripted_llm
+):
+    """A run's bash tool writes an output, present_file offers it: the output is in the
+    store as ai_created, with is_presented once the run has its result."""
+    import httpx
+    from scripted_llm import text_reply, tool_reply, tool_results
+    from sse_stream import Stream
+
+    def respond(body: dict):
+        done = len(tool_results(body))
+        if done == 0:
+            return tool_reply("bash", {"command": "mkdir -p outputs && echo hi > outputs/r.txt"})
+        if done == 1:
+            return tool_reply("present_file", {"path": "outputs/r.txt"}, call_id="call_2")
+        return text_reply("Here is your report.")
+
+    scripted_llm.responder = respond
+    env = {
+        "SANDBOX_WORKSPACE_LLM_BASE_URL": scripted_llm.url,
+        "SANDBOX_WORKSPACE_LLM_MODEL": "scripted",
+        "SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none",
+        **seaweedfs.env(s3_bucket),
+    }
+    server = start_server("dev", "--data-dir", str(tmp_path / "data"), **env)
+    user = "chat-store-user"
+    with (
+        httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api,
+        api.stream("POST", "/api/v1/chat", json={"conversation_id": "c", "query": "go"}) as r,
+    ):
+        Stream(r).until("result")
+    record = by_path(manifest(seaweedfs, s3_bucket, f"sb-session-{user}", "c"))
+    assert record["outputs/r.txt"]["source"] == "ai_created"
+    assert record["outputs/r.txt"]["is_presented"] is True
