@@ -39,6 +39,7 @@ from .routes import (
     sessions,
     ui_chat,
     web,
+    workspace,
 )
 from .sessions import SessionService
 from .settings import ApiSettings
@@ -191,6 +192,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         chat,
         ui_chat,
         ag_ui,
+        workspace,
     )
     for module in api_modules:
         app.include_router(module.router, responses=openapi.errors(*openapi.COMMON_ERRORS))

@@ -50,6 +50,9 @@ class ApiSettings(BaseSettings):
     jwt_jwks_url: str | None = Field(None, description="JWKS URL for RS/ES-signed JWTs.")
     jwt_audience: str | None = None
     jwt_issuer: str | None = None
+    jwt_tenant_claim: str = Field(
+        "tenant_id", description="JWT claim naming the caller's tenant (seed 003's routes)."
+    )
     data_dir: Path = Field(Path("./data"), description="Local backend: where workspaces live.")
     sandbox_mount: Literal["auto", "bwrap", "none"] = Field(
         "auto",

@@ -36,22 +36,38 @@ import logging
 import os
 import secrets
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from sandbox_workspace.runtime.client import RuntimeRefused
+from sandbox_workspace.runtime.errors import Conflict, NotFoundError
 from sandbox_workspace.runtime.pathsafe import SafeRoot
 from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
 from sandbox_workspace.store import ObjectStore
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
-from sandbox_workspace.store.metadata import FileRecord, Metadata, Written
+from sandbox_workspace.store.metadata import FileRecord, Metadata, Written, now
 
 from ..runtime_client import RuntimeClient
 from .base import Backend, Session
 
 log = logging.getLogger(__name__)
+
+
+class WorkspaceDisabled(Conflict):
+    """The conversation's workspace is disabled (seed 003's workspace_enabled=false)."""
+
+    code = "workspace_disabled"
+
+    def __init__(self, conversation_id: str) -> None:
+        super().__init__(
+            f"the workspace of conversation '{conversation_id}' is disabled "
+            "(workspace_enabled=false): uploads, executions and file tools are refused; "
+            "enable it with PATCH …/workspace/{conversation_id}"
+        )
+
 
 UPLOADS = f"uploads/{UPLOAD_SUBDIR}/"
 OUTPUTS = "outputs/"
@@ -109,6 +125,13 @@ class StoreBackend:
     # -- the hooks ------------------------------------------------------------------
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
+        """Before a write: tracked, filled, and refused when the workspace is disabled."""
+        await self.ensure_filled(session, conversation_id)
+        manifest = await self.meta.get(self.scope(session), conversation_id)
+        if manifest is not None and not manifest.workspace_enabled:
+            raise WorkspaceDisabled(conversation_id)
+
+    async def ensure_filled(self, session: Session, conversation_id: str) -> None:
         await self.inner.conversation_opened(session, conversation_id)
         if session.endpoint is None:
             return
@@ -139,6 +162,83 @@ class StoreBackend:
         await self.store.delete_prefix(self.layout.session(DEFAULT_TENANT, session_id))
         self._forget(session_id, None)
         return existed
+
+    # -- seed 003's file operations --------------------------------------------------------
+
+    async def record_upload(
+        self, session: Session, cid: str, name: str, description: str | None
+    ) -> FileRecord:
+        """After an upload reached the cache: write it back and answer its record (with
+        ``description`` when one was given)."""
+        path = UPLOADS + name
+        async with self._lock(session, cid):
+            await self.write_back(session, cid)
+        scope = self.scope(session)
+
+        def change(m) -> FileRecord:
+            record = m.active(path)
+            if record is None:
+                raise NotFoundError(f"upload '{name}' vanished before it was recorded")
+            if description is not None and description != record.description:
+                new = replace(record, description=description, updated_at=now())
+                m.replace(record, new)
+                return new
+            return record
+
+        return (await self.meta.update(scope, cid, change))[1]
+
+    async def _record(self, session: Session, cid: str, file_id: str) -> FileRecord:
+        manifest = await self.meta.get(self.scope(session), cid)
+        record = manifest.by_id(file_id) if manifest else None
+        if record is None or not record.active:
+            raise NotFoundError(f"no file '{file_id}' in conversation '{cid}'")
+        return record
+
+    async def open_file(self, session: Session, cid: str, file_id: str):
+        """The file's record and its bytes from the store (the version recorded)."""
+        record = await self._record(session, cid, file_id)
+        download = await self._open(session, cid, record)
+        if record.etag and download.info.etag != record.etag:
+            await download.aclose()
+            raise Conflict(f"file '{file_id}' is being changed; retry", code="file_changing")
+        return record, download
+
+    async def delete_file(self, session: Session, cid: str, file_id: str) -> FileRecord:
+        """Remove the file's object and its cache copy, then mark its record deleted."""
+        record = await self._record(session, cid, file_id)
+        scope = self.scope(session)
+        async with self._lock(session, cid):
+            await self.store.delete(self.layout.file(scope, cid, record.file_path))
+            await self._drop_cached(session, cid, record.file_path)
+            gone = await self.meta.mark_deleted(scope, cid, file_id=file_id)
+            self._seen.pop((session.session_id, cid, record.file_path), None)
+        if gone is None:  # deleted meanwhile by another request
+            raise NotFoundError(f"no file '{file_id}' in conversation '{cid}'")
+        return gone
+
+    async def _drop_cached(self, session: Session, cid: str, path: str) -> None:
+        if session.endpoint is None:
+            return
+        if path.startswith(UPLOADS):
+            client = RuntimeClient(self.http, session.endpoint)
+            try:
+                await client.delete_upload(cid, path[len(UPLOADS) :])
+            except RuntimeRefused as e:
+                if e.status != 404:
+                    raise
+            return
+        workspace = getattr(self.inner, "workspace_dir", None)
+        if workspace is None:
+            return
+        *dirs, name = [cid, *path.split("/")]
+        root = SafeRoot(Path(workspace(session.session_id)))
+        try:
+            with root.directory(dirs) as dfd:
+                os.unlink(name, dir_fd=dfd)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        finally:
+            root.close()
 
     def _forget(self, session_id: str, cid: str | None) -> None:
         for k in [k for k in self._filled if k[0] == session_id and cid in (None, k[2])]:

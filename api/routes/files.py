@@ -210,9 +210,7 @@ async def list_files(
     "/{name:path}",
     responses={
         200: {
-            "content": {
-                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
-            },
+            "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
             "description": "The file's bytes, with its own Content-Type.",
         },
         **errors(*SESSION_ERRORS, 409),

@@ -186,3 +186,77 @@ def test_a_chat_run_writes_back_after_its_tools_and_marks_presented_files(
     record = by_path(manifest(seaweedfs, s3_bucket, f"sb-session-{user}", "c"))
     assert record["outputs/r.txt"]["source"] == "ai_created"
     assert record["outputs/r.txt"]["is_presented"] is True
+
+
+def test_seed_003_operations_by_file_id_and_tenant(tmp_path, start_server, seaweedfs, s3_bucket):
+    """Seed 003's routes: upload with a description, workspace information, download and
+    delete by file_id — in the caller's tenant only; a disabled workspace refuses writes."""
+    import httpx
+
+    env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none", **seaweedfs.env(s3_bucket)}
+    server = start_server("dev", "--data-dir", str(tmp_path / "data"), **env)
+    user, sid = "seed3-user", "sb-session-seed3-user"
+    seed = "/api/tenants/acme/workspace/c9"
+    v1 = f"/api/v1/sessions/{sid}/workspace/c9"
+    headers = {"X-User-Id": user, "X-Tenant-Id": "acme"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as api:
+        r = api.post(
+            f"{seed}/files",
+            files={"file": ("notes.txt", b"seed three")},
+            data={"description": "meeting notes"},
+        )
+        assert r.status_code == 201, r.text
+        record = r.json()
+        assert (record["source"], record["version"], record["description"]) == (
+            "user_upload",
+            1,
+            "meeting notes",
+        )
+        assert (record["file_path"], record["file_size"]) == ("uploads/temparea/notes.txt", 10)
+
+        info = api.get(seed).json()
+        assert (info["workspace_enabled"], info["file_count"], info["total_size"]) == (
+            True,
+            1,
+            10,
+        )
+        assert info["workspace_path"].endswith("/c9")
+        assert [f["file_id"] for f in info["files"]] == [record["file_id"]]
+        assert api.get(v1).json()["files"] == info["files"]  # the same, under the session
+
+        got = api.get(f"{seed}/files/{record['file_id']}")
+        assert got.status_code == 200 and got.content == b"seed three"
+        assert got.headers["content-type"].startswith("text/plain")
+
+        # Another tenant's path, or another tenant's caller: 404, as a foreign session.
+        assert api.get("/api/tenants/other/workspace/c9").status_code == 404
+        other = api.get(seed, headers={"X-Tenant-Id": "other"})
+        assert other.status_code == 404
+
+        # Disabled: uploads and executions refused with a clear error; enabled again: fine.
+        assert api.patch(v1, json={"workspace_enabled": False}).json()["workspace_enabled"] is False
+        r = api.post(f"{seed}/files", files={"file": ("b.txt", b"x")})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "workspace_disabled"
+        r = api.post(
+            f"/api/v1/sessions/{sid}/execute",
+            json={"conversation_id": "c9", "language": "bash", "code": "echo x > outputs/y"},
+        )
+        assert r.status_code == 409 and r.json()["error"]["code"] == "workspace_disabled"
+        assert api.patch(v1, json={"workspace_enabled": True}).status_code == 200
+
+        r = api.delete(f"{seed}/files/{record['file_id']}")
+        assert r.status_code == 200 and r.json()["status"] == "deleted"
+        assert api.get(f"{seed}/files/{record['file_id']}").status_code == 404
+        assert api.delete(f"{seed}/files/{record['file_id']}").status_code == 404
+        listing = api.get(f"/api/v1/sessions/{sid}/files", params={"conversation_id": "c9"})
+        assert listing.json()["files"] == []
+    doc = manifest(seaweedfs, s3_bucket, sid, "c9")
+    assert [(f["file_id"], f["status"]) for f in doc["files"]] == [(record["file_id"], "deleted")]
+    assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/c9/") == [
+        f"workspaces/default/{sid}/c9/.sbw/files.json"
+    ]
+
+
+def test_seed_003_operations_need_the_store(api, session_url):
+    r = api.get(f"{session_url}/workspace/c1")
+    assert r.status_code == 503 and r.json()["error"]["code"] == "store_not_configured"
