@@ -78,6 +78,17 @@ class SeaweedFS:
         )
         return S3Settings(**{**values, **over})
 
+    def list_keys(self, bucket: str, prefix: str) -> list:
+        """``ObjectInfo`` of every object under ``prefix`` (synchronously, for tests)."""
+        import asyncio
+
+        from sandbox_workspace.store import S3Store
+
+        async def listing() -> list:
+            return [i async for i in S3Store(self.settings(bucket)).list(prefix)]
+
+        return asyncio.run(listing())
+
     def make_bucket(self, name: str) -> None:
         """Create bucket ``name``: a directory under the filer's ``/buckets`` is one (the
         S3 API's CreateBucket needs a SigV4 signer, which obstore does not expose)."""
