@@ -20,6 +20,7 @@ SUITES = [
     "faults",
     "ha",
     "session_start",
+    "storage",
 ]
 RESULTS = Path(__file__).resolve().parent / "results"
 

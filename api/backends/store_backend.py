@@ -70,6 +70,7 @@ class WorkspaceDisabled(Conflict):
 
 
 UPLOADS = f"uploads/{UPLOAD_SUBDIR}/"
+_FILL_CONCURRENCY = 8
 OUTPUTS = "outputs/"
 
 
@@ -255,18 +256,24 @@ class StoreBackend:
             return 0
         client = RuntimeClient(self.http, session.endpoint)
         uploads, outputs = await self._listings(client, cid)
-        filled = 0
+        missing = []
         for record in manifest.files:
+            path = record.file_path
             if not record.active:
                 continue
-            path = record.file_path
             if path.startswith(UPLOADS) and path[len(UPLOADS) :] not in uploads:
-                await self._fill_upload(session, client, cid, record)
+                missing.append(self._fill_upload(session, client, cid, record))
             elif path.startswith(OUTPUTS) and path[len(OUTPUTS) :] not in outputs:
-                await self._fill_output(session, cid, record)
-            else:
-                continue
-            filled += 1
+                missing.append(self._fill_output(session, cid, record))
+        # A few at a time: each waits on the store and on the runtime's fsync.
+        gate = asyncio.Semaphore(_FILL_CONCURRENCY)
+
+        async def one(fill) -> None:
+            async with gate:
+                await fill
+
+        await asyncio.gather(*(one(f) for f in missing))
+        filled = len(missing)
         if filled:
             log.info("filled conversation from the store", extra={"files": filled})
         return filled
