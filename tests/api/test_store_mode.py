@@ -255,6 +255,10 @@ def test_seed_003_operations_by_file_id_and_tenant(tmp_path, start_server, seawe
     assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/c9/") == [
         f"workspaces/default/{sid}/c9/.sbw/files.json"
     ]
+    # Deleting the session deletes every object of its conversations.
+    r = httpx.delete(f"{server.url}/api/v1/sessions/{sid}", headers=headers, timeout=60)
+    assert r.status_code in (200, 202, 204), r.text
+    assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/") == []
 
 
 def test_seed_003_operations_need_the_store(api, session_url):
