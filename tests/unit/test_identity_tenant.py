@@ -3,6 +3,7 @@ X-Tenant-Id beside the service token or in dev mode, else ``default``."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import jwt
@@ -17,6 +18,14 @@ SECRET = "s" * 32
 TOKEN = "service-token-0123456789"
 
 
+@pytest.fixture(autouse=True)
+def no_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ApiSettings reads SANDBOX_WORKSPACE_*: another test's leftovers must not count."""
+    for key in list(os.environ):
+        if key.startswith("SANDBOX_WORKSPACE_"):
+            monkeypatch.delenv(key)
+
+
 def authenticate(headers: dict, **settings) -> tuple[str, str]:
     values = {"auth_mode": "required", "jwt_secret": SECRET, "service_token": TOKEN}
     caller = Authenticator(ApiSettings(**values, **settings)).authenticate(Headers(headers))
@@ -24,7 +33,7 @@ def authenticate(headers: dict, **settings) -> tuple[str, str]:
 
 
 def bearer(**claims) -> dict:
-    token = jwt.encode({"exp": time.time() + 60, **claims}, SECRET, algorithm="HS256")
+    token = jwt.encode({"exp": int(time.time()) + 600, **claims}, SECRET, algorithm="HS256")
     return {"authorization": f"Bearer {token}"}
 
 
