@@ -31,11 +31,7 @@ is filled back, since a lost cache and a deleted file look the same).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import os
-import secrets
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,14 +40,13 @@ import httpx
 
 from sandbox_workspace.runtime.client import RuntimeRefused
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError
-from sandbox_workspace.runtime.pathsafe import SafeRoot
-from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
 from sandbox_workspace.store import ObjectStore
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
 from sandbox_workspace.store.metadata import FileRecord, Metadata, Written, now
 
 from ..runtime_client import RuntimeClient
 from .base import Backend, Session
+from .store_cache import OUTPUTS, UPLOADS, Hashing, drop_cached, fill_file, fill_upload
 
 log = logging.getLogger(__name__)
 
@@ -69,24 +64,7 @@ class WorkspaceDisabled(Conflict):
         )
 
 
-UPLOADS = f"uploads/{UPLOAD_SUBDIR}/"
 _FILL_CONCURRENCY = 8
-OUTPUTS = "outputs/"
-
-
-class _Hashing:
-    """A byte stream passed through, counted and hashed on the way."""
-
-    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
-        self.chunks = chunks
-        self.digest = hashlib.sha256()
-        self.size = 0
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self.chunks:
-            self.digest.update(chunk)
-            self.size += len(chunk)
-            yield chunk
 
 
 class StoreBackend:
@@ -218,28 +196,14 @@ class StoreBackend:
         return gone
 
     async def _drop_cached(self, session: Session, cid: str, path: str) -> None:
-        if session.endpoint is None:
-            return
-        if path.startswith(UPLOADS):
+        if session.endpoint is not None:
             client = RuntimeClient(self.http, session.endpoint)
-            try:
-                await client.delete_upload(cid, path[len(UPLOADS) :])
-            except RuntimeRefused as e:
-                if e.status != 404:
-                    raise
-            return
+            await drop_cached(client, self._workspace(session), cid, path)
+
+    def _workspace(self, session: Session) -> Path | None:
+        """The session's workspace directory when it is on this machine (local backend)."""
         workspace = getattr(self.inner, "workspace_dir", None)
-        if workspace is None:
-            return
-        *dirs, name = [cid, *path.split("/")]
-        root = SafeRoot(Path(workspace(session.session_id)))
-        try:
-            with root.directory(dirs) as dfd:
-                os.unlink(name, dir_fd=dfd)
-        except (FileNotFoundError, NotADirectoryError):
-            pass
-        finally:
-            root.close()
+        return None if workspace is None else Path(workspace(session.session_id))
 
     def _forget(self, session_id: str, cid: str | None) -> None:
         for k in [k for k in self._filled if k[0] == session_id and cid in (None, k[2])]:
@@ -285,53 +249,15 @@ class StoreBackend:
         self, session: Session, client: RuntimeClient, cid: str, record: FileRecord
     ) -> None:
         name = record.file_path[len(UPLOADS) :]
-        download = await self.store.get(
-            self.layout.file(self.scope(session), cid, record.file_path)
-        )
-        boundary = secrets.token_hex(16)
-        quoted = name.replace("\\", "\\\\").replace('"', '\\"')
-        head = (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
-            f'filename="{quoted}"\r\nContent-Type: {record.mime_type}\r\n\r\n'
-        ).encode()
-
-        async def body() -> AsyncIterator[bytes]:
-            yield head
-            async for chunk in download:
-                yield chunk
-            yield f"\r\n--{boundary}--\r\n".encode()
-
-        await client.upload(
-            body(),
-            f"multipart/form-data; boundary={boundary}",
-            {"conversation_id": cid, "subdir": UPLOAD_SUBDIR},
-        )
+        download = await self._open(session, cid, record)
+        await fill_upload(client, cid, name, record.mime_type, download)
 
     async def _fill_output(self, session: Session, cid: str, record: FileRecord) -> None:
-        workspace = getattr(self.inner, "workspace_dir", None)
+        workspace = self._workspace(session)
         if workspace is None:  # only the local backend's cache is on this machine
             return
-        parts = [cid, *record.file_path.split("/")]
-        download = await self.store.get(
-            self.layout.file(self.scope(session), cid, record.file_path)
-        )
-        root = SafeRoot(Path(workspace(session.session_id)))
-        try:
-            with root.directory(parts[:-1], create=True) as dfd:
-                tmp = f".fill-{secrets.token_hex(8)}"
-                fd = os.open(
-                    tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd
-                )
-                try:
-                    with os.fdopen(fd, "wb") as f:
-                        async for chunk in download:
-                            await asyncio.to_thread(f.write, chunk)
-                    os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
-                except BaseException:
-                    os.unlink(tmp, dir_fd=dfd)
-                    raise
-        finally:
-            root.close()
+        download = await self._open(session, cid, record)
+        await fill_file(workspace, [cid, *record.file_path.split("/")], download)
 
     # -- write-back: cache → store ----------------------------------------------------
 
@@ -392,7 +318,7 @@ class StoreBackend:
         *,
         uploaded: bool,
     ) -> FileRecord:
-        body = _Hashing(response.aiter_raw())
+        body = Hashing(response.aiter_raw())
         try:
             etag = await self.store.put(self.layout.file(scope, cid, path), body)
         finally:

@@ -146,6 +146,11 @@ def test_files_live_in_the_store_and_come_back_after_the_cache_is_lost(
         ]
         listing = api.get(f"{url}/files", params={"conversation_id": "c1"}).json()
         assert [f["name"] for f in listing["files"]] == ["in.csv"]
+        # An output deleted by file_id leaves the store and the cache.
+        r = api.delete(f"{url}/workspace/c1/files/{report['file_id']}")
+        assert r.status_code == 200 and r.json()["status"] == "deleted"
+        gone = execute(api, url, "import os; print(os.path.exists('outputs/report.txt'))", cid="c1")
+        assert gone["stdout"].strip() == "False"
         # Deleting the conversation empties its prefix in the store.
         r = api.delete(f"{url}/conversations/c1")
         assert r.status_code in (200, 202), r.text
