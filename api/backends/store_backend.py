@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ import httpx
 
 from sandbox_workspace.runtime.client import RuntimeRefused
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError
-from sandbox_workspace.store import ObjectStore
+from sandbox_workspace.store import Download, ObjectStore
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
 from sandbox_workspace.store.metadata import FileRecord, Metadata, Written, now
 
@@ -65,6 +66,26 @@ class WorkspaceDisabled(Conflict):
 
 
 _FILL_CONCURRENCY = 8
+_NAMING_HEADERS = ("content-disposition", "x-sandbox-path")
+
+
+class StoredResponse:
+    """A store download dressed as the runtime's answer (headers, ``aiter_raw``)."""
+
+    def __init__(self, record: FileRecord, download: Download, naming: dict[str, str]) -> None:
+        self.download = download
+        self.headers = {
+            **naming,
+            "content-type": record.mime_type,
+            "content-length": str(record.file_size),
+            "x-content-sha256": record.checksum,
+        }
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        return aiter(self.download)
+
+    async def aclose(self) -> None:
+        await self.download.aclose()
 
 
 class StoreBackend:
@@ -181,6 +202,21 @@ class StoreBackend:
             await download.aclose()
             raise Conflict(f"file '{file_id}' is being changed; retry", code="file_changing")
         return record, download
+
+    async def verified(
+        self, session: Session, cid: str, file_path: str, cached: httpx.Response
+    ) -> httpx.Response | StoredResponse:
+        """A download of ``file_path``: the cache's copy (``cached``) when its recorded
+        digest is the metadata's checksum, else the recorded version from the store (the
+        source of truth) — so a download never serves bytes the store does not hold."""
+        manifest = await self.meta.get(self.scope(session), cid)
+        record = manifest.active(file_path) if manifest else None
+        if record is None or cached.headers.get("x-content-sha256") == record.checksum:
+            return cached
+        await cached.aclose()
+        record, download = await self.open_file(session, cid, record.file_id)
+        kept = {k: cached.headers[k] for k in _NAMING_HEADERS if k in cached.headers}
+        return StoredResponse(record, download, kept)
 
     async def delete_file(self, session: Session, cid: str, file_id: str) -> FileRecord:
         """Remove the file's object and its cache copy, then mark its record deleted."""

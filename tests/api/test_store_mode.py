@@ -116,6 +116,10 @@ def test_files_live_in_the_store_and_come_back_after_the_cache_is_lost(
             "open('outputs/report.txt', 'w').write('made by code')"
         )
         assert execute(api, url, code, cid="c1")["exit_code"] == 0
+        # The cache's copy no longer has its recorded digest: served from the store.
+        got = api.get(f"{url}/files/in.csv", params={"conversation_id": "c1"})
+        assert got.content == payload + b"+"
+        assert got.headers["x-content-sha256"] == hashlib.sha256(payload + b"+").hexdigest()
     files = by_path(manifest(seaweedfs, s3_bucket, sid, "c1"))
     edited, report = files["uploads/temparea/in.csv"], files["outputs/report.txt"]
     assert (edited["file_id"], edited["version"], edited["source"]) == (
