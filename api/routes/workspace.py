@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from sandbox_workspace.operator.naming import session_id_for
-from sandbox_workspace.runtime.errors import NotFoundError, TooLarge, Unavailable
+from sandbox_workspace.runtime.errors import BadRequest, NotFoundError, TooLarge, Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session
@@ -120,9 +120,15 @@ async def _upload(services, caller, session_id, cid, request: Request) -> Stored
     content_type = request.headers.get("content-type", "")
     description = FormField(content_type, b"description", _MAX_DESCRIPTION)
 
+    too_long = BadRequest(
+        f"description must be at most {_MAX_DESCRIPTION} bytes", code="invalid_description"
+    )
+
     async def body():
         async for chunk in request.stream():
             description.feed(chunk)
+            if description.invalid:  # cut the body short: the runtime commits nothing
+                raise too_long
             yield chunk
 
     guarded = GuardedBody(
@@ -134,6 +140,8 @@ async def _upload(services, caller, session_id, cid, request: Request) -> Stored
     except Exception:
         if guarded.error is not None:
             raise guarded.error from None
+        if description.invalid:
+            raise too_long from None
         raise
     await backend.inner.conversation_written(session, cid)
     record = await backend.record_upload(session, cid, result.name, description.text())

@@ -223,6 +223,12 @@ def test_seed_003_operations_by_file_id_and_tenant(tmp_path, start_server, seawe
         )
         assert (record["file_path"], record["file_size"]) == ("uploads/temparea/notes.txt", 10)
 
+        r = api.post(
+            f"{seed}/files",
+            files={"file": ("long.txt", b"x")},
+            data={"description": "d" * 4097},
+        )
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_description"
         info = api.get(seed).json()
         assert (info["workspace_enabled"], info["file_count"], info["total_size"]) == (
             True,
