@@ -42,6 +42,7 @@ from .routes import (
     sessions,
     ui_chat,
     web,
+    workspace,
 )
 from .sessions import SessionService
 from .settings import ApiSettings
@@ -113,6 +114,15 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
     http = httpx.AsyncClient(timeout=timeout, transport=AiohttpTransport(limits=limits))
     backend = backend or build_backend(settings, http)
+    store = None
+    if settings.store == "s3":  # the store becomes the files' source of truth
+        from sandbox_workspace.store import S3Store
+        from sandbox_workspace.store.layout import Layout
+
+        from .backends.store_backend import StoreBackend
+
+        store = S3Store(settings.s3)
+        backend = StoreBackend(backend, http, store, Layout(settings.s3.prefix))
     services = Services(
         settings=settings,
         backend=backend,
@@ -132,6 +142,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
             settings.stream_token_ttl_seconds,
         ),
         llm=build_llm(settings),
+        store=store,
     )
 
     @asynccontextmanager
@@ -189,6 +200,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         ag_ui,
         agents,
         sandboxes,
+        workspace,
     )
     for module in api_modules:
         app.include_router(module.router, responses=openapi.errors(*openapi.COMMON_ERRORS))

@@ -11,6 +11,8 @@ import httpx
 from fastapi import Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
+from sandbox_workspace.store import ObjectStore
+
 from .backends.base import Backend
 from .chat.llm import LlmClient
 from .chat.runs import RunRegistry
@@ -31,6 +33,8 @@ class Services:
     runs: RunRegistry
     stream_tokens: StreamTokens
     llm: LlmClient | None = None
+    # SANDBOX_WORKSPACE_STORE=s3: the object store (opened and checked at start), else None.
+    store: ObjectStore | None = None
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine) -> asyncio.Task:

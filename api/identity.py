@@ -36,10 +36,28 @@ class Forbidden(ApiError):
     status, code = 403, "forbidden"
 
 
+DEFAULT_TENANT = "default"
+
+
 @dataclass(frozen=True)
 class Caller:
     user_id: str
     via: str  # "dev", "service-token" or "jwt"
+    # The platform tenant the caller acts in: the JWT's tenant claim
+    # (SANDBOX_WORKSPACE_JWT_TENANT_CLAIM), else X-Tenant-Id (dev, service token), else
+    # "default". Seed 003's /api/tenants/{tenant_id}/… routes answer 404 for another one.
+    tenant: str = DEFAULT_TENANT
+
+
+def check_tenant(tenant: str | None) -> str:
+    if tenant is None or tenant == "":
+        return DEFAULT_TENANT
+    try:
+        return check_user_id(tenant)  # the same rules: printable, no '/' or '\\'
+    except BadRequest as e:
+        raise BadRequest(
+            e.message.replace("user id", "tenant id"), code="invalid_tenant_id"
+        ) from None
 
 
 def check_user_id(user_id: str) -> str:
@@ -68,7 +86,11 @@ class Authenticator:
     def authenticate(self, headers: Headers) -> Caller:
         s = self.settings
         if s.auth_mode == "dev":
-            return Caller(check_user_id(headers.get("x-user-id") or DEV_USER), "dev")
+            return Caller(
+                check_user_id(headers.get("x-user-id") or DEV_USER),
+                "dev",
+                check_tenant(headers.get("x-tenant-id")),
+            )
         scheme, _, token = (headers.get("authorization") or "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
@@ -81,12 +103,20 @@ class Authenticator:
                 raise BadRequest(
                     "the service token must come with an X-User-Id header", code="missing_user_id"
                 )
-            return Caller(check_user_id(user), "service-token")
+            return Caller(
+                check_user_id(user), "service-token", check_tenant(headers.get("x-tenant-id"))
+            )
         if s.jwt_secret is None and self._jwks is None:
             raise Unauthorized("invalid bearer token")
-        return Caller(check_user_id(self._verify_jwt(token)), "jwt")
+        claims = self._verify_jwt(token)
+        tenant = claims.get(s.jwt_tenant_claim)
+        return Caller(
+            check_user_id(claims["sub"]),
+            "jwt",
+            check_tenant(tenant if isinstance(tenant, str) else None),
+        )
 
-    def _verify_jwt(self, token: str) -> str:
+    def _verify_jwt(self, token: str) -> dict:
         s = self.settings
         options = {"require": ["sub", "exp"], "verify_aud": s.jwt_audience is not None}
         try:
@@ -116,7 +146,7 @@ class Authenticator:
         sub = claims.get("sub")
         if not isinstance(sub, str) or not sub:
             raise Unauthorized("JWT has no 'sub' claim")
-        return sub
+        return claims
 
 
 class StreamTokens:

@@ -58,6 +58,10 @@ TAGS = [
     {"name": "execute", "description": "Run Python or bash in a conversation's directory."},
     {"name": "chat", "description": "Agent runs, their event streams and approvals."},
     {"name": "health", "description": "Liveness and readiness."},
+    {
+        "name": "workspace",
+        "description": "Seed 003's workspace: files with metadata, by file_id (store mode).",
+    },
 ]
 
 # Headers a browser may send cross-origin (beyond the CORS-safelisted ones), and headers

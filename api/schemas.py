@@ -240,3 +240,49 @@ class StreamToken(BaseModel):
     token: str = Field(description="Send as `?token=` to the events URL; grants only that.")
     expires_at: int = Field(description="Unix seconds.")
     events_url: str = Field(description="The events URL with the token, for EventSource.")
+
+
+class StoredFile(BaseModel):
+    """Seed 003's record of one file of a conversation (``conversation_files``)."""
+
+    file_id: str = Field(description="UUID; stays with the file across versions.")
+    conversation_id: str
+    file_path: str = Field(description="Relative to the conversation's directory.")
+    original_name: str
+    file_size: int
+    mime_type: str
+    version: int = Field(description="1 when created, +1 on every change.")
+    source: Literal["user_upload", "ai_created", "ai_modified"]
+    is_presented: bool = Field(description="The agent offered it to the user (present_file).")
+    checksum: str = Field(description="SHA-256 of the bytes, hex.")
+    status: Literal["active", "deleted"]
+    description: str
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, record) -> StoredFile:
+        """From a ``store.metadata.FileRecord``."""
+        return cls.model_validate({k: getattr(record, k) for k in cls.model_fields})
+
+
+class WorkspaceInfo(BaseModel):
+    """Seed 003's workspace information of a conversation."""
+
+    conversation_id: str
+    session_id: str
+    workspace_enabled: bool
+    workspace_path: str = Field(description="The conversation directory as code opens it.")
+    store_prefix: str = Field(description="Key prefix of its objects in the bucket.")
+    workspace_created_at: datetime | None = Field(description="First file operation.")
+    file_count: int
+    total_size: int
+    files: list[StoredFile] = Field(description="Active files.")
+
+
+class WorkspaceSettings(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON types as documented: no 0 for false
+
+    workspace_enabled: bool = Field(
+        description="false: uploads, executions and tool calls in it answer 409."
+    )

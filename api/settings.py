@@ -20,6 +20,7 @@ from sandbox_workspace.operator.models import (
     StorageSpec,
 )
 from sandbox_workspace.runtime.quantity import parse_bytes
+from sandbox_workspace.store.settings import S3Settings, StoreMode
 
 ENV_PREFIX = "SANDBOX_WORKSPACE_"
 
@@ -55,6 +56,9 @@ class ApiSettings(BaseSettings):
     jwt_jwks_url: str | None = Field(None, description="JWKS URL for RS/ES-signed JWTs.")
     jwt_audience: str | None = None
     jwt_issuer: str | None = None
+    jwt_tenant_claim: str = Field(
+        "tenant_id", description="JWT claim naming the caller's tenant (seed 003's routes)."
+    )
     data_dir: Path = Field(Path("./data"), description="Local backend: where workspaces live.")
     sandbox_mount: Literal["auto", "bwrap", "none"] = Field(
         "auto",
@@ -98,6 +102,17 @@ class ApiSettings(BaseSettings):
     )
     session_idle_timeout_seconds: int | None = Field(
         None, ge=0, description="Kubernetes backend: idleTimeoutSeconds of new sessions."
+    )
+    store: StoreMode = Field(
+        "local",
+        description="Where conversation files are kept: `local` (only in the sandboxes' "
+        "workspaces) or `s3` (an S3-compatible bucket is their source of truth; the "
+        "workspaces are caches). See the README's object store section.",
+    )
+    s3: S3Settings = Field(
+        default_factory=S3Settings,
+        description="Store `s3`: endpoint_url, bucket, prefix, region, access_key_id, "
+        "secret_access_key (SANDBOX_WORKSPACE_S3__BUCKET …).",
     )
     file_upload: FileUploadConfig = Field(default_factory=FileUploadConfig)
     max_upload_bytes: int = Field(
@@ -194,6 +209,8 @@ class ApiSettings(BaseSettings):
                 f"{ENV_PREFIX}CHAT_RUN_STORE=redis needs {ENV_PREFIX}CHAT_REDIS_URL "
                 "(redis://host:6379/0)"
             )
+        if self.store == "s3" and not self.s3.bucket:
+            raise ValueError(f"{ENV_PREFIX}STORE=s3 needs {ENV_PREFIX}S3__BUCKET")
         if self.service_token is not None and len(self.service_token.get_secret_value()) < 16:
             raise ValueError(f"{ENV_PREFIX}SERVICE_TOKEN must be at least 16 characters")
         return self

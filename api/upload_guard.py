@@ -33,10 +33,13 @@ _FIELD = b"conversation_id"
 _MAX_VALUE = 1024  # a conversation id is short; a longer value is refused by the runtime
 
 
-class _FieldFinder:
-    """Collects the last ``conversation_id`` form field from a streamed multipart body."""
+class FormField:
+    """Collects the last value of one form field (``conversation_id`` unless told) from a
+    streamed multipart body, fed chunk by chunk (``feed``); never holds more than
+    ``limit`` bytes of it (longer: ``invalid``)."""
 
-    def __init__(self, content_type: str) -> None:
+    def __init__(self, content_type: str, name: bytes = _FIELD, limit: int = _MAX_VALUE) -> None:
+        self.name, self.limit = name, limit
         self.value: bytearray | None = None
         self.invalid = False
         self._header = b""
@@ -86,20 +89,20 @@ class _FieldFinder:
 
     def _headers_done(self) -> None:
         _, params = parse_options_header(self._headers.get(b"content-disposition", b""))
-        self._in_field = params.get(b"name") == _FIELD
+        self._in_field = params.get(b"name") == self.name
         if self._in_field:
             self.value = bytearray()
 
     def _data(self, data: bytes, start: int, end: int) -> None:
         if self._in_field and self.value is not None:
             self.value += data[start:end]
-            if len(self.value) > _MAX_VALUE:
+            if len(self.value) > self.limit:
                 self.invalid = True
 
     def _end(self) -> None:
         self._in_field = False
 
-    def conversation_id(self) -> str | None:
+    def text(self) -> str | None:
         if self.value is None or self.invalid:
             return None
         try:
@@ -121,10 +124,10 @@ class GuardedBody:
         self.open_conversation = open_conversation
         self.error: ApiError | None = None
         self.opened: str | None = None
-        self._finder = _FieldFinder(content_type) if conversation_id is None else None
+        self._finder = FormField(content_type) if conversation_id is None else None
 
     def _conversation(self) -> str | None:
-        cid = self.given if self._finder is None else self._finder.conversation_id()
+        cid = self.given if self._finder is None else self._finder.text()
         if cid is None:
             return None
         try:

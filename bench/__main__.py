@@ -21,6 +21,7 @@ SUITES = [
     "ha",
     "session_start",
     "fairness",
+    "storage",
 ]
 RESULTS = Path(__file__).resolve().parent / "results"
 

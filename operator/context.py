@@ -16,6 +16,7 @@ import httpx
 
 from sandbox_workspace.kube import Credentials, Kube, core_path, load_credentials
 from sandbox_workspace.runtime.client import RuntimeClient
+from sandbox_workspace.store import ObjectStore, S3Store
 
 from . import naming
 from .answers import RuntimeAnswers
@@ -37,6 +38,8 @@ class OperatorContext:
     children_seen: set[str] = field(default_factory=set)
     # Starting pods whose runtime answered the operator's own /healthz poll.
     answers: RuntimeAnswers = field(default_factory=RuntimeAnswers)
+    # SANDBOX_OPERATOR_STORE=s3: the bucket the finalizer empties (checked at start).
+    store: ObjectStore | None = None
 
     def ensure_credentials(self) -> Credentials:
         if self.credentials is None:
@@ -50,6 +53,9 @@ class OperatorContext:
             self.http = httpx.AsyncClient(
                 timeout=self.settings.runtime_timeout_seconds, trust_env=False
             )
+        if self.store is None and self.settings.store == "s3":
+            self.store = S3Store(self.settings.s3)
+            await self.store.check()  # a missing bucket or bad credentials stop the start
 
     async def aclose(self) -> None:
         await self.answers.aclose()

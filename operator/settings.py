@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from sandbox_workspace.store.settings import S3Settings, StoreMode
+
 from .models import ResourceList, Resources
 
 RUNTIME_PORT = 8080
@@ -99,6 +101,11 @@ class OperatorSettings(BaseSettings):
     priority: int = Field(0, description="Peering priority of this replica.")
     log_level: str = "info"
     log_format: Literal["json", "text"] | None = None
+    # The object store (SANDBOX_OPERATOR_STORE=s3, SANDBOX_OPERATOR_S3__BUCKET…, the same
+    # values as the API's SANDBOX_WORKSPACE_* ones): a ConversationWorkspace's finalizer is
+    # released only once no object is left under the conversation's prefix.
+    store: StoreMode = Field("local", description="`s3`: conversation files are in a bucket.")
+    s3: S3Settings = Field(default_factory=S3Settings, description="Store `s3`: the bucket.")
 
     @field_validator("namespaces", mode="before")
     @classmethod

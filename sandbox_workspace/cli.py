@@ -77,6 +77,16 @@ def _cmd_api(args: argparse.Namespace, *, dev: bool = False) -> int:
         settings = ApiSettings(**overrides)
     except ValidationError as e:
         return _settings_error(e)
+    if settings.store == "s3":  # a missing bucket or bad credentials: refuse to start
+        import asyncio
+
+        from .store import S3Store, StoreConfigError
+
+        try:
+            asyncio.run(S3Store(settings.s3).check())
+        except StoreConfigError as e:
+            print(f"sandbox-workspace: {e}", file=sys.stderr)
+            return 2
     logs.configure(settings.log_level, "text" if dev else None)
     app = create_app(settings)
     if dev:

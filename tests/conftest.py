@@ -25,6 +25,8 @@ from pathlib import Path
 import httpx
 import pytest
 from redis_server import missing_reason, start_redis
+from seaweedfs import SeaweedFS, start_seaweedfs
+from seaweedfs import missing_reason as seaweedfs_missing
 
 PYTHON = sys.executable
 START_TIMEOUT = 30.0
@@ -270,3 +272,24 @@ def redis_url(tmp_path_factory) -> Iterator[str]:
     server = start_redis(tmp_path_factory.mktemp("redis"))
     yield server.url
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory) -> Iterator[SeaweedFS]:
+    """A real SeaweedFS S3 server for the whole test session (started once, ~3 s; stopped
+    with SIGTERM, a wait, then SIGKILL). Tests stay apart by making their own bucket."""
+    if reason := seaweedfs_missing():
+        pytest.skip(reason)
+    server = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(seaweedfs: SeaweedFS) -> str:
+    """A fresh bucket of the session's SeaweedFS, named for the test."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    seaweedfs.make_bucket(name)
+    return name

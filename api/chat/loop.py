@@ -65,6 +65,9 @@ class RunSpec:
     # /agents with table_id: PUTs the merged table to the table source (not kept with the
     # run: it carries the caller's credential; a run resumed elsewhere has none).
     write_table: Callable[[Any], Awaitable[None]] | None = None
+    # After each tool call and after the run's marks: the conversation may have changed
+    # (store mode writes it back; the kubernetes backend re-checks a racing deletion).
+    after_write: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
 
 
 async def _noop() -> None:
@@ -231,6 +234,7 @@ async def _loop(
             if not completion.tool_calls:
                 files = [] if before is None else _changed(before, await _outputs(client, cid))
                 await _record_marks(client, cid, files, [p.path for p in tools.presented])
+                await spec.after_write()
                 outcome = {"success": True}
                 if spec.table is not None:
                     outcome = await finish_table(run, tools, spec.table, spec.write_table)
@@ -329,6 +333,7 @@ async def _act(
     run.checkpoint(progress)
     run.emit("tool_start", {"tool_call_id": call_id, "name": name, "arguments": arguments})
     outcome = await tools.call(name, arguments)
+    await spec.after_write()
     run.emit(
         "tool_end",
         {

@@ -141,7 +141,9 @@ async def agents(
     )
     await _refuse_deleting(services, existing, cid)
     names = selected_names(cid, workspace, body.selected_files)
-    ensure, before_tool, record_activity = _session_callbacks(services, caller, session_id, cid)
+    ensure, before_tool, after_write, record_activity = _session_callbacks(
+        services, caller, session_id, cid
+    )
     spec = RunSpec(
         query=body.prompt,
         history=[m.model_dump() for m in body.chatHistory],
@@ -153,6 +155,7 @@ async def agents(
         tool_timeout=settings.chat_tool_timeout_seconds,
         ensure_session=ensure,
         before_tool=before_tool,
+        after_write=after_write,
         record_activity=record_activity,
         table=plan,
         write_table=write_table,

@@ -147,7 +147,9 @@ async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
     await _refuse_deleting(services, existing, cid)
     workspace = existing.workspace_path if existing is not None else None
     names = selected_names(cid, workspace, body.selected_files)
-    ensure, before_tool, record_activity = _session_callbacks(services, caller, session_id, cid)
+    ensure, before_tool, after_write, record_activity = _session_callbacks(
+        services, caller, session_id, cid
+    )
     spec = RunSpec(
         query=body.query,
         history=[m.model_dump() for m in body.history],
@@ -159,6 +161,7 @@ async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
         tool_timeout=settings.chat_tool_timeout_seconds,
         ensure_session=ensure,
         before_tool=before_tool,
+        after_write=after_write,
         record_activity=record_activity,
     )
     run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
@@ -182,17 +185,23 @@ def _session_callbacks(services, caller: Caller, session_id: str, cid: str):
         if opened:  # a deletion accepted by another replica reaches us this way
             await services.backend.conversation_opened(opened[0], cid)
 
-    return ensure, before_tool, lambda: services.backend.record_activity(session_id)
+    async def after_write():
+        if opened:
+            await services.backend.conversation_written(opened[0], cid)
+
+    record = lambda: services.backend.record_activity(session_id)  # noqa: E731
+    return ensure, before_tool, after_write, record
 
 
 def resume_run(services, run: Run, data: dict, checkpoint: dict | None):
     """Carry on a run taken over from another replica (see chat/runstore/takeover.py)."""
     caller = Caller(user_id=run.user_id, via="resumed")
-    ensure, before_tool, record_activity = _session_callbacks(
+    ensure, before_tool, after_write, record_activity = _session_callbacks(
         services, caller, run.session_id, run.conversation_id
     )
     spec = spec_from_data(data, ensure, record_activity)
     spec.before_tool = before_tool
+    spec.after_write = after_write
     progress = None if checkpoint is None else Progress.from_data(checkpoint)
     return services.spawn(run_agent(run, spec, services.llm, services.http, progress, resumed=True))
 

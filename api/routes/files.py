@@ -30,6 +30,7 @@ from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session
+from ..backends.store_backend import StoreBackend
 from ..deps import CallerDep, ServicesDep
 from ..file_refs import FileRef, parse_file_ref
 from ..names import NAME_RULES, SessionIdPath, conversation_id_schema, name_schema
@@ -210,9 +211,7 @@ async def list_files(
     "/{name:path}",
     responses={
         200: {
-            "content": {
-                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
-            },
+            "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
             "description": "The file's bytes, with its own Content-Type.",
         },
         **errors(*SESSION_ERRORS, 409),
@@ -233,6 +232,10 @@ async def download_file(
         response = await client.open_output(ref.conversation_id, list(ref.parts))
     else:
         response = await client.open_download(ref.conversation_id, ref.name)
+    if isinstance(services.backend, StoreBackend):  # store mode: only what the store holds
+        path = f"{ref.area}/{'/'.join(ref.parts)}" if ref.area == "outputs" else None
+        path = path or f"uploads/{UPLOAD_SUBDIR}/{ref.name}"
+        response = await services.backend.verified(session, ref.conversation_id, path, response)
     headers = {k: response.headers[k] for k in _RELAYED_HEADERS if k in response.headers}
     return StreamingResponse(
         response.aiter_raw(),

@@ -17,6 +17,8 @@ import kopf
 from sandbox_workspace.kube import KubeError, core_path, custom_path
 from sandbox_workspace.runtime.client import RuntimeClient, RuntimeClientError, RuntimeRefused
 from sandbox_workspace.runtime.pathsafe import UnsafePath
+from sandbox_workspace.store import StoreError
+from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
 
 from .. import naming
 from ..children import uid_of
@@ -117,6 +119,28 @@ async def _act(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> st
     return f"a cleanup runtime on orphaned claim {claim} confirmed the directory is gone"
 
 
+async def _clear_store(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> str:
+    """Delete the conversation's objects from the store; ``Wait`` unless none is left.
+    The scope is the API's (store/layout.py): its user's session, the default tenant."""
+    if ctx.store is None:
+        return ""
+    user = spec.get("userId")
+    if not user:  # a workspace made by hand: its session names the user, if it still exists
+        session = await ctx.api.get(custom_path(namespace, SESSION_PLURAL, spec["sessionRef"]))
+        user = ((session or {}).get("spec") or {}).get("userId")
+    if not user:
+        return "; no user: the API never wrote it to the store"
+    scope = Scope(DEFAULT_TENANT, naming.session_id_for(user))
+    prefix = Layout(ctx.settings.s3.prefix).conversation(scope, spec["conversationId"])
+    try:
+        left = await ctx.store.delete_prefix(prefix)
+    except StoreError as e:
+        raise Wait("StoreUnavailable", f"object store: {e.message}; retrying") from e
+    if left:
+        raise Wait("StoreNotEmpty", f"{left} object(s) still under {prefix}; retrying")
+    return f"; no object left under {prefix}"
+
+
 async def on_workspace_deleted(
     body: kopf.Body,
     name: str,
@@ -143,6 +167,7 @@ async def on_workspace_deleted(
                 {"status": ws_status(status, "Deleting", False, "Deleting", "deleting the files")},
             )
         why = await _act(ctx, namespace, spec)
+        why += await _clear_store(ctx, namespace, spec)
     except Wait as w:
         ctx.metrics.reconciles.labels(KIND, "retry").inc()
         ctx.metrics.errors.labels(KIND, w.reason).inc()

@@ -1,8 +1,9 @@
 """Schemathesis, every check, against a live ``sandbox-workspace dev``: 0 failures.
 
 The server is the product as a user starts it, with a model (the scripted one) so chat
-runs are real, and every file type accepted (which types a session accepts is its
-config; the schema cannot know a file's extension rule). Schemathesis runs as its CLI
+runs are real, a real SeaweedFS as its object store (store mode: seed 003's routes need
+one), and every file type accepted (which types a session accepts is its config; the
+schema cannot know a file's extension rule). Schemathesis runs as its CLI
 with tests/api/schemathesis.toml (why the stateful phase is off is written there) and the
 hooks in tests/support/schemathesis_hooks.py (the ``sandbox-name`` format). Bounded:
 ``MAX_EXAMPLES`` per operation keeps the run near a minute on two idle cores
@@ -26,13 +27,18 @@ SUPPORT = HERE.parent / "support"
 
 
 @pytest.fixture(scope="module")
-def contract_server(start_server, scripted_llm_server, chat_env_factory):
+def contract_server(start_server, scripted_llm_server, chat_env_factory, seaweedfs):
+    # In store mode (a real SeaweedFS): seed 003's workspace routes need the store, and
+    # every other route must hold its contract with the store in the path too.
+    seaweedfs.make_bucket("contract")
     return start_server(
         "dev",
         "--data-dir",
         "data",
         **chat_env_factory(
-            scripted_llm_server, SANDBOX_WORKSPACE_FILE_UPLOAD__ALLOWED_FILE_TYPES="[]"
+            scripted_llm_server,
+            SANDBOX_WORKSPACE_FILE_UPLOAD__ALLOWED_FILE_TYPES="[]",
+            **seaweedfs.env("contract"),
         ),
     )
 

@@ -21,6 +21,29 @@ def peak_rss(pid: int) -> int:
 
 def test_large_upload_and_download_stream_in_bounded_memory(start_server, runtime_pids):
     server = start_server("dev", "--data-dir", "data", SANDBOX_WORKSPACE_SANDBOX_MOUNT="none")
+    upload_and_download(server, runtime_pids)
+
+
+def test_in_store_mode_too(start_server, runtime_pids, seaweedfs, s3_bucket):
+    """SANDBOX_WORKSPACE_STORE=s3: the upload also streams runtime → store (multipart,
+    bounded parts in flight) before the answer, and the API's memory stays flat."""
+    server = start_server(
+        "dev",
+        "--data-dir",
+        "data",
+        SANDBOX_WORKSPACE_SANDBOX_MOUNT="none",
+        **seaweedfs.env(s3_bucket),
+    )
+    upload_and_download(server, runtime_pids)
+    [info] = [
+        i
+        for i in seaweedfs.list_keys(s3_bucket, "workspaces/")
+        if i.key.endswith("/c/uploads/temparea/big.bin")
+    ]
+    assert info.size == SIZE
+
+
+def upload_and_download(server, runtime_pids) -> None:
     user, url = "big", "/api/v1/sessions/sb-session-big"
     limits = {"max_file_size": 1, "max_file_size_unit": "GB", "allowed_file_types": []}
     with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=300) as api:

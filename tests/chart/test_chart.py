@@ -481,6 +481,7 @@ def test_the_processes_accept_the_charts_settings(
             )
             assert settings.session_idle_timeout_seconds == (900 if name == "hardened" else 1800)
             assert settings.chat_run_store == ("redis" if name == "hardened" else "memory")
+            _assert_store(name, settings.store, settings.s3)
         else:
             assert settings.namespaces == [
                 "agent-sandboxes" if name == "hardened" else "sandbox-sessions"
@@ -493,6 +494,43 @@ def test_the_processes_accept_the_charts_settings(
             assert settings.standalone is (name == "defaults")
             # The hardened values refuse to run code unconfined.
             assert settings.confinement == ("require" if name == "hardened" else "auto")
+            _assert_store(name, settings.store, settings.s3)
+
+
+def _assert_store(name: str, mode: str, s3: Any) -> None:
+    """Defaults: no store; hardened: the same bucket for the API and the operator, keys
+    from the existing Secret."""
+    if name == "defaults":
+        assert mode == "local"
+        return
+    assert (mode, s3.bucket, s3.endpoint_url, s3.prefix) == (
+        "s3",
+        "agent-workspaces",
+        "http://seaweedfs.storage.svc:8333",
+        "workspaces/",
+    )
+    assert s3.access_key_id is not None and s3.secret_access_key is not None
+
+
+def test_the_store_reads_its_keys_from_the_existing_secret(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    name, docs = rendered
+    for workload in workloads(docs):
+        env = env_of(workload["spec"]["template"]["spec"]["containers"][0])
+        prefix = "SANDBOX_WORKSPACE_" if "SANDBOX_WORKSPACE_STORE" in env else "SANDBOX_OPERATOR_"
+        assert env[prefix + "STORE"] == ("s3" if name == "hardened" else "local")
+        if name == "hardened":
+            assert env[prefix + "S3__SECRET_ACCESS_KEY"]["secretKeyRef"] == {
+                "name": "workspace-store",
+                "key": "secret-access-key",
+            }
+
+
+def test_store_s3_needs_a_bucket(tools: Tools) -> None:
+    result = render_text(tools, set_values={"store.mode": "s3"}, check=False)
+    assert result.returncode != 0
+    assert "store.mode=s3 needs store.s3.bucket" in result.stderr
 
 
 def test_notes_tell_how_to_reach_and_try_the_api(tools: Tools, tmp_path: Path) -> None:

@@ -146,7 +146,17 @@ def test_retained_volume_keeps_the_finalizer(
     wait_phase(kube_api, cws_path(namespace, "cws-c1"), "Ready")
     runtime.upload("c1", "data.csv", b"1")
     root = claim_dir(kube_api, node_agent, namespace)
-    volume = kube_api.get(claim_path(namespace))["spec"]["volumeName"]
+    # The volume controller binds the claim on its own schedule (the pod may already run
+    # on the claim's directory): wait for the binding, never read it once.
+    bound = kube_api.wait_for(
+        claim_path(namespace),
+        lambda o: (
+            bool(o["spec"].get("volumeName")) and (o.get("status") or {}).get("phase") == "Bound"
+        ),
+        timeout=TIMEOUT,
+        message="the volume controller to bind the claim",
+    )
+    volume = bound["spec"]["volumeName"]
     kube_api.patch(
         f"/api/v1/persistentvolumes/{volume}",
         {"spec": {"persistentVolumeReclaimPolicy": "Retain"}},

@@ -314,3 +314,62 @@ async def test_invalid_spec_is_an_error_condition_not_a_retry_loop(world, events
     assert patch["status"]["phase"] == "Error"
     assert patch["status"]["conditions"][0]["reason"] == "InvalidSpec"
     assert [(e.type, e.reason) for e in events] == [("Warning", "InvalidSpec")]
+
+
+# -- store mode: the finalizer also waits for the conversation's objects ------------------
+
+
+async def put_objects(store, *keys: str) -> None:
+    for key in keys:
+        await store.put(key, b"x")
+
+
+PREFIX = "workspaces/default/sb-session-alice/"
+
+
+async def test_store_mode_releases_only_with_no_object_left(world, tmp_path) -> None:
+    from sandbox_workspace.store import DirStore
+
+    ctx, kube, runtime = world
+    ctx.store = DirStore(tmp_path / "store")
+    await ctx.store.check()
+    running_session(kube)
+    runtime.dirs["10.0.0.7"] = {"c1"}
+    await put_objects(
+        ctx.store,
+        PREFIX + "c1/uploads/temparea/a.csv",
+        PREFIX + "c1/.sbw/files.json",
+        PREFIX + "c10/outputs/keep.txt",  # a neighbour whose id starts the same
+    )
+    await delete(ctx, kube, cws("c1"))  # returns: released
+    assert [i.key async for i in ctx.store.list("workspaces/")] == [PREFIX + "c10/outputs/keep.txt"]
+    assert runtime.dirs["10.0.0.7"] == set()  # and the cache is gone
+
+
+async def test_store_down_holds_the_finalizer(world, events) -> None:
+    from sandbox_workspace.store import StoreUnavailable
+
+    class DownStore:
+        async def delete_prefix(self, prefix: str) -> int:
+            raise StoreUnavailable("connection refused")
+
+    ctx, kube, runtime = world
+    ctx.store = DownStore()  # type: ignore[assignment]
+    running_session(kube)
+    runtime.dirs["10.0.0.7"] = {"c1"}
+    with pytest.raises(kopf.TemporaryError):
+        await delete(ctx, kube, cws("c1"))
+    assert ready_reason(kube) == "StoreUnavailable"
+
+
+async def test_objects_left_after_a_delete_hold_the_finalizer(world, events) -> None:
+    class LeakyStore:  # a store that answers what it still finds (a write raced us)
+        async def delete_prefix(self, prefix: str) -> int:
+            return 2
+
+    ctx, kube, _ = world
+    ctx.store = LeakyStore()  # type: ignore[assignment]
+    running_session(kube)
+    with pytest.raises(kopf.TemporaryError):
+        await delete(ctx, kube, cws("c1"))
+    assert ready_reason(kube) == "StoreNotEmpty"

@@ -60,3 +60,44 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "sw.chartSecretNeeded" -}}
 {{- if or (and .Values.auth.serviceToken.enabled (not .Values.auth.serviceToken.existingSecret)) (and .Values.chat.apiKey.value (not .Values.chat.apiKey.existingSecret)) -}}true{{- end -}}
 {{- end -}}
+
+{{/*
+The object store's settings, for the API (prefix SANDBOX_WORKSPACE_) and the operator
+(SANDBOX_OPERATOR_): the same bucket, credentials from store.s3.existingSecret or the
+pods' AWS credential chain. Call with (dict "prefix" "…" "store" .Values.store).
+*/}}
+{{- define "sw.storeEnv" -}}
+{{- $p := .prefix }}
+{{- $s := .store }}
+- name: {{ $p }}STORE
+  value: {{ $s.mode | quote }}
+{{- if eq $s.mode "s3" }}
+{{- if not $s.s3.bucket }}
+{{- fail "store.mode=s3 needs store.s3.bucket (an existing bucket)" }}
+{{- end }}
+- name: {{ $p }}S3__BUCKET
+  value: {{ $s.s3.bucket | quote }}
+- name: {{ $p }}S3__PREFIX
+  value: {{ $s.s3.prefix | quote }}
+- name: {{ $p }}S3__REGION
+  value: {{ $s.s3.region | quote }}
+- name: {{ $p }}S3__VIRTUAL_HOSTED_STYLE
+  value: {{ $s.s3.virtualHostedStyle | quote }}
+{{- with $s.s3.endpointUrl }}
+- name: {{ $p }}S3__ENDPOINT_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- with $s.s3.existingSecret }}
+- name: {{ $p }}S3__ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $s.s3.accessKeyIdKey }}
+- name: {{ $p }}S3__SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $s.s3.secretAccessKeyKey }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,363 @@
+"""``StoreBackend``: any backend, with an object store as the source of truth of its files
+(``SANDBOX_WORKSPACE_STORE=s3``). The sandbox's workspace becomes a cache.
+
+A decorator of the ``Backend`` protocol, so routes never branch on the store mode: the
+hooks every route already calls around writes carry the synchronisation.
+
+- ``conversation_opened`` (before anything of a conversation is written, executed or
+  uploaded): the first time per runtime incarnation, the conversation is *filled* from the
+  store — every active file of its metadata that the cache lacks is written back at its
+  path (uploads through the runtime's upload route, so the runtime knows them as uploads;
+  outputs into the workspace directory beneath a ``SafeRoot``, never following a link).
+  A deleted data directory, or a new runtime, therefore gets every file back on first use.
+- ``conversation_written`` (after an upload, an execution, a tool call): *write-back* —
+  the runtime's listings of uploads and outputs are compared with the metadata; every new
+  or changed file is streamed runtime → store (flat memory, SHA-256 computed on the way)
+  and recorded: a new upload is ``user_upload``; an upload replaced by the user is a new
+  ``user_upload`` version; one changed by code (the runtime's ``modified``) is
+  ``ai_modified``; a new output is ``ai_created``, a changed one ``ai_modified``. An
+  output whose size and mtime are what the last write-back saw is not read again. Files
+  a run presented (``present_file``, kept as the runtime's marks) become
+  ``is_presented``. Chat runs write back after every tool call and after the run's marks.
+- ``delete_conversation`` / ``delete_session`` delete the store prefix too, and count a
+  deletion complete only when nothing is left under it.
+
+The runtime stays store-free: the API moves the bytes, the sandbox holds no credential.
+Not synchronised: files code writes outside ``uploads/temparea`` and ``outputs`` (the
+conversation directory's top level), and deletions made by code (a file the cache lacks
+is filled back, since a lost cache and a deleted file look the same).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sandbox_workspace.runtime.client import RuntimeRefused
+from sandbox_workspace.runtime.errors import Conflict, NotFoundError
+from sandbox_workspace.store import Download, ObjectStore
+from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
+from sandbox_workspace.store.metadata import FileRecord, Metadata, Written, now
+
+from ..runtime_client import RuntimeClient
+from .base import Backend, Session
+from .store_cache import OUTPUTS, UPLOADS, Hashing, drop_cached, fill_file, fill_upload
+
+log = logging.getLogger(__name__)
+
+
+class WorkspaceDisabled(Conflict):
+    """The conversation's workspace is disabled (seed 003's workspace_enabled=false)."""
+
+    code = "workspace_disabled"
+
+    def __init__(self, conversation_id: str) -> None:
+        super().__init__(
+            f"the workspace of conversation '{conversation_id}' is disabled "
+            "(workspace_enabled=false): uploads, executions and file tools are refused; "
+            "enable it with PATCH …/workspace/{conversation_id}"
+        )
+
+
+_FILL_CONCURRENCY = 8
+_NAMING_HEADERS = ("content-disposition", "x-sandbox-path")
+
+
+class StoredResponse:
+    """A store download dressed as the runtime's answer (headers, ``aiter_raw``)."""
+
+    def __init__(self, record: FileRecord, download: Download, naming: dict[str, str]) -> None:
+        self.download = download
+        self.headers = {
+            **naming,
+            "content-type": record.mime_type,
+            "content-length": str(record.file_size),
+            "x-content-sha256": record.checksum,
+        }
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        return aiter(self.download)
+
+    async def aclose(self) -> None:
+        await self.download.aclose()
+
+
+class StoreBackend:
+    def __init__(
+        self, inner: Backend, http: httpx.AsyncClient, store: ObjectStore, layout: Layout
+    ) -> None:
+        self.inner = inner
+        self.http = http
+        self.store = store
+        self.layout = layout
+        self.meta = Metadata(store, layout)
+        self._filled: set[tuple[str, str, str]] = set()  # (session, runtime token, cid)
+        self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the inner backend's
+        return getattr(self.inner, name)
+
+    @staticmethod
+    def scope(session: Session | str) -> Scope:
+        sid = session if isinstance(session, str) else session.session_id
+        return Scope(DEFAULT_TENANT, sid)
+
+    def _lock(self, session: Session, cid: str) -> asyncio.Lock:
+        return self._locks.setdefault((session.session_id, cid), asyncio.Lock())
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.store.check()
+        await self.inner.start()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+        await self.store.aclose()
+
+    # -- the hooks ------------------------------------------------------------------
+
+    async def conversation_opened(self, session: Session, conversation_id: str) -> None:
+        """Before a write: tracked, filled, and refused when the workspace is disabled."""
+        await self.ensure_filled(session, conversation_id)
+        manifest = await self.meta.get(self.scope(session), conversation_id)
+        if manifest is not None and not manifest.workspace_enabled:
+            raise WorkspaceDisabled(conversation_id)
+
+    async def ensure_filled(self, session: Session, conversation_id: str) -> None:
+        await self.inner.conversation_opened(session, conversation_id)
+        if session.endpoint is None:
+            return
+        key = (session.session_id, session.endpoint.token, conversation_id)
+        if key in self._filled:
+            return
+        async with self._lock(session, conversation_id):
+            if key not in self._filled:
+                await self.fill(session, conversation_id)
+                self._filled.add(key)
+
+    async def conversation_written(self, session: Session, conversation_id: str) -> None:
+        await self.inner.conversation_written(session, conversation_id)
+        if session.endpoint is not None:
+            async with self._lock(session, conversation_id):
+                await self.write_back(session, conversation_id)
+
+    async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
+        done = await self.inner.delete_conversation(session, conversation_id)
+        left = await self.store.delete_prefix(
+            self.layout.conversation(self.scope(session), conversation_id)
+        )
+        self._forget(session.session_id, conversation_id)
+        return done and left == 0
+
+    async def delete_session(self, session_id: str) -> bool:
+        existed = await self.inner.delete_session(session_id)
+        await self.store.delete_prefix(self.layout.session(DEFAULT_TENANT, session_id))
+        self._forget(session_id, None)
+        return existed
+
+    # -- seed 003's file operations --------------------------------------------------------
+
+    async def record_upload(
+        self, session: Session, cid: str, name: str, description: str | None
+    ) -> FileRecord:
+        """After an upload reached the cache: write it back and answer its record (with
+        ``description`` when one was given)."""
+        path = UPLOADS + name
+        async with self._lock(session, cid):
+            await self.write_back(session, cid)
+        scope = self.scope(session)
+
+        def change(m) -> FileRecord:
+            record = m.active(path)
+            if record is None:
+                raise NotFoundError(f"upload '{name}' vanished before it was recorded")
+            if description is not None and description != record.description:
+                new = replace(record, description=description, updated_at=now())
+                m.replace(record, new)
+                return new
+            return record
+
+        return (await self.meta.update(scope, cid, change))[1]
+
+    async def _record(self, session: Session, cid: str, file_id: str) -> FileRecord:
+        manifest = await self.meta.get(self.scope(session), cid)
+        record = manifest.by_id(file_id) if manifest else None
+        if record is None or not record.active:
+            raise NotFoundError(f"no file '{file_id}' in conversation '{cid}'")
+        return record
+
+    async def open_file(self, session: Session, cid: str, file_id: str):
+        """The file's record and its bytes from the store (the version recorded)."""
+        record = await self._record(session, cid, file_id)
+        download = await self._open(session, cid, record)
+        if record.etag and download.info.etag != record.etag:
+            await download.aclose()
+            raise Conflict(f"file '{file_id}' is being changed; retry", code="file_changing")
+        return record, download
+
+    async def verified(
+        self, session: Session, cid: str, file_path: str, cached: httpx.Response
+    ) -> httpx.Response | StoredResponse:
+        """A download of ``file_path``: the cache's copy (``cached``) when its recorded
+        digest is the metadata's checksum, else the recorded version from the store (the
+        source of truth) — so a download never serves bytes the store does not hold."""
+        manifest = await self.meta.get(self.scope(session), cid)
+        record = manifest.active(file_path) if manifest else None
+        if record is None or cached.headers.get("x-content-sha256") == record.checksum:
+            return cached
+        await cached.aclose()
+        record, download = await self.open_file(session, cid, record.file_id)
+        kept = {k: cached.headers[k] for k in _NAMING_HEADERS if k in cached.headers}
+        return StoredResponse(record, download, kept)
+
+    async def delete_file(self, session: Session, cid: str, file_id: str) -> FileRecord:
+        """Remove the file's object and its cache copy, then mark its record deleted."""
+        record = await self._record(session, cid, file_id)
+        scope = self.scope(session)
+        async with self._lock(session, cid):
+            await self.store.delete(self.layout.file(scope, cid, record.file_path))
+            await self._drop_cached(session, cid, record.file_path)
+            gone = await self.meta.mark_deleted(scope, cid, file_id=file_id)
+            self._seen.pop((session.session_id, cid, record.file_path), None)
+        if gone is None:  # deleted meanwhile by another request
+            raise NotFoundError(f"no file '{file_id}' in conversation '{cid}'")
+        return gone
+
+    async def _drop_cached(self, session: Session, cid: str, path: str) -> None:
+        if session.endpoint is not None:
+            client = RuntimeClient(self.http, session.endpoint)
+            await drop_cached(client, self._workspace(session), cid, path)
+
+    def _workspace(self, session: Session) -> Path | None:
+        """The session's workspace directory when it is on this machine (local backend)."""
+        workspace = getattr(self.inner, "workspace_dir", None)
+        return None if workspace is None else Path(workspace(session.session_id))
+
+    def _forget(self, session_id: str, cid: str | None) -> None:
+        for k in [k for k in self._filled if k[0] == session_id and cid in (None, k[2])]:
+            self._filled.discard(k)
+        for k in [k for k in self._seen if k[0] == session_id and cid in (None, k[1])]:
+            del self._seen[k]
+
+    # -- fill: store → cache ---------------------------------------------------------
+
+    async def fill(self, session: Session, cid: str) -> int:
+        """Write every active file the cache lacks back at its path; answer how many."""
+        manifest = await self.meta.get(self.scope(session), cid)
+        if manifest is None:
+            return 0
+        client = RuntimeClient(self.http, session.endpoint)
+        uploads, outputs = await self._listings(client, cid)
+        missing = []
+        for record in manifest.files:
+            path = record.file_path
+            if not record.active:
+                continue
+            if path.startswith(UPLOADS) and path[len(UPLOADS) :] not in uploads:
+                missing.append(self._fill_upload(session, client, cid, record))
+            elif path.startswith(OUTPUTS) and path[len(OUTPUTS) :] not in outputs:
+                missing.append(self._fill_output(session, cid, record))
+        # A few at a time: each waits on the store and on the runtime's fsync.
+        gate = asyncio.Semaphore(_FILL_CONCURRENCY)
+
+        async def one(fill) -> None:
+            async with gate:
+                await fill
+
+        await asyncio.gather(*(one(f) for f in missing))
+        filled = len(missing)
+        if filled:
+            log.info("filled conversation from the store", extra={"files": filled})
+        return filled
+
+    async def _open(self, session: Session, cid: str, record: FileRecord):
+        return await self.store.get(self.layout.file(self.scope(session), cid, record.file_path))
+
+    async def _fill_upload(
+        self, session: Session, client: RuntimeClient, cid: str, record: FileRecord
+    ) -> None:
+        name = record.file_path[len(UPLOADS) :]
+        download = await self._open(session, cid, record)
+        await fill_upload(client, cid, name, record.mime_type, download)
+
+    async def _fill_output(self, session: Session, cid: str, record: FileRecord) -> None:
+        workspace = self._workspace(session)
+        if workspace is None:  # only the local backend's cache is on this machine
+            return
+        download = await self._open(session, cid, record)
+        await fill_file(workspace, [cid, *record.file_path.split("/")], download)
+
+    # -- write-back: cache → store ----------------------------------------------------
+
+    async def _listings(self, client: RuntimeClient, cid: str) -> tuple[dict, dict]:
+        try:
+            uploads = {f.name: f for f in (await client.list_uploads(cid)).files}
+            outputs = {f.relative_path: f for f in (await client.list_outputs(cid)).files}
+        except RuntimeRefused as e:
+            if e.status != 404:
+                raise
+            return {}, {}
+        return uploads, outputs
+
+    async def write_back(self, session: Session, cid: str) -> list[FileRecord]:
+        """Copy every new or changed file of the cache to the store and record it."""
+        scope = self.scope(session)
+        client = RuntimeClient(self.http, session.endpoint)
+        manifest = await self.meta.get(scope, cid)
+        uploads, outputs = await self._listings(client, cid)
+        recorded = []
+        for name, f in uploads.items():
+            path = UPLOADS + name
+            old = manifest.active(path) if manifest else None
+            if old is not None and not f.modified and old.checksum == f.sha256:
+                continue
+            response = await client.open_download(cid, name)
+            recorded.append(
+                await self._copy(scope, cid, path, response, f.mime_type, uploaded=not f.modified)
+            )
+        for rel, f in outputs.items():
+            path = OUTPUTS + rel
+            stamp = (f.size, f.modified_at.isoformat())
+            seen_key = (session.session_id, cid, path)
+            if self._seen.get(seen_key) == stamp and manifest and manifest.active(path):
+                continue
+            response = await client.open_output(cid, rel.split("/"))
+            recorded.append(
+                await self._copy(scope, cid, path, response, f.mime_type, uploaded=False)
+            )
+            self._seen[seen_key] = stamp
+        # present_file's marks (kept by the runtime at the end of a run) → is_presented.
+        presented = [UPLOADS + n for n, f in uploads.items() if f.presented] + [
+            OUTPUTS + r for r, f in outputs.items() if f.presented
+        ]
+        known = {r.file_path: r for r in (manifest.files if manifest else []) if r.active}
+        known.update({r.file_path: r for r in recorded})
+        if newly := [p for p in presented if p in known and not known[p].is_presented]:
+            recorded += await self.meta.mark_presented(scope, cid, newly)
+        return recorded
+
+    async def _copy(
+        self,
+        scope: Scope,
+        cid: str,
+        path: str,
+        response: httpx.Response,
+        mime_type: str,
+        *,
+        uploaded: bool,
+    ) -> FileRecord:
+        body = Hashing(response.aiter_raw())
+        try:
+            etag = await self.store.put(self.layout.file(scope, cid, path), body)
+        finally:
+            await response.aclose()
+        written = Written(path, body.size, body.digest.hexdigest(), mime_type, etag)
+        return await self.meta.record_write(scope, cid, written, uploaded=uploaded)

@@ -1,0 +1,113 @@
+"""Moving bytes into and out of a sandbox's workspace (the cache of store mode).
+
+The runtime stays store-free: the API writes a file into the cache through the
+runtime's upload route (uploads, so the runtime records them as uploads) or — outputs,
+local backend only — into the workspace directory beneath a ``SafeRoot`` (no link is
+ever followed; a temporary name, then a rename, so code never sees a partial file).
+``Hashing`` passes a stream through, counting and hashing it (the write-back's SHA-256).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import secrets
+from collections.abc import AsyncIterable, AsyncIterator
+from pathlib import Path
+
+from sandbox_workspace.runtime.client import RuntimeRefused
+from sandbox_workspace.runtime.pathsafe import SafeRoot
+from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
+
+from ..runtime_client import RuntimeClient
+
+UPLOADS = f"uploads/{UPLOAD_SUBDIR}/"
+OUTPUTS = "outputs/"
+
+
+class Hashing:
+    """A byte stream passed through, counted and hashed on the way."""
+
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self.chunks = chunks
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.chunks:
+            self.digest.update(chunk)
+            self.size += len(chunk)
+            yield chunk
+
+
+async def fill_upload(
+    client: RuntimeClient, cid: str, name: str, mime_type: str, data: AsyncIterable[bytes]
+) -> None:
+    """Put ``data`` into the conversation's temparea as upload ``name`` (a multipart body
+    made on the fly: nothing is buffered whole)."""
+    boundary = secrets.token_hex(16)
+    quoted = name.replace("\\", "\\\\").replace('"', '\\"')
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+        f'filename="{quoted}"\r\nContent-Type: {mime_type}\r\n\r\n'
+    ).encode()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield head
+        async for chunk in data:
+            yield chunk
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    await client.upload(
+        body(),
+        f"multipart/form-data; boundary={boundary}",
+        {"conversation_id": cid, "subdir": UPLOAD_SUBDIR},
+    )
+
+
+async def fill_file(workspace: Path, parts: list[str], data: AsyncIterable[bytes]) -> None:
+    """Write ``data`` at ``workspace/parts…`` (directories made as needed)."""
+    root = SafeRoot(workspace)
+    try:
+        with root.directory(parts[:-1], create=True) as dfd:
+            tmp = f".fill-{secrets.token_hex(8)}"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            fd = os.open(tmp, flags, 0o644, dir_fd=dfd)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    async for chunk in data:
+                        await asyncio.to_thread(f.write, chunk)
+                os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                os.unlink(tmp, dir_fd=dfd)
+                raise
+    finally:
+        root.close()
+
+
+async def drop_cached(
+    client: RuntimeClient, workspace: Path | None, cid: str, file_path: str
+) -> None:
+    """Remove a file's cache copy (an upload through the runtime, an output from the
+    workspace directory when it is on this machine); a missing one is fine."""
+    if file_path.startswith(UPLOADS):
+        try:
+            await client.delete_upload(cid, file_path[len(UPLOADS) :])
+        except RuntimeRefused as e:
+            if e.status != 404:
+                raise
+        return
+    if workspace is None:
+        return
+    *dirs, name = [cid, *file_path.split("/")]
+    root = SafeRoot(workspace)
+    try:
+        with (
+            contextlib.suppress(FileNotFoundError, NotADirectoryError),
+            root.directory(dirs) as dfd,
+        ):
+            os.unlink(name, dir_fd=dfd)
+    finally:
+        root.close()

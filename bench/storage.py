@@ -1,0 +1,226 @@
+"""The object store mode (SANDBOX_WORKSPACE_STORE=s3) against a real SeaweedFS.
+
+Figures, each beside a baseline measured in the same run on the same server:
+- upload and download throughput through the API (upload: until the answer, which comes
+  after the file is in the store; download: by file_id, from the store) against a plain
+  S3 client (obstore) moving the same bytes to the same bucket — goal ratio ≥ 0.8;
+- resume of a conversation of 100 files / 100 MB after the cache is lost (a new API with
+  an empty data directory, the same bucket) until the first execution sees them all,
+  against a cold first execution in an empty conversation;
+- write-back: an execution writing a 1 MB output, end to end in s3 mode (the answer comes
+  once the output is in the store) against the same execution in local mode; the
+  difference is the time from the end of the execution to its output being stored.
+Results: ``bench/results/storage.json`` (``storage-quick.json`` in quick mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from .harness import Figure, dev_server
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests" / "support")]
+from seaweedfs import missing_reason, start_seaweedfs  # noqa: E402
+
+from sandbox_workspace.store import S3Store  # noqa: E402
+
+CHUNK = 1024 * 1024
+RESULTS = REPO / "bench" / "results" / "storage.json"
+LIMITS = {
+    "max_file_size": 2,
+    "max_file_size_unit": "GB",
+    "max_file_count": 200,
+    "allowed_file_types": [],
+}
+
+
+def _mb_per_s(size: int, seconds: float) -> float:
+    return size / CHUNK / seconds
+
+
+def _plain_client(store: S3Store, source: Path, size: int, repeat: int) -> tuple[list, list]:
+    async def chunks():
+        f = await asyncio.to_thread(open, source, "rb")
+        with f:
+            while chunk := await asyncio.to_thread(f.read, CHUNK):
+                yield chunk
+
+    async def measure():
+        await store.put("plain/warm-up", chunks())  # the server's first write allocates
+        puts, gets = [], []
+        for n in range(repeat):
+            start = time.perf_counter()
+            await store.put(f"plain/{n}.bin", chunks())
+            puts.append(_mb_per_s(size, time.perf_counter() - start))
+            start = time.perf_counter()
+            download = await store.get(f"plain/{n}.bin")
+            got = sum([len(c) async for c in download])
+            gets.append(_mb_per_s(size, time.perf_counter() - start))
+            assert got == size
+        return puts, gets
+
+    return asyncio.run(measure())
+
+
+def _session(api: httpx.Client, user: str) -> str:
+    api.post("/api/v1/sessions", json={"config": {"file_upload_config": LIMITS}})
+    return f"/api/v1/sessions/sb-session-{user}"
+
+
+def _execute(api: httpx.Client, url: str, code: str, cid: str) -> dict:
+    r = api.post(
+        f"{url}/execute", json={"conversation_id": cid, "language": "python", "code": code}
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def run(quick: bool) -> list[Figure]:
+    reason = missing_reason()
+    if reason:
+        print(f"storage: skipped — {reason}", flush=True)
+        return []
+    size = (16 if quick else 256) * CHUNK
+    repeat = 1 if quick else 3
+    files, resumes = (20, 2) if quick else (100, 5)
+    figures: list[Figure] = []
+    work = Path(tempfile.mkdtemp(prefix="sbw-bench-storage-"))
+    server = start_seaweedfs(work / "seaweedfs")
+    try:
+        server.make_bucket("bench")
+        env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none", **server.env("bench")}
+        source = work / "source.bin"
+        with open(source, "wb") as f:
+            for i in range(size // CHUNK):
+                f.write(os.urandom(CHUNK) if i == 0 else bytes([i % 256]) * CHUNK)
+        puts, gets = _plain_client(S3Store(server.settings("bench")), source, size, repeat)
+
+        uploads, downloads = [], []
+        with (
+            dev_server(**env) as api_server,
+            httpx.Client(base_url=api_server.url, headers={"X-User-Id": "b"}, timeout=600) as api,
+        ):
+            url = _session(api, "b")
+            seed = url + "/workspace/t"
+            api.get(seed)  # running
+            for n in range(repeat):
+                with open(source, "rb") as f:
+                    start = time.perf_counter()
+                    # A new name each time: the same bytes again under one name would
+                    # be recognised as unchanged and not copied to the store again.
+                    r = api.post(f"{seed}/files", files={"file": (f"big-{n}.bin", f)})
+                    uploads.append(_mb_per_s(size, time.perf_counter() - start))
+                assert r.status_code == 201, r.text
+                start = time.perf_counter()
+                with api.stream("GET", f"{seed}/files/{r.json()['file_id']}") as got:
+                    received = sum(len(c) for c in got.iter_raw(CHUNK))
+                downloads.append(_mb_per_s(size, time.perf_counter() - start))
+                assert received == size
+        label = f"{size // CHUNK} MB"
+        figures.append(
+            Figure.of(
+                f"upload {label} via API, s3 mode (MB/s)",
+                "MB/s",
+                uploads,
+                "plain S3 PUT (obstore)",
+                puts,
+                goal="ratio ≥ 0.8",
+            )
+        )
+        figures.append(
+            Figure.of(
+                f"download {label} by file_id, s3 mode (MB/s)",
+                "MB/s",
+                downloads,
+                "plain S3 GET (obstore)",
+                gets,
+                goal="ratio ≥ 0.8",
+            )
+        )
+
+        # A conversation of `files` × 1 MB, then a new API with an empty cache each time.
+        with (
+            dev_server(**env) as api_server,
+            httpx.Client(base_url=api_server.url, headers={"X-User-Id": "r"}, timeout=600) as api,
+        ):
+            url = _session(api, "r")
+            for i in range(files):
+                body = bytes([i % 256]) * CHUNK
+                r = api.post(
+                    f"{url}/files/upload",
+                    files={"file": (f"f{i:03}.csv", body)},
+                    data={"conversation_id": "big"},
+                )
+                assert r.status_code == 201, r.text
+        count = "import os; print(len(os.listdir('uploads/temparea')))"
+        fills, colds = [], []
+        for n in range(resumes):
+            with (
+                dev_server(**env) as api_server,
+                httpx.Client(
+                    base_url=api_server.url, headers={"X-User-Id": "r"}, timeout=600
+                ) as api,
+            ):
+                url = _session(api, "r")
+                start = time.perf_counter()
+                result = _execute(api, url, count, "big")
+                fills.append((time.perf_counter() - start) * 1000)
+                assert result["stdout"].strip() == str(files), result
+                start = time.perf_counter()
+                _execute(api, url, "print(1)", f"empty-{n}")
+                colds.append((time.perf_counter() - start) * 1000)
+        figures.append(
+            Figure.of(
+                f"first execution after cache loss, {files} files / {files} MB (ms)",
+                "ms",
+                fills,
+                "first execution, empty conversation",
+                colds,
+            )
+        )
+
+        # Write-back of a 1 MB output: s3 mode against local mode, same code.
+        code = "open('outputs/o.bin','wb').write(os.urandom(1<<20))"
+        code = "import os; " + code
+        runs = 5 if quick else 30
+        timings: dict[str, list[float]] = {}
+        for mode, mode_env in (("s3", env), ("local", {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none"})):
+            with (
+                dev_server(**mode_env) as api_server,
+                httpx.Client(
+                    base_url=api_server.url, headers={"X-User-Id": "w"}, timeout=600
+                ) as api,
+            ):
+                url = _session(api, "w")
+                _execute(api, url, "print(1)", "wb")  # warm: session, kernel
+                timings[mode] = []
+                for _ in range(runs):
+                    start = time.perf_counter()
+                    _execute(api, url, code, "wb")
+                    timings[mode].append((time.perf_counter() - start) * 1000)
+        figures.append(
+            Figure.of(
+                "execution writing 1 MB, until its output is stored (ms)",
+                "ms",
+                timings["s3"],
+                "same execution, local mode",
+                timings["local"],
+            )
+        )
+    finally:
+        server.stop()
+    results = RESULTS.with_name("storage-quick.json") if quick else RESULTS
+    results.parent.mkdir(exist_ok=True)
+    results.write_text(
+        json.dumps([{**f.__dict__, "ratio": round(f.ratio, 3)} for f in figures], indent=2) + "\n"
+    )
+    return figures

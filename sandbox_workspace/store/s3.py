@@ -1,0 +1,214 @@
+"""``S3Store``: the object store interface over any S3-compatible service, with obstore.
+
+Why obstore (Rust ``object_store`` behind a small Python API): uploads and downloads are
+async streams handled off the event loop in Rust (no GIL-bound per-chunk signing or
+parsing), multipart uploads of async iterables with bounded parts in flight
+(``max_concurrency`` × 8 MiB is all an upload holds in memory), bulk DeleteObjects, and
+conditional puts (If-None-Match / If-Match, ``conditional_put="etag"``) — what the
+metadata's compare-and-swap needs. aiobotocore would add botocore's pure-Python signing
+and XML parsing on every call; plain httpx would mean writing SigV4 and multipart here.
+
+Configuration errors are found by ``check`` at start (one LIST of at most one key) and
+named by the setting to change; afterwards every service failure is ``StoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import obstore
+from obstore import exceptions as obx
+from obstore.store import S3Store as _ObS3Store
+
+from .base import (
+    Body,
+    ObjectInfo,
+    ObjectNotFound,
+    PreconditionFailed,
+    StoreConfigError,
+    StoreUnavailable,
+    check_key,
+    check_prefix,
+)
+from .settings import ENV, S3Settings
+
+_PART = 8 * 1024 * 1024
+_CHUNK = 1024 * 1024
+
+
+def _info(meta: dict) -> ObjectInfo:
+    return ObjectInfo(
+        key=meta["path"],
+        size=meta["size"],
+        etag=(meta.get("e_tag") or "").strip('"'),
+        modified=meta["last_modified"],
+    )
+
+
+def _unavailable(e: Exception) -> StoreUnavailable:
+    return StoreUnavailable(f"object store error: {e.__class__.__name__}: {str(e)[:300]}")
+
+
+class _Download:
+    def __init__(self, result: obstore.GetResult) -> None:
+        self.info = _info(result.meta)
+        self._stream = result.stream(min_chunk_size=_CHUNK)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._stream:
+                yield bytes(chunk)
+        except obx.BaseError as e:
+            raise _unavailable(e) from e
+
+    async def aclose(self) -> None:
+        return None  # the stream ends with its last chunk or with its GetResult
+
+
+class S3Store:
+    """Objects of one bucket (keys given whole; the prefix is the caller's layout)."""
+
+    def __init__(self, settings: S3Settings) -> None:
+        if not settings.bucket:
+            raise StoreConfigError(f"SANDBOX_WORKSPACE_STORE=s3 needs {ENV}BUCKET")
+        self.settings = settings
+        config: dict = {
+            "region": settings.region,
+            "conditional_put": "etag",
+            "virtual_hosted_style_request": settings.virtual_hosted_style,
+        }
+        if settings.endpoint_url:
+            config["endpoint"] = settings.endpoint_url
+        if settings.access_key_id is not None:
+            config["access_key_id"] = settings.access_key_id.get_secret_value()
+        if settings.secret_access_key is not None:
+            config["secret_access_key"] = settings.secret_access_key.get_secret_value()
+        self._store = _ObS3Store(
+            settings.bucket,
+            config=config,
+            client_options={
+                "allow_http": bool(settings.endpoint_url)
+                and settings.endpoint_url.startswith("http://"),
+                "connect_timeout": timedelta(seconds=5),
+                # object_store's default of 30 s for a whole request would cut large files.
+                "timeout": timedelta(hours=6),
+            },
+            retry_config={"max_retries": 3, "retry_timeout": timedelta(seconds=20)},
+        )
+
+    async def check(self) -> None:
+        s = self.settings
+        try:
+            stream = obstore.list(self._store, s.prefix or None, chunk_size=1)
+            async for _ in stream:
+                break
+        except (obx.UnauthenticatedError, obx.PermissionDeniedError) as e:
+            raise StoreConfigError(
+                f"the object store refused the credentials for bucket {s.bucket!r}: check "
+                f"{ENV}ACCESS_KEY_ID / {ENV}SECRET_ACCESS_KEY (or AWS_ACCESS_KEY_ID / "
+                f"AWS_SECRET_ACCESS_KEY): {str(e)[:200]}"
+            ) from e
+        except obx.BaseError as e:
+            text = str(e)
+            if "NoSuchBucket" in text or "404" in text:
+                raise StoreConfigError(
+                    f"bucket {s.bucket!r} does not exist at {s.endpoint_url or 'AWS'}: check "
+                    f"{ENV}BUCKET (the bucket must be created beforehand)"
+                ) from e
+            if any(w in text for w in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "403")):
+                raise StoreConfigError(
+                    f"the object store refused the credentials for bucket {s.bucket!r}: "
+                    f"check {ENV}ACCESS_KEY_ID / {ENV}SECRET_ACCESS_KEY (or the AWS_* "
+                    f"variables): {text[:200]}"
+                ) from e
+            raise StoreConfigError(
+                f"the object store at {s.endpoint_url or 'AWS'} cannot be used: check "
+                f"{ENV}ENDPOINT_URL and {ENV}REGION: {text[:200]}"
+            ) from e
+
+    async def put(
+        self, key: str, body: Body, *, if_absent: bool = False, if_match: str | None = None
+    ) -> str:
+        check_key(key)
+        mode: object = "overwrite"
+        if if_absent:
+            mode = "create"
+        elif if_match is not None:
+            mode = {"e_tag": f'"{if_match}"'}
+        try:
+            result = await obstore.put_async(
+                self._store,
+                key,
+                body,
+                mode=mode,  # type: ignore[arg-type]
+                chunk_size=_PART,
+                max_concurrency=self.settings.max_concurrency,
+            )
+        except (obx.AlreadyExistsError, obx.PreconditionError) as e:
+            raise PreconditionFailed(f"object {key!r} changed meanwhile") from e
+        except obx.BaseError as e:
+            raise _unavailable(e) from e
+        return (result["e_tag"] or "").strip('"')
+
+    async def get(self, key: str) -> _Download:
+        check_key(key)
+        try:
+            return _Download(await obstore.get_async(self._store, key))
+        except (obx.NotFoundError, FileNotFoundError) as e:
+            raise ObjectNotFound(f"no object {key!r}") from e
+        except obx.BaseError as e:
+            raise _unavailable(e) from e
+
+    async def read(self, key: str) -> tuple[bytes, str]:
+        check_key(key)
+        try:
+            result = await obstore.get_async(self._store, key)
+            data = bytes(await result.bytes_async())
+        except (obx.NotFoundError, FileNotFoundError) as e:
+            raise ObjectNotFound(f"no object {key!r}") from e
+        except obx.BaseError as e:
+            raise _unavailable(e) from e
+        return data, _info(result.meta).etag
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        check_key(key)
+        try:
+            return _info(await obstore.head_async(self._store, key))
+        except (obx.NotFoundError, FileNotFoundError):
+            return None
+        except obx.BaseError as e:
+            raise _unavailable(e) from e
+
+    async def list(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        check_prefix(prefix)
+        try:
+            async for batch in obstore.list(self._store, prefix or None, chunk_size=1000):
+                for meta in batch:
+                    yield _info(meta)
+        except obx.BaseError as e:
+            raise _unavailable(e) from e
+
+    async def delete(self, key: str) -> None:
+        check_key(key)
+        try:
+            await obstore.delete_async(self._store, key)
+        except (obx.NotFoundError, FileNotFoundError):
+            return
+        except obx.BaseError as e:
+            raise _unavailable(e) from e
+
+    async def delete_prefix(self, prefix: str) -> int:
+        check_prefix(prefix)
+        keys = [info.key async for info in self.list(prefix)]
+        for start in range(0, len(keys), 1000):
+            try:
+                await obstore.delete_async(self._store, keys[start : start + 1000])
+            except (obx.NotFoundError, FileNotFoundError):
+                continue
+            except obx.BaseError as e:
+                raise _unavailable(e) from e
+        return sum([1 async for _ in self.list(prefix)])
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,44 @@
+"""Store settings, shared by the API's and the operator's settings objects.
+
+``SANDBOX_WORKSPACE_STORE=local|s3`` chooses the mode once at start: ``local`` keeps files
+only in the sandboxes' workspaces (the behaviour before the store existed); ``s3`` makes an
+S3-compatible bucket their source of truth. The ``s3`` group is read from
+``SANDBOX_WORKSPACE_S3__*`` (pydantic-settings' nested delimiter); credentials not given
+there come from the standard AWS variables and credential chain (``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, web identity, instance metadata).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+
+StoreMode = Literal["local", "s3"]
+ENV = "SANDBOX_WORKSPACE_S3__"
+
+
+class S3Settings(BaseModel):
+    endpoint_url: str | None = Field(
+        None, description="S3 endpoint, e.g. http://seaweedfs:8333 (unset: AWS by region)."
+    )
+    bucket: str | None = Field(None, description="The bucket (must exist; required for s3).")
+    prefix: str = Field("workspaces/", description="Key prefix of every workspace object.")
+    region: str = Field("us-east-1", description="Signing region.")
+    access_key_id: SecretStr | None = Field(None, description="Else AWS_ACCESS_KEY_ID / chain.")
+    secret_access_key: SecretStr | None = Field(None, description="Else AWS_SECRET_ACCESS_KEY.")
+    virtual_hosted_style: bool = Field(
+        False, description="bucket.host addressing (AWS); path style suits other stores."
+    )
+    max_concurrency: int = Field(
+        4, ge=1, le=32, description="Parts of one upload in flight (memory: × 8 MiB)."
+    )
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if value and not value.endswith("/"):
+            value += "/"
+        if value.startswith("/") or "//" in value:
+            raise ValueError(f"{ENV}PREFIX must be a relative key prefix like 'workspaces/'")
+        return value

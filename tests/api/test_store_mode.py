@@ -1,0 +1,281 @@
+"""The API in ``SANDBOX_WORKSPACE_STORE=s3`` mode against a real SeaweedFS: it refuses to
+start on a store it cannot use, with a message naming the setting to change."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.local_backend
+
+
+def start_api(tmp_path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sandbox_workspace", "dev", "--port", "0"],
+        env={k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")} | env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_s3_mode_without_a_bucket_names_the_setting(tmp_path):
+    done = start_api(tmp_path, SANDBOX_WORKSPACE_STORE="s3")
+    assert done.returncode == 2
+    assert "SANDBOX_WORKSPACE_S3__BUCKET" in done.stderr
+
+
+def test_a_missing_bucket_stops_the_start(tmp_path, seaweedfs):
+    done = start_api(tmp_path, **seaweedfs.env("no-such-bucket"))
+    assert done.returncode == 2, done.stderr
+    assert "does not exist" in done.stderr
+    assert "SANDBOX_WORKSPACE_S3__BUCKET" in done.stderr
+
+
+def test_bad_credentials_stop_the_start(tmp_path, seaweedfs, s3_bucket):
+    env = seaweedfs.env(s3_bucket) | {"SANDBOX_WORKSPACE_S3__SECRET_ACCESS_KEY": "not-the-key"}
+    done = start_api(tmp_path, **env)
+    assert done.returncode == 2, done.stderr
+    assert "SANDBOX_WORKSPACE_S3__SECRET_ACCESS_KEY" in done.stderr
+
+
+# -- files through the store (local backend, s3 mode) ----------------------------------
+
+
+def manifest(server, bucket: str, session_id: str, cid: str) -> dict:
+    """The conversation's metadata document, read straight from the bucket."""
+    import asyncio
+    import json
+
+    from sandbox_workspace.store import S3Store
+    from sandbox_workspace.store.layout import Layout, Scope
+
+    async def read():
+        store = S3Store(server.settings(bucket))
+        data, _ = await store.read(Layout().manifest(Scope("default", session_id), cid))
+        return json.loads(data)
+
+    return asyncio.run(read())
+
+
+def objects(server, bucket: str, prefix: str) -> list[str]:
+    import asyncio
+
+    from sandbox_workspace.store import S3Store
+
+    async def keys():
+        store = S3Store(server.settings(bucket))
+        return sorted([i.key async for i in store.list(prefix)])
+
+    return asyncio.run(keys())
+
+
+def by_path(doc: dict) -> dict[str, dict]:
+    return {f["file_path"]: f for f in doc["files"] if f["status"] == "active"}
+
+
+def test_files_live_in_the_store_and_come_back_after_the_cache_is_lost(
+    tmp_path, start_server, seaweedfs, s3_bucket
+):
+    """Upload, code that edits the upload and writes an output: all in the bucket with
+    seed 003's metadata. Then the API stops, its data directory is deleted, a new API
+    starts: the first execution sees every file, byte-identical, at the same path."""
+    import hashlib
+    import shutil
+
+    import httpx
+    from api_calls import execute
+
+    data = tmp_path / "data"
+    env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none", **seaweedfs.env(s3_bucket)}
+    server = start_server("dev", "--data-dir", str(data), **env)
+    user = "store-user"
+    sid = f"sb-session-{user}"
+    url = f"/api/v1/sessions/{sid}"
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api:
+        r = api.post(
+            f"{url}/files/upload",
+            files={"file": ("in.csv", payload)},
+            data={"conversation_id": "c1"},
+        )
+        assert r.status_code == 201, r.text
+        first = by_path(manifest(seaweedfs, s3_bucket, sid, "c1"))["uploads/temparea/in.csv"]
+        assert (first["source"], first["version"], first["file_size"]) == (
+            "user_upload",
+            1,
+            len(payload),
+        )
+        assert first["checksum"] == hashlib.sha256(payload).hexdigest()
+        code = (
+            "open('uploads/temparea/in.csv', 'ab').write(b'+');"
+            "open('outputs/report.txt', 'w').write('made by code')"
+        )
+        assert execute(api, url, code, cid="c1")["exit_code"] == 0
+        # The cache's copy no longer has its recorded digest: served from the store.
+        got = api.get(f"{url}/files/in.csv", params={"conversation_id": "c1"})
+        assert got.content == payload + b"+"
+        assert got.headers["x-content-sha256"] == hashlib.sha256(payload + b"+").hexdigest()
+    files = by_path(manifest(seaweedfs, s3_bucket, sid, "c1"))
+    edited, report = files["uploads/temparea/in.csv"], files["outputs/report.txt"]
+    assert (edited["file_id"], edited["version"], edited["source"]) == (
+        first["file_id"],
+        2,
+        "ai_modified",
+    )
+    assert (report["source"], report["version"], report["file_size"]) == ("ai_created", 1, 12)
+    assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/c1/") == [
+        f"workspaces/default/{sid}/c1/.sbw/files.json",
+        f"workspaces/default/{sid}/c1/outputs/report.txt",
+        f"workspaces/default/{sid}/c1/uploads/temparea/in.csv",
+    ]
+
+    server.stop()
+    shutil.rmtree(data)
+    server = start_server("dev", "--data-dir", str(data), **env)
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api:
+        code = (
+            "import hashlib;"
+            "print(hashlib.sha256(open('uploads/temparea/in.csv','rb').read()).hexdigest());"
+            "print(open('outputs/report.txt').read())"
+        )
+        result = execute(api, url, code, cid="c1")
+        assert result["stdout"].split("\n")[:2] == [
+            hashlib.sha256(payload + b"+").hexdigest(),
+            "made by code",
+        ]
+        listing = api.get(f"{url}/files", params={"conversation_id": "c1"}).json()
+        assert [f["name"] for f in listing["files"]] == ["in.csv"]
+        # An output deleted by file_id leaves the store and the cache.
+        r = api.delete(f"{url}/workspace/c1/files/{report['file_id']}")
+        assert r.status_code == 200 and r.json()["status"] == "deleted"
+        gone = execute(api, url, "import os; print(os.path.exists('outputs/report.txt'))", cid="c1")
+        assert gone["stdout"].strip() == "False"
+        # Deleting the conversation empties its prefix in the store.
+        r = api.delete(f"{url}/conversations/c1")
+        assert r.status_code in (200, 202), r.text
+    assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/c1/") == []
+
+
+def test_a_chat_run_writes_back_after_its_tools_and_marks_presented_files(
+    tmp_path, start_server, seaweedfs, s3_bucket, scripted_llm
+):
+    """A run's bash tool writes an output, present_file offers it: the output is in the
+    store as ai_created, with is_presented once the run has its result."""
+    import httpx
+    from scripted_llm import text_reply, tool_reply, tool_results
+    from sse_stream import Stream
+
+    def respond(body: dict):
+        done = len(tool_results(body))
+        if done == 0:
+            return tool_reply("bash", {"command": "mkdir -p outputs && echo hi > outputs/r.txt"})
+        if done == 1:
+            return tool_reply("present_file", {"path": "outputs/r.txt"}, call_id="call_2")
+        return text_reply("Here is your report.")
+
+    scripted_llm.responder = respond
+    env = {
+        "SANDBOX_WORKSPACE_LLM_BASE_URL": scripted_llm.url,
+        "SANDBOX_WORKSPACE_LLM_MODEL": "scripted",
+        "SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none",
+        **seaweedfs.env(s3_bucket),
+    }
+    server = start_server("dev", "--data-dir", str(tmp_path / "data"), **env)
+    user = "chat-store-user"
+    with (
+        httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api,
+        api.stream("POST", "/api/v1/chat", json={"conversation_id": "c", "query": "go"}) as r,
+    ):
+        Stream(r).until("result")
+    record = by_path(manifest(seaweedfs, s3_bucket, f"sb-session-{user}", "c"))
+    assert record["outputs/r.txt"]["source"] == "ai_created"
+    assert record["outputs/r.txt"]["is_presented"] is True
+
+
+def test_seed_003_operations_by_file_id_and_tenant(tmp_path, start_server, seaweedfs, s3_bucket):
+    """Seed 003's routes: upload with a description, workspace information, download and
+    delete by file_id — in the caller's tenant only; a disabled workspace refuses writes."""
+    import httpx
+
+    env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none", **seaweedfs.env(s3_bucket)}
+    server = start_server("dev", "--data-dir", str(tmp_path / "data"), **env)
+    user, sid = "seed3-user", "sb-session-seed3-user"
+    seed = "/api/tenants/acme/workspace/c9"
+    v1 = f"/api/v1/sessions/{sid}/workspace/c9"
+    headers = {"X-User-Id": user, "X-Tenant-Id": "acme"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as api:
+        r = api.post(
+            f"{seed}/files",
+            files={"file": ("notes.txt", b"seed three")},
+            data={"description": "meeting notes"},
+        )
+        assert r.status_code == 201, r.text
+        record = r.json()
+        assert (record["source"], record["version"], record["description"]) == (
+            "user_upload",
+            1,
+            "meeting notes",
+        )
+        assert (record["file_path"], record["file_size"]) == ("uploads/temparea/notes.txt", 10)
+
+        r = api.post(
+            f"{seed}/files",
+            files={"file": ("long.txt", b"x")},
+            data={"description": "d" * 4097},
+        )
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_description"
+        info = api.get(seed).json()
+        assert (info["workspace_enabled"], info["file_count"], info["total_size"]) == (
+            True,
+            1,
+            10,
+        )
+        assert info["workspace_path"].endswith("/c9")
+        assert [f["file_id"] for f in info["files"]] == [record["file_id"]]
+        assert api.get(v1).json()["files"] == info["files"]  # the same, under the session
+
+        got = api.get(f"{seed}/files/{record['file_id']}")
+        assert got.status_code == 200 and got.content == b"seed three"
+        assert got.headers["content-type"].startswith("text/plain")
+
+        # Another tenant's path, or another tenant's caller: 404, as a foreign session.
+        assert api.get("/api/tenants/other/workspace/c9").status_code == 404
+        other = api.get(seed, headers={"X-Tenant-Id": "other"})
+        assert other.status_code == 404
+
+        # Disabled: uploads and executions refused with a clear error; enabled again: fine.
+        assert api.patch(v1, json={"workspace_enabled": False}).json()["workspace_enabled"] is False
+        r = api.post(f"{seed}/files", files={"file": ("b.txt", b"x")})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "workspace_disabled"
+        r = api.post(
+            f"/api/v1/sessions/{sid}/execute",
+            json={"conversation_id": "c9", "language": "bash", "code": "echo x > outputs/y"},
+        )
+        assert r.status_code == 409 and r.json()["error"]["code"] == "workspace_disabled"
+        assert api.patch(v1, json={"workspace_enabled": True}).status_code == 200
+
+        r = api.delete(f"{seed}/files/{record['file_id']}")
+        assert r.status_code == 200 and r.json()["status"] == "deleted"
+        assert api.get(f"{seed}/files/{record['file_id']}").status_code == 404
+        assert api.delete(f"{seed}/files/{record['file_id']}").status_code == 404
+        listing = api.get(f"/api/v1/sessions/{sid}/files", params={"conversation_id": "c9"})
+        assert listing.json()["files"] == []
+    doc = manifest(seaweedfs, s3_bucket, sid, "c9")
+    assert [(f["file_id"], f["status"]) for f in doc["files"]] == [(record["file_id"], "deleted")]
+    assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/c9/") == [
+        f"workspaces/default/{sid}/c9/.sbw/files.json"
+    ]
+    # Deleting the session deletes every object of its conversations.
+    r = httpx.delete(f"{server.url}/api/v1/sessions/{sid}", headers=headers, timeout=60)
+    assert r.status_code in (200, 202, 204), r.text
+    assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/") == []
+
+
+def test_seed_003_operations_need_the_store(api, session_url):
+    r = api.get(f"{session_url}/workspace/c1")
+    assert r.status_code == 503 and r.json()["error"]["code"] == "store_not_configured"
