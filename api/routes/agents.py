@@ -42,6 +42,7 @@ from ..deps import CallerDep, ServicesDep
 from ..event_stream import EventStream
 from ..names import conversation_id_schema
 from ..openapi import errors, sse
+from ..schemas import json_int
 from ..sse import SSE_HEADERS
 from ..table_source import TableSource, TableSourceFailed, identity_headers
 from .chat import HistoryMessage, _refuse_deleting, _session_callbacks, require_llm
@@ -73,9 +74,9 @@ class AgentRequest(BaseModel):
 
     prompt: str = Field(min_length=1, max_length=100_000, pattern=r"\S")
     chatHistory: list[HistoryMessage] = Field(default_factory=list, max_length=500)
-    table_id: (
-        Annotated[int, Field(ge=0)] | Annotated[str, Field(min_length=1, max_length=200)] | None
-    ) = Field(None, description="A table of the table source (SANDBOX_WORKSPACE_TABLE_SOURCE_URL).")
+    table_id: json_int(ge=0) | Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        None, description="A table of the table source (SANDBOX_WORKSPACE_TABLE_SOURCE_URL)."
+    )
     tableData: Any = Field(None, description="The table inline (the frontend's current form).")
     workingDirectory: str | None = Field(
         None,
