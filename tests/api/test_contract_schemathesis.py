@@ -15,9 +15,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from table_source import TableSource
 
 pytestmark = pytest.mark.local_backend
 
@@ -27,9 +29,18 @@ SUPPORT = HERE.parent / "support"
 
 
 @pytest.fixture(scope="module")
-def contract_server(start_server, scripted_llm_server, chat_env_factory, seaweedfs):
+def table_source() -> Iterator[TableSource]:
+    source = TableSource().start()  # /agents with a table_id reaches a real table source
+    yield source
+    source.stop()
+
+
+@pytest.fixture(scope="module")
+def contract_server(start_server, scripted_llm_server, chat_env_factory, seaweedfs, table_source):
     # In store mode (a real SeaweedFS): seed 003's workspace routes need the store, and
-    # every other route must hold its contract with the store in the path too.
+    # every other route must hold its contract with the store in the path too. Configured
+    # as a deployment is (a model, a table source): a server missing one answers 503 by
+    # design, which is the deployment's doing, not the request's.
     seaweedfs.make_bucket("contract")
     return start_server(
         "dev",
@@ -38,6 +49,7 @@ def contract_server(start_server, scripted_llm_server, chat_env_factory, seaweed
         **chat_env_factory(
             scripted_llm_server,
             SANDBOX_WORKSPACE_FILE_UPLOAD__ALLOWED_FILE_TYPES="[]",
+            SANDBOX_WORKSPACE_TABLE_SOURCE_URL=table_source.url,
             **seaweedfs.env("contract"),
         ),
     )
