@@ -20,6 +20,7 @@ from sandbox_workspace.runtime.client import RuntimeClient
 from . import naming
 from .answers import RuntimeAnswers
 from .metrics import OperatorMetrics
+from .pool.state import PoolState
 from .settings import OperatorSettings
 
 
@@ -37,6 +38,8 @@ class OperatorContext:
     children_seen: set[str] = field(default_factory=set)
     # Starting pods whose runtime answered the operator's own /healthz poll.
     answers: RuntimeAnswers = field(default_factory=RuntimeAnswers)
+    # The warm pool, when the settings ask for one (operator/pool; set at start-up).
+    pool: PoolState | None = None
 
     def ensure_credentials(self) -> Credentials:
         if self.credentials is None:
