@@ -18,6 +18,15 @@ hit both:
 - resume → Running: each session, stopped by its idle timeout (pod deleted, PVC kept),
   gets the ``resume-requested`` annotation and is watched until Running again.
 
+The warm pool (issue 25, operator/pool), in the same run: the chart is installed with
+``sandbox.pool.size`` = ``SANDBOX_BENCH_POOL_SIZE`` (when set: default 0, no pool phase —
+this phase has not been run on the node tier yet); the sessions above ask
+for a persistent workspace, which a pooled pod cannot give, so they start cold — the
+baseline. Then sessions with ``storage.persistent: false`` (which may take a pooled
+pod) are measured with a full pool before each: create → Running, resume → Running, a
+burst of ``pool size`` concurrent creations, and how long the pool takes to be full of
+ready pods again after the burst (``refill_seconds``).
+
 Where time goes: a watcher records when each pod is first seen, scheduled, its container
 started, its runtime first answers /healthz (polled every 20 ms) and the pod is Ready
 (perf_counter, not the API's 1 s timestamps); the JSON carries the median of each step.
@@ -61,6 +70,10 @@ SBS_API = "/apis/sandboxworkspace.io/v1alpha1"
 RESUME = "sandboxworkspace.io/resume-requested"
 BARE_NS = "bench-bare"
 GOAL = "create → Running p50 ≤ 2 s"
+POOL_GOAL = "from the pool: create and resume → Running p50 ≤ 50 ms, p99 ≤ 250 ms"
+# 0 (the default for now): no pool phase, the chart without a pool — as before.
+POOL_SIZE = int(os.environ.get("SANDBOX_BENCH_POOL_SIZE", "0"))
+POOL_LABEL = "sandboxworkspace.io/pool"
 
 
 def run(quick: bool) -> list[Figure]:
@@ -90,7 +103,7 @@ def run(quick: bool) -> list[Figure]:
     RESULTS.write_text(json.dumps(data["summary"], indent=2) + "\n")
     s = data["samples"]
     extra = data["summary"]
-    return [
+    figures = [
         Figure.of(
             "session create → Running (real node)",
             "ms",
@@ -107,6 +120,35 @@ def run(quick: bool) -> list[Figure]:
             "bare Pod create → Ready, same image",
             s["baseline"],
             breakdown_ms=extra["resume_breakdown_ms"],
+        ),
+    ]
+    if "pool_create" not in s:
+        return figures
+    return [
+        *figures,
+        Figure.of(
+            "session create → Running from the warm pool (real node)",
+            "ms",
+            s["pool_create"],
+            "session create → Running, cold",
+            s["create"],
+            goal=POOL_GOAL,
+        ),
+        Figure.of(
+            "stopped session resume → Running from the warm pool (real node)",
+            "ms",
+            s["pool_resume"],
+            "stopped session resume → Running, cold",
+            s["resume"],
+            goal=POOL_GOAL,
+        ),
+        Figure.of(
+            f"burst of {extra['pool_burst_n']} creations from the warm pool (real node)",
+            "ms",
+            s["pool_burst"],
+            "session create → Running, cold",
+            s["create"],
+            refill_seconds=extra["refill_seconds"],
         ),
     ]
 
@@ -224,13 +266,22 @@ def inner(n: int = 20) -> dict:
             cluster.kubeconfig,
             workdir / "release",
             cluster.images["image"],
-            {"operator.settings.CHECK_INTERVAL_SECONDS": "2"},
+            {
+                "operator.settings.CHECK_INTERVAL_SECONDS": "2",
+                "sandbox.pool.size": str(POOL_SIZE),
+                "sandbox.pool.refillBatch": str(max(1, POOL_SIZE)),
+            },
         )
         installed = release.install()
         if installed.returncode != 0:
             raise RuntimeError(f"helm install failed:\n{installed.stdout}\n{installed.stderr}")
         with cluster.client() as kube:
-            return _measure(cluster, kube, SESSIONS, n)
+            result = _measure(cluster, kube, SESSIONS, n)
+            if POOL_SIZE > 0:
+                pool = _measure_pool(cluster, kube, SESSIONS, n, POOL_SIZE)
+                result["summary"].update(pool.pop("summary"))
+                result["samples"].update(pool)
+            return result
     finally:
         cluster.stop()
 
@@ -296,6 +347,97 @@ def _measure(cluster, kube: KubeClient, sessions_ns: str, n: int) -> dict:
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     return {"summary": summary, "samples": ms}
+
+
+def _pool_session(user: str) -> dict:
+    body = _session(user)
+    body["spec"]["storage"] = {"persistent": False}
+    return body
+
+
+def _free_ready(kube: KubeClient, ns: str) -> int:
+    pods = kube.list(f"/api/v1/namespaces/{ns}/pods", labelSelector=f"{POOL_LABEL}=free")
+    return sum(1 for p in pods if _pod_ready(p) and not p["metadata"].get("deletionTimestamp"))
+
+
+def _pool_full(kube: KubeClient, ns: str, size: int, timeout: float = 300) -> float:
+    """perf_counter time at which ``size`` free pool pods are ready (polled every 50 ms)."""
+    wait_until(
+        lambda: _free_ready(kube, ns) >= size,
+        timeout=timeout,
+        interval=0.05,
+        message=f"{size} free ready pool pods",
+    )
+    return time.perf_counter()
+
+
+def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int) -> dict:
+    """The warm pool's figures (module docstring); samples in ms, and the summary."""
+    sbs = f"{SBS_API}/namespaces/{ns}/sandboxsessions"
+    create: list[float] = []
+    pods: dict[str, str] = {}
+    sources: list[str] = []
+    for i in range(n + 1):  # the first is a warm-up
+        _pool_full(kube, ns, size)
+        start = time.perf_counter()
+        obj = kube.create(sbs, _pool_session(f"pool-{i}"))
+        end = _watch_until(kube, sbs, obj, _session_running, timeout=120)
+        status = kube.get(f"{sbs}/{obj['metadata']['name']}")["status"]
+        pods[obj["metadata"]["name"]] = status["podName"]
+        sources.append(status.get("startedFrom") or "")
+        if i:
+            create.append((end - start) * 1000)
+    for name in pods:
+        kube.wait_for(
+            f"{sbs}/{name}",
+            lambda s: (s.get("status") or {}).get("phase") == "Stopped",
+            timeout=180,
+        )
+    resume: list[float] = []
+    for i in range(1, n + 1):
+        name = f"sb-session-pool-{i}"
+        pod = f"/api/v1/namespaces/{ns}/pods/{pods[name]}"
+        wait_until(lambda p=pod: kube.get_or_none(p) is None, timeout=60)
+        _pool_full(kube, ns, size)
+        start = time.perf_counter()
+        obj = kube.patch(f"{sbs}/{name}", {"metadata": {"annotations": {RESUME: _now()}}})
+        end = _watch_until(kube, sbs, obj, _session_running, timeout=120)
+        sources.append(kube.get(f"{sbs}/{name}")["status"].get("startedFrom") or "")
+        resume.append((end - start) * 1000)
+    # A burst: as many concurrent creations as the pool holds.
+    _pool_full(kube, ns, size)
+    burst: list[float] = [0.0] * size
+    ends: list[float] = [0.0] * size
+
+    def one(j: int) -> None:
+        with cluster.client() as own:
+            start = time.perf_counter()
+            obj = own.create(sbs, _pool_session(f"burst-{j}"))
+            ends[j] = _watch_until(own, sbs, obj, _session_running, timeout=120)
+            burst[j] = (ends[j] - start) * 1000
+            sources.append(own.get(f"{sbs}/{obj['metadata']['name']}")["status"]["startedFrom"])
+
+    threads = [threading.Thread(target=one, args=(j,)) for j in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    refill = _pool_full(kube, ns, size) - max(ends)
+    summary = {
+        "pool_size": size,
+        "pool_create_p50_ms": round(statistics.median(create), 1),
+        "pool_create_p99_ms": round(percentile(create, 99), 1),
+        "pool_resume_p50_ms": round(statistics.median(resume), 1),
+        "pool_resume_p99_ms": round(percentile(resume, 99), 1),
+        "pool_burst_n": size,
+        "pool_burst_p50_ms": round(statistics.median(burst), 1),
+        "pool_burst_p99_ms": round(percentile(burst, 99), 1),
+        "refill_seconds": round(refill, 2),
+        # Pool-phase starts that fell back to a cold pod (the pool ran dry or a claim lost).
+        "pool_phase_cold_starts": sum(1 for s in sources if s != "pool"),
+        "pool_goal": POOL_GOAL,
+    }
+    return {"summary": summary, "pool_create": create, "pool_resume": resume, "pool_burst": burst}
 
 
 def _pod_name(session: dict) -> str:

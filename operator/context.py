@@ -21,6 +21,7 @@ from sandbox_workspace.store import ObjectStore, S3Store
 from . import naming
 from .answers import RuntimeAnswers
 from .metrics import OperatorMetrics
+from .pool.state import PoolState
 from .settings import OperatorSettings
 
 
@@ -40,6 +41,8 @@ class OperatorContext:
     answers: RuntimeAnswers = field(default_factory=RuntimeAnswers)
     # SANDBOX_OPERATOR_STORE=s3: the bucket the finalizer empties (checked at start).
     store: ObjectStore | None = None
+    # The warm pool, when the settings ask for one (operator/pool; set at start-up).
+    pool: PoolState | None = None
 
     def ensure_credentials(self) -> Credentials:
         if self.credentials is None:

@@ -61,6 +61,8 @@ ANNOTATION_LAST_ACTIVITY = f"{PREFIX}/last-activity"
 ANNOTATION_POD_SPEC = f"{PREFIX}/pod-spec"
 # On a cleanup pod and its Secret: the orphaned claim it serves.
 LABEL_CLEANUP = f"{PREFIX}/cleanup-of"
+# On a warm-pool sandbox pod for its whole life: "free", then "claimed" (operator/pool).
+LABEL_POOL = f"{PREFIX}/pool"
 FINALIZER_FILES = f"{PREFIX}/files"
 COMPONENT_RUNTIME = "runtime"
 
@@ -352,6 +354,11 @@ class SandboxSessionStatus(StatusModel):
         None, description="Last request or operation the runtime reported."
     )
     started_at: datetime | None = Field(None, description="When the current pod started.")
+    started_from: Literal["pool", "cold"] | None = Field(
+        None,
+        description="How the current pod started: `pool` (a ready pod claimed from the "
+        "warm pool) or `cold` (created for this session).",
+    )
     expires_at: datetime | None = Field(
         None, description="When `ttlSeconds` deletes the session (unset: never)."
     )

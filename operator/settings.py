@@ -67,6 +67,23 @@ class OperatorSettings(BaseSettings):
         10, ge=0, description="Grace period of sandbox pods (the runtime stops fast)."
     )
 
+    # Warm pool (operator/pool): ready sandbox pods claimed by starting sessions.
+    pool_size: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="Free ready sandbox pods kept in each pool namespace; 0: no pool, "
+        "every session starts cold.",
+    )
+    pool_namespaces: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Namespaces that get a pool (each must be watched); empty: every "
+        "namespace in `namespaces` (a cluster-wide operator then has no pool).",
+    )
+    pool_refill_batch: int = Field(
+        5, ge=1, le=100, description="Pool pods created at a time while refilling."
+    )
+
     # Timings. Defaults suit a real cluster; tests shorten them.
     check_interval_seconds: float = Field(
         30.0,
@@ -107,7 +124,7 @@ class OperatorSettings(BaseSettings):
     store: StoreMode = Field("local", description="`s3`: conversation files are in a bucket.")
     s3: S3Settings = Field(default_factory=S3Settings, description="Store `s3`: the bucket.")
 
-    @field_validator("namespaces", mode="before")
+    @field_validator("namespaces", "pool_namespaces", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):

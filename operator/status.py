@@ -11,17 +11,19 @@ carried over from the previous status: a session stays Stopped until resumed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from .models import (
     ANNOTATION_RESUME,
+    LABEL_POOL,
     Condition,
     SandboxSession,
     SandboxSessionStatus,
     SessionPhase,
 )
+from .naming import runtime_pod_name
 from .settings import RUNTIME_PORT
 
 PodKind = Literal["missing", "pending", "starting", "ready", "failed", "terminating", "broken"]
@@ -45,9 +47,24 @@ class PodState:
     ip: str | None = None
     started_at: str | None = None
     name: str | None = None
+    started_from: Literal["pool", "cold"] | None = None  # None: no pod
 
 
 def observe_pod(pod: dict[str, Any] | None) -> PodState:
+    state = _observe_pod(pod)
+    if pod is None:
+        return state
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return replace(state, started_from="pool" if LABEL_POOL in labels else "cold")
+
+
+def session_pod_name(session: SandboxSession) -> str:
+    """The name of the session's pod: its own (``runtime_pod_name``), or the one it
+    claimed from the warm pool, which keeps its name (recorded in ``status.podName``)."""
+    return session.status.pod_name or runtime_pod_name(session.name)
+
+
+def _observe_pod(pod: dict[str, Any] | None) -> PodState:
     if pod is None:
         return PodState("missing", "PodMissing", "the sandbox pod does not exist")
     meta, status = pod.get("metadata", {}), pod.get("status") or {}
@@ -204,6 +221,7 @@ def session_status(
         conditions=_ordered(conds),
         last_activity_time=prev.last_activity_time,
         started_at=None if stopped else (pod.started_at or None),
+        started_from=None if stopped else pod.started_from,
         expires_at=expiry,
         observed_generation=prev.observed_generation if restart_required else session.generation,
     )

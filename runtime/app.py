@@ -22,6 +22,7 @@ from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from .activity import Activity
+from .claim import Claimed, ClaimHeader, ClaimRequest, ClaimState
 from .confinement import Confinement
 from .errors import ApiError, Unauthorized, install_error_handlers
 from .executor import Executor
@@ -54,7 +55,8 @@ class RuntimeState:
 
     def __init__(self, settings: RuntimeSettings) -> None:
         self.settings = settings
-        self.token = settings.resolved_token()
+        claim_key = settings.claim_key.get_secret_value() if settings.claim_key else None
+        self.claim = ClaimState(settings.resolved_token(), claim_key)
         self.workspace = Workspace(settings.root, settings.visible_root)
         self.limits = UploadLimits(
             max_file_size=settings.max_file_size_bytes,
@@ -91,9 +93,12 @@ async def _authenticated(
 ) -> RuntimeState:
     """Token check only: for the idle reaper's polls, which must not count as activity."""
     state = _state(request)
+    token = state.claim.token
+    if token is None:
+        raise Unauthorized("this pooled runtime is not claimed yet")
     scheme, _, presented = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(
-        presented.strip().encode(), state.token.encode()
+        presented.strip().encode(), token.encode()
     ):
         raise Unauthorized("missing or invalid bearer token")
     return state
@@ -345,6 +350,11 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     async def healthz() -> Health:
         """Unauthenticated liveness/readiness probe."""
         return Health()
+
+    @app.post("/v1/claim")
+    async def claim(body: ClaimRequest, authorization: ClaimHeader = None) -> Claimed:
+        """A pooled runtime's one claim (runtime/claim.py): sets its bearer token."""
+        return state.claim.claim(authorization, body.token)
 
     app.include_router(router)
     return app

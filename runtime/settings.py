@@ -27,6 +27,11 @@ class RuntimeSettings(BaseSettings):
     token_file: Path | None = Field(
         default=None, description="File holding the token (read once at start-up)."
     )
+    claim_key: SecretStr | None = Field(
+        default=None,
+        description="A pooled runtime: starts with no token and accepts exactly one "
+        "`POST /v1/claim` authenticated by this key, which sets the token (runtime/claim.py).",
+    )
     root: Path = Field(default=Path("/workspace"), description="Workspace root on disk.")
     workspace_path: str | None = Field(
         default=None,
@@ -122,7 +127,10 @@ class RuntimeSettings(BaseSettings):
             return [str(v).lower().lstrip(".") for v in value]
         return value
 
-    def resolved_token(self) -> str:
+    def resolved_token(self) -> str | None:
+        """The bearer token; None for a pooled runtime (a claim key and no token)."""
+        if self.pooled:
+            return None
         if self.token is not None and self.token.get_secret_value():
             return self.token.get_secret_value()
         if self.token_file is not None:
@@ -131,6 +139,11 @@ class RuntimeSettings(BaseSettings):
             "the runtime needs a bearer token: set SANDBOX_RUNTIME_TOKEN or "
             "SANDBOX_RUNTIME_TOKEN_FILE"
         )
+
+    @property
+    def pooled(self) -> bool:
+        given = self.token is not None and self.token.get_secret_value()
+        return bool(self.claim_key and self.claim_key.get_secret_value()) and not given
 
     @property
     def visible_root(self) -> str:

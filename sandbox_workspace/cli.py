@@ -55,6 +55,7 @@ def _cmd_runtime(args: argparse.Namespace) -> int:
     # The token must not reach executed code: not through inherited environment, not
     # through /proc/<runtime>/environ (unreadable once the process is not dumpable).
     os.environ.pop("SANDBOX_RUNTIME_TOKEN", None)
+    os.environ.pop("SANDBOX_RUNTIME_CLAIM_KEY", None)  # a pooled runtime's (runtime/claim.py)
     harden_runtime_process()
     logging.getLogger("sandbox_workspace.runtime").info(
         "runtime ready", extra={"confinement": app.state.runtime.executor.confinement.describe()}

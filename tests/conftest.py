@@ -139,11 +139,13 @@ def runtime(
             *("--root", str(root)),
         ],
         _base_env(
-            SANDBOX_RUNTIME_TOKEN=token,
-            SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES="1048576",
-            SANDBOX_RUNTIME_MAX_FILE_COUNT="5",
-            SANDBOX_RUNTIME_ALLOWED_FILE_TYPES="",
-            **runtime_env,
+            **{
+                "SANDBOX_RUNTIME_TOKEN": token,
+                "SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES": "1048576",
+                "SANDBOX_RUNTIME_MAX_FILE_COUNT": "5",
+                "SANDBOX_RUNTIME_ALLOWED_FILE_TYPES": "",
+                **runtime_env,  # may override any of the above
+            }
         ),
         tmp_path,
     ).start()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import kopf
 
 from ..models import GROUP, SESSION_PLURAL, VERSION, WORKSPACE_PLURAL
+from ..pool import LABEL_POOL
+from ..pool import refill as pool
 from ..settings import OperatorSettings
 from . import checks, deletion, sessions, startup, workspaces
 
@@ -25,6 +27,10 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     on.startup(registry=registry)(startup.configure)
     on.login(registry=registry)(startup.login)
     on.cleanup(registry=registry)(startup.cleanup)
+    # The warm pool (operator/pool): its refiller, and its pods' events.
+    on.startup(registry=registry)(pool.start)
+    on.cleanup(registry=registry)(pool.stop)
+    on.event(*PODS, labels={LABEL_POOL: kopf.PRESENT}, registry=registry)(pool.on_pool_pod_event)
 
     for decorator in (on.create, on.resume):
         decorator(*SESSIONS, registry=registry, id="reconcile")(sessions.on_session_changed)

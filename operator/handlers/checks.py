@@ -26,7 +26,6 @@ from sandbox_workspace.kube import KubeError, core_path
 from sandbox_workspace.runtime.client import RuntimeClientError
 from sandbox_workspace.runtime.schemas import RuntimeStats
 
-from .. import naming
 from ..context import OperatorContext
 from ..models import ANNOTATION_LAST_ACTIVITY, ANNOTATION_RESUME, SandboxSession
 from ..status import (
@@ -34,6 +33,7 @@ from ..status import (
     confined_condition,
     expires_at,
     observe_pod,
+    session_pod_name,
     session_status,
     set_condition,
 )
@@ -51,7 +51,7 @@ async def stop_session(ctx: OperatorContext, session: SandboxSession, body: dict
             current, observe_pod(None), now(), stopped=True, stop_reason=("IdleTimeout", why)
         )
         await _write_status(ctx, fresh, current, status)
-        pod_path = core_path(session.namespace, "pods", naming.runtime_pod_name(session.name))
+        pod_path = core_path(session.namespace, "pods", session_pod_name(current))
         await ctx.api.delete(pod_path)
 
 
@@ -164,7 +164,7 @@ def _confined(session: SandboxSession, body: dict, stats: RuntimeStats) -> list[
 
 async def _roll(ctx: OperatorContext, session: SandboxSession, body: dict) -> None:
     """Replace an idle pod built from an older spec (recreated by the reconciler)."""
-    path = core_path(session.namespace, "pods", naming.runtime_pod_name(session.name))
+    path = core_path(session.namespace, "pods", session_pod_name(session))
     pod = await ctx.api.get(path)
     if pod is None:
         return

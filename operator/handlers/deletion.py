@@ -27,6 +27,7 @@ from ..context import OperatorContext
 from ..idrules import check_conversation_id
 from ..models import (
     DNS_LABEL_PATTERN,
+    LABEL_SESSION,
     SESSION_PLURAL,
     WORKSPACE_PLURAL,
     ConversationWorkspaceStatus,
@@ -60,6 +61,9 @@ async def storage_facts(ctx: OperatorContext, namespace: str, session_ref: str) 
     session = await ctx.api.get(custom_path(namespace, SESSION_PLURAL, session_ref))
     claim = await ctx.api.get(core_path(namespace, "persistentvolumeclaims", claim_name))
     pod = await ctx.api.get(core_path(namespace, "pods", naming.runtime_pod_name(session_ref)))
+    if pod is None:  # a pod claimed from the warm pool keeps its own name (operator/pool)
+        pods = await ctx.api.list(core_path(namespace, "pods"), f"{LABEL_SESSION}={session_ref}")
+        pod = pods[0] if pods else None
     volumes = []
     if claim is None:  # a bound claim's volume holds nothing the claim does not decide
         for pv in await ctx.api.list("/api/v1/persistentvolumes"):

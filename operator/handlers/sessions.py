@@ -39,7 +39,6 @@ from pydantic import ValidationError
 
 from sandbox_workspace.kube import KubeError, core_path, custom_path
 
-from .. import naming
 from ..builders import build_sandbox_pod
 from ..children import judge, uid_of
 from ..context import OperatorContext
@@ -51,7 +50,8 @@ from ..models import (
     SandboxSession,
     SandboxSessionStatus,
 )
-from ..status import PodState, is_stopped, session_status, set_condition
+from ..pool.claim import claim_pod
+from ..status import PodState, is_stopped, session_pod_name, session_status, set_condition
 from .incarnation import OLD, ensure_children
 
 KIND = "SandboxSession"
@@ -124,7 +124,7 @@ async def reconcile_session(ctx: OperatorContext, namespace: str, name: str) -> 
             await _invalid(ctx, body, e)
             return None
         stopped = is_stopped(session)
-        pod_path = core_path(namespace, "pods", naming.runtime_pod_name(name))
+        pod_path = core_path(namespace, "pods", session_pod_name(session))
         pod = await ctx.api.get(pod_path)
         serving = judge(pod, session.uid) == "ours" and ctx.answers.observe(pod).kind == "ready"
         blocked = await ensure_children(ctx, session, body, trust_cache=serving)
@@ -161,7 +161,9 @@ async def _converge_pod(
     blocked: PodState | None,
 ) -> tuple[dict | None, PodState, bool]:
     """Delete, await or create the pod; its observed state; whether it is outdated."""
-    ns, path = session.namespace, core_path(session.namespace, "pods", desired["metadata"]["name"])
+    # A pod claimed from the warm pool keeps its own name (``session_pod_name``).
+    name = (pod or desired)["metadata"]["name"]
+    ns, path = session.namespace, core_path(session.namespace, "pods", name)
     ownership = judge(pod, session.uid)
     if pod is not None and ownership in ("orphaned", "foreign"):
         await ctx.api.delete(path, uid=uid_of(pod))
@@ -190,6 +192,11 @@ async def _converge_pod(
     if pod is None and not stopped:
         if blocked is not None:
             return None, blocked, False
+        # Warm pool (issue 25, operator/pool): claim a ready pod, else cold start.
+        claimed = await claim_pod(ctx, session, body)
+        if claimed is not None:
+            kopf.event(body, type="Normal", reason="PodClaimed", message="ready pod from the pool")
+            return claimed, ctx.answers.observe(claimed), False
         kopf.adopt(desired, owner=body)
         pod = await ctx.api.create(core_path(ns, "pods"), desired)
         if pod is None:  # created meanwhile by another trigger: read it

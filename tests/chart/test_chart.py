@@ -279,7 +279,7 @@ def test_rbac_is_namespaced_and_minimal(rendered: tuple[str, list[dict[str, Any]
     operator = grants(roles[f"{RELEASE}-sandbox-workspace-operator"])
     assert operator["/secrets"] == {"get", "create", "delete"}  # old incarnations' tokens
     assert operator["/persistentvolumeclaims"] == {"get", "create", "patch"}  # adoption
-    assert operator["/pods"] == {"get", "list", "watch", "create", "delete"}
+    assert operator["/pods"] == {"get", "list", "watch", "create", "delete", "patch"}
     assert ("kopf.dev/kopfpeerings" in operator) == (name == "hardened")
     for binding in by_kind(docs, "RoleBinding") + by_kind(docs, "ClusterRoleBinding"):
         (subject,) = binding["subjects"]

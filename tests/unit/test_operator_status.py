@@ -103,6 +103,7 @@ READY = PodState(
     "10.0.0.7",
     "2025-01-01T00:00:00Z",
     "sb-session-alice",
+    "cold",
 )
 
 
@@ -138,6 +139,7 @@ def test_running_session_status() -> None:
         ],
         "lastActivityTime": None,
         "startedAt": "2025-01-01T00:00:00Z",
+        "startedFrom": "cold",
         "expiresAt": "2025-01-01T00:01:00Z",
         "observedGeneration": 3,
     }

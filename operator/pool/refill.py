@@ -1,0 +1,172 @@
+"""Keeps each pool namespace at ``pool_size`` free pods, and follows pool pods' events.
+
+Contract:
+- ``start`` (kopf startup) makes the pool state when ``pool_size`` > 0 and starts one
+  refill task; ``stop`` (kopf cleanup) ends it.
+- The refill task, woken by a claim, a pool pod's event or every ``check_interval``:
+  per namespace, ensures the claim-key Secret (create-if-absent, a fresh random key),
+  lists the pool's free pods, deletes the failed and the stale ones (built from an older
+  template: operator upgraded), and creates the missing ones, at most
+  ``pool_refill_batch`` per round. It also re-seeds the free-pod hint from the listing.
+- ``on_pool_pod_event`` keeps the hint current: a free pod enters it when its runtime is
+  ready and leaves it on any other news; a claimed pod whose token this process has not
+  delivered (an operator restarted between the swap and the delivery) gets it again —
+  delivery is idempotent for the same token, and a pod that refuses is deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from typing import Any
+
+import kopf
+
+from sandbox_workspace.kube import KubeError, core_path
+
+from ..children import uid_of
+from ..context import OperatorContext
+from ..models import LABEL_SESSION
+from ..status import observe_pod
+from .claim import claim_key, deliver_token
+from .spec import (
+    CLAIMED,
+    LABEL_POOL,
+    build_pool_pod,
+    build_pool_secret,
+    is_free,
+    template_hash,
+)
+from .state import PoolMetrics, PoolState
+
+log = logging.getLogger("sandbox_workspace.operator.pool")
+
+
+def pool_namespaces(ctx: OperatorContext) -> tuple[str, ...]:
+    settings = ctx.settings
+    return tuple(settings.pool_namespaces or settings.namespaces)
+
+
+async def start(memo: kopf.Memo, **_: Any) -> None:
+    ctx: OperatorContext = memo.ctx
+    if ctx.settings.pool_size <= 0 or ctx.pool is not None:
+        return
+    namespaces = pool_namespaces(ctx)
+    if not namespaces:
+        log.warning("pool_size is set but no namespace is named: no pool")
+        return
+    ctx.pool = PoolState(namespaces, ctx.settings.pool_size, PoolMetrics(ctx.metrics.registry))
+    ctx.pool.task = asyncio.create_task(_refill_forever(ctx), name="pool refill")
+
+
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    ctx: OperatorContext = memo.ctx
+    if ctx.pool is not None and ctx.pool.task is not None:
+        ctx.pool.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ctx.pool.task
+        ctx.pool.task = None
+
+
+async def _refill_forever(ctx: OperatorContext) -> None:
+    assert ctx.pool is not None
+    pool = ctx.pool
+    while True:
+        pool.wake.clear()
+        again = False
+        for ns in pool.namespaces:
+            try:
+                again |= await refill(ctx, ns)
+            except KubeError as e:
+                ctx.metrics.errors.labels("SandboxPool", e.reason or str(e.status)).inc()
+                log.warning("pool refill failed", extra={"namespace": ns, "error": str(e)})
+            except Exception:
+                log.exception("pool refill failed")
+        if again:
+            continue
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(pool.wake.wait(), ctx.settings.check_interval_seconds)
+
+
+async def ensure_secret(ctx: OperatorContext, ns: str) -> None:
+    if await claim_key(ctx, ns) is None:
+        await ctx.api.create(core_path(ns, "secrets"), build_pool_secret(secrets.token_urlsafe(32)))
+        await claim_key(ctx, ns)
+
+
+async def refill(ctx: OperatorContext, ns: str) -> bool:
+    """One round for ``ns``; True when more pods are still missing."""
+    assert ctx.pool is not None
+    pool = ctx.pool
+    await ensure_secret(ctx, ns)
+    template = template_hash(ns, ctx.settings)
+    pods = await ctx.api.list(core_path(ns, "pods"), label_selector=f"{LABEL_POOL}")
+    live = []
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        if pod["metadata"]["labels"].get(LABEL_POOL) == CLAIMED:
+            pool.note_claimed(ns, name, live=not pod["metadata"].get("deletionTimestamp"))
+            continue
+        state = observe_pod(pod)
+        if pod["metadata"].get("deletionTimestamp"):
+            pool.note_free(ns, pod, ready=False)
+        elif state.kind in ("failed", "broken") or not is_free(pod, template):
+            pool.note_free(ns, pod, ready=False)
+            await ctx.api.delete(core_path(ns, "pods", name), uid=uid_of(pod))
+        else:
+            live.append(pod)
+            pool.note_free(ns, pod, ready=state.kind == "ready")
+    missing = pool.size - len(live)
+    batch = min(missing, ctx.settings.pool_refill_batch)
+    if batch <= 0:
+        return False
+    manifest = build_pool_pod(ns, ctx.settings)
+    await asyncio.gather(*(ctx.api.create(core_path(ns, "pods"), manifest) for _ in range(batch)))
+    pool.metrics.refills.labels(ns).inc(batch)
+    return missing > batch
+
+
+async def on_pool_pod_event(
+    event: kopf.RawEvent, namespace: str, memo: kopf.Memo, **_: Any
+) -> None:
+    """Any change of a pool member (free or claimed): see the module contract."""
+    ctx: OperatorContext = memo.ctx
+    pool = ctx.pool
+    if pool is None or not pool.serves(namespace):
+        return
+    pod = event["object"]
+    meta = pod.get("metadata") or {}
+    gone = event["type"] == "DELETED" or bool(meta.get("deletionTimestamp"))
+    if (meta.get("labels") or {}).get(LABEL_POOL) == CLAIMED:
+        pool.note_claimed(namespace, meta["name"], live=not gone)
+        if gone:
+            pool.delivered.discard(meta.get("uid", ""))
+        else:
+            await _redeliver(ctx, namespace, pod)
+        return
+    state = observe_pod(pod)
+    template = template_hash(namespace, ctx.settings)
+    ready = not gone and state.kind == "ready" and is_free(pod, template)
+    pool.note_free(namespace, pod, ready=ready)
+    if gone or state.kind in ("failed", "broken"):
+        pool.wake.set()
+
+
+async def _redeliver(ctx: OperatorContext, namespace: str, pod: dict[str, Any]) -> None:
+    """A claimed pod whose delivery this process did not see: deliver (idempotent)."""
+    assert ctx.pool is not None
+    meta = pod["metadata"]
+    owners = meta.get("ownerReferences") or []
+    session = (meta.get("labels") or {}).get(LABEL_SESSION)
+    if meta.get("uid") in ctx.pool.delivered or not owners or not session:
+        return
+    if observe_pod(pod).kind != "ready":
+        return
+    key = await claim_key(ctx, namespace)
+    token = await ctx.runtime_token(namespace, session, owners[0].get("uid"))
+    if key is None or token is None:
+        return
+    if not await deliver_token(ctx, pod, key, token):
+        await ctx.api.delete(core_path(namespace, "pods", meta["name"]), uid=uid_of(pod))

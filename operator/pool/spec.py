@@ -1,0 +1,139 @@
+"""Pure rules and builders of the warm pool (issue 25). No I/O.
+
+Contract:
+- ``build_pool_pod`` makes a pool member with the *same* builder as a session's pod
+  (``builders._runtime_pod``), from a stand-in session with the default spec: same image,
+  resources, confinement, security context, volumes. It differs only in what makes it
+  nobody's: no session or user label, no user annotation, no owner, a generated name,
+  and instead of a token its runtime gets the namespace's claim key (``POOL_SECRET``),
+  so it starts pooled (``runtime/claim.py``).
+- ``misfits`` is THE eligibility rule: the spec fields of a session that a pooled pod
+  cannot give; empty means the session may take a pooled pod. One line per field.
+- ``claim_patch`` is the compare-and-swap that moves a free pod to a session: labels,
+  user annotation, owner reference and spec digest in one merge patch carrying the
+  pod's ``resourceVersion`` (the apiserver refuses it with 409 if the pod changed since).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .. import naming
+from ..builders import _runtime_pod, build_sandbox_pod, spec_hash
+from ..children import owner_reference
+from ..models import (
+    ANNOTATION_POD_SPEC,
+    ANNOTATION_USER_ID,
+    LABEL_POOL,
+    LABEL_SESSION,
+    LABEL_USER,
+    SandboxSession,
+    SandboxSessionSpec,
+)
+from ..settings import OperatorSettings
+
+# ``LABEL_POOL`` is on every pool member for its whole life: "free", then "claimed".
+FREE, CLAIMED = "free", "claimed"
+POOL_SECRET = "sandbox-pool-claim"  # per namespace: the claim key of its pool's runtimes
+CLAIM_KEY = "key"
+CLAIM_ENV = "SANDBOX_RUNTIME_CLAIM_KEY"
+POD_PREFIX = "sbx-pool-"
+
+# The spec a pool member is built from: the defaults, without a volume of its own.
+_DEFAULT = SandboxSessionSpec.model_validate({"userId": "pool", "storage": {"persistent": False}})
+_Rule = Callable[[SandboxSessionSpec, OperatorSettings], bool]
+
+# What a pooled pod cannot give: (field, rule true when the session asks for it). A pooled
+# pod has no volume of a user: once sessions keep files in the object store (issue 21),
+# that mode joins the first rule, e.g. `s.storage.persistent and s.storage.mode != "s3"`.
+RULES: tuple[tuple[str, _Rule], ...] = (
+    ("storage.persistent", lambda s, _: s.storage.persistent),
+    ("storage.size", lambda s, _: s.storage.size != _DEFAULT.storage.size),
+    ("image", lambda s, cfg: s.image not in (None, cfg.image)),
+    ("resources", lambda s, _: s.resources is not None),
+    ("network", lambda s, _: s.network != _DEFAULT.network),
+    ("fileUploadConfig", lambda s, _: s.file_upload_config != _DEFAULT.file_upload_config),
+)
+
+
+def misfits(spec: SandboxSessionSpec, settings: OperatorSettings) -> list[str]:
+    """The fields of ``spec`` a pooled pod cannot give (empty: it may take one)."""
+    return [field for field, asks in RULES if asks(spec, settings)]
+
+
+def _stand_in(namespace: str) -> SandboxSession:
+    return SandboxSession(name="pool", namespace=namespace, spec=_DEFAULT)
+
+
+def build_pool_pod(namespace: str, settings: OperatorSettings) -> dict[str, Any]:
+    """A pool member for ``namespace`` (see the module contract)."""
+    pod = _runtime_pod(_stand_in(namespace), settings, secret=POOL_SECRET)
+    meta = pod["metadata"]
+    del meta["name"]
+    meta["generateName"] = POD_PREFIX
+    meta["labels"].pop(LABEL_SESSION)
+    meta["labels"].pop(LABEL_USER)
+    meta["labels"][LABEL_POOL] = FREE
+    env = pod["spec"]["containers"][0]["env"]
+    token = next(e for e in env if e["name"] == "SANDBOX_RUNTIME_TOKEN")
+    token["name"] = CLAIM_ENV
+    token["valueFrom"]["secretKeyRef"]["key"] = CLAIM_KEY
+    meta["annotations"] = {ANNOTATION_POD_SPEC: spec_hash(pod)}
+    return pod
+
+
+def template_hash(namespace: str, settings: OperatorSettings) -> str:
+    """Digest of today's pool member: a free pod with another digest is stale."""
+    return build_pool_pod(namespace, settings)["metadata"]["annotations"][ANNOTATION_POD_SPEC]
+
+
+def build_pool_secret(key: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": POOL_SECRET,
+            "labels": {
+                "app.kubernetes.io/name": "sandbox-workspace",
+                "app.kubernetes.io/managed-by": "sandbox-workspace-operator",
+            },
+        },
+        "type": "Opaque",
+        "stringData": {CLAIM_KEY: key},
+    }
+
+
+def is_free(pod: dict[str, Any], template: str) -> bool:
+    """A free, current, not terminating pool member (ready or not)."""
+    meta = pod.get("metadata") or {}
+    return (
+        (meta.get("labels") or {}).get(LABEL_POOL) == FREE
+        and not meta.get("deletionTimestamp")
+        and (meta.get("annotations") or {}).get(ANNOTATION_POD_SPEC) == template
+    )
+
+
+def claim_patch(
+    pod: dict[str, Any], session: SandboxSession, body: dict[str, Any], settings: OperatorSettings
+) -> dict[str, Any]:
+    """The compare-and-swap moving free ``pod`` to ``session`` (``body``: as read).
+
+    The spec digest becomes the one of the session's own pod: the claimed pod serves the
+    session's spec (``misfits`` was empty), so a later spec change rolls it like any pod."""
+    desired = build_sandbox_pod(session, settings)["metadata"]["annotations"][ANNOTATION_POD_SPEC]
+    return {
+        "metadata": {
+            "resourceVersion": pod["metadata"]["resourceVersion"],
+            "labels": {
+                LABEL_POOL: CLAIMED,
+                LABEL_SESSION: session.name,
+                LABEL_USER: naming.dns_name(session.spec.user_id),
+            },
+            "annotations": {
+                ANNOTATION_USER_ID: session.spec.user_id,
+                ANNOTATION_POD_SPEC: desired,
+            },
+            "ownerReferences": [owner_reference(body)],
+        }
+    }

@@ -1,0 +1,100 @@
+"""What one operator knows of its warm pools: free ready pods, claim keys, metrics.
+
+Contract: in memory only, fed by the pool pods' watch events (``refill.on_pool_pod_event``)
+and by the refiller's listings — a hint, never the truth: a claim is decided by the
+apiserver (``spec.claim_patch``), so a stale entry costs one 409, not a shared pod.
+``take`` hands each free pod to at most one caller of this process at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class PoolMetrics:
+    """``sandbox_operator_pool_ready{namespace}``: free pods whose runtime is ready;
+    ``sandbox_operator_pool_claimed{namespace}``: live pods claimed from the pool;
+    ``sandbox_operator_pool_starts_total{namespace, source}``: session starts by source
+    (``pool``, or ``cold_<reason>``: ``cold_empty``, ``cold_spec``, ``cold_conflict``...);
+    ``sandbox_operator_pool_claim_seconds``: first claim attempt to token delivered;
+    ``sandbox_operator_pool_refills_total{namespace}``: pool pods created."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.ready = Gauge(
+            "sandbox_operator_pool_ready",
+            "Free pool pods whose runtime is ready.",
+            ["namespace"],
+            registry=registry,
+        )
+        self.claimed = Gauge(
+            "sandbox_operator_pool_claimed",
+            "Live sandbox pods that were claimed from the pool.",
+            ["namespace"],
+            registry=registry,
+        )
+        self.starts = Counter(
+            "sandbox_operator_pool_starts",
+            "Session pod starts by source: pool, or cold and why.",
+            ["namespace", "source"],
+            registry=registry,
+        )
+        self.claim_seconds = Histogram(
+            "sandbox_operator_pool_claim_seconds",
+            "From a session's first claim attempt to its token delivered to the pod.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=registry,
+        )
+        self.refills = Counter(
+            "sandbox_operator_pool_refills",
+            "Pool pods created.",
+            ["namespace"],
+            registry=registry,
+        )
+
+
+@dataclass
+class PoolState:
+    """Per namespace: free ready pods (name → pod as last seen) and claimed pod names."""
+
+    namespaces: tuple[str, ...]
+    size: int
+    metrics: PoolMetrics
+    free: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    claimed: dict[str, set[str]] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)  # namespace → claim key
+    delivered: set[str] = field(default_factory=set)  # pod uids whose claim answered 200
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
+
+    def serves(self, namespace: str) -> bool:
+        return self.size > 0 and namespace in self.namespaces
+
+    def note_free(self, namespace: str, pod: dict[str, Any], ready: bool) -> None:
+        name = pod["metadata"]["name"]
+        pods = self.free.setdefault(namespace, {})
+        if ready:
+            pods[name] = pod
+        else:
+            pods.pop(name, None)
+        self.metrics.ready.labels(namespace).set(len(pods))
+
+    def note_claimed(self, namespace: str, name: str, live: bool) -> None:
+        names = self.claimed.setdefault(namespace, set())
+        (names.add if live else names.discard)(name)
+        self.free.get(namespace, {}).pop(name, None)
+        self.metrics.claimed.labels(namespace).set(len(names))
+        self.metrics.ready.labels(namespace).set(len(self.free.get(namespace, {})))
+
+    def take(self, namespace: str) -> dict[str, Any] | None:
+        """A free ready pod, removed from the hint (random: racing operators spread)."""
+        pods = self.free.get(namespace) or {}
+        if not pods:
+            return None
+        pod = pods.pop(random.choice(list(pods)))
+        self.metrics.ready.labels(namespace).set(len(pods))
+        return pod
