@@ -181,9 +181,10 @@ async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
     llm = services.llm
     if llm is None:
         raise Unavailable(
-            "chat needs a model: set SANDBOX_WORKSPACE_LLM_BASE_URL and "
-            "SANDBOX_WORKSPACE_LLM_MODEL (and SANDBOX_WORKSPACE_LLM_API_KEY if "
-            "the endpoint wants one)",
+            "chat needs a model: set SANDBOX_WORKSPACE_LLM_MODEL and "
+            "SANDBOX_WORKSPACE_LLM_BASE_URL (SANDBOX_WORKSPACE_LLM_PROVIDER=anthropic: "
+            "the base URL defaults to Anthropic's), and SANDBOX_WORKSPACE_LLM_API_KEY if "
+            "the endpoint wants one",
             code="llm_not_configured",
         )
     cid = Workspace.check_conversation_id(body.conversation_id)
