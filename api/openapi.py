@@ -126,6 +126,21 @@ def errors(*statuses: int) -> dict[int | str, dict]:
     return out
 
 
+def rules_400(rules: str, *statuses: int) -> dict[int | str, dict]:
+    """``errors(400, *statuses)`` with the 400 naming the request rules JSON Schema
+    cannot state (``rules``: each rule with its error code), so a client knows which
+    schema-valid requests are still refused."""
+    out = errors(400, *statuses)
+    out[400] = {**out[400], "description": f"{_DESCRIPTIONS[400]} {rules}"}
+    return out
+
+
+# What starting a chat run can answer, on every chat route: the conversation being
+# deleted (409), a selected file that is not an upload of it (404), no model configured
+# or the session starting (503).
+RUN_START_ERRORS = (404, 409, 503)
+
+
 CHAT_EVENTS = [
     "run_started",
     "status",

@@ -34,7 +34,7 @@ from ..event_stream import EventStream
 from ..file_refs import parse_file_ref
 from ..identity import Caller
 from ..names import conversation_id_schema, name_schema
-from ..openapi import CHAT_EVENTS, errors, sse
+from ..openapi import CHAT_EVENTS, RUN_START_ERRORS, errors, sse
 from ..schemas import StreamToken, json_int
 from ..sse import SSE_HEADERS
 
@@ -165,7 +165,7 @@ async def _selected_names(
     # Documented as Starlette's streaming response (which leaves the error bodies
     # application/json in the document); answered with ``EventStream``.
     response_class=StreamingResponse,
-    responses={**_SSE, **errors(400, 404, 503)},
+    responses={**_SSE, **errors(400, *RUN_START_ERRORS)},
 )
 async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> EventStream:
     """Start an agent run in the conversation; answers its SSE stream (`run_started` first,

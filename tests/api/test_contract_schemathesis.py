@@ -71,4 +71,5 @@ def test_schemathesis_all_checks_pass(contract_server, tmp_path):
     failures = out.split("FAILURES", 1)[-1]  # the reproducible cases, then the summary
     server_errors = contract_server.log().split("Traceback")[1:3]  # what a 500 would leave
     assert result.returncode == 0, failures[:20000] + "\n".join(server_errors)[:10000]
-    assert " passed" in out and "failure" not in out.split("SUMMARY")[-1].lower(), out[-5000:]
+    # ("Filtered: N (dropped by `filter_failure`)" may be there: the documented rules.)
+    assert " passed" in out and "failures:" not in out.split("SUMMARY")[-1].lower(), out[-5000:]
