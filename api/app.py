@@ -162,7 +162,10 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     app.state.services = services
     install_error_handlers(app, default_retry_after=openapi.RETRY_AFTER_SECONDS)
     openapi.install(
-        app, settings.max_upload_bytes, allowed_policies(TOOL_NAMES, settings.tool_policies)
+        app,
+        settings.max_upload_bytes,
+        allowed_policies(TOOL_NAMES, settings.tool_policies),
+        settings.file_upload.allowed_file_types,
     )
     if settings.backend != "local":
         from .backends.kube_errors import install_kube_error_handler

@@ -209,7 +209,12 @@ def _allowed(request: Request) -> list[str]:
     return sorted(methods, key=lambda m: order.index(m) if m in order else len(order))
 
 
-def install(app: FastAPI, upload_ceiling: int, tool_policies: dict[str, list[str]]) -> None:
+def install(
+    app: FastAPI,
+    upload_ceiling: int,
+    tool_policies: dict[str, list[str]],
+    allowed_types: list[str] | None = None,
+) -> None:
     """Error handlers that keep the document's promises (after ``install_error_handlers``),
     and the document itself with what only this deployment knows (its upload ceiling)."""
 
@@ -222,7 +227,7 @@ def install(app: FastAPI, upload_ceiling: int, tool_policies: dict[str, list[str
                 routes=app.routes,
                 tags=app.openapi_tags,
             )
-            document_deployment(schema, upload_ceiling, tool_policies)
+            document_deployment(schema, upload_ceiling, tool_policies, allowed_types)
             app.openapi_schema = schema
         return app.openapi_schema
 
