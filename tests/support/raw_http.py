@@ -6,6 +6,11 @@ a status line with ``retry-after``, a stream cut inside a chunk, a pause mid-str
 from __future__ import annotations
 
 import asyncio
+import time
+
+import pytest
+
+from sandbox_workspace.api.chat.llm import LlmError
 
 OK_HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -53,3 +58,36 @@ async def serve(script: Script) -> tuple[asyncio.AbstractServer, str]:
     server = await asyncio.start_server(script.handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     return server, f"http://127.0.0.1:{port}/v1"
+
+
+def stream_until_error(script: Script, make_client, messages: list[dict]):
+    """Serve ``script``, stream from ``make_client(url)`` until it raises ``LlmError``:
+    the texts yielded before, the error, and the seconds it took."""
+
+    async def go():
+        server, url = await serve(script)
+        async with server:
+            client = make_client(url)
+            texts: list[str] = []
+            started = time.monotonic()
+            with pytest.raises(LlmError) as caught:
+                async for item in client.stream(messages, []):
+                    texts.append(item)
+            await client.aclose()
+            return texts, caught.value, time.monotonic() - started
+
+    return asyncio.run(go())
+
+
+async def collect(client, messages: list[dict], tools: list[dict] | None = None):
+    """Stream one reply from ``client`` (then close it): the texts and the completion."""
+    texts: list[str] = []
+    try:
+        async for item in client.stream(messages, tools or []):
+            if isinstance(item, str):
+                texts.append(item)
+            else:
+                return texts, item
+    finally:
+        await client.aclose()
+    raise AssertionError("no completion")

@@ -11,7 +11,7 @@ import json
 import time
 
 import pytest
-from raw_http import LAST_CHUNK, OK_HEAD, Script, chunk, serve
+from raw_http import LAST_CHUNK, OK_HEAD, Script, chunk, collect, serve, stream_until_error
 from scripted_messages import message_end, message_start, sse, text_block, tool_block
 
 from sandbox_workspace.api.chat.anthropic_messages import AnthropicClient, to_messages
@@ -50,18 +50,7 @@ def _client(url: str, read_timeout: float = 5.0, retries: int = 2) -> AnthropicC
 
 
 async def _collect(client: AnthropicClient, messages=None, tools=None):
-    texts: list[str] = []
-    try:
-        async for item in client.stream(
-            messages or [{"role": "user", "content": "hi"}], tools or []
-        ):
-            if isinstance(item, str):
-                texts.append(item)
-            else:
-                return texts, item
-    finally:
-        await client.aclose()
-    raise AssertionError("no completion")
+    return await collect(client, messages or [_HI], tools)
 
 
 def _run(script: Script, **client_args):
@@ -183,18 +172,7 @@ def test_an_error_event_mid_stream_ends_the_stream_after_the_text_before_it():
         LAST_CHUNK,
     ]
 
-    async def go():
-        server, url = await serve(Script(steps))
-        async with server:
-            client = _client(url)
-            texts: list[str] = []
-            with pytest.raises(LlmError) as caught:
-                async for item in client.stream([{"role": "user", "content": "hi"}], []):
-                    texts.append(item)
-            await client.aclose()
-            return texts, caught.value
-
-    texts, error = asyncio.run(go())
+    texts, error, _ = stream_until_error(Script(steps), _client, [_HI])
     assert texts == ["partial "]
     assert error.code == "llm_stream_error" and "overloaded_error: Overloaded" in str(error)
 
@@ -207,19 +185,8 @@ def test_a_stall_mid_stream_ends_it_with_llm_timeout_after_the_timeout():
         _events(*message_end()),
     ]
 
-    async def go():
-        server, url = await serve(Script(steps))
-        async with server:
-            client = _client(url, read_timeout=0.4)
-            texts: list[str] = []
-            started = time.monotonic()
-            with pytest.raises(LlmError) as caught:
-                async for item in client.stream([{"role": "user", "content": "hi"}], []):
-                    texts.append(item)
-            await client.aclose()
-            return texts, caught.value, time.monotonic() - started
-
-    texts, error, took = asyncio.run(go())
+    script = Script(steps)
+    texts, error, took = stream_until_error(script, lambda url: _client(url, 0.4), [_HI])
     assert texts == ["before"]
     assert error.code == "llm_timeout" and "0.4s" in str(error)
     assert 0.4 <= took < 5, took

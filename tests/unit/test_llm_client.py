@@ -11,7 +11,7 @@ import socket
 import time
 
 import pytest
-from raw_http import LAST_CHUNK, OK_HEAD, Script, chunk, serve
+from raw_http import LAST_CHUNK, OK_HEAD, Script, chunk, collect, serve, stream_until_error
 
 from sandbox_workspace.api.chat.llm import Completion, LlmClient, LlmConfig, LlmError
 from sandbox_workspace.api.chat.openai_chat import OpenAiClient
@@ -26,16 +26,7 @@ _FINISH = chunk(_END) + LAST_CHUNK
 
 
 async def _collect(client: LlmClient) -> tuple[list[str], Completion]:
-    texts: list[str] = []
-    try:
-        async for item in client.stream([{"role": "user", "content": "hi"}], []):
-            if isinstance(item, str):
-                texts.append(item)
-            else:
-                return texts, item
-    finally:
-        await client.aclose()
-    raise AssertionError("no completion")
+    return await collect(client, [{"role": "user", "content": "hi"}])
 
 
 def _client(url: str, read_timeout: float = 5.0, retries: int = 2) -> LlmClient:
@@ -72,19 +63,8 @@ def test_a_slow_stream_that_never_stalls_is_read_to_the_end():
 def test_a_stall_mid_stream_ends_it_with_llm_timeout_after_the_timeout():
     steps: list[bytes | float] = [OK_HEAD, _chunk("before"), 30.0, _chunk("never")]
 
-    async def go():
-        server, url = await serve(Script(steps))
-        async with server:
-            client = _client(url, read_timeout=0.4)
-            texts: list[str] = []
-            started = time.monotonic()
-            with pytest.raises(LlmError) as caught:
-                async for item in client.stream([], []):
-                    texts.append(item)
-            await client.aclose()
-            return texts, caught.value, time.monotonic() - started
-
-    texts, error, took = asyncio.run(go())
+    script = Script(steps)
+    texts, error, took = stream_until_error(script, lambda url: _client(url, 0.4), [])
     assert texts == ["before"]
     assert error.code == "llm_timeout" and "0.4s" in str(error)
     assert 0.4 <= took < 5, took
