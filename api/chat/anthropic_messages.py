@@ -3,15 +3,16 @@
 Contract (``llm.LlmClient``'s): the loop's Chat Completions-shaped conversation goes out in
 the Messages shape — ``system`` messages as the top-level ``system``, assistant
 ``tool_calls`` as ``tool_use`` blocks, ``tool`` messages as ``tool_result`` blocks of a
-``user`` turn, consecutive turns of one role merged (the API wants them alternating) —
-and the stream comes back as events: ``message_start``, ``content_block_start`` /
-``_delta`` / ``_stop`` (``text_delta`` is text, ``input_json_delta`` is a tool call's
-input in pieces), ``message_delta`` (the ``stop_reason``), ``message_stop`` (the end),
-``ping``, and ``error`` (the API failing mid-stream: ``LlmError`` ``llm_stream_error``
-with the API's error type). Stop reasons are mapped to the loop's vocabulary
-(``end_turn`` → ``stop``, ``tool_use`` → ``tool_calls``, ``max_tokens`` → ``length``,
-``refusal`` → ``content_filter``). 429 and 529 (overloaded) are retried as 5xx are,
-honouring ``retry-after``. Authentication: ``x-api-key`` and ``anthropic-version``.
+``user`` turn, consecutive turns of one role merged (the API wants them alternating,
+opening with the user's) — and the stream comes back as events: ``message_start``,
+``content_block_start`` / ``_delta`` / ``_stop`` (``text_delta`` is text,
+``input_json_delta`` is a tool call's input in pieces), ``message_delta`` (the
+``stop_reason``), ``message_stop`` (the end), ``ping``, and ``error`` (the API failing
+mid-stream: ``LlmError`` ``llm_stream_error`` with the API's error type). Stop reasons are
+mapped to the loop's vocabulary (``end_turn`` → ``stop``, ``tool_use`` → ``tool_calls``,
+``max_tokens`` → ``length``, ``refusal`` → ``content_filter``). 429 and 529 (overloaded)
+are retried as 5xx are, honouring ``retry-after``. Authentication: ``x-api-key`` and
+``anthropic-version``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from .llm import Completion, LlmClient, LlmError, ToolCall
 
 DEFAULT_BASE_URL = "https://api.anthropic.com/v1"
+_EARLIER = "(The conversation so far, from an earlier part of it.)"
 
 _STOP_REASONS = {
     "end_turn": "stop",
@@ -111,6 +113,10 @@ def to_messages(messages: list[dict]) -> tuple[str, list[dict]]:
                     }
                 )
             add(role, blocks)
+    if turns and turns[0]["role"] == "assistant":
+        # A history that opens with the assistant (the client trimmed it): the API has
+        # refused a first turn that is not the user's, so one says what precedes it.
+        turns.insert(0, {"role": "user", "content": [{"type": "text", "text": _EARLIER}]})
     return "\n\n".join(system), turns
 
 

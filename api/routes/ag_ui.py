@@ -55,7 +55,9 @@ class ResumeEntry(BaseModel):
 
     interruptId: str = Field(
         max_length=400,
-        pattern=r"^run_[^:]*:[\s\S]+$",
+        # In the schema only: the server answers another id 400 invalid_approval_id,
+        # saying where ids come from.
+        json_schema_extra={"pattern": r"^run_[^:]*:[\s\S]+$"},
         description="The interrupt's id, as the run's interrupt outcome gave it.",
     )
     status: Literal["resolved", "cancelled"]

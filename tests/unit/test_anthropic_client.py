@@ -14,7 +14,7 @@ import pytest
 from raw_http import LAST_CHUNK, OK_HEAD, Script, chunk, collect, serve, stream_until_error
 from scripted_messages import message_end, message_start, sse, text_block, tool_block
 
-from sandbox_workspace.api.chat.anthropic_messages import AnthropicClient, to_messages
+from sandbox_workspace.api.chat.anthropic_messages import _EARLIER, AnthropicClient, to_messages
 from sandbox_workspace.api.chat.llm import Completion, LlmConfig, LlmError
 
 _HI = {"role": "user", "content": "hi"}
@@ -224,7 +224,7 @@ def _call(call_id: str, name: str, arguments: str) -> dict:
 def test_the_loops_conversation_goes_out_in_the_messages_shape():
     conversation = [
         {"role": "system", "content": "You are in a sandbox."},
-        {"role": "assistant", "content": "Earlier answer"},  # history may open with it
+        {"role": "assistant", "content": "Earlier answer"},  # a trimmed history opens so
         {"role": "user", "content": "   "},  # blank: the API refuses empty text blocks
         {"role": "user", "content": "context message"},
         {"role": "user", "content": "the query"},
@@ -250,6 +250,7 @@ def test_the_loops_conversation_goes_out_in_the_messages_shape():
     system, turns = to_messages(conversation)
     assert system == "You are in a sandbox."
     assert turns == [
+        {"role": "user", "content": [{"type": "text", "text": _EARLIER}]},
         {"role": "assistant", "content": [{"type": "text", "text": "Earlier answer"}]},
         {
             "role": "user",
