@@ -21,7 +21,10 @@ from sandbox_workspace.runtime.quantity import parse_bytes
 
 from . import garbage, openapi
 from .backends.base import Backend
+from .chat.anthropic_messages import DEFAULT_BASE_URL as DEFAULT_ANTHROPIC_URL
+from .chat.anthropic_messages import AnthropicClient
 from .chat.llm import LlmClient, LlmConfig
+from .chat.openai_chat import OpenAiClient
 from .chat.policy import allowed_policies
 from .chat.runs import RunRegistry
 from .chat.runstore import build_store
@@ -83,18 +86,24 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
 
 
 def build_llm(settings: ApiSettings) -> LlmClient | None:
-    if not (settings.llm_base_url and settings.llm_model):
-        return None  # chat answers 503 saying which settings to set
+    """The model client the settings choose, or None (chat answers 503 naming the
+    settings to set)."""
+    anthropic = settings.llm_provider == "anthropic"
+    base_url = settings.llm_base_url or (DEFAULT_ANTHROPIC_URL if anthropic else None)
+    if not (base_url and settings.llm_model):
+        return None
     key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
     config = LlmConfig(
-        base_url=settings.llm_base_url,
+        base_url=base_url,
         model=settings.llm_model,
         api_key=key,
         connect_timeout=settings.llm_timeout_seconds,
         read_timeout=settings.llm_timeout_seconds,
         max_retries=settings.llm_max_retries,
+        max_tokens=settings.llm_max_tokens,
+        anthropic_version=settings.llm_anthropic_version,
     )
-    return LlmClient(config)
+    return AnthropicClient(config) if anthropic else OpenAiClient(config)
 
 
 def create_app(settings: ApiSettings | None = None, backend: Backend | None = None) -> FastAPI:
@@ -109,7 +118,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     # pure-Python parser and anyio's cancel scope per read cost about twice as much.
     # httpx stays the interface; proxies from the environment still use httpx's own
     # transports. aiohttp has no write timeout: connect, read and pool apply. Model
-    # streams go over aiohttp directly (``LlmClient``: per token, even httpx's layers
+    # streams go over aiohttp directly (``chat.llm.LlmClient``: per token, even httpx's layers
     # over aiohttp were the API's largest CPU share in bench/chat.py).
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
     http = httpx.AsyncClient(timeout=timeout, transport=AiohttpTransport(limits=limits))
@@ -170,7 +179,10 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     app.state.services = services
     install_error_handlers(app, default_retry_after=openapi.RETRY_AFTER_SECONDS)
     openapi.install(
-        app, settings.max_upload_bytes, allowed_policies(TOOL_NAMES, settings.tool_policies)
+        app,
+        settings.max_upload_bytes,
+        allowed_policies(TOOL_NAMES, settings.tool_policies),
+        settings.file_upload.allowed_file_types,
     )
     if settings.backend != "local":
         from .backends.kube_errors import install_kube_error_handler

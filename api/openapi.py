@@ -130,6 +130,21 @@ def errors(*statuses: int) -> dict[int | str, dict]:
     return out
 
 
+def rules_400(rules: str, *statuses: int) -> dict[int | str, dict]:
+    """``errors(400, *statuses)`` with the 400 naming the request rules JSON Schema
+    cannot state (``rules``: each rule with its error code), so a client knows which
+    schema-valid requests are still refused."""
+    out = errors(400, *statuses)
+    out[400] = {**out[400], "description": f"{_DESCRIPTIONS[400]} {rules}"}
+    return out
+
+
+# What starting a chat run can answer, on every chat route: the conversation being
+# deleted (409), a selected file that is not an upload of it (404), no model configured
+# or the session starting (503).
+RUN_START_ERRORS = (404, 409, 503)
+
+
 CHAT_EVENTS = [
     "run_started",
     "status",
@@ -198,7 +213,12 @@ def _allowed(request: Request) -> list[str]:
     return sorted(methods, key=lambda m: order.index(m) if m in order else len(order))
 
 
-def install(app: FastAPI, upload_ceiling: int, tool_policies: dict[str, list[str]]) -> None:
+def install(
+    app: FastAPI,
+    upload_ceiling: int,
+    tool_policies: dict[str, list[str]],
+    allowed_types: list[str] | None = None,
+) -> None:
     """Error handlers that keep the document's promises (after ``install_error_handlers``),
     and the document itself with what only this deployment knows (its upload ceiling)."""
 
@@ -211,7 +231,7 @@ def install(app: FastAPI, upload_ceiling: int, tool_policies: dict[str, list[str
                 routes=app.routes,
                 tags=app.openapi_tags,
             )
-            document_deployment(schema, upload_ceiling, tool_policies)
+            document_deployment(schema, upload_ceiling, tool_policies, allowed_types)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -1,8 +1,10 @@
 """What only one deployment's OpenAPI document can say, patched into the generated one.
 
-Contract: ``document_deployment(schema, ceiling, policies)`` states this deployment's
-upload ceiling per size unit (``UploadConfig.anyOf``), the tool policies a chat request
-may choose per tool (only stricter than configured), and drops the ``null`` FastAPI
+Contract: ``document_deployment(schema, ceiling, policies, allowed_types)`` states this
+deployment's upload ceiling per size unit (``UploadConfig.anyOf``), the tool policies a
+chat request may choose per tool (only stricter than configured), the file types new
+sessions accept (on the upload's ``file`` part and its 415: a filename's extension is
+beyond what a multipart schema can constrain), and drops the ``null`` FastAPI
 derives for optional query/header parameters (an absent parameter is left out, never
 sent as null). With these, a request valid against the document is one the server
 accepts.
@@ -12,9 +14,14 @@ from __future__ import annotations
 
 
 def document_deployment(
-    schema: dict, upload_ceiling: int, tool_policies: dict[str, list[str]]
+    schema: dict,
+    upload_ceiling: int,
+    tool_policies: dict[str, list[str]],
+    allowed_types: list[str] | None = None,
 ) -> None:
     _upload_ceiling(schema, upload_ceiling)
+    if allowed_types is not None:
+        _allowed_types(schema, allowed_types)
     _tool_policies(schema, tool_policies)
     _parameters_not_null(schema)
 
@@ -51,6 +58,23 @@ def _upload_ceiling(schema: dict, ceiling: int) -> None:
         f"{config.get('description', '')} The file size may not exceed this platform's "
         f"ceiling of {ceiling} bytes (the `anyOf` states it per unit)."
     ).strip()
+
+
+def _allowed_types(schema: dict, allowed: list[str]) -> None:
+    """Say which file types an upload may have: the session's config, by default these."""
+    upload = schema.get("paths", {}).get("/api/v1/sessions/{session_id}/files/upload", {})
+    operation = upload.get("post")
+    if operation is None:
+        return
+    types = ", ".join(f"`.{t}`" for t in allowed) if allowed else "every type"
+    rule = (
+        "The extension of the part's filename must be one of the session's "
+        f"`file_upload_config.allowed_file_types` (sessions created without one: {types})."
+    )
+    body = operation["requestBody"]["content"]["multipart/form-data"]["schema"]
+    body["properties"]["file"]["description"] = rule
+    refused = operation["responses"]["415"]
+    refused["description"] = f"{refused['description']} {rule}"
 
 
 def _tool_policies(schema: dict, allowed: dict[str, list[str]]) -> None:

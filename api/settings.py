@@ -123,13 +123,28 @@ class ApiSettings(BaseSettings):
     runtime_request_timeout_seconds: float = Field(
         300.0, gt=0, description="Read timeout for calls to a sandbox runtime."
     )
+    llm_provider: Literal["openai", "anthropic"] = Field(
+        "openai",
+        description="The model's API: `openai` (Chat Completions, any compatible endpoint) "
+        "or `anthropic` (the Messages API).",
+    )
     llm_base_url: str | None = Field(
-        None, description="OpenAI-compatible endpoint, e.g. https://host/v1 (chat needs it)."
+        None,
+        description="The endpoint, e.g. https://host/v1 (provider `openai`: chat needs it; "
+        "`anthropic`: default https://api.anthropic.com/v1).",
     )
     llm_model: str | None = Field(None, description="Model name sent to the endpoint.")
-    llm_api_key: SecretStr | None = Field(None, description="Bearer key for the endpoint.")
+    llm_api_key: SecretStr | None = Field(
+        None, description="The endpoint's key (a bearer token; `anthropic`: x-api-key)."
+    )
+    llm_max_tokens: int = Field(
+        4096, ge=1, description="Provider `anthropic`: max_tokens of each model turn."
+    )
+    llm_anthropic_version: str = Field(
+        "2023-06-01", description="Provider `anthropic`: the anthropic-version header."
+    )
     llm_timeout_seconds: float = Field(60.0, gt=0, description="Connect/read timeout.")
-    llm_max_retries: int = Field(2, ge=0, le=10, description="Retries on 429/5xx/connect.")
+    llm_max_retries: int = Field(2, ge=0, le=10, description="Retries on 429/529/5xx/connect.")
     chat_max_iterations: int = Field(15, ge=1, le=100, description="Model turns per run.")
     chat_run_deadline_seconds: float = Field(900.0, gt=0, description="Hard limit per run.")
     chat_approval_timeout_seconds: float = Field(

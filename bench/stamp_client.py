@@ -19,8 +19,9 @@ import asyncio
 import re
 import time
 
-# Stamps travel as the text of a delta: "content" from the model, "delta" from the API.
-_STAMPS = re.compile(rb'"(?:content|delta)":"((?:\d+;)+)"')
+# Stamps travel as the text of a delta: "content" (Chat Completions) or "text" (Messages)
+# from the model, "delta" from the API.
+_STAMPS = re.compile(rb'"(?:content|text|delta)":"((?:\d+;)+)"')
 
 
 class _Measure(asyncio.Protocol):

@@ -1,12 +1,19 @@
-"""OpenAI-compatible Chat Completions client (OpenAI, vLLM, Ollama, LiteLLM proxies).
+"""The model interface the agent loop uses, and the HTTP streaming both providers share.
 
-Contract: ``stream`` posts one streaming completion and yields each piece of content
-(``str``) as it arrives, then one ``Completion`` with the assistant message — tool calls
-reassembled from their fragments (ids and names arrive once, arguments in pieces, keyed
-by ``index``). A 429/5xx or a connection failure *before the first byte* is retried with
-exponential backoff (``Retry-After`` honoured, bounded); anything else — a 4xx, a
-malformed or truncated stream, a stall longer than the read timeout — raises ``LlmError``
-with a message fit to show a user.
+Contract: ``LlmClient.stream(messages, tools)`` posts one streaming request and yields each
+piece of text (``str``) as it arrives, then one ``Completion`` with the assistant message
+— tool calls reassembled from their fragments. ``messages`` and ``tools`` are always in
+the Chat Completions shape (the loop's one vocabulary: a ``system`` message first, ``tool``
+messages for tool results, assistant ``tool_calls``); a provider translates them to its
+own wire format, so the loop never branches on the provider. A retryable status or a
+connection failure *before the first byte* is retried with exponential backoff
+(``retry-after`` honoured, bounded); anything else — a 4xx, an error reported in the
+stream, a malformed or truncated stream, a stall longer than the read timeout — raises
+``LlmError`` with a message fit to show a user.
+
+Providers: ``openai_chat.OpenAiClient`` (OpenAI-compatible Chat Completions) and
+``anthropic_messages.AnthropicClient`` (Anthropic's Messages API); ``build_llm`` in
+``api/app.py`` picks one from the settings, once.
 """
 
 from __future__ import annotations
@@ -15,11 +22,10 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
-_RETRY_STATUSES = {429, 500, 502, 503, 504}
 _MAX_RETRY_AFTER = 30.0
 
 
@@ -42,6 +48,8 @@ class ToolCall:
 class Completion:
     content: str
     tool_calls: list[ToolCall] = field(default_factory=list)
+    # Chat Completions' vocabulary whatever the provider: stop, length, tool_calls,
+    # content_filter.
     finish_reason: str | None = None
 
     def as_message(self) -> dict[str, Any]:
@@ -67,12 +75,27 @@ class LlmConfig:
     read_timeout: float = 60.0
     max_retries: int = 2
     backoff_seconds: float = 0.5
+    max_tokens: int = 4096  # Anthropic requires it; Chat Completions requests omit it
+    anthropic_version: str = "2023-06-01"
+
+
+class Reply(Protocol):
+    """One streamed reply being assembled, one ``feed`` per line of the body."""
+
+    done: bool  # the provider's end marker came: nothing after it is read
+
+    def feed(self, line: bytes) -> str | None:
+        """Take one line; the text it adds to the reply, if any."""
+
+    def completion(self) -> Completion:
+        """The whole reply; raises ``LlmError`` when the stream ended unfinished."""
 
 
 class LlmClient:
-    """Streams completions over its own aiohttp session (created on first use, in the
-    running loop; ``aclose`` closes it). Proxies come from the environment
-    (``HTTP(S)_PROXY``, ``NO_PROXY``), as httpx's did.
+    """Streams replies over its own aiohttp session (created on first use, in the running
+    loop; ``aclose`` closes it). Proxies come from the environment (``HTTP(S)_PROXY``,
+    ``NO_PROXY``). A provider supplies ``_request`` (URL, body, headers of one call) and
+    ``_reply`` (the parser of its stream).
 
     Why aiohttp directly, not the API's httpx client: a model sends one token per chunk
     to hundreds of runs at once, and httpx's layers over aiohttp (four async generators,
@@ -81,9 +104,19 @@ class LlmClient:
     reason a stall is watched by one timer per stream (``_Watchdog``), not aiohttp's read
     timeout, which re-arms a timer on every chunk."""
 
+    retry_statuses: frozenset[int] = frozenset({429, 500, 502, 503, 504})
+
     def __init__(self, config: LlmConfig) -> None:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
+
+    def _request(
+        self, messages: list[dict], tools: list[dict]
+    ) -> tuple[str, dict[str, Any], dict[str, str]]:
+        raise NotImplementedError
+
+    def _reply(self) -> Reply:
+        raise NotImplementedError
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -101,12 +134,8 @@ class LlmClient:
     async def stream(
         self, messages: list[dict], tools: list[dict]
     ) -> AsyncIterator[str | Completion]:
-        body: dict[str, Any] = {"model": self.config.model, "messages": messages, "stream": True}
-        if tools:
-            body["tools"] = tools
-            body["tool_choice"] = "auto"
-        response = await self._open(body)
-        reply = _Reply()
+        response = await self._open(*self._request(messages, tools))
+        reply = self._reply()
         content = response.content
         watchdog = _Watchdog(content, self.config.read_timeout)
         # One generator from the body's bytes to the caller, lines split here: every
@@ -140,15 +169,13 @@ class LlmClient:
                 response.close()
         yield reply.completion()
 
-    async def _open(self, body: dict[str, Any]) -> aiohttp.ClientResponse:
+    async def _open(
+        self, url: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> aiohttp.ClientResponse:
         cfg = self.config
-        headers = {"Accept": "text/event-stream"}
-        if cfg.api_key:
-            headers["Authorization"] = f"Bearer {cfg.api_key}"
         # Connecting, then the response's head, each within its timeout; the body is
         # watched by ``_Watchdog``.
         timeout = aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout, sock_read=None)
-        url = cfg.base_url.rstrip("/") + "/chat/completions"
         session = self._client()
         for attempt in range(cfg.max_retries + 1):
             last = attempt == cfg.max_retries
@@ -173,7 +200,7 @@ class LlmClient:
                 except aiohttp.ClientError:
                     text = ""
                 response.release()
-                if response.status not in _RETRY_STATUSES or last:
+                if response.status not in self.retry_statuses or last:
                     raise LlmError(
                         f"the model endpoint answered {response.status}: {text}",
                         "llm_http_error",
@@ -222,77 +249,3 @@ def _retry_after(response: aiohttp.ClientResponse) -> float:
         return min(float(response.headers.get("retry-after", "0")), _MAX_RETRY_AFTER)
     except ValueError:
         return 0.0
-
-
-class _Reply:
-    """The streamed reply assembled from its ``data:`` lines, one ``feed`` per line.
-
-    A line's tool-call fragments are folded in when the next line comes (or at
-    ``completion``): after its text has gone out, so a malformed tool call still fails
-    the stream only once the text that came with it is shown."""
-
-    __slots__ = ("calls", "content", "done", "finish", "fragments")
-
-    def __init__(self) -> None:
-        self.content: list[str] = []
-        self.calls: dict[int, ToolCall] = {}
-        self.fragments: Any = None  # the last line's tool-call fragments, not folded yet
-        self.finish: str | None = None
-        self.done = False  # "[DONE]" came: nothing after it is read
-
-    def feed(self, line: bytes) -> str | None:
-        """Take one line of the body; the text it adds to the reply, if any."""
-        if self.fragments:
-            self._fold()
-        if not line.startswith(b"data:"):
-            return None  # comments, event names, blank separators
-        payload = line[5:].strip()  # also drops the "\r" of a CRLF line end
-        if payload == b"[DONE]":
-            self.done = True
-            return None
-        try:
-            chunk = json.loads(payload)
-            choice = (chunk.get("choices") or [{}])[0]
-            delta = choice.get("delta") or {}
-        except (ValueError, AttributeError, TypeError, IndexError) as e:
-            raise LlmError(
-                f"the model sent a malformed stream chunk: {payload[:200]!r}", "llm_malformed"
-            ) from e
-        if choice.get("finish_reason"):
-            self.finish = choice["finish_reason"]
-        text = delta.get("content")
-        if text:
-            if type(text) is not str:
-                raise LlmError(
-                    f"the model sent content that is not text: {payload[:200]!r}", "llm_malformed"
-                )
-            self.content.append(text)
-        self.fragments = delta.get("tool_calls")
-        return text
-
-    def _fold(self) -> None:
-        fragments, self.fragments = self.fragments, None
-        for fragment in fragments:
-            try:
-                index = int(fragment.get("index", 0))
-                call = self.calls.setdefault(index, ToolCall(id="", name="", arguments=""))
-                function = fragment.get("function") or {}
-                call.id = fragment.get("id") or call.id
-                call.name = function.get("name") or call.name
-                call.arguments += function.get("arguments") or ""
-            except (TypeError, ValueError, AttributeError) as e:
-                raise LlmError("the model sent a malformed tool call", "llm_malformed") from e
-
-    def completion(self) -> Completion:
-        if self.fragments:
-            self._fold()
-        if not self.done and self.finish is None:
-            raise LlmError("the model's stream ended before it finished", "llm_stream_broken")
-        tool_calls = [self.calls[i] for i in sorted(self.calls)]
-        for i, call in enumerate(tool_calls):
-            if not call.name:
-                raise LlmError("the model sent a tool call without a name", "llm_malformed")
-            call.id = call.id or f"call_{i}"
-        return Completion(
-            content="".join(self.content), tool_calls=tool_calls, finish_reason=self.finish
-        )

@@ -34,7 +34,7 @@ from ..deps import CallerDep, ServicesDep, StreamCallerDep
 from ..event_stream import EventStream
 from ..identity import Caller
 from ..names import conversation_id_schema
-from ..openapi import CHAT_EVENTS, errors, sse
+from ..openapi import CHAT_EVENTS, RUN_START_ERRORS, errors, sse
 from ..schemas import StreamToken, json_int
 from ..sse import SSE_HEADERS
 
@@ -114,7 +114,7 @@ async def _refuse_deleting(services, session: Session | None, cid: str) -> None:
     # Documented as Starlette's streaming response (which leaves the error bodies
     # application/json in the document); answered with ``EventStream``.
     response_class=StreamingResponse,
-    responses={**_SSE, **errors(400, 404, 503)},
+    responses={**_SSE, **errors(400, *RUN_START_ERRORS)},
 )
 async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> EventStream:
     """Start an agent run in the conversation; answers its SSE stream (`run_started` first,
@@ -127,9 +127,10 @@ def require_llm(services):
     """The configured model, or 503 naming the settings to set."""
     if services.llm is None:
         raise Unavailable(
-            "chat needs a model: set SANDBOX_WORKSPACE_LLM_BASE_URL and "
-            "SANDBOX_WORKSPACE_LLM_MODEL (and SANDBOX_WORKSPACE_LLM_API_KEY if "
-            "the endpoint wants one)",
+            "chat needs a model: set SANDBOX_WORKSPACE_LLM_MODEL and "
+            "SANDBOX_WORKSPACE_LLM_BASE_URL (SANDBOX_WORKSPACE_LLM_PROVIDER=anthropic: "
+            "the base URL defaults to Anthropic's), and SANDBOX_WORKSPACE_LLM_API_KEY if "
+            "the endpoint wants one",
             code="llm_not_configured",
         )
     return services.llm

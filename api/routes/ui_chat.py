@@ -30,6 +30,8 @@ from ..chat.selected_files import SelectedFileRef, selected_files_field
 from ..chat.ui_stream import DONE, HEADERS, UiMessageStream
 from ..deps import CallerDep, ServicesDep
 from ..event_stream import EventStream
+from ..names import conversation_id_schema, name_schema
+from ..openapi import RUN_START_ERRORS, rules_400
 from .turns import Answer, answer_approvals, start_turn
 
 router = APIRouter(prefix="/api/v1/ui", tags=["ui-chat"])
@@ -43,16 +45,45 @@ class UiMessage(BaseModel):
     parts: list[dict[str, Any]] = Field(default_factory=list, max_length=1000)
 
 
+_FILE_NAME = {k: v for k, v in name_schema("x").items() if k != "description"}
+
+# The rules on ``messages`` no JSON Schema keyword can state (none addresses an array's
+# last item): in the field's description and the operation's 400.
+LAST_MESSAGE_RULES = (
+    "The last message must be the user's, with a non-blank `text` part (it starts a run; "
+    "else 400 `invalid_messages`), or the assistant's with tool parts in state "
+    "`approval-responded` carrying `approval: {id, approved: true|false}` (they answer the "
+    "run's approvals; else 400 `nothing_to_continue`, `invalid_approval` for an `approved` "
+    "that is not a boolean, `invalid_approval_id` for an id this API did not issue, "
+    "`mixed_runs` for approvals of more than one run)."
+)
+
+
 class UiChatRequest(BaseModel):
     """The body ``DefaultChatTransport.sendMessages`` posts, plus our fields."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "chat-1",
+                    "messages": [
+                        {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "Hi"}]}
+                    ],
+                    "conversation_id": "conv456",
+                }
+            ]
+        },
+    )
 
     id: str = Field(min_length=1, max_length=200, description="The client's chat id.")
-    messages: list[UiMessage] = Field(min_length=1, max_length=500)
+    messages: list[UiMessage] = Field(
+        min_length=1, max_length=500, description=f"The chat so far. {LAST_MESSAGE_RULES}"
+    )
     trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
     messageId: str | None = Field(None, max_length=200)
-    conversation_id: str
+    conversation_id: str = Field(json_schema_extra=conversation_id_schema())
     selected_files: list[SelectedFileRef] = selected_files_field()
     agent_id: str = ""
 
@@ -96,7 +127,13 @@ def _metadata(run: Run) -> dict[str, str]:
     return {"run_id": run.id, "conversation_id": run.conversation_id}
 
 
-@router.post("/chat", responses={200: {"content": {"text/event-stream": {}}}})
+@router.post(
+    "/chat",
+    responses={
+        200: {"content": {"text/event-stream": {}}},
+        **rules_400(LAST_MESSAGE_RULES, *RUN_START_ERRORS),
+    },
+)
 async def ui_chat(body: UiChatRequest, caller: CallerDep, services: ServicesDep) -> EventStream:
     """Start a run, or answer its approvals; answers a UI message stream (v1)."""
     keepalive = services.settings.chat_keepalive_seconds

@@ -97,6 +97,19 @@ def test_upload_ceiling_is_stated_per_unit(document, api):
     )
 
 
+def test_upload_states_the_file_types_new_sessions_accept(document, api, session_url):
+    upload = document["paths"]["/api/v1/sessions/{session_id}/files/upload"]["post"]
+    part = upload["requestBody"]["content"]["multipart/form-data"]["schema"]
+    rule = part["properties"]["file"]["description"]
+    assert "`.csv`" in rule and rule in upload["responses"]["415"]["description"]
+    r = api.post(
+        f"{session_url}/files/upload",
+        files={"file": ("tool.exe", b"MZ")},
+        data={"conversation_id": "types"},
+    )
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_file_type"
+
+
 def test_upload_ceiling_refused_above(document, api):
     config = document["components"]["schemas"]["UploadConfig"]
     gb = next(

@@ -1,10 +1,14 @@
-"""A scripted OpenAI-compatible model on loopback (test support, not product code).
+"""A scripted model on loopback (test support, not product code).
 
 ``scripted_llm`` is a real HTTP server (uvicorn in a thread) speaking the Chat
-Completions streaming protocol. Each test sets ``scripted_llm.responder``: a function from
-the request body to a ``Reply`` — the SSE chunks to stream (tool-call arguments can be
-split across chunks, exactly as real models do), an HTTP error, or a stall. Requests are
-recorded so tests can assert what the model was told.
+Completions streaming protocol (``/v1/chat/completions``) and Anthropic's Messages
+streaming protocol (``/v1/messages``). Each test sets ``scripted_llm.responder``: a
+function from the request body to a ``Reply`` — the SSE chunks to stream (tool-call
+arguments can be split across chunks, exactly as real models do), an HTTP error, or a
+stall. On ``/v1/messages`` the same reply goes out as Messages events
+(``scripted_messages.from_chat_chunks``), or ``Reply.events`` exactly when a test gives
+them, so one script drives either provider. Requests are recorded so tests can assert
+what the model was told.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import uvicorn
+from scripted_messages import from_chat_chunks, sse
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -30,7 +35,8 @@ class Reply:
     status: int = 200
     stall_seconds: float = 0.0  # sleep before the first chunk (timeouts)
     pause_between: float = 0.0
-    finish: bool = True  # send [DONE]
+    finish: bool = True  # send [DONE] (Messages: message_delta and message_stop)
+    events: list[dict | str] | None = None  # Messages events to send instead of chunks
 
 
 def text_reply(text: str, pieces: int = 3) -> Reply:
@@ -80,7 +86,17 @@ def tool_reply(name: str, arguments: dict | str, call_id: str = "call_1") -> Rep
 
 
 def tool_results(body: dict) -> list[dict]:
-    return [m for m in body["messages"] if m["role"] == "tool"]
+    """The tool results the model was sent, as Chat Completions ``tool`` messages — also
+    from a Messages request, where they are ``tool_result`` blocks of user turns."""
+    results = [m for m in body["messages"] if m["role"] == "tool"]
+    for message in body["messages"]:
+        if message["role"] == "user" and isinstance(message["content"], list):
+            results += [
+                {"role": "tool", "tool_call_id": b["tool_use_id"], "content": b["content"]}
+                for b in message["content"]
+                if b["type"] == "tool_result"
+            ]
+    return results
 
 
 class ScriptedLLM:
@@ -112,9 +128,33 @@ class ScriptedLLM:
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
+    async def _messages(self, request: Request):
+        body = await request.json()
+        self.requests.append(body)
+        reply = self.responder(body)
+        if reply.status != 200:
+            error = {"type": "error", "error": {"type": "api_error", "message": "scripted"}}
+            return JSONResponse(error, status_code=reply.status)
+        events = reply.events or from_chat_chunks(reply.chunks, reply.finish)
+
+        async def stream():
+            if reply.stall_seconds:
+                await asyncio.sleep(reply.stall_seconds)
+            for event in events:
+                yield sse(event) if isinstance(event, dict) else f"data: {event}\n\n".encode()
+                if reply.pause_between:
+                    await asyncio.sleep(reply.pause_between)
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
     def start(self, host: str = "127.0.0.1") -> ScriptedLLM:
         """Serve on ``host`` (loopback; the node tier passes an address of its namespace)."""
-        app = Starlette(routes=[Route("/v1/chat/completions", self._completions, methods=["POST"])])
+        app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._completions, methods=["POST"]),
+                Route("/v1/messages", self._messages, methods=["POST"]),
+            ]
+        )
         sock = socket.socket()
         sock.bind((host, 0))
         port = sock.getsockname()[1]

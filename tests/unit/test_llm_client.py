@@ -1,6 +1,7 @@
-"""The model client's transport (api/chat/llm.py ``LlmClient``) against a raw HTTP/1.1
-server on loopback whose every byte and pause the test scripts: retries before the first
-byte, the stall watchdog, streams cut short."""
+"""The model client's transport (api/chat/llm.py ``LlmClient``, here as ``OpenAiClient``)
+against a raw HTTP/1.1 server on loopback whose every byte and pause the test scripts
+(tests/support/raw_http.py): retries before the first byte, the stall watchdog, streams
+cut short."""
 
 from __future__ import annotations
 
@@ -10,68 +11,26 @@ import socket
 import time
 
 import pytest
+from raw_http import LAST_CHUNK, OK_HEAD, Script, chunk, collect, serve, stream_until_error
 
 from sandbox_workspace.api.chat.llm import Completion, LlmClient, LlmConfig, LlmError
-
-_OK_HEAD = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-)
+from sandbox_workspace.api.chat.openai_chat import OpenAiClient
 
 
 def _chunk(text: str) -> bytes:
-    line = b'data: {"choices":[{"delta":{"content":%s}}]}\n\n' % json.dumps(text).encode()
-    return b"%x\r\n%b\r\n" % (len(line), line)
+    return chunk(b'data: {"choices":[{"delta":{"content":%s}}]}\n\n' % json.dumps(text).encode())
 
 
 _END = b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
-_FINISH = b"%x\r\n%b\r\n0\r\n\r\n" % (len(_END), _END)
-
-
-class Script:
-    """Answers the n-th request with ``steps[n]``: bytes to write, or a float to pause."""
-
-    def __init__(self, *answers: list[bytes | float]) -> None:
-        self.answers = list(answers)
-        self.requests = 0
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-        await reader.readexactly(length)
-        steps = self.answers[min(self.requests, len(self.answers) - 1)]
-        self.requests += 1
-        try:
-            for step in steps:
-                if isinstance(step, float):
-                    await asyncio.sleep(step)
-                else:
-                    writer.write(step)
-                    await writer.drain()
-        finally:
-            writer.close()
+_FINISH = chunk(_END) + LAST_CHUNK
 
 
 async def _collect(client: LlmClient) -> tuple[list[str], Completion]:
-    texts: list[str] = []
-    try:
-        async for item in client.stream([{"role": "user", "content": "hi"}], []):
-            if isinstance(item, str):
-                texts.append(item)
-            else:
-                return texts, item
-    finally:
-        await client.aclose()
-    raise AssertionError("no completion")
-
-
-async def _serve(script: Script) -> tuple[asyncio.AbstractServer, str]:
-    server = await asyncio.start_server(script.handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    return server, f"http://127.0.0.1:{port}/v1"
+    return await collect(client, [{"role": "user", "content": "hi"}])
 
 
 def _client(url: str, read_timeout: float = 5.0, retries: int = 2) -> LlmClient:
-    return LlmClient(
+    return OpenAiClient(
         LlmConfig(
             base_url=url,
             model="m",
@@ -86,13 +45,13 @@ def _client(url: str, read_timeout: float = 5.0, retries: int = 2) -> LlmClient:
 def test_a_slow_stream_that_never_stalls_is_read_to_the_end():
     # 8 pieces 0.15 s apart: 1.2 s in all, four times the read timeout, never silent
     # for as long as the timeout. The watchdog must re-arm, not cut at 0.3 s.
-    steps: list[bytes | float] = [_OK_HEAD]
+    steps: list[bytes | float] = [OK_HEAD]
     for i in range(8):
         steps += [_chunk(f"t{i}"), 0.15]
     steps.append(_FINISH)
 
     async def go():
-        server, url = await _serve(Script(steps))
+        server, url = await serve(Script(steps))
         async with server:
             return await _collect(_client(url, read_timeout=0.3))
 
@@ -102,21 +61,10 @@ def test_a_slow_stream_that_never_stalls_is_read_to_the_end():
 
 
 def test_a_stall_mid_stream_ends_it_with_llm_timeout_after_the_timeout():
-    steps: list[bytes | float] = [_OK_HEAD, _chunk("before"), 30.0, _chunk("never")]
+    steps: list[bytes | float] = [OK_HEAD, _chunk("before"), 30.0, _chunk("never")]
 
-    async def go():
-        server, url = await _serve(Script(steps))
-        async with server:
-            client = _client(url, read_timeout=0.4)
-            texts: list[str] = []
-            started = time.monotonic()
-            with pytest.raises(LlmError) as caught:
-                async for item in client.stream([], []):
-                    texts.append(item)
-            await client.aclose()
-            return texts, caught.value, time.monotonic() - started
-
-    texts, error, took = asyncio.run(go())
+    script = Script(steps)
+    texts, error, took = stream_until_error(script, lambda url: _client(url, 0.4), [])
     assert texts == ["before"]
     assert error.code == "llm_timeout" and "0.4s" in str(error)
     assert 0.4 <= took < 5, took
@@ -124,10 +72,10 @@ def test_a_stall_mid_stream_ends_it_with_llm_timeout_after_the_timeout():
 
 def test_a_stream_cut_short_is_llm_stream_broken():
     # The connection closes inside a chunk: the body is incomplete.
-    steps: list[bytes | float] = [_OK_HEAD, _chunk("partial"), b"40\r\ndata: {"]
+    steps: list[bytes | float] = [OK_HEAD, _chunk("partial"), b"40\r\ndata: {"]
 
     async def go():
-        server, url = await _serve(Script(steps))
+        server, url = await serve(Script(steps))
         async with server:
             with pytest.raises(LlmError) as caught:
                 await _collect(_client(url))
@@ -138,10 +86,10 @@ def test_a_stream_cut_short_is_llm_stream_broken():
 
 def test_429_is_retried_after_retry_after_then_streams():
     busy = b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 0.3\r\ncontent-length: 4\r\n\r\nbusy"
-    script = Script([busy], [_OK_HEAD, _chunk("ok"), _FINISH])
+    script = Script([busy], [OK_HEAD, _chunk("ok"), _FINISH])
 
     async def go():
-        server, url = await _serve(script)
+        server, url = await serve(script)
         async with server:
             started = time.monotonic()
             result = await _collect(_client(url))
@@ -157,7 +105,7 @@ def test_a_4xx_is_not_retried_and_says_what_the_endpoint_answered():
     script = Script([bad])
 
     async def go():
-        server, url = await _serve(script)
+        server, url = await serve(script)
         async with server:
             with pytest.raises(LlmError) as caught:
                 await _collect(_client(url))
@@ -186,7 +134,7 @@ def test_a_response_head_that_never_comes_is_llm_timeout():
     script = Script([30.0])
 
     async def go():
-        server, url = await _serve(script)
+        server, url = await serve(script)
         async with server:
             with pytest.raises(LlmError) as caught:
                 await _collect(_client(url, read_timeout=0.3, retries=0))

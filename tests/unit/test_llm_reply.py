@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox_workspace.api.chat.llm import LlmError, _Reply
+from sandbox_workspace.api.chat.llm import LlmError
+from sandbox_workspace.api.chat.openai_chat import _Reply
 
 
 def _data(delta: str, finish: str = "null") -> bytes:
