@@ -69,8 +69,12 @@ class OperatorSettings(BaseSettings):
     check_interval_seconds: float = Field(
         30.0,
         gt=0,
-        description="How often each session is checked for idleness and TTL, and its "
-        "children re-verified (the safety net behind the watch events).",
+        description="Sessions are looked at only when a deadline of theirs is due (idle, "
+        "TTL); this is the pace of the looks that have none: a busy runtime past its idle "
+        "deadline, an unreachable one, the quiet time before an outdated pod is rolled.",
+    )
+    check_concurrency: int = Field(
+        20, ge=1, description="Due sessions looked at side by side (each asks its runtime)."
     )
     runtime_timeout_seconds: float = Field(
         10.0, gt=0, description="Timeout of one request to a runtime; slower counts as down."

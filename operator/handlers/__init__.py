@@ -11,7 +11,7 @@ import kopf
 
 from ..models import GROUP, SESSION_PLURAL, VERSION, WORKSPACE_PLURAL
 from ..settings import OperatorSettings
-from . import checks, deletion, sessions, startup, workspaces
+from . import deletion, sessions, startup, workspaces
 
 SESSIONS = (GROUP, VERSION, SESSION_PLURAL)
 WORKSPACES = (GROUP, VERSION, WORKSPACE_PLURAL)
@@ -33,12 +33,8 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     )
     on.event(*SESSIONS, registry=registry)(sessions.on_session_event)
     on.event(*PODS, registry=registry)(sessions.on_runtime_pod_event)
-    kopf.timer(
-        *SESSIONS,
-        interval=settings.check_interval_seconds,
-        initial_delay=settings.check_interval_seconds,
-        registry=registry,
-    )(checks.on_session_timer)
+    # No timer per session: deadlines (idle, TTL, rolls) live in one scheduler fed by the
+    # session events above (checks.py), so an operator at rest does nothing.
 
     for decorator in (on.create, on.resume):
         decorator(*WORKSPACES, registry=registry, id="ensure", retries=None)(

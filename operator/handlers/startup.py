@@ -12,19 +12,22 @@ not sharding. With the default (standalone) run exactly one replica
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 import kopf
 
 from ..context import OperatorContext
+from ..deadlines import Deadlines
 from ..models import COMPONENT_RUNTIME, FINALIZER_FILES, LABEL_COMPONENT, PREFIX
+from . import checks
 
 
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     ctx: OperatorContext = memo.ctx
     ours = ctx.settings
-    # Our finalizer: on a ConversationWorkspace it is the files' guarantee; on a session
-    # it only lets kopf stop the session's periodic check before the object goes.
+    # Our finalizer: on a ConversationWorkspace it is the files' guarantee (sessions have
+    # no deletion handler, timer or daemon, so kopf puts none on them).
     settings.persistence.finalizer = FINALIZER_FILES
     # kopf's bookkeeping in annotations under our prefix, never in our status (which the
     # CRD schema defines and the API reads).
@@ -43,13 +46,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # transitions, so only warnings and errors become Events.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "sandbox-workspace-operator"
-    # A session's periodic check is stopped when the session is deleted; check often
-    # whether it has, so deletion is not held up for kopf's default minute.
-    settings.background.cancellation_polling = 1.0
-    settings.background.instant_exit_timeout = 0.1
     # Errors that are not TemporaryError (bugs, surprises) are retried too, not fast.
     settings.execution.default_backoff = ours.retry_max_delay_seconds
     await ctx.start()
+    # Every session's next deadline, in one scheduler (checks.py: the contract).
+    ctx.deadlines = Deadlines(partial(checks.on_deadline, ctx), concurrency=ours.check_concurrency)
+    ctx.deadlines.start()
     if ours.metrics_port:
         ctx.metrics.serve(ours.metrics_port, ours.metrics_host)
 
