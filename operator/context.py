@@ -21,6 +21,7 @@ from . import naming
 from .answers import RuntimeAnswers
 from .deadlines import Deadlines
 from .metrics import OperatorMetrics
+from .peering import Activity
 from .settings import OperatorSettings
 
 
@@ -41,6 +42,10 @@ class OperatorContext:
     # Every session's next deadline (idle, TTL, roll, first look at a new pod), in one
     # scheduler: set up by the startup handler (``handlers/checks.py`` acts on them).
     deadlines: Deadlines | None = None
+    # This replica's peering id (main.py) and whether it is the active one now: deadlines
+    # act only then (peering.py; kopf pauses its own handlers by itself).
+    identity: str = ""
+    activity: Activity | None = None
     # Per session incarnation (uid): the pod start whose runtime was asked for its stats
     # (``checks.start_marker``) — asked once per start, not on every event.
     checked_starts: dict[str, str] = field(default_factory=dict)

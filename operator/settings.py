@@ -101,6 +101,18 @@ class OperatorSettings(BaseSettings):
     )
     peering_name: str = Field("sandbox-workspace", description="KopfPeering object name.")
     priority: int = Field(0, description="Peering priority of this replica.")
+    peering_lifetime_seconds: int = Field(
+        10,
+        ge=2,
+        description="How long a replica counts as alive after its last keep-alive in the "
+        "peering object (kopf renews it every 1-5 s at 10): a killed active replica's "
+        "standby takes over after at most this long.",
+    )
+    identity: str | None = Field(
+        None,
+        description="This replica's id in the peering object; unset: $POD_ID (the chart "
+        "sets the pod's name), else user@host/time/random.",
+    )
     log_level: str = "info"
     log_format: Literal["json", "text"] | None = None
 

@@ -171,6 +171,10 @@ async def _roll(ctx: OperatorContext, session: SandboxSession, body: dict) -> No
 async def on_deadline(ctx: OperatorContext, key: tuple[str, str]) -> None:
     """A session's deadline came: look at it, and schedule its next look."""
     namespace, name = key
+    if ctx.activity is not None and not await ctx.activity.active(namespace):
+        # A standby now (kopf paused our handlers): the active replica acts on it. Dropped:
+        # when this one is active again kopf lists every session anew, which feeds it.
+        return
     try:
         due = await check_session(ctx, namespace, name, log)
     except KubeError as e:

@@ -276,6 +276,7 @@ def feed(ctx: OperatorContext, body: dict[str, Any]) -> None:
     deadlines = ctx.deadlines
     if deadlines is None:
         return
+    deadlines.start()  # once; here, so its tasks inherit kopf's context (Events)
     meta = body.get("metadata") or {}
     key = (meta.get("namespace", ""), meta.get("name", ""))
     try:

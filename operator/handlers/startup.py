@@ -20,6 +20,7 @@ import kopf
 from ..context import OperatorContext
 from ..deadlines import Deadlines
 from ..models import COMPONENT_RUNTIME, FINALIZER_FILES, LABEL_COMPONENT, PREFIX
+from ..peering import Activity
 from . import checks
 
 
@@ -48,10 +49,21 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.posting.reporting_component = "sandbox-workspace-operator"
     # Errors that are not TemporaryError (bugs, surprises) are retried too, not fast.
     settings.execution.default_backoff = ours.retry_max_delay_seconds
+    # A killed replica's standby takes over once its keep-alive is this old (kopf's
+    # default, 60 s, is a minute with nothing reconciled).
+    settings.peering.lifetime = ours.peering_lifetime_seconds
     await ctx.start()
-    # Every session's next deadline, in one scheduler (checks.py: the contract).
+    ctx.activity = Activity(
+        ctx.api,
+        standalone=ours.standalone,
+        clusterwide=not ours.namespaces,
+        name=ours.peering_name,
+        identity=ctx.identity,
+        priority=ours.priority,
+    )
+    # Every session's next deadline, in one scheduler (checks.py: the contract); started
+    # by the first session event, inside kopf's context (kopf.event needs its queue).
     ctx.deadlines = Deadlines(partial(checks.on_deadline, ctx), concurrency=ours.check_concurrency)
-    ctx.deadlines.start()
     if ours.metrics_port:
         ctx.metrics.serve(ours.metrics_port, ours.metrics_host)
 
