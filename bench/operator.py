@@ -337,7 +337,7 @@ def run(quick: bool, sessions: int | None = None) -> list[Figure]:
             raise
         shutil.rmtree(workdir, ignore_errors=True)
         return figures
-    starts, deletes, scale_sessions = (5, 10, 60) if quick else (30, 100, 1000)
+    starts, deletes, scale_sessions = (5, 10, 30) if quick else (30, 100, 1000)
     try:
         with _cluster(workdir) as (plane, api):
             ns, pods_ns = _namespace(api, "bench"), _namespace(api, "bench-pods")

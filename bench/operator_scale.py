@@ -44,7 +44,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 API = "/apis/sandboxworkspace.io/v1alpha1"
 MERGE = {"Content-Type": "application/merge-patch+json"}
 CONCURRENCY = 50  # the bench's own client: enough to keep the apiserver busy
-IDLE_TIMEOUT = 20  # seconds; the idle sessions' idleTimeoutSeconds
+IDLE_TIMEOUT = 20  # seconds; the idle sessions' idleTimeoutSeconds (5 with --quick)
 
 
 def _stamp(at: float) -> str:
@@ -240,7 +240,12 @@ class StandInRuntime:
                     + body
                 )
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+        except (
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            asyncio.CancelledError,  # the server closes at the end
+            ConnectionError,
+        ):
             pass
         finally:
             writer.close()
@@ -308,9 +313,10 @@ async def scale(
     quick: bool,
 ) -> tuple[list[Figure], dict]:
     """The scale figures; ``start_operator(namespace)`` runs one (stopped by the caller)."""
-    burst = min(1000, max(20, sessions // 10)) if not quick else 30
-    idle = min(1000, sessions) if not quick else 20
-    window = 5.0 if quick else 60.0
+    burst = min(1000, max(20, sessions // 10)) if not quick else 20
+    idle = min(1000, sessions) if not quick else 10
+    window = 3.0 if quick else 60.0
+    timeout = 5 if quick else IDLE_TIMEOUT
     client = Client(plane.server, plane.token, plane.ca_file)
     ns, floor_ns = "scale", "scale-floor"
     try:
@@ -319,7 +325,7 @@ async def scale(
             await client.call("POST", "/api/v1/namespaces", body)
         op = start_operator(ns)
         pids = {"operator": op.proc.pid, **{n: p.pid for n, p in plane.procs.items()}}
-        await asyncio.sleep(2.0 if quick else 10.0)  # start-up settles
+        await asyncio.sleep(1.0 if quick else 10.0)  # start-up settles
         idle_cpu = await _rest(pids, window)
         idle_rss = rss_of(op)
 
@@ -332,7 +338,7 @@ async def scale(
             await _create_sessions(client, ns, base[first : first + 1000])
         await watcher.until(base, None, timeout=60 + sessions * 0.2)
         populate_s = time.time() - populate_started
-        await asyncio.sleep(2.0 if quick else 15.0)  # let the last events drain
+        await asyncio.sleep(1.0 if quick else 15.0)  # let the last events drain
         rest_cpu = await _rest(pids, window)
         rest_rss = rss_of(op)
 
@@ -355,7 +361,7 @@ async def scale(
         ip = await runtime.start()
         try:
             names = [f"sb-session-i{i}" for i in range(idle)]
-            await _create_sessions(client, ns, names, idleTimeoutSeconds=IDLE_TIMEOUT)
+            await _create_sessions(client, ns, names, idleTimeoutSeconds=timeout)
             await watcher.until(names, None, timeout=60 + idle)
             runtime.since = time.time()
             at = _stamp(runtime.since)
@@ -368,8 +374,8 @@ async def scale(
                     headers=MERGE,
                 ),
             )
-            due = runtime.since + IDLE_TIMEOUT
-            await watcher.until(names, "Stopped", timeout=IDLE_TIMEOUT + 120 + idle * 0.2)
+            due = runtime.since + timeout
+            await watcher.until(names, "Stopped", timeout=timeout + 120 + idle * 0.2)
             lags = [watcher.first[n]["Stopped"] - due for n in names]
             running = sum(1 for n in names if "Running" in watcher.first[n])
         finally:
@@ -426,7 +432,7 @@ async def scale(
             "a stop's writes for as many at once, plain client",
             floor_lags,
             goal="p99 ≤ 10 s",
-            idle_timeout_seconds=IDLE_TIMEOUT,
+            idle_timeout_seconds=timeout,
             stats_calls=runtime.calls,
             reported_running=running,
         ),
@@ -447,7 +453,7 @@ async def scale(
         "burst_floor_cpu_seconds": floor_cpu,
         "populate_seconds": round(populate_s, 1),
         "idle_sessions": idle,
-        "idle_timeout_s": IDLE_TIMEOUT,
+        "idle_timeout_s": timeout,
         "idle_stop_lag_p50_s": round(percentile(lags, 50), 2),
         "idle_stop_lag_p99_s": round(percentile(lags, 99), 2),
         "idle_stop_floor_p99_s": round(percentile(floor_lags, 99), 2),

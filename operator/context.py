@@ -60,7 +60,7 @@ class OperatorContext:
 
     async def start(self) -> None:
         if self.kube is None:
-            self.kube = Kube(self.ensure_credentials())
+            self.kube = Kube(self.ensure_credentials(), concurrency=self.settings.api_concurrency)
         if self.http is None:
             self.http = httpx.AsyncClient(
                 timeout=self.settings.runtime_timeout_seconds, trust_env=False

@@ -73,6 +73,12 @@ class OperatorSettings(BaseSettings):
         "TTL); this is the pace of the looks that have none: a busy runtime past its idle "
         "deadline, an unreachable one, the quiet time before an outdated pod is rolled.",
     )
+    api_concurrency: int = Field(
+        8,
+        ge=1,
+        description="Requests to the apiserver in flight at once (connections kept open); "
+        "more wait their turn in the operator.",
+    )
     check_concurrency: int = Field(
         20, ge=1, description="Due sessions looked at side by side (each asks its runtime)."
     )
