@@ -1,5 +1,5 @@
 """The operator on the cluster tier: session create → Running, conversation delete → files
-gone, and operator memory per watched session — each beside a same-run baseline.
+gone, and the operator at scale — each beside a same-run baseline.
 
 A real control plane (etcd, kube-apiserver, kube-controller-manager) and the test node
 agent come from ``tests/cluster/kubeenv``, used as a library; the operator runs as a
@@ -13,15 +13,13 @@ deployment would be. Only loopback addresses are contacted.
 - delete → files gone (goal p99 < 2 s): a Ready ConversationWorkspace whose directory
   holds files is deleted and its directory polled on disk until it is gone, then the CR
   (the finalizer released). Baseline: ``rm -rf`` of the same tree on the same disk.
-- memory: RSS of a fresh operator with N sessions (500; 20 with --quick) vs the same
-  process with none. The node agent is stopped first, so those sessions' pods stay
-  Pending (unbound): this is the operator's memory per watched session — its CR, Secret,
-  PVC, pod and periodic check — not runtime processes.
+- scale (``operator_scale.py``, on a control plane of its own): CPU at rest, RSS, a
+  burst of new sessions and idle stops with N sessions (1,000; 30 with --quick;
+  ``--sessions N`` runs only this part).
 
 Extras in the JSON: the first session after the operator starts (a warm-up, not in the
-samples), the control plane's start time, KiB per session (over idle, and marginal
-between a tenth of N and N), the rate new sessions are reconciled, and the operator's
-CPU % idle and with N sessions. On failure the logs are kept and their place printed.
+samples) and the control plane's start time; the scale part writes its own
+``bench/results/operator.json``. On failure the logs are kept and their place printed.
 
 Skipped, with a line saying why, when the binaries are absent and cannot be built (no
 Go), when SANDBOX_SKIP_CLUSTER is set, or in --quick mode when they are not built yet.

@@ -1,5 +1,6 @@
-"""operator/deadlines.py (one scheduler for every session's deadline) and
-operator/activity.py (when a session is due, from its object)."""
+"""operator/deadlines.py (one scheduler for every session's deadline),
+operator/activity.py (when a session is due, from its object) and operator/peering.py
+(whether this replica is the active one)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from sandbox_workspace.operator.activity import next_due
 from sandbox_workspace.operator.deadlines import Deadlines
 from sandbox_workspace.operator.models import SandboxSession
+from sandbox_workspace.operator.peering import is_active
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -179,3 +181,23 @@ RUNNING = dict(phase="Running", endpoint="http://10.0.0.1:8080", podIP="10.0.0.1
 )
 def test_next_due(fields, checked, expected) -> None:
     assert next_due(session(**fields), NOW, 30, checked=checked) == expected
+
+
+def _peer(priority: int, seconds_ago: float, lifetime: int = 10) -> dict:
+    seen = NOW - timedelta(seconds=seconds_ago)
+    return {"priority": priority, "lastseen": seen.isoformat(), "lifetime": lifetime}
+
+
+@pytest.mark.parametrize(
+    ("peers", "expected"),
+    [
+        pytest.param({}, True, id="alone"),
+        pytest.param({"me": _peer(1, 0), "b": _peer(0, 1)}, True, id="highest"),
+        pytest.param({"me": _peer(0, 0), "a": _peer(1, 1)}, False, id="standby"),
+        pytest.param({"me": _peer(0, 0), "a": _peer(1, 11)}, True, id="active-peer-dead"),
+        pytest.param({"me": _peer(0, 0), "a": _peer(0, 1)}, False, id="same-priority"),
+        pytest.param({"me": _peer(0, 0), "a": "garbage"}, True, id="unreadable-record"),
+    ],
+)
+def test_the_active_replica_follows_kopfs_rule(peers, expected) -> None:
+    assert is_active(peers, "me", peers.get("me", {}).get("priority", 0), NOW) is expected
