@@ -334,9 +334,10 @@ async def scale(
         # Populate: N sessions, created at the pace the apiserver takes them.
         base = [f"sb-session-u{i}" for i in range(sessions)]
         populate_started = time.time()
-        for first in range(0, sessions, 1000):
-            await _create_sessions(client, ns, base[first : first + 1000])
-        await watcher.until(base, None, timeout=60 + sessions * 0.2)
+        for first in range(0, sessions, 200):  # users arriving, not one flood
+            chunk = base[first : first + 200]
+            await _create_sessions(client, ns, chunk)
+            await watcher.until(chunk, None, timeout=300)
         populate_s = time.time() - populate_started
         await asyncio.sleep(1.0 if quick else 15.0)  # let the last events drain
         rest_cpu = await _rest(pids, window)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ import yaml
 from kubeenv import ControlPlane, KubeClient, NodeAgent, wait_until
 from operator_env import (
     TIMEOUT,
+    Runtime,
     conversation_dir,
     cws_path,
     make_session,
@@ -40,6 +42,8 @@ REPO = Path(__file__).resolve().parents[2]
 PEERING_CRD = REPO / "charts" / "sandbox-workspace" / "crds" / "kopf-peering.yaml"
 PEERING = "sandbox-workspace"
 TAKEOVER_GOAL_S = 15.0
+# Kill → takeover trials (SANDBOX_STANDBY_TRIALS=10 for the README's figures).
+TRIALS = int(os.environ.get("SANDBOX_STANDBY_TRIALS", "1"))
 
 
 @pytest.fixture
@@ -101,9 +105,16 @@ def replica(
                 proc.wait()
 
 
-def _peer_alive(api: KubeClient, path: str, identity_prefix: str) -> bool:
+def _peers_alive(api: KubeClient, path: str) -> int:
     status = (api.get_or_none(path) or {}).get("status") or {}
-    return any(k.startswith(identity_prefix) for k in status)
+    now = datetime.now(UTC)
+    return sum(
+        1
+        for record in status.values()
+        if datetime.fromisoformat(record["lastseen"].replace("Z", "+00:00")).replace(tzinfo=UTC)
+        + timedelta(seconds=record["lifetime"])
+        > now
+    )
 
 
 def test_the_standby_takes_over_a_killed_active_replica_and_loses_nothing(
@@ -113,56 +124,76 @@ def test_the_standby_takes_over_a_killed_active_replica_and_loses_nothing(
     peering: str,
     replica: Callable[[int], subprocess.Popen],
 ):
-    active = replica(1)
-    replica(0)
-    wait_until(
-        lambda: (
-            _peer_alive(kube_api, peering, "replica-1")
-            and _peer_alive(kube_api, peering, "replica-0")
-        ),
-        timeout=TIMEOUT,
-        message="both replicas in the peering object",
-    )
-    alice, runtime = running_session(kube_api, namespace)
-    make_workspace(kube_api, namespace, "conv-1")
-    wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
-    runtime.upload("conv-1", "secret.csv", b"gone with the conversation")
-    directory = conversation_dir(node_agent, namespace, "conv-1")
+    replica(0)  # the standby, all along
+    alice, runtime = None, None
+    takeovers: list[float] = []
+    for trial in range(TRIALS):
+        active = replica(1)
+        wait_until(
+            lambda: _peers_alive(kube_api, peering) == 2,
+            timeout=TIMEOUT,
+            message="both replicas alive in the peering object",
+        )
+        if alice is None:
+            alice, runtime = running_session(kube_api, namespace)
+        assert runtime is not None
+        takeovers.append(
+            _kill_the_active_one(kube_api, namespace, node_agent, active, runtime, trial)
+        )
+    print(f"takeover after SIGKILL, {TRIALS} trials: {[round(t, 2) for t in takeovers]}")
+    assert max(takeovers) <= TAKEOVER_GOAL_S, takeovers
+    assert kube_api.get(sbs_path(namespace, "sb-session-alice"))["status"]["phase"] == "Running"
+
+
+def _kill_the_active_one(
+    api: KubeClient,
+    namespace: str,
+    node_agent: NodeAgent,
+    active: subprocess.Popen,
+    runtime: Runtime,
+    trial: int,
+) -> float:
+    """One trial: SIGKILL the active replica; seconds until the standby reconciled a
+    session created in the gap (after checking nothing was lost)."""
+    cid, bob = f"conv-{trial}", f"sb-session-bob-{trial}"
+    make_workspace(api, namespace, cid)
+    wait_phase(api, cws_path(namespace, f"cws-{cid}"), "Ready")
+    runtime.upload(cid, "secret.csv", b"gone with the conversation")
+    directory = conversation_dir(node_agent, namespace, cid)
     assert directory.exists()
     pods = f"/api/v1/namespaces/{namespace}/pods"
-    alice_pod = kube_api.get(f"{pods}/sb-session-alice")["metadata"]["uid"]
-    since = kube_api.get(pods)["metadata"]["resourceVersion"]
+    alice_pod = api.get(f"{pods}/sb-session-alice")["metadata"]["uid"]
+    since = api.get(pods)["metadata"]["resourceVersion"]
 
     killed = time.monotonic()
     active.send_signal(signal.SIGKILL)
     active.wait()
-    kube_api.delete(cws_path(namespace, "cws-conv-1"))
-    make_session(kube_api, namespace, "sb-session-bob")
-
-    bob = wait_phase(kube_api, sbs_path(namespace, "sb-session-bob"), "Pending", timeout=TIMEOUT)
+    api.delete(cws_path(namespace, f"cws-{cid}"))
+    make_session(api, namespace, bob)
+    wait_phase(api, sbs_path(namespace, bob), "Pending", timeout=TIMEOUT)
     takeover = time.monotonic() - killed
-    assert bob["status"]["phase"] == "Pending"
-    assert takeover <= TAKEOVER_GOAL_S, f"took over after {takeover:.1f}s"
+
     # The conversation deleted in the gap: files gone first, then the finalizer.
     gone_at: dict[str, float] = {}
 
     def both_gone() -> bool:
         if not directory.exists():
             gone_at.setdefault("files", time.monotonic())
-        if kube_api.get_or_none(cws_path(namespace, "cws-conv-1")) is None:
+        if api.get_or_none(cws_path(namespace, f"cws-{cid}")) is None:
             gone_at.setdefault("cr", time.monotonic())
         return len(gone_at) == 2
 
-    wait_until(both_gone, timeout=TIMEOUT, interval=0.01, message="conv-1 files and CR gone")
+    wait_until(both_gone, timeout=TIMEOUT, interval=0.01, message=f"{cid} files and CR gone")
     assert gone_at["files"] <= gone_at["cr"], "the finalizer went before the files"
-    wait_phase(kube_api, sbs_path(namespace, "sb-session-bob"), "Running")
+    wait_phase(api, sbs_path(namespace, bob), "Running")
     # Nothing started twice: alice keeps her pod, bob got exactly one.
-    assert kube_api.get(f"{pods}/sb-session-alice")["metadata"]["uid"] == alice_pod
+    assert api.get(f"{pods}/sb-session-alice")["metadata"]["uid"] == alice_pod
     added = [
-        e["object"]["metadata"]["uid"]
-        for e in kube_api.watch(pods, since, timeout_seconds=2)
+        e["object"]["metadata"]["name"]
+        for e in api.watch(pods, since, timeout_seconds=2)
         if e.get("type") == "ADDED"
     ]
-    assert len(added) == 1, added  # bob's; alice's pod was not replaced
-    assert kube_api.get(sbs_path(namespace, "sb-session-alice"))["status"]["phase"] == "Running"
-    assert alice["status"]["phase"] == "Running"
+    assert added == [bob], added
+    api.delete(sbs_path(namespace, bob))
+    api.wait_gone(sbs_path(namespace, bob), timeout=TIMEOUT)
+    return takeover
