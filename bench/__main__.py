@@ -43,6 +43,11 @@ def table(figures) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--quick", action="store_true", help="few repetitions (CI smoke)")
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        help="operator: only the scale figures, with this many sessions (e.g. 10000)",
+    )
     parser.add_argument("suites", nargs="*", help=f"any of {', '.join(SUITES)} (default: all)")
     args = parser.parse_args(argv)
     unknown = set(args.suites) - set(SUITES)
@@ -53,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.suites:
         started = time.monotonic()
         module = importlib.import_module(f"bench.{name}")
-        got = module.run(args.quick)
+        scaled = args.sessions and name == "operator"
+        got = module.run(args.quick, sessions=args.sessions) if scaled else module.run(args.quick)
         figures.extend(got)
         print(f"{name}: {len(got)} figures in {time.monotonic() - started:.1f}s", flush=True)
     md = table(figures)

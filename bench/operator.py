@@ -1,5 +1,5 @@
 """The operator on the cluster tier: session create → Running, conversation delete → files
-gone, and operator memory per watched session — each beside a same-run baseline.
+gone, and the operator at scale — each beside a same-run baseline.
 
 A real control plane (etcd, kube-apiserver, kube-controller-manager) and the test node
 agent come from ``tests/cluster/kubeenv``, used as a library; the operator runs as a
@@ -13,15 +13,13 @@ deployment would be. Only loopback addresses are contacted.
 - delete → files gone (goal p99 < 2 s): a Ready ConversationWorkspace whose directory
   holds files is deleted and its directory polled on disk until it is gone, then the CR
   (the finalizer released). Baseline: ``rm -rf`` of the same tree on the same disk.
-- memory: RSS of a fresh operator with N sessions (500; 20 with --quick) vs the same
-  process with none. The node agent is stopped first, so those sessions' pods stay
-  Pending (unbound): this is the operator's memory per watched session — its CR, Secret,
-  PVC, pod and periodic check — not runtime processes.
+- scale (``operator_scale.py``, on a control plane of its own): CPU at rest, RSS, a
+  burst of new sessions and idle stops with N sessions (1,000; 30 with --quick;
+  ``--sessions N`` runs only this part).
 
 Extras in the JSON: the first session after the operator starts (a warm-up, not in the
-samples), the control plane's start time, KiB per session (over idle, and marginal
-between a tenth of N and N), the rate new sessions are reconciled, and the operator's
-CPU % idle and with N sessions. On failure the logs are kept and their place printed.
+samples) and the control plane's start time; the scale part writes its own
+``bench/results/operator.json``. On failure the logs are kept and their place printed.
 
 Skipped, with a line saying why, when the binaries are absent and cannot be built (no
 Go), when SANDBOX_SKIP_CLUSTER is set, or in --quick mode when they are not built yet.
@@ -29,6 +27,7 @@ Go), when SANDBOX_SKIP_CLUSTER is set, or in --quick mode when they are not buil
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -41,7 +40,8 @@ from pathlib import Path
 
 import httpx
 
-from .harness import Figure, cpu_seconds
+from .harness import Figure
+from .operator_scale import scale
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests" / "cluster"), str(REPO / "tests" / "support")]  # kubeenv
@@ -281,70 +281,6 @@ def _delete_to_gone(
     return files_gone, cr_gone, baseline, files
 
 
-def _rss_samples(op: Operator, seconds: float) -> tuple[list[float], float]:
-    """RSS samples (MB) over ``seconds``, and the CPU the operator used meanwhile (%)."""
-    samples = []
-    cpu, start = cpu_seconds(op.proc.pid), time.monotonic()
-    while time.monotonic() < start + seconds:
-        samples.append(op.rss_mb())
-        time.sleep(0.1)
-    used = cpu_seconds(op.proc.pid) - cpu
-    return samples, 100 * used / (time.monotonic() - start)
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
-
-
-def _memory(api: KubeClient, ns: str, n: int, quick: bool, workdir: Path, kubeconfig: Path):
-    """RSS of a fresh operator: idle, after the first tenth of ``n`` sessions, after all."""
-    sessions = f"{API}/namespaces/{ns}/sandboxsessions"
-
-    def reconciled(count: int) -> bool:
-        phases = [(s.get("status") or {}).get("phase") for s in api.list(sessions)]
-        pods = api.list(f"/api/v1/namespaces/{ns}/pods")
-        return sum(map(bool, phases)) == count and len(pods) == count
-
-    def add(first: int, last: int) -> None:
-        for i in range(first, last):
-            api.create(sessions, _session(f"mem-{i}"))
-        wait_until(
-            lambda: reconciled(last),
-            timeout=60 if quick else 900,
-            interval=0.25 if quick else 1.0,  # listing 500 objects loads the apiserver
-            message=f"the operator to reconcile {last} sessions",
-        )
-
-    settle = 1.0 if quick else 5.0
-    op = Operator(kubeconfig, ns, workdir / "operator-memory.log")
-    try:
-        idle, idle_cpu = _rss_samples(op, settle)
-        tenth = max(1, n // 10)
-        add(0, tenth)
-        warm, _ = _rss_samples(op, settle)
-        start = time.perf_counter()
-        add(tenth, n)
-        reconcile_s = time.perf_counter() - start
-        loaded, loaded_cpu = _rss_samples(op, settle)
-    finally:
-        op.stop()
-    return Figure.of(
-        f"operator RSS with {n} sessions (pods Pending)",
-        "MB",
-        loaded,
-        "same operator, 0 sessions",
-        idle,
-        # Growth over idle includes one-off warm-up (clients, caches); the marginal cost
-        # is the slope between the first tenth of the sessions and all of them.
-        kib_per_session_vs_idle=round((_median(loaded) - _median(idle)) * 1024 / n, 1),
-        marginal_kib_per_session=round((_median(loaded) - _median(warm)) * 1024 / (n - tenth), 1),
-        reconcile_rate_per_s=round((n - tenth) / reconcile_s, 1),
-        # With every session's periodic check running (SANDBOX_OPERATOR_CHECK_INTERVAL_SECONDS).
-        cpu_percent_loaded=round(loaded_cpu, 1),
-        cpu_percent_idle=round(idle_cpu, 1),
-    )
-
-
 @contextlib.contextmanager
 def _cluster(workdir: Path) -> Iterator[tuple[ControlPlane, KubeClient]]:
     plane = ControlPlane(workdir / "kube")
@@ -365,13 +301,41 @@ def _cluster(workdir: Path) -> Iterator[tuple[ControlPlane, KubeClient]]:
         plane.stop()
 
 
-def run(quick: bool) -> list[Figure]:
+def _scale(workdir: Path, sessions: int, quick: bool) -> list[Figure]:
+    """The scale figures (``operator_scale.py``) on a control plane of their own."""
+
+    def start(ns: str) -> Operator:
+        op = Operator(plane.kubeconfig, ns, workdir / "operator-scale.log")
+        running.append(op)
+        return op
+
+    running: list[Operator] = []
+    with _cluster(workdir / "scale") as (plane, _):
+        try:
+            figures, _ = asyncio.run(
+                scale(plane, start, lambda op: rss_bytes(op.proc.pid), sessions, quick)
+            )
+        finally:
+            for op in running:
+                op.stop()
+    return figures
+
+
+def run(quick: bool, sessions: int | None = None) -> list[Figure]:
     reason = _skip_reason(quick)
     if reason:
         print(f"operator: skipped — {reason}", flush=True)
         return []
-    starts, deletes, sessions = (5, 10, 20) if quick else (30, 100, 500)
     workdir = Path(tempfile.mkdtemp(prefix="sbw-bench-operator-"))
+    if sessions:  # `python -m bench operator --sessions N`: the scale figures only
+        try:
+            figures = _scale(workdir, sessions, quick)
+        except BaseException:
+            print(f"operator: failed; logs kept in {workdir}", flush=True)
+            raise
+        shutil.rmtree(workdir, ignore_errors=True)
+        return figures
+    starts, deletes, scale_sessions = (5, 10, 30) if quick else (30, 100, 1000)
     try:
         with _cluster(workdir) as (plane, api):
             ns, pods_ns = _namespace(api, "bench"), _namespace(api, "bench-pods")
@@ -385,11 +349,9 @@ def run(quick: bool) -> list[Figure]:
                 finally:
                     op.stop()
             finally:
-                # From here on pods stay Pending: nothing binds or runs them.
                 agent.stop()
-            memory_ns = _namespace(api, "bench-memory")
-            memory = _memory(api, memory_ns, sessions, quick, workdir, plane.kubeconfig)
             boot = plane.timings["total"]
+        scaled = _scale(workdir, scale_sessions, quick)
     except BaseException:
         print(f"operator: failed; logs kept in {workdir}", flush=True)
         raise
@@ -420,5 +382,5 @@ def run(quick: bool) -> list[Figure]:
             f"rm -rf of the same {files} files",
             rm,
         ),
-        memory,
+        *scaled,
     ]

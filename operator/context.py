@@ -20,7 +20,9 @@ from sandbox_workspace.store import ObjectStore, S3Store
 
 from . import naming
 from .answers import RuntimeAnswers
+from .deadlines import Deadlines
 from .metrics import OperatorMetrics
+from .peering import Activity
 from .pool.state import PoolState
 from .settings import OperatorSettings
 
@@ -34,7 +36,7 @@ class OperatorContext:
     http: httpx.AsyncClient | None = None
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     # Per session incarnation (uid): its runtime token, and that its Secret and claim were
-    # seen — both fixed for a session's life, so the periodic check need not GET them.
+    # seen — both fixed for a session's life, so a look at a due session need not GET them.
     _tokens: dict[str, str] = field(default_factory=dict)
     children_seen: set[str] = field(default_factory=set)
     # Starting pods whose runtime answered the operator's own /healthz poll.
@@ -43,6 +45,19 @@ class OperatorContext:
     store: ObjectStore | None = None
     # The warm pool, when the settings ask for one (operator/pool; set at start-up).
     pool: PoolState | None = None
+    # Every session's next deadline (idle, TTL, roll, first look at a new pod), in one
+    # scheduler: set up by the startup handler (``handlers/checks.py`` acts on them).
+    deadlines: Deadlines | None = None
+    # This replica's peering id (main.py) and whether it is the active one now: deadlines
+    # act only then (peering.py; kopf pauses its own handlers by itself).
+    identity: str = ""
+    activity: Activity | None = None
+    # Per session incarnation (uid): the pod start whose runtime was asked for its stats
+    # (``checks.start_marker``) — asked once per start, not on every event.
+    checked_starts: dict[str, str] = field(default_factory=dict)
+    # Pod uid → the resourceVersion the last reconcile acted on: a watch event of that
+    # very version (the ADDED of our own create) changes nothing and is skipped.
+    pods_seen: dict[str, str] = field(default_factory=dict)
 
     def ensure_credentials(self) -> Credentials:
         if self.credentials is None:
@@ -51,7 +66,7 @@ class OperatorContext:
 
     async def start(self) -> None:
         if self.kube is None:
-            self.kube = Kube(self.ensure_credentials())
+            self.kube = Kube(self.ensure_credentials(), concurrency=self.settings.api_concurrency)
         if self.http is None:
             self.http = httpx.AsyncClient(
                 timeout=self.settings.runtime_timeout_seconds, trust_env=False
@@ -61,6 +76,8 @@ class OperatorContext:
             await self.store.check()  # a missing bucket or bad credentials stop the start
 
     async def aclose(self) -> None:
+        if self.deadlines is not None:
+            await self.deadlines.aclose()
         await self.answers.aclose()
         if self.kube is not None:
             await self.kube.aclose()
@@ -79,9 +96,12 @@ class OperatorContext:
 
     def forget(self, namespace: str, name: str, uid: str | None = None) -> None:
         self._locks.pop((namespace, name), None)
+        if self.deadlines is not None:
+            self.deadlines.cancel((namespace, name))
         if uid:
             self._tokens.pop(uid, None)
             self.children_seen.discard(uid)
+            self.checked_starts.pop(uid, None)
 
     async def runtime_token(
         self, namespace: str, session_name: str, uid: str | None = None

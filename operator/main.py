@@ -6,6 +6,11 @@ Namespaces come from ``SANDBOX_OPERATOR_NAMESPACES`` (empty: the whole cluster).
 from __future__ import annotations
 
 import asyncio
+import getpass
+import os
+import secrets
+import socket
+import time
 from typing import Any
 
 import kopf
@@ -24,6 +29,7 @@ async def run_async(
 ) -> None:
     ctx = context or OperatorContext(settings)
     namespaces = list(settings.namespaces)
+    ctx.identity = identity = settings.identity or _own_id()
     await kopf.operator(
         registry=build_registry(settings),
         memo=kopf.Memo(ctx=ctx),
@@ -33,10 +39,21 @@ async def run_async(
         # A peering name makes peering mandatory in kopf, even when standalone.
         peering_name=None if settings.standalone else settings.peering_name,
         priority=settings.priority,
+        identity=identity,
         liveness_endpoint=settings.liveness_endpoint,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
     )
+
+
+def _own_id() -> str:
+    """The replica's id in the peering object, as kopf makes it: the pod's name
+    ($POD_ID), else user@host with the start time and a random tail."""
+    pod = os.environ.get("POD_ID")
+    if pod:
+        return pod
+    stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+    return f"{getpass.getuser()}@{socket.gethostname()}/{stamp}/{secrets.token_hex(3)}"
 
 
 def run(settings: OperatorSettings) -> None:

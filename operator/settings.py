@@ -88,8 +88,18 @@ class OperatorSettings(BaseSettings):
     check_interval_seconds: float = Field(
         30.0,
         gt=0,
-        description="How often each session is checked for idleness and TTL, and its "
-        "children re-verified (the safety net behind the watch events).",
+        description="Sessions are looked at only when a deadline of theirs is due (idle, "
+        "TTL); this is the pace of the looks that have none: a busy runtime past its idle "
+        "deadline, an unreachable one, the quiet time before an outdated pod is rolled.",
+    )
+    api_concurrency: int = Field(
+        8,
+        ge=1,
+        description="Requests to the apiserver in flight at once (connections kept open); "
+        "more wait their turn in the operator.",
+    )
+    check_concurrency: int = Field(
+        20, ge=1, description="Due sessions looked at side by side (each asks its runtime)."
     )
     runtime_timeout_seconds: float = Field(
         10.0, gt=0, description="Timeout of one request to a runtime; slower counts as down."
@@ -116,6 +126,18 @@ class OperatorSettings(BaseSettings):
     )
     peering_name: str = Field("sandbox-workspace", description="KopfPeering object name.")
     priority: int = Field(0, description="Peering priority of this replica.")
+    peering_lifetime_seconds: int = Field(
+        10,
+        ge=2,
+        description="How long a replica counts as alive after its last keep-alive in the "
+        "peering object (kopf renews it every 1-5 s at 10): a killed active replica's "
+        "standby takes over after at most this long.",
+    )
+    identity: str | None = Field(
+        None,
+        description="This replica's id in the peering object; unset: $POD_ID (the chart "
+        "sets the pod's name), else user@host/time/random.",
+    )
     log_level: str = "info"
     log_format: Literal["json", "text"] | None = None
     # The object store (SANDBOX_OPERATOR_STORE=s3, SANDBOX_OPERATOR_S3__BUCKET…, the same

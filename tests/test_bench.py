@@ -38,6 +38,13 @@ def test_bench_runs_in_quick_mode():
         trials = json.loads(faults.read_text())
         assert trials["trials"] >= 2 * len(trials["faults"])
         assert trials["leaked_files"] == 0 and trials["stuck"] == 0, trials
+    # The operator at scale (quick form: 30 sessions) wrote its figures.
+    operator = ROOT / "bench" / "results" / "operator-quick.json"
+    if "operator: skipped" not in result.stdout:
+        scale = json.loads(operator.read_text())
+        assert scale["quick"] and scale["sessions"] == 30 and operator.stat().st_mtime >= started
+        assert scale["burst_per_second"] > 0 and scale["rss_bytes"] > 0
+        assert scale["idle_stop_lag_p99_s"] < 60  # every idle session stopped
     if shutil.which("redis-server") or shutil.which("valkey-server"):
         assert any(n.startswith("chat on the Redis run store") for n in names)
         chat = json.loads((ROOT / "bench" / "results" / "chat-quick.json").read_text())

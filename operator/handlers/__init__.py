@@ -13,7 +13,7 @@ from ..models import GROUP, SESSION_PLURAL, VERSION, WORKSPACE_PLURAL
 from ..pool import LABEL_POOL
 from ..pool import refill as pool
 from ..settings import OperatorSettings
-from . import checks, deletion, sessions, startup, workspaces
+from . import deletion, sessions, startup, workspaces
 
 SESSIONS = (GROUP, VERSION, SESSION_PLURAL)
 WORKSPACES = (GROUP, VERSION, WORKSPACE_PLURAL)
@@ -39,12 +39,8 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     )
     on.event(*SESSIONS, registry=registry)(sessions.on_session_event)
     on.event(*PODS, registry=registry)(sessions.on_runtime_pod_event)
-    kopf.timer(
-        *SESSIONS,
-        interval=settings.check_interval_seconds,
-        initial_delay=settings.check_interval_seconds,
-        registry=registry,
-    )(checks.on_session_timer)
+    # No timer per session: deadlines (idle, TTL, rolls) live in one scheduler fed by the
+    # session events above (checks.py), so an operator at rest does nothing.
 
     for decorator in (on.create, on.resume):
         decorator(*WORKSPACES, registry=registry, id="ensure", retries=None)(

@@ -1,6 +1,15 @@
-"""The periodic check of a SandboxSession: TTL, confinement, idle stop, outdated pods.
+"""A look at a SandboxSession when a deadline of its is due: TTL, confinement, idle stop,
+outdated pods.
 
-Contract (each check interval, after a full reconcile as a safety net):
+No timer per session: each session's next deadline (``operator/activity.py``) is kept in
+one scheduler (``operator/deadlines.py``), fed by the session's events
+(``sessions.feed``) and by each look (``check_session`` answers when to look next), so
+an operator at rest does nothing. The runtime's stats are asked at the first look after
+its pod started (Confined, activity) and again only at a deadline: the idle deadline
+moves with the activity the runtime reports then and with each ``last-activity``
+annotation the API writes (each one an event).
+
+Contract (each look, after a full reconcile as a safety net):
 - TTL: once ``creationTimestamp + ttlSeconds`` has passed, the Expired condition is set
   and the session deleted; owner references delete pod, Secret, PVC and workspaces.
 - The runtime is asked for its stats (``GET /v1/stats``). Its confinement report sets
@@ -17,7 +26,8 @@ Contract (each check interval, after a full reconcile as a safety net):
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+import logging
+from datetime import datetime, timedelta
 from typing import Any
 
 import kopf
@@ -26,8 +36,9 @@ from sandbox_workspace.kube import KubeError, core_path
 from sandbox_workspace.runtime.client import RuntimeClientError
 from sandbox_workspace.runtime.schemas import RuntimeStats
 
+from ..activity import after_stats, idle_for, last_activity, start_marker
 from ..context import OperatorContext
-from ..models import ANNOTATION_LAST_ACTIVITY, ANNOTATION_RESUME, SandboxSession
+from ..models import ANNOTATION_RESUME, SandboxSession
 from ..status import (
     condition,
     confined_condition,
@@ -38,6 +49,8 @@ from ..status import (
     set_condition,
 )
 from .sessions import KIND, _write_status, now, reconcile_session, session_path
+
+log = logging.getLogger("sandbox_workspace.operator.checks")
 
 
 async def stop_session(ctx: OperatorContext, session: SandboxSession, body: dict, why: str) -> None:
@@ -73,50 +86,32 @@ async def _expire(ctx: OperatorContext, session: SandboxSession, body: dict) -> 
     await ctx.api.delete(path)
 
 
-def last_activity(runtime_at: datetime, annotations: dict[str, str]) -> datetime:
-    """The later of the runtime's activity and the API's ``last-activity`` annotation."""
-    raw = annotations.get(ANNOTATION_LAST_ACTIVITY)
-    try:
-        api_at = datetime.fromisoformat(raw.replace("Z", "+00:00")) if raw else None
-    except ValueError:
-        api_at = None
-    if api_at is not None and api_at.tzinfo is None:
-        api_at = api_at.replace(tzinfo=UTC)
-    return max(runtime_at, api_at) if api_at else runtime_at
-
-
-def idle_for(
-    stats: RuntimeStats, annotations: dict[str, str], timeout: int, at: datetime
-) -> float | None:
-    """Seconds the session has been idle when that reaches ``timeout`` (stop it), else
-    None. An operation in flight is never idle; ``timeout`` 0 never stops."""
-    if timeout <= 0 or stats.active_operations > 0:
-        return None
-    idle = (at - last_activity(stats.last_activity_at, annotations)).total_seconds()
-    return idle if idle >= timeout else None
-
-
-async def check_session(ctx: OperatorContext, namespace: str, name: str, logger: Any) -> None:
-    """The periodic check (see the module contract)."""
+async def check_session(
+    ctx: OperatorContext, namespace: str, name: str, logger: Any
+) -> datetime | None:
+    """One look at a session whose deadline came (see the module contract); the time of
+    the next look, or None (until its next event)."""
     reconciled = await reconcile_session(ctx, namespace, name)
     if reconciled is None:
-        return
+        return None
     session, body = reconciled.session, reconciled.body
     expiry = expires_at(session)
     if expiry is not None and expiry <= now():
         await _expire(ctx, session, body)
-        return
+        return None
     status = session.status
+    interval = ctx.settings.check_interval_seconds
     if status.phase != "Running" or not status.endpoint:
-        return
+        return expiry
     client = await ctx.runtime(namespace, name, status.endpoint, session.uid)
     if client is None:
-        return
+        return now() + timedelta(seconds=interval)
     try:
         stats = await client.stats()
     except RuntimeClientError as e:
         logger.info(f"runtime stats unavailable: {e}")  # pod events report real failures
-        return
+        return now() + timedelta(seconds=interval)
+    ctx.checked_starts[session.uid] = start_marker(session)
     last = last_activity(stats.last_activity_at, session.annotations)
     patch: dict[str, Any] = {}
     if status.last_activity_time is None or abs(status.last_activity_time - last) > timedelta(
@@ -133,12 +128,13 @@ async def check_session(ctx: OperatorContext, namespace: str, name: str, logger:
     if idle is not None:
         logger.info(f"idle for {idle:.0f}s (idleTimeoutSeconds={timeout}): stopping")
         await stop_session(ctx, session, body, f"no activity for {int(idle)}s")
-        return
+        return expiry
     restart = condition(status, "RestartRequired")
-    interval = max(1, int(ctx.settings.check_interval_seconds))
-    quiet = idle_for(stats, session.annotations, interval, now())
+    quiet = idle_for(stats, session.annotations, max(1, int(interval)), now())
     if restart is not None and restart.status == "True" and quiet is not None:
         await _roll(ctx, session, body)
+        return expiry
+    return after_stats(session, stats, now(), interval)
 
 
 def _confined(session: SandboxSession, body: dict, stats: RuntimeStats) -> list[dict] | None:
@@ -172,12 +168,19 @@ async def _roll(ctx: OperatorContext, session: SandboxSession, body: dict) -> No
     await ctx.api.delete(path, uid=pod["metadata"]["uid"])
 
 
-async def on_session_timer(
-    name: str, namespace: str, memo: kopf.Memo, logger: kopf.Logger, **_: Any
-) -> None:
-    ctx: OperatorContext = memo.ctx
+async def on_deadline(ctx: OperatorContext, key: tuple[str, str]) -> None:
+    """A session's deadline came: look at it, and schedule its next look."""
+    namespace, name = key
+    if ctx.activity is not None and not await ctx.activity.active(namespace):
+        # A standby now (kopf paused our handlers): the active replica acts on it. Dropped:
+        # when this one is active again kopf lists every session anew, which feeds it.
+        return
     try:
-        await check_session(ctx, namespace, name, logger)
+        due = await check_session(ctx, namespace, name, log)
     except KubeError as e:
         ctx.metrics.errors.labels(KIND, e.reason or str(e.status)).inc()
-        raise kopf.TemporaryError(str(e), delay=ctx.settings.check_interval_seconds) from e
+        log.info(f"check of {namespace}/{name} failed ({e}); retrying")
+        due = now() + timedelta(seconds=ctx.settings.check_interval_seconds)
+    deadlines = ctx.deadlines
+    if due is not None and deadlines is not None and deadlines.due(key) is None:
+        deadlines.schedule(key, due.timestamp())  # unless an event set a fresher one

@@ -6,7 +6,7 @@ Contract:
   session's deletion garbage-collects them), replaces a pod that failed or vanished
   (unless the session is Stopped), writes the whole status and posts an Event when the
   phase or the reason changes. Every trigger calls it: the session's create/resume/update
-  handlers, every event of its pod, a resume request, and the periodic check
+  handlers, every event of its pod, a resume request, and the look at a due deadline
   (``handlers/checks.py``: idle stop, TTL, confinement, rolling an outdated pod).
 - Session incarnations: children are found by name but judged by owner uid
   (``children.judge``). A child of an earlier incarnation is never reused: a terminating
@@ -16,7 +16,7 @@ Contract:
   Pending with reason ``OldIncarnation`` and ``reconcile_session`` answers ``waiting``.
 - A pod built from an older spec (annotation ``sandboxworkspace.io/pod-spec``) is
   replaced at once when it is not serving; a serving one is reported
-  (``RestartRequired``) and rolled by the periodic check once the session is idle, and
+  (``RestartRequired``) and rolled by the look at its deadline once the session is idle, and
   ``observedGeneration`` stays at the generation the pod reflects until then.
 - Work on one session is serialised by a per-session lock (``OperatorContext.lock``).
 - Resume: whoever wants the session back (the API, or this operator to delete a
@@ -39,6 +39,7 @@ from pydantic import ValidationError
 
 from sandbox_workspace.kube import KubeError, core_path, custom_path
 
+from ..activity import next_due, start_marker
 from ..builders import build_sandbox_pod
 from ..children import judge, uid_of
 from ..context import OperatorContext
@@ -132,6 +133,8 @@ async def reconcile_session(ctx: OperatorContext, namespace: str, name: str) -> 
         pod, state, outdated = await _converge_pod(
             ctx, session, body, pod, desired, stopped=stopped, blocked=blocked
         )
+        if pod is not None:  # its watch event of this version needs no second look
+            ctx.pods_seen[uid_of(pod)] = pod["metadata"].get("resourceVersion", "")
         if pod is not None and ctx.http is not None and judge(pod, session.uid) == "ours":
             # Running but not Ready yet: poll its runtime ourselves (answers.py).
             answered = partial(_after_answer, ctx, namespace, name)
@@ -245,7 +248,8 @@ async def on_session_changed(
 async def on_session_event(
     event: kopf.RawEvent, name: str, namespace: str, memo: kopf.Memo, **_: Any
 ) -> None:
-    """A resume request is acted on at once; a deleted session is forgotten."""
+    """A resume request is acted on at once; the session's deadline follows the object
+    (``checks.feed``); a deleted session is forgotten."""
     ctx: OperatorContext = memo.ctx
     if event["type"] == "DELETED":
         ctx.metrics.session_phase(f"{namespace}/{name}", None)
@@ -254,17 +258,45 @@ async def on_session_event(
     annotations = event["object"].get("metadata", {}).get("annotations") or {}
     if ANNOTATION_RESUME in annotations:
         await reconcile_session(ctx, namespace, name)
+    feed(ctx, event["object"])
 
 
 async def on_runtime_pod_event(
     event: kopf.RawEvent, namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any
 ) -> None:
     """Any change of a sandbox pod: the session's status follows; a dead pod is replaced."""
+    ctx: OperatorContext = memo.ctx
     session_name = labels.get(LABEL_SESSION)
+    meta = event["object"].get("metadata", {})
+    uid, version = meta.get("uid", ""), meta.get("resourceVersion")
     if event["type"] == "DELETED":
-        memo.ctx.answers.forget(event["object"].get("metadata", {}).get("uid"))
+        ctx.answers.forget(uid)
+        ctx.pods_seen.pop(uid, None)
+    elif version and ctx.pods_seen.get(uid) == version:
+        return  # the version the last reconcile acted on (e.g. the ADDED of our create)
     if session_name:
-        await reconcile_session(memo.ctx, namespace, session_name)
+        await reconcile_session(ctx, namespace, session_name)
+
+
+def feed(ctx: OperatorContext, body: dict[str, Any]) -> None:
+    """A session's event: its deadline follows what the object now says."""
+    deadlines = ctx.deadlines
+    if deadlines is None:
+        return
+    deadlines.start()  # once; here, so its tasks inherit kopf's context (Events)
+    meta = body.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    try:
+        session = SandboxSession.from_body(body)
+    except ValidationError:
+        deadlines.cancel(key)  # the reconciler reports an invalid spec
+        return
+    checked = ctx.checked_starts.get(session.uid) == start_marker(session)
+    due = next_due(session, now(), ctx.settings.check_interval_seconds, checked=checked)
+    if due is None:
+        deadlines.cancel(key)
+    else:
+        deadlines.schedule(key, due.timestamp())
 
 
 def _backoff(ctx: OperatorContext, retry: int) -> float:

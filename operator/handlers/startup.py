@@ -12,19 +12,23 @@ not sharding. With the default (standalone) run exactly one replica
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 import kopf
 
 from ..context import OperatorContext
+from ..deadlines import Deadlines
 from ..models import COMPONENT_RUNTIME, FINALIZER_FILES, LABEL_COMPONENT, PREFIX
+from ..peering import Activity
+from . import checks
 
 
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     ctx: OperatorContext = memo.ctx
     ours = ctx.settings
-    # Our finalizer: on a ConversationWorkspace it is the files' guarantee; on a session
-    # it only lets kopf stop the session's periodic check before the object goes.
+    # Our finalizer: on a ConversationWorkspace it is the files' guarantee (sessions have
+    # no deletion handler, timer or daemon, so kopf puts none on them).
     settings.persistence.finalizer = FINALIZER_FILES
     # kopf's bookkeeping in annotations under our prefix, never in our status (which the
     # CRD schema defines and the API reads).
@@ -43,13 +47,23 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # transitions, so only warnings and errors become Events.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "sandbox-workspace-operator"
-    # A session's periodic check is stopped when the session is deleted; check often
-    # whether it has, so deletion is not held up for kopf's default minute.
-    settings.background.cancellation_polling = 1.0
-    settings.background.instant_exit_timeout = 0.1
     # Errors that are not TemporaryError (bugs, surprises) are retried too, not fast.
     settings.execution.default_backoff = ours.retry_max_delay_seconds
+    # A killed replica's standby takes over once its keep-alive is this old (kopf's
+    # default, 60 s, is a minute with nothing reconciled).
+    settings.peering.lifetime = ours.peering_lifetime_seconds
     await ctx.start()
+    ctx.activity = Activity(
+        ctx.api,
+        standalone=ours.standalone,
+        clusterwide=not ours.namespaces,
+        name=ours.peering_name,
+        identity=ctx.identity,
+        priority=ours.priority,
+    )
+    # Every session's next deadline, in one scheduler (checks.py: the contract); started
+    # by the first session event, inside kopf's context (kopf.event needs its queue).
+    ctx.deadlines = Deadlines(partial(checks.on_deadline, ctx), concurrency=ours.check_concurrency)
     if ours.metrics_port:
         ctx.metrics.serve(ours.metrics_port, ours.metrics_host)
 

@@ -78,6 +78,10 @@ async def _refill_forever(ctx: OperatorContext) -> None:
         again = False
         for ns in pool.namespaces:
             try:
+                # A standby replica's refiller is not paused by kopf: without this, two
+                # peered operators would each fill the pool to its size.
+                if ctx.activity is not None and not await ctx.activity.active(ns):
+                    continue
                 again |= await refill(ctx, ns)
             except KubeError as e:
                 ctx.metrics.errors.labels("SandboxPool", e.reason or str(e.status)).inc()

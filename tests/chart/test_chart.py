@@ -280,7 +280,7 @@ def test_rbac_is_namespaced_and_minimal(rendered: tuple[str, list[dict[str, Any]
     assert operator["/secrets"] == {"get", "create", "delete"}  # old incarnations' tokens
     assert operator["/persistentvolumeclaims"] == {"get", "create", "patch"}  # adoption
     assert operator["/pods"] == {"get", "list", "watch", "create", "delete", "patch"}
-    assert ("kopf.dev/kopfpeerings" in operator) == (name == "hardened")
+    assert "kopf.dev/kopfpeerings" in operator  # two peered replicas in every value set
     for binding in by_kind(docs, "RoleBinding") + by_kind(docs, "ClusterRoleBinding"):
         (subject,) = binding["subjects"]
         assert subject["kind"] == "ServiceAccount" and subject["namespace"] == NAMESPACE
@@ -404,32 +404,27 @@ def test_the_redis_run_store_needs_the_secret_of_its_url(tools: Tools) -> None:
 def test_operator_workload(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     name, docs = rendered
     full = f"{RELEASE}-sandbox-workspace-operator"
-    if name == "defaults":
-        workload = one(docs, "Deployment", full)
-        assert workload["spec"]["replicas"] == 1
-        assert workload["spec"]["strategy"] == {"type": "Recreate"}
-        assert not by_kind(docs, "KopfPeering")
-    else:
-        workload = one(docs, "StatefulSet", full)
-        assert workload["spec"]["replicas"] == 2
-        (peering,) = by_kind(docs, "KopfPeering")
-        assert peering["metadata"] == {
-            **peering["metadata"],
-            "name": "sandbox-workspace-peering",
-            "namespace": "agent-sandboxes",
-        }
+    # Two replicas by default: one active, one standby (kopf peering, ordinal priorities).
+    workload = one(docs, "StatefulSet", full)
+    assert workload["spec"]["replicas"] == 2
+    (peering,) = by_kind(docs, "KopfPeering")
+    peering_name = "sandbox-workspace" if name == "defaults" else "sandbox-workspace-peering"
+    assert peering["metadata"] == {
+        **peering["metadata"],
+        "name": peering_name,
+        "namespace": f"{NAMESPACE}-sessions" if name == "defaults" else "agent-sandboxes",
+    }
     (container,) = workload["spec"]["template"]["spec"]["containers"]
     env = env_of(container)
+    assert env["SANDBOX_OPERATOR_STANDALONE"] == "false"
+    assert env["SANDBOX_OPERATOR_PEERING_NAME"] == peering_name
+    assert env["SANDBOX_OPERATOR_PRIORITY"] == {
+        "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}
+    }
     if name == "defaults":
-        assert env["SANDBOX_OPERATOR_STANDALONE"] == "true"
         assert env["SANDBOX_OPERATOR_IMAGE"] == "sandbox-workspace:0.1.0"
         assert "SANDBOX_OPERATOR_RUNTIME_CLASS_NAME" not in env
     else:
-        assert env["SANDBOX_OPERATOR_STANDALONE"] == "false"
-        assert env["SANDBOX_OPERATOR_PEERING_NAME"] == "sandbox-workspace-peering"
-        assert env["SANDBOX_OPERATOR_PRIORITY"] == {
-            "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}
-        }
         assert env["SANDBOX_OPERATOR_RUNTIME_CLASS_NAME"] == "gvisor"
         assert env["SANDBOX_OPERATOR_IMAGE"] == (
             "registry.example.internal/platform/sandbox-runtime:0.1.0-py311"
@@ -491,7 +486,7 @@ def test_the_processes_accept_the_charts_settings(
             assert str(limits.memory) == ("2Gi" if name == "hardened" else "1Gi")
             assert settings.liveness_endpoint == "http://0.0.0.0:8081/healthz"
             assert settings.metrics_port == 9090
-            assert settings.standalone is (name == "defaults")
+            assert settings.standalone is False  # two peered replicas by default
             # The hardened values refuse to run code unconfined.
             assert settings.confinement == ("require" if name == "hardened" else "auto")
             _assert_store(name, settings.store, settings.s3)
