@@ -98,7 +98,8 @@ class StoreBackend:
         self.store = store
         self.layout = layout
         self.meta = Metadata(store, layout)
-        self._filled: set[tuple[str, str, str]] = set()  # (session, runtime token, cid)
+        # (session, runtime url, token and incarnation, cid): filled once per runtime.
+        self._filled: set[tuple[str, str, str]] = set()
         self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
@@ -136,7 +137,8 @@ class StoreBackend:
         await self.inner.conversation_opened(session, conversation_id)
         if session.endpoint is None:
             return
-        key = (session.session_id, session.endpoint.token, conversation_id)
+        ep = session.endpoint
+        key = (session.session_id, f"{ep.url} {ep.token} {ep.incarnation}", conversation_id)
         if key in self._filled:
             return
         async with self._lock(session, conversation_id):
