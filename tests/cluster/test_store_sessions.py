@@ -25,14 +25,14 @@ pytestmark = pytest.mark.cluster
 USER = "erin"
 SID = f"sb-session-{USER}"
 BASE = f"/api/v1/sessions/{SID}"
-# Every file of the conversation, with its SHA-256, as code sees it.
+# Every file of the conversation (relative to its directory), with its SHA-256.
 HASH_ALL = (
     "import hashlib, os\n"
     "for top in ('uploads', 'outputs'):\n"
     "    for d, _, names in sorted(os.walk(top)):\n"
     "        for n in sorted(names):\n"
     "            p = os.path.join(d, n)\n"
-    "            print(os.path.abspath(p), hashlib.sha256(open(p, 'rb').read()).hexdigest())\n"
+    "            print(p, hashlib.sha256(open(p, 'rb').read()).hexdigest())\n"
 )
 WRITE_OUTPUTS = (
     "import os\n"
@@ -72,6 +72,7 @@ def test_a_stopped_session_resumes_on_a_new_pod_with_every_file_from_the_store(
         assert r.status_code == 201, r.text
         assert execute(api, BASE, WRITE_OUTPUTS, cid="c1")["exit_code"] == 0
         before = execute(api, BASE, HASH_ALL, cid="c1")["stdout"].splitlines()
+        paths = api.get(f"{BASE}/files", params={"conversation_id": "c1"}).json()["files"]
     assert len(before) == 3, before
 
     # No claim at all; /workspace is the pod's emptyDir.
@@ -106,6 +107,8 @@ def test_a_stopped_session_resumes_on_a_new_pod_with_every_file_from_the_store(
     assert new_pod["metadata"]["uid"] != old_uid
     assert after == before  # same paths, same bytes
     assert [f["name"] for f in listing["files"]] == ["in.bin"]
+    # The path code opens (the pod's /workspace/...) is the same on the new pod.
+    assert [f["path"] for f in listing["files"]] == [f["path"] for f in paths]
     assert got.content == payload
     assert kube_api.list(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims") == []
 
