@@ -140,6 +140,17 @@ def _objects(world: World, trial: Trial) -> int:
     return len(world.store.list_keys(world.bucket, prefix))
 
 
+def _on_disk(world: World, trial: Trial) -> int:
+    """Files of the conversation on disk: where the trial saw them, and — in store mode,
+    where each pod has its own emptyDir — in the session's current pod too."""
+    files = _files(trial.directory)
+    if world.store is not None:
+        root = world.agent.data_dir_of(world.namespace, world.pod_name(trial.user))
+        if root is not None and root / trial.cid != trial.directory:
+            files += _files(root / trial.cid)
+    return files
+
+
 def _files(directory: Path) -> int:
     meta = directory.parent / ".runtime" / "meta" / directory.name  # runtime state of it
     return sum(1 for d in (directory, meta) if d.exists() for p in d.rglob("*") if not p.is_dir())
@@ -170,7 +181,7 @@ def _wait_gone(
             if cws is not None and cws["metadata"]["uid"] != uid:
                 return time.perf_counter(), None  # started afresh: files are tracked
             if cws is None:
-                files = _files(trial.directory) or _objects(world, trial)
+                files = _on_disk(world, trial) or _objects(world, trial)
                 if resource_gone is None:
                     resource_gone = time.perf_counter()
                     trial.released_early = files > 0
@@ -205,7 +216,7 @@ def _run_trial(world: World, fault: Fault, trial: Trial, quick: bool) -> dict:
         _delete(world, trial, deadline)
         gone_at, _ = _wait_gone(world, trial, fresh["metadata"]["uid"], deadline)
     time.sleep(0.5 if quick else 1.0)  # a surviving writer would have written again
-    leaked = _files(trial.directory)
+    leaked = _on_disk(world, trial)
     leaked_objects = _objects(world, trial)
     # Started afresh: the first incarnation's files cannot be told from the new ones,
     # so its delete→gone is the time its resource went.
