@@ -66,7 +66,7 @@ def test_a_stopped_session_resumes_on_a_new_pod_with_every_file_from_the_store(
     with httpx.Client(base_url=store_stack, headers={"X-User-Id": USER}, timeout=120) as api:
         r = api.post(
             f"{BASE}/files/upload",
-            files={"file": ("in.bin", payload)},
+            files={"file": ("in.csv", payload)},
             data={"conversation_id": "c1"},
         )
         assert r.status_code == 201, r.text
@@ -102,11 +102,11 @@ def test_a_stopped_session_resumes_on_a_new_pod_with_every_file_from_the_store(
     with httpx.Client(base_url=store_stack, headers={"X-User-Id": USER}, timeout=120) as api:
         after = execute(api, BASE, HASH_ALL, cid="c1")["stdout"].splitlines()
         listing = api.get(f"{BASE}/files", params={"conversation_id": "c1"}).json()
-        got = api.get(f"{BASE}/files/in.bin", params={"conversation_id": "c1"})
+        got = api.get(f"{BASE}/files/in.csv", params={"conversation_id": "c1"})
     new_pod = kube_api.get(_pod_path(namespace))
     assert new_pod["metadata"]["uid"] != old_uid
     assert after == before  # same paths, same bytes
-    assert [f["name"] for f in listing["files"]] == ["in.bin"]
+    assert [f["name"] for f in listing["files"]] == ["in.csv"]
     # The path code opens (the pod's /workspace/...) is the same on the new pod.
     assert [f["path"] for f in listing["files"]] == [f["path"] for f in paths]
     assert got.content == payload
