@@ -107,8 +107,13 @@ def test_a_stopped_session_resumes_on_a_new_pod_with_every_file_from_the_store(
     assert new_pod["metadata"]["uid"] != old_uid
     assert after == before  # same paths, same bytes
     assert [f["name"] for f in listing["files"]] == ["in.csv"]
-    # The path code opens (the pod's /workspace/...) is the same on the new pod.
-    assert [f["path"] for f in listing["files"]] == [f["path"] for f in paths]
+    # The path code opens is the same below the pod's /workspace (the test node agent
+    # gives each pod its own directory where a kubelet mounts the emptyDir there).
+    new_storage = node_agent.data_dir_of(namespace, new_pod["metadata"]["name"])
+    assert new_storage is not None
+    assert [str(Path(f["path"]).relative_to(new_storage)) for f in listing["files"]] == [
+        str(Path(f["path"]).relative_to(storage)) for f in paths
+    ]
     assert got.content == payload
     assert kube_api.list(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims") == []
 
