@@ -24,6 +24,7 @@ import pytest
         ("GET", "/v1/conversations/c/uploads"),
         ("GET", "/v1/conversations/c/uploads/a.csv"),
         ("DELETE", "/v1/conversations/c/uploads/a.csv"),
+        ("PUT", "/v1/conversations/c/outputs/a/b.txt"),
     ],
 )
 def test_every_route_but_health_needs_the_token(runtime, method, path):
