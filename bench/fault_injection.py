@@ -149,17 +149,22 @@ def _pause_store(world: Any, seconds: float) -> None:
 
 
 def store_down(world: Any, trial: Trial) -> None:
-    time.sleep(trial.delay)
+    # Within the first 50 ms: a deletion in store mode takes ~130 ms without a fault.
+    time.sleep(trial.delay / 5)
     _pause_store(world, world.rng.uniform(1.0, 3.0))
 
 
-def store_slow(world: Any, trial: Trial) -> None:
-    """Every request waits: the store is frozen 60 ms of every 100 ms for 3 s."""
-    time.sleep(trial.delay)
-    until = time.monotonic() + 3.0
-    while time.monotonic() < until:
-        _pause_store(world, 0.06)
-        time.sleep(0.04)
+def start_store_slow(world: Any, trial: Trial) -> None:
+    """From before the DELETE on, every request waits: the store is frozen 60 ms of
+    every 100 ms for 3 s."""
+
+    def slow() -> None:
+        until = time.monotonic() + 3.0
+        while time.monotonic() < until:
+            _pause_store(world, 0.06)
+            time.sleep(0.04)
+
+    trial.threads.append(background(slow))
 
 
 LATE_OUTPUT = "echo late > outputs/late.txt; sleep 30"
@@ -212,6 +217,6 @@ FAULTS = [
 STORE_FAULTS = [
     Fault("store: none (control)", nothing),
     Fault("store: down during the delete", store_down),
-    Fault("store: slow", store_slow),
+    Fault("store: slow", nothing, start_store_slow),
     Fault("store: pod lost with an output not yet written back", kill_runtime, start_late_output),
 ]
