@@ -334,7 +334,7 @@ def run(quick: bool) -> list[Figure]:
     except BaseException:
         print(f"faults: failed; logs kept in {workdir}", flush=True)
         raise
-    summaries = [_summary(name, r) for name, r in rows.items()]
+    summaries = own = [_summary(name, r) for name, r in rows.items()]
     out = RESULTS / ("faults-quick.json" if quick else "faults.json")
     if store_only and out.exists():  # the other faults' entries of the last full run stay
         ours = {s["name"] for s in summaries}
@@ -370,6 +370,6 @@ def run(quick: bool) -> list[Figure]:
             leaked_objects=summary["leaked_objects"],
             stuck=summary["stuck"],
         )
-        for (name, rs), summary in zip(rows.items(), summaries, strict=True)
+        for (name, rs), summary in zip(rows.items(), own, strict=True)
         if name != first and any(r["gone_ms"] is not None for r in rs)
     ]
