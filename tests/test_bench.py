@@ -37,9 +37,9 @@ def test_bench_runs_in_quick_mode():
         assert faults.stat().st_mtime >= started, "the fault trials wrote no results"
         trials = json.loads(faults.read_text())
         assert trials["trials"] >= 2 * len(trials["faults"])
-        assert trials["leaked_files"] == 0 and trials["stuck"] == 0, trials
         # Store faults (store mode s3, a real SeaweedFS): nothing left in the bucket either.
         assert trials["leaked_objects"] == 0 and trials["released_early"] == 0, trials
+        assert trials["leaked_files"] == 0 and trials["stuck"] == 0, trials
     if shutil.which("redis-server") or shutil.which("valkey-server"):
         assert any(n.startswith("chat on the Redis run store") for n in names)
         chat = json.loads((ROOT / "bench" / "results" / "chat-quick.json").read_text())
