@@ -11,6 +11,7 @@ code started). Injectors touch only loopback processes and the test apiserver.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -133,6 +134,61 @@ def race_uploads(world: Any, trial: Trial) -> None:
         time.sleep(world.rng.uniform(0.0, 0.05))
 
 
+# -- store faults (store mode s3: ``world.store`` is the SeaweedFS of the trial) ----------
+
+
+def _pause_store(world: Any, seconds: float) -> None:
+    """The store answers nothing for ``seconds`` (its process group stopped, then
+    continued): connections hang as with a store that is down or partitioned."""
+    pgid = world.store.proc.pid
+    os.killpg(pgid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
+
+
+def store_down(world: Any, trial: Trial) -> None:
+    # Within the first 50 ms: a deletion in store mode takes ~130 ms without a fault.
+    time.sleep(trial.delay / 5)
+    _pause_store(world, world.rng.uniform(1.0, 3.0))
+
+
+def start_store_slow(world: Any, trial: Trial) -> None:
+    """From before the DELETE on, every request waits: the store is frozen 60 ms of
+    every 100 ms for 3 s."""
+
+    def slow() -> None:
+        until = time.monotonic() + 3.0
+        while time.monotonic() < until:
+            _pause_store(world, 0.06)
+            time.sleep(0.04)
+
+    trial.threads.append(background(slow))
+
+
+LATE_OUTPUT = "echo late > outputs/late.txt; sleep 30"
+
+
+def start_late_output(world: Any, trial: Trial) -> None:
+    """Code writes an output and keeps running: the output is not written back yet."""
+    client = world.client(trial.user)
+    url = f"/api/v1/sessions/sb-session-{trial.user}/execute"
+    body = {"conversation_id": trial.cid, "language": "bash", "code": LATE_OUTPUT}
+
+    def execution() -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            trial.statuses.append(client.post(url, json=body).status_code)
+
+    trial.threads.append(background(execution))
+    deadline = time.monotonic() + 10
+    while not (trial.directory / "outputs" / "late.txt").exists():
+        if time.monotonic() > deadline:
+            trial.notes.append("the late output did not appear within 10 s")
+            return
+        time.sleep(0.005)
+
+
 def nothing(world: Any, trial: Trial) -> None:
     return None
 
@@ -154,4 +210,13 @@ FAULTS = [
     Fault("session deleted concurrently", delete_session, own_session=True),
     Fault("upload racing the delete", race_uploads),
     Fault("agent code writing through the delete", nothing, start_agent_writers),
+]
+
+# Run on a second stack in store mode s3 (a real SeaweedFS): ``leaked_objects`` counts
+# what is left under the conversation's prefix in the bucket.
+STORE_FAULTS = [
+    Fault("store: none (control)", nothing),
+    Fault("store: down during the delete", store_down),
+    Fault("store: slow", nothing, start_store_slow),
+    Fault("store: pod lost with an output not yet written back", kill_runtime, start_late_output),
 ]

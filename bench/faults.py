@@ -14,15 +14,22 @@ strikes ``uniform(0, 0.25)`` s later (``bench.fault_injection``). Then, within a
   (delete→gone is the time from the DELETE to both; p50/p99 per fault);
 - stuck: the resource still exists at the deadline (``Deleting`` forever);
 - released early: at the first look after the resource went, its files still existed;
+- leaked objects (the store phase): objects left under the conversation's prefix in
+  the bucket after the resource went (a release while some existed is early too);
 - leaked files: files of the conversation on disk after the resource went and a settle
   time passed (a writer that outlived the deletion has had time to write again). A
   write that raced the deletion may legitimately start the conversation afresh: files
   tracked by a new resource are not leaked — that resource is then deleted too (and
   must leave nothing).
 
-Results: ``bench/results/faults.json`` (``trials``, ``leaked_files``, ``stuck``,
-``released_early``, ``faults``: one entry per fault), ``faults-quick.json`` with --quick
-(the test command runs it; the full run keeps its file). Goal: 0 leaked, 0 stuck.
+The store faults (``fault_injection.STORE_FAULTS``) run on a second namespace whose
+operator and API are in store mode ``s3`` against a real SeaweedFS: the store frozen
+during the delete, the store slow, the pod lost with an output not yet written back.
+
+Results: ``bench/results/faults.json`` (``trials``, ``leaked_files``, ``leaked_objects``,
+``stuck``, ``released_early``, ``faults``: one entry per fault), ``faults-quick.json`` with --quick
+(the test command runs it; the full run keeps its file). ``SBW_FAULTS=store`` runs the
+store phase alone and merges its entries into the results file. Goal: 0 leaked, 0 stuck.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
 import shutil
 import tempfile
@@ -41,9 +49,11 @@ import httpx
 
 from sandbox_workspace.operator import naming
 
-from .fault_injection import FAULTS, Fault, Trial, background
+from .fault_injection import FAULTS, STORE_FAULTS, Fault, Trial, background
 from .harness import Figure, percentile
 from .operator import NodeAgent, _cluster, _namespace, _skip_reason  # puts kubeenv on sys.path
+from .storage import missing_reason as seaweedfs_missing  # puts tests/support on sys.path
+from .storage import start_seaweedfs
 
 API = "/apis/sandboxworkspace.io/v1alpha1"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -52,9 +62,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 class World:
     """Everything a trial and its injector reach."""
 
-    def __init__(self, plane, api, agent: NodeAgent, stack, namespace: str, seed: int):
+    def __init__(
+        self, plane, api, agent: NodeAgent, stack, namespace: str, seed: int, store=None,
+        bucket: str = "",
+    ):  # fmt: skip
         self.plane, self.api, self.agent, self.stack = plane, api, agent, stack
         self.namespace = namespace
+        self.store, self.bucket = store, bucket  # SeaweedFS and bucket in store mode s3
         self.rng = random.Random(seed)
         self.owner = ThreadPoolExecutor(max_workers=1)  # outlives every trial
         self._clients: dict[str, httpx.Client] = {}
@@ -117,6 +131,28 @@ def _prepare(world: World, trial: Trial) -> None:
     assert r.status_code == 200, r.text
 
 
+def _objects(world: World, trial: Trial) -> int:
+    """Objects under the conversation's prefix in the bucket (0 without a store)."""
+    if world.store is None:
+        return 0
+    from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
+
+    scope = Scope(DEFAULT_TENANT, naming.session_name_for(trial.user))
+    prefix = Layout("workspaces/").conversation(scope, trial.cid)
+    return len(world.store.list_keys(world.bucket, prefix))
+
+
+def _on_disk(world: World, trial: Trial) -> int:
+    """Files of the conversation on disk: where the trial saw them, and — in store mode,
+    where each pod has its own emptyDir — in the session's current pod too."""
+    files = _files(trial.directory)
+    if world.store is not None:
+        root = world.agent.data_dir_of(world.namespace, world.pod_name(trial.user))
+        if root is not None and root / trial.cid != trial.directory:
+            files += _files(root / trial.cid)
+    return files
+
+
 def _files(directory: Path) -> int:
     meta = directory.parent / ".runtime" / "meta" / directory.name  # runtime state of it
     return sum(1 for d in (directory, meta) if d.exists() for p in d.rglob("*") if not p.is_dir())
@@ -147,7 +183,7 @@ def _wait_gone(
             if cws is not None and cws["metadata"]["uid"] != uid:
                 return time.perf_counter(), None  # started afresh: files are tracked
             if cws is None:
-                files = _files(trial.directory)
+                files = _on_disk(world, trial) or _objects(world, trial)
                 if resource_gone is None:
                     resource_gone = time.perf_counter()
                     trial.released_early = files > 0
@@ -182,17 +218,19 @@ def _run_trial(world: World, fault: Fault, trial: Trial, quick: bool) -> dict:
         _delete(world, trial, deadline)
         gone_at, _ = _wait_gone(world, trial, fresh["metadata"]["uid"], deadline)
     time.sleep(0.5 if quick else 1.0)  # a surviving writer would have written again
-    leaked = _files(trial.directory)
+    leaked = _on_disk(world, trial)
+    leaked_objects = _objects(world, trial)
     # Started afresh: the first incarnation's files cannot be told from the new ones,
     # so its delete→gone is the time its resource went.
     end = files_gone_at if fresh is None else first_gone_at
-    done = gone_at is not None and end is not None and not leaked
+    done = gone_at is not None and end is not None and not leaked and not leaked_objects
     return {
         "fault": fault.name,
         "gone_ms": (end - start) * 1000 if done else None,
         "stuck": gone_at is None,
         "released_early": trial.released_early and not fault.own_session,
         "leaked_files": leaked,
+        "leaked_objects": leaked_objects,
         "statuses": trial.statuses,
         "notes": trial.notes,
     }
@@ -210,7 +248,8 @@ def _summary(name: str, rows: list[dict]) -> dict:
         "name": name,
         "trials": len(rows),
         "leaked_files": sum(r["leaked_files"] for r in rows),
-        "trials_with_leaks": sum(1 for r in rows if r["leaked_files"]),
+        "leaked_objects": sum(r["leaked_objects"] for r in rows),
+        "trials_with_leaks": sum(1 for r in rows if r["leaked_files"] or r["leaked_objects"]),
         "stuck": sum(r["stuck"] for r in rows),
         "released_early": sum(r["released_early"] for r in rows),
         "delete_to_gone_ms": {
@@ -219,6 +258,26 @@ def _summary(name: str, rows: list[dict]) -> dict:
         },
         "notes": sorted({n for r in rows for n in r["notes"]}),
     }
+
+
+def _phase(
+    stack, world: World, faults: list[Fault], per_fault: int, quick: bool, rows: dict
+) -> None:
+    """``per_fault`` trials of every fault on one stack (operator and API processes)."""
+    world.stack = stack
+    try:
+        stack.start_operator()
+        stack.start_api()
+        for i in range(per_fault):  # faults interleaved: drift hits all alike
+            for k, fault in enumerate(faults):
+                user = f"f-{k}-{i}" if fault.own_session else "faults"
+                trial = Trial(fault.name, i, user, f"c-{k}-{i}", world.rng.uniform(0, 0.25))
+                rows[fault.name].append(_run_trial(world, fault, trial, quick))
+                _heal(world)
+    finally:
+        if stack.operator is None:
+            stack.start_operator()
+        stack.stop()
 
 
 def run(quick: bool) -> list[Figure]:
@@ -234,50 +293,71 @@ def run(quick: bool) -> list[Figure]:
     agent_log = logging.getLogger("kubeenv.nodeagent")
     agent_log.addHandler(logging.FileHandler(workdir / "node-agent.log"))
     agent_log.propagate = False
-    rows: dict[str, list[dict]] = {f.name: [] for f in FAULTS}
+    store_only = os.environ.get("SBW_FAULTS") == "store"
+    rows: dict[str, list[dict]] = {} if store_only else {f.name: [] for f in FAULTS}
+    store_reason = seaweedfs_missing()
+    if store_reason is None:
+        rows.update({f.name: [] for f in STORE_FAULTS})
+    else:
+        print(f"faults: store faults skipped — {store_reason}", flush=True)
     try:
         with _cluster(workdir) as (plane, api):
-            ns = _namespace(api, "faults")
             agent = NodeAgent(plane.client, workdir / "node").start()
-            stack = Stack(plane.kubeconfig, ns, workdir)
-            world = World(plane, api, agent, stack, ns, seed=12)
+            worlds: list[World] = []
             try:
-                stack.start_operator()
-                stack.start_api()
-                for i in range(per_fault):  # faults interleaved: drift hits all alike
-                    for k, fault in enumerate(FAULTS):
-                        user = f"f-{k}-{i}" if fault.own_session else "faults"
-                        trial = Trial(fault.name, i, user, f"c-{k}-{i}", world.rng.uniform(0, 0.25))
-                        rows[fault.name].append(_run_trial(world, fault, trial, quick))
-                        _heal(world)
+                if not store_only:
+                    ns = _namespace(api, "faults")
+                    worlds.append(World(plane, api, agent, None, ns, seed=12))
+                    _phase(Stack(plane.kubeconfig, ns, workdir), worlds[0], FAULTS, per_fault,
+                           quick, rows)  # fmt: skip
+                if store_reason is None:
+                    store = start_seaweedfs(workdir / "seaweedfs")
+                    try:
+                        store.make_bucket("faults")
+                        ns = _namespace(api, "store-faults")
+                        env = store.env("faults")
+                        operator_env = {
+                            k.replace("SANDBOX_WORKSPACE_", "SANDBOX_OPERATOR_"): v
+                            for k, v in env.items()
+                        }
+                        stack = Stack(plane.kubeconfig, ns, workdir / "store", api_env=env,
+                                      operator_env=operator_env)  # fmt: skip
+                        (workdir / "store").mkdir()
+                        worlds.append(World(plane, api, agent, None, ns, 13, store, "faults"))
+                        _phase(stack, worlds[-1], STORE_FAULTS, per_fault, quick, rows)
+                    finally:
+                        store.stop()
             finally:
-                if stack.operator is None:
-                    stack.start_operator()
-                stack.stop()
                 agent.stop()
-                world.close()  # last: its thread owns a restarted apiserver
+                for world in worlds:  # last: a world's thread owns a restarted apiserver
+                    world.close()
     except BaseException:
         print(f"faults: failed; logs kept in {workdir}", flush=True)
         raise
-    summaries = [_summary(name, r) for name, r in rows.items()]
+    summaries = own = [_summary(name, r) for name, r in rows.items()]
+    out = RESULTS / ("faults-quick.json" if quick else "faults.json")
+    if store_only and out.exists():  # the other faults' entries of the last full run stay
+        ours = {s["name"] for s in summaries}
+        kept = [s for s in json.loads(out.read_text())["faults"] if s["name"] not in ours]
+        summaries = kept + summaries
     result = {
         "quick": quick,
         "trials": sum(s["trials"] for s in summaries),
         "leaked_files": sum(s["leaked_files"] for s in summaries),
+        "leaked_objects": sum(s.get("leaked_objects", 0) for s in summaries),
         "stuck": sum(s["stuck"] for s in summaries),
         "released_early": sum(s["released_early"] for s in summaries),
         "faults": summaries,
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / ("faults-quick.json" if quick else "faults.json")).write_text(
-        json.dumps(result, indent=2)
-    )
-    if result["leaked_files"] or result["stuck"]:
+    out.write_text(json.dumps(result, indent=2))
+    if result["leaked_files"] or result["leaked_objects"] or result["stuck"]:
         print(f"faults: LEAKS OR STUCK — logs kept in {workdir}", flush=True)
     else:
         shutil.rmtree(workdir, ignore_errors=True)
-    control = [r["gone_ms"] for r in rows[FAULTS[0].name] if r["gone_ms"] is not None] or [0.0]
+    first = next(iter(rows))  # the phase's control
+    control = [r["gone_ms"] for r in rows[first] if r["gone_ms"] is not None] or [0.0]
     return [
         Figure.of(
             f"delete → gone, {name}",
@@ -287,8 +367,9 @@ def run(quick: bool) -> list[Figure]:
             control,
             goal="0 leaked, 0 stuck",
             leaked_files=summary["leaked_files"],
+            leaked_objects=summary["leaked_objects"],
             stuck=summary["stuck"],
         )
-        for (name, rs), summary in zip(rows.items(), summaries, strict=True)
-        if name != FAULTS[0].name and any(r["gone_ms"] is not None for r in rs)
+        for (name, rs), summary in zip(rows.items(), own, strict=True)
+        if name != first and any(r["gone_ms"] is not None for r in rs)
     ]

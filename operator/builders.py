@@ -8,7 +8,9 @@ argument, so the builder stays deterministic; the handler generates it.
 The sandbox pod is locked down as DESIGN.md "Identity and isolation" says: non-root,
 no service-account token, all capabilities dropped, read-only root filesystem with
 writable ``/workspace`` and ``/tmp`` only, seccomp RuntimeDefault, resource and
-ephemeral-storage limits, optional runtimeClassName. It never restarts in place
+ephemeral-storage limits, optional runtimeClassName. In store mode ``s3`` ``/workspace``
+is an emptyDir of the session's storage size (no claim; ``needs_claim``) and the pod
+holds no store credential: the API and the operator move the bytes. It never restarts in place
 (``restartPolicy: Never``): a failed pod is replaced by the operator, which also
 notices and reports it.
 """
@@ -132,9 +134,16 @@ def runtime_env(
     ]
 
 
-def _workspace_volume(session: SandboxSession) -> dict[str, Any]:
+def needs_claim(session: SandboxSession, settings: OperatorSettings) -> bool:
+    """A PersistentVolumeClaim backs ``/workspace``: a persistent session in store mode
+    ``local``. In store mode ``s3`` the bucket is the source of truth and ``/workspace``
+    is a node-local cache (an emptyDir), filled by the API before first use."""
+    return session.spec.storage.persistent and settings.store != "s3"
+
+
+def _workspace_volume(session: SandboxSession, settings: OperatorSettings) -> dict[str, Any]:
     storage = session.spec.storage
-    if storage.persistent:
+    if needs_claim(session, settings):
         claim = naming.workspace_claim_name(session.name)
         return {"name": "workspace", "persistentVolumeClaim": {"claimName": claim}}
     return {"name": "workspace", "emptyDir": {"sizeLimit": storage.size}}
@@ -236,7 +245,7 @@ def _runtime_pod(
         },
         "containers": [container],
         "volumes": [
-            _workspace_volume(session),
+            _workspace_volume(session, settings),
             {"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size_limit}},
         ],
     }

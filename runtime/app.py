@@ -26,7 +26,7 @@ from .claim import Claimed, ClaimHeader, ClaimRequest, ClaimState
 from .confinement import Confinement
 from .errors import ApiError, Unauthorized, install_error_handlers
 from .executor import Executor
-from .outputs import list_outputs, open_output
+from .outputs import list_outputs, open_output, write_output
 from .schemas import (
     ConversationDeleted,
     ConversationIds,
@@ -37,6 +37,7 @@ from .schemas import (
     KernelRestarted,
     Marks,
     MarksReport,
+    OutputFile,
     OutputList,
     ProcessesStopped,
     RuntimeStats,
@@ -236,6 +237,23 @@ async def download_output(
     return StreamingResponse(
         _read_fd(opened.fd, state.activity), media_type=opened.mime_type, headers=headers
     )
+
+
+@router.put("/conversations/{conversation_id}/outputs/{relative_path:path}")
+async def write_output_file(
+    conversation_id: str, relative_path: str, request: Request, state: State
+) -> OutputFile:
+    """Write the request body at ``outputs/{relative_path}`` (the store's fill of a new
+    pod): path-checked like uploads, staged then renamed in whole, no link followed."""
+    with state.activity.track():
+        async with state.locks.get(state.workspace.check_conversation_id(conversation_id)):
+            return await write_output(
+                state.workspace,
+                conversation_id,
+                relative_path,
+                request.stream(),
+                state.limits.max_file_size,
+            )
 
 
 @router.post("/conversations/{conversation_id}/marks")

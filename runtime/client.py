@@ -35,6 +35,7 @@ from .schemas import (
     KernelRestarted,
     Marks,
     MarksReport,
+    OutputFile,
     OutputList,
     ProcessesStopped,
     RuntimeStats,
@@ -250,6 +251,13 @@ class RuntimeClient:
     async def open_output(self, cid: str, parts: list[str]) -> httpx.Response:
         """Start the download of ``outputs/{parts...}`` (same contract as open_download)."""
         return await self._open("GET", self._conversation(cid, "outputs", *parts))
+
+    async def put_output(
+        self, cid: str, parts: list[str], body: AsyncIterator[bytes]
+    ) -> OutputFile:
+        """Write ``body`` at ``outputs/{parts...}`` (streamed, never buffered whole)."""
+        r = await self._request("PUT", self._conversation(cid, "outputs", *parts), content=body)
+        return _parse(OutputFile, r)
 
     async def list_outputs(self, cid: str) -> OutputList:
         r = await self._request("GET", self._conversation(cid, "outputs"))

@@ -37,6 +37,8 @@ def test_bench_runs_in_quick_mode():
         assert faults.stat().st_mtime >= started, "the fault trials wrote no results"
         trials = json.loads(faults.read_text())
         assert trials["trials"] >= 2 * len(trials["faults"])
+        # Store faults (store mode s3, a real SeaweedFS): nothing left in the bucket either.
+        assert trials["leaked_objects"] == 0 and trials["released_early"] == 0, trials
         assert trials["leaked_files"] == 0 and trials["stuck"] == 0, trials
     # The operator at scale (quick form: 30 sessions) wrote its figures.
     operator = ROOT / "bench" / "results" / "operator-quick.json"

@@ -42,6 +42,9 @@ class SessionSpec:
 class RuntimeEndpoint:
     url: str
     token: str
+    # Which runtime answers there (kubernetes: the pod and its start): a new pod keeps
+    # the session's token and may reuse an address, yet its workspace starts empty.
+    incarnation: str = ""
 
 
 @dataclass(frozen=True)

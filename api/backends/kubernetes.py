@@ -160,7 +160,12 @@ class KubernetesBackend:
         if state == SessionStatus.RUNNING:
             if status.endpoint:
                 token = await self._token(obj)
-                endpoint = RuntimeEndpoint(url=status.endpoint, token=token) if token else None
+                pod = f"{status.pod_name}@{status.started_at}"
+                endpoint = (
+                    RuntimeEndpoint(url=status.endpoint, token=token, incarnation=pod)
+                    if token
+                    else None
+                )
             if endpoint is None:
                 state = SessionStatus.PENDING
             else:

@@ -8,7 +8,8 @@ hooks every route already calls around writes carry the synchronisation.
   uploaded): the first time per runtime incarnation, the conversation is *filled* from the
   store — every active file of its metadata that the cache lacks is written back at its
   path (uploads through the runtime's upload route, so the runtime knows them as uploads;
-  outputs into the workspace directory beneath a ``SafeRoot``, never following a link).
+  outputs through its output route, which stages them and never follows a link) — on
+  any backend, since the runtime is reached over HTTP.
   A deleted data directory, or a new runtime, therefore gets every file back on first use.
 - ``conversation_written`` (after an upload, an execution, a tool call): *write-back* —
   the runtime's listings of uploads and outputs are compared with the metadata; every new
@@ -47,7 +48,7 @@ from sandbox_workspace.store.metadata import FileRecord, Metadata, Written, now
 
 from ..runtime_client import RuntimeClient
 from .base import Backend, Session
-from .store_cache import OUTPUTS, UPLOADS, Hashing, drop_cached, fill_file, fill_upload
+from .store_cache import OUTPUTS, UPLOADS, Hashing, drop_cached, fill_upload
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,8 @@ class StoreBackend:
         self.store = store
         self.layout = layout
         self.meta = Metadata(store, layout)
-        self._filled: set[tuple[str, str, str]] = set()  # (session, runtime token, cid)
+        # (session, runtime url, token and incarnation, cid): filled once per runtime.
+        self._filled: set[tuple[str, str, str]] = set()
         self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
@@ -135,7 +137,8 @@ class StoreBackend:
         await self.inner.conversation_opened(session, conversation_id)
         if session.endpoint is None:
             return
-        key = (session.session_id, session.endpoint.token, conversation_id)
+        ep = session.endpoint
+        key = (session.session_id, f"{ep.url} {ep.token} {ep.incarnation}", conversation_id)
         if key in self._filled:
             return
         async with self._lock(session, conversation_id):
@@ -264,7 +267,7 @@ class StoreBackend:
             if path.startswith(UPLOADS) and path[len(UPLOADS) :] not in uploads:
                 missing.append(self._fill_upload(session, client, cid, record))
             elif path.startswith(OUTPUTS) and path[len(OUTPUTS) :] not in outputs:
-                missing.append(self._fill_output(session, cid, record))
+                missing.append(self._fill_output(session, client, cid, record))
         # A few at a time: each waits on the store and on the runtime's fsync.
         gate = asyncio.Semaphore(_FILL_CONCURRENCY)
 
@@ -288,12 +291,19 @@ class StoreBackend:
         download = await self._open(session, cid, record)
         await fill_upload(client, cid, name, record.mime_type, download)
 
-    async def _fill_output(self, session: Session, cid: str, record: FileRecord) -> None:
-        workspace = self._workspace(session)
-        if workspace is None:  # only the local backend's cache is on this machine
-            return
+    async def _fill_output(
+        self, session: Session, client: RuntimeClient, cid: str, record: FileRecord
+    ) -> None:
+        """Through the runtime's output route: any backend, the pod holds no credential."""
+        parts = record.file_path[len(OUTPUTS) :].split("/")
         download = await self._open(session, cid, record)
-        await fill_file(workspace, [cid, *record.file_path.split("/")], download)
+        try:
+            written = await client.put_output(cid, parts, aiter(download))
+        finally:
+            await download.aclose()
+        # What the runtime now lists is what the store holds: not read back again.
+        stamp = (written.size, written.modified_at.isoformat())
+        self._seen[(session.session_id, cid, record.file_path)] = stamp
 
     # -- write-back: cache → store ----------------------------------------------------
 

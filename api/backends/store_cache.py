@@ -1,15 +1,13 @@
 """Moving bytes into and out of a sandbox's workspace (the cache of store mode).
 
 The runtime stays store-free: the API writes a file into the cache through the
-runtime's upload route (uploads, so the runtime records them as uploads) or — outputs,
-local backend only — into the workspace directory beneath a ``SafeRoot`` (no link is
-ever followed; a temporary name, then a rename, so code never sees a partial file).
+runtime's upload route (uploads, so the runtime records them as uploads); outputs go
+through its output route (``RuntimeClient.put_output``).
 ``Hashing`` passes a stream through, counting and hashing it (the write-back's SHA-256).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import os
@@ -65,26 +63,6 @@ async def fill_upload(
         f"multipart/form-data; boundary={boundary}",
         {"conversation_id": cid, "subdir": UPLOAD_SUBDIR},
     )
-
-
-async def fill_file(workspace: Path, parts: list[str], data: AsyncIterable[bytes]) -> None:
-    """Write ``data`` at ``workspace/parts…`` (directories made as needed)."""
-    root = SafeRoot(workspace)
-    try:
-        with root.directory(parts[:-1], create=True) as dfd:
-            tmp = f".fill-{secrets.token_hex(8)}"
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-            fd = os.open(tmp, flags, 0o644, dir_fd=dfd)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    async for chunk in data:
-                        await asyncio.to_thread(f.write, chunk)
-                os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
-            except BaseException:
-                os.unlink(tmp, dir_fd=dfd)
-                raise
-    finally:
-        root.close()
 
 
 async def drop_cached(

@@ -17,7 +17,7 @@ import kopf
 from sandbox_workspace.kube import core_path
 
 from .. import naming
-from ..builders import build_runtime_secret, build_workspace_pvc
+from ..builders import build_runtime_secret, build_workspace_pvc, needs_claim
 from ..children import judge, owner_reference, uid_of
 from ..context import OperatorContext
 from ..models import SandboxSession
@@ -96,14 +96,15 @@ class _ClaimLost(Exception):
 async def ensure_children(
     ctx: OperatorContext, session: SandboxSession, body: dict, *, trust_cache: bool
 ) -> PodState | None:
-    """Secret and (persistent) claim of this incarnation; None when both are there, else
-    what blocks a pod: an old incarnation's child to wait for (reason ``OldIncarnation``),
-    or a lost claim (``ClaimLost``: reported, never replaced — that is a data decision)."""
+    """Secret and claim (persistent, store mode local) of this incarnation; None when both
+    are there, else what blocks a pod: an old incarnation's child to wait for (reason
+    ``OldIncarnation``), or a lost claim (``ClaimLost``: reported, never replaced — that
+    is a data decision)."""
     if trust_cache and session.uid in ctx.children_seen:
         return None  # verified for this incarnation; owner refs keep them
     # Independent objects: made side by side, one API round trip less on every start.
     ensure = [_ensure_secret(ctx, session, body)]
-    if session.spec.storage.persistent:
+    if needs_claim(session, ctx.settings):  # none in store mode s3: the bucket holds the files
         ensure.append(_ensure_claim(ctx, session, body))
     results = await asyncio.gather(*ensure, return_exceptions=True)
     for result in results:

@@ -24,6 +24,7 @@ import pytest
         ("GET", "/v1/conversations/c/uploads"),
         ("GET", "/v1/conversations/c/uploads/a.csv"),
         ("DELETE", "/v1/conversations/c/uploads/a.csv"),
+        ("PUT", "/v1/conversations/c/outputs/a/b.txt"),
     ],
 )
 def test_every_route_but_health_needs_the_token(runtime, method, path):
@@ -257,3 +258,60 @@ def test_upload_cut_off_by_its_client_is_discarded_quietly(runtime):
         time.sleep(0.02)
     assert runtime.client.get("/v1/conversations/conv-cut/uploads").json()["files"] == []
     assert "Traceback" not in runtime.server.log(), runtime.server.log()
+
+
+def test_an_output_is_written_back_at_its_path_and_listed(runtime):
+    c = runtime.client
+    body = os.urandom(300_000)
+    r = c.put("/v1/conversations/w/outputs/deep/er/r.bin", content=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["relative_path"] == "deep/er/r.bin" and r.json()["size"] == len(body)
+    assert (runtime.root / "w" / "outputs" / "deep" / "er" / "r.bin").read_bytes() == body
+    again = c.put("/v1/conversations/w/outputs/deep/er/r.bin", content=b"new")
+    assert again.status_code == 200
+    assert (runtime.root / "w" / "outputs" / "deep" / "er" / "r.bin").read_bytes() == b"new"
+    listed = c.get("/v1/conversations/w/outputs").json()["files"]
+    assert [f["relative_path"] for f in listed] == ["deep/er/r.bin"]
+    # Nothing is left in staging, and no upload appeared.
+    assert c.get("/v1/conversations/w/uploads").json()["files"] == []
+    assert not [p for p in (runtime.root / ".runtime" / "staging").glob("*")]
+
+
+def test_an_output_write_never_follows_a_link_nor_leaves_outputs(runtime, tmp_path):
+    c = runtime.client
+    c.put("/v1/conversations/w")
+    outputs = runtime.root / "w" / "outputs"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outputs / "link").symlink_to(outside)
+    (outputs / "file-link").symlink_to(outside / "target")
+    (outputs / "dir").mkdir()
+    hostile = {
+        "link/x.txt": 400,  # a planted directory link on the way
+        # Encoded, so no client normalises them away: the runtime sees the dots.
+        "%2e%2e%2fuploads%2ftemparea%2fx.csv": 400,
+        "a/%2e%2e/%2e%2e/x": 400,
+        "%2e%2e/x": 400,
+        "a%5cb": 400,
+        "a//b": 400,
+        "dir": 409,  # a directory where the file would go
+        "/".join(["d"] * 40) + "/x": 400,  # deeper than allowed
+    }
+    for path, status in hostile.items():
+        r = c.put(f"/v1/conversations/w/outputs/{path}", content=b"evil")
+        assert r.status_code == status, (path, r.status_code, r.text)
+    # A link at the final name is replaced by the file, never written through.
+    assert c.put("/v1/conversations/w/outputs/file-link", content=b"ok").status_code == 200
+    assert not (outputs / "file-link").is_symlink()
+    assert (outputs / "file-link").read_bytes() == b"ok"
+    assert list(outside.iterdir()) == []
+    assert not (runtime.root / "w" / "uploads" / "temparea" / "x.csv").exists()
+    assert not (runtime.root / "x").exists()
+    assert not [p for p in (runtime.root / ".runtime" / "staging").glob("*")]
+
+
+def test_an_output_write_over_the_size_limit_is_refused(runtime):
+    limit = 1048576  # SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES of the fixture
+    r = runtime.client.put("/v1/conversations/w/outputs/big", content=b"x" * (limit + 1))
+    assert r.status_code == 413
+    assert not (runtime.root / "w" / "outputs" / "big").exists()

