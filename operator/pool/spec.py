@@ -45,10 +45,12 @@ _DEFAULT = SandboxSessionSpec.model_validate({"userId": "pool", "storage": {"per
 _Rule = Callable[[SandboxSessionSpec, OperatorSettings], bool]
 
 # What a pooled pod cannot give: (field, rule true when the session asks for it). A pooled
-# pod has no volume of a user: once sessions keep files in the object store (issue 21),
-# that mode joins the first rule, e.g. `s.storage.persistent and s.storage.mode != "s3"`.
+# pod has no volume of a user: a persistent session needs its claim — except in store mode
+# `s3`, where no session has one (the bucket keeps the files, builders.needs_claim).
+# Limits per execution reach the runtime as its environment at start: only the defaults.
 RULES: tuple[tuple[str, _Rule], ...] = (
-    ("storage.persistent", lambda s, _: s.storage.persistent),
+    ("storage.persistent", lambda s, cfg: s.storage.persistent and cfg.store != "s3"),
+    ("limits", lambda s, _: s.limits != _DEFAULT.limits),
     ("storage.size", lambda s, _: s.storage.size != _DEFAULT.storage.size),
     ("image", lambda s, cfg: s.image not in (None, cfg.image)),
     ("resources", lambda s, _: s.resources is not None),

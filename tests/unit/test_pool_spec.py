@@ -83,9 +83,19 @@ def test_a_default_session_fits_and_each_field_a_pool_cannot_give_is_named(setti
             "storage": {"persistent": False},
             "fileUploadConfig": {"maxFileCount": 3},
         },
+        "limits": {"storage": {"persistent": False}, "limits": {"memory": "256Mi"}},
     }
     for field, spec in asks.items():
         assert misfits(make_session(**spec).spec, settings) == [field], field
+
+
+def test_in_store_mode_s3_a_persistent_session_fits(settings):
+    # No session has a claim in store mode s3 (the bucket keeps the files): the pool's
+    # emptyDir is what a cold pod of that session would get too.
+    s3 = settings.model_copy(update={"store": "s3"})
+    persistent = make_session(storage={"persistent": True}).spec
+    assert misfits(persistent, s3) == []
+    assert misfits(persistent, settings) == ["storage.persistent"]
 
 
 def test_the_claim_is_one_compare_and_swap(settings):
