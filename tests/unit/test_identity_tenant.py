@@ -32,9 +32,21 @@ def authenticate(headers: dict, **settings) -> tuple[str, str]:
     return caller.user_id, caller.tenant
 
 
-def bearer(**claims) -> dict:
-    token = jwt.encode({"exp": int(time.time()) + 600, **claims}, SECRET, algorithm="HS256")
-    return {"authorization": f"Bearer {token}"}
+class Bearer(dict):
+    """A JWT's claims, signed only when the test runs: a token made at collection would
+    expire before a long suite reaches the test (it did, 23 minutes in)."""
+
+    def __or__(self, other: dict) -> Bearer:
+        return Bearer({**self, "_extra": {**self.get("_extra", {}), **other}})
+
+    def headers(self) -> dict:
+        claims = {k: v for k, v in self.items() if k != "_extra"}
+        token = jwt.encode({"exp": int(time.time()) + 600, **claims}, SECRET, algorithm="HS256")
+        return {"authorization": f"Bearer {token}", **self.get("_extra", {})}
+
+
+def bearer(**claims) -> Bearer:
+    return Bearer(claims)
 
 
 @pytest.mark.parametrize(
@@ -66,6 +78,8 @@ def bearer(**claims) -> dict:
     ],
 )
 def test_tenant_of_the_caller(headers, settings, expected):
+    if isinstance(headers, Bearer):
+        headers = headers.headers()
     assert authenticate(headers, **settings) == expected
 
 
