@@ -41,6 +41,7 @@ import stat
 import time
 from dataclasses import asdict, dataclass
 
+from . import prctl
 from .schemas import ExecutionError
 
 TICK_SECONDS = 0.1
@@ -78,8 +79,15 @@ class Limits:
 
 def apply_in_child(limits: Limits, *, cpu_rlimit: bool) -> None:
     """Runs in the forked code process before exec (see the module contract)."""
+    # The runtime and spawner are not dumpable, and a non-dumpable process's /proc/self
+    # files belong to root: as uid 10001 in a pod the write below fails with EACCES (the
+    # node tier caught it; as root it passes). This child execs code in a moment, and
+    # execve makes it dumpable anyway; meanwhile no confined code can reach it (Landlock
+    # refuses ptrace and /proc/<pid>/mem outside a process's own domain).
+    prctl.call(prctl.PR_SET_DUMPABLE, 1)
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write(str(OOM_SCORE_ADJ))
+    prctl.call(prctl.PR_SET_DUMPABLE, 0)
     os.nice(NICE)
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory, limits.memory))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size, limits.file_size))

@@ -127,3 +127,33 @@ def test_the_tree_of_a_process_is_found_through_a_setsid_child() -> None:
             os.kill(pid, 9)
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to the pod's uid needs root")
+def test_code_gets_its_oom_score_as_a_non_root_child_of_a_non_dumpable_process() -> None:
+    """As in a pod: uid 10001 and the runtime not dumpable, so /proc/self belongs to root
+    until the child makes itself dumpable (the node tier found EACCES here)."""
+    from sandbox_workspace.runtime import prctl
+    from sandbox_workspace.runtime.limits import OOM_SCORE_ADJ, apply_in_child
+
+    limits = Limits(memory=1 << 30, cpu_seconds=60, file_size=1 << 20, conversation_size=1 << 30)
+    read_r, read_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            os.setgroups([])
+            os.setresgid(10001, 10001, 10001)
+            os.setresuid(10001, 10001, 10001)
+            prctl.call(prctl.PR_SET_DUMPABLE, 0)
+            apply_in_child(limits, cpu_rlimit=False)
+            with open("/proc/self/oom_score_adj") as f:
+                os.write(read_w, f.read().strip().encode())
+        except BaseException as e:
+            os.write(read_w, repr(e).encode())
+        os._exit(0)
+    os.close(read_w)
+    _, status = os.waitpid(pid, 0)
+    got = os.read(read_r, 4096).decode()
+    os.close(read_r)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert got == str(OOM_SCORE_ADJ)
