@@ -4,16 +4,15 @@ back to it (api/table_source.py) — against a real HTTP table source on loopbac
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from agents_script import ANSWER, double_ages
+from doc_blocks import REPO_ROOT, shell_block
 from scripted_llm import Reply, text_reply, tool_reply, tool_results
 from table_source import TableSource
 
@@ -174,14 +173,9 @@ def test_table_id_and_table_data_together_is_400(client):
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_docs_curl_example_works_as_written(server, fresh, scripted_llm, tmp_path):
-    readme = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
-    block = re.search(
-        r"<!-- agents-example:start -->\s*```sh\n(.*?)```\s*<!-- agents-example:end -->",
-        readme,
-        re.S,
+    script = shell_block(REPO_ROOT / "docs" / "api.md", "agents-example").replace(
+        "http://127.0.0.1:8000", server.url
     )
-    assert block, "docs/api.md lost its /agents example markers"
-    script = block.group(1).replace("http://127.0.0.1:8000", server.url)
     fresh.tables["42"] = [{"name": "ann", "age": 30}, {"name": "bob", "age": 41}]
     scripted_llm.responder = double_ages
     out = subprocess.run(
