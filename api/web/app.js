@@ -116,19 +116,28 @@ $("delete-conversation").addEventListener("click", async () => {
 });
 
 // ---- uploads ----------------------------------------------------------------------
+// Refreshes overlap (an upload's own, a conversation switch, a session refresh): each one
+// builds its rows off-page and only the newest one to finish its fetch replaces the table,
+// so two refreshes never both append to it.
+let uploadRefreshes = 0;
+
 async function refreshUploads() {
   const body = $("uploads").tBodies[0];
-  body.replaceChildren();
-  if (!cid) return;
+  const mine = ++uploadRefreshes;
+  const conversation = cid;
   let files = [];
-  try {
-    const listing = await api.call("GET", `${api.sessionUrl}/files?conversation_id=${encodeURIComponent(cid)}`);
-    files = listing.files;
-  } catch (e) {
-    if (e.status !== 404) showError(e);
+  if (conversation) {
+    try {
+      const listing = await api.call("GET", `${api.sessionUrl}/files?conversation_id=${encodeURIComponent(conversation)}`);
+      files = listing.files;
+    } catch (e) {
+      if (e.status !== 404) showError(e);
+    }
   }
+  if (mine !== uploadRefreshes) return; // a newer refresh owns the table
+  const rows = document.createElement("tbody");
   for (const f of files) {
-    const row = body.insertRow();
+    const row = rows.insertRow();
     row.dataset.name = f.name;
     const use = document.createElement("input");
     use.type = "checkbox";
@@ -152,7 +161,7 @@ async function refreshUploads() {
     download.className = "download";
     download.addEventListener("click", async () => {
       const a = document.createElement("a");
-      a.href = await api.blobUrl(`${api.sessionUrl}/files/${encodeURIComponent(f.name)}?conversation_id=${encodeURIComponent(cid)}`);
+      a.href = await api.blobUrl(`${api.sessionUrl}/files/${encodeURIComponent(f.name)}?conversation_id=${encodeURIComponent(conversation)}`);
       a.download = f.name;
       document.body.append(a);
       a.click();
@@ -163,12 +172,13 @@ async function refreshUploads() {
     remove.className = "delete danger";
     remove.addEventListener("click", async () => {
       try {
-        await api.call("DELETE", `${api.sessionUrl}/files/${encodeURIComponent(f.name)}?conversation_id=${encodeURIComponent(cid)}`);
+        await api.call("DELETE", `${api.sessionUrl}/files/${encodeURIComponent(f.name)}?conversation_id=${encodeURIComponent(conversation)}`);
       } catch (e) { showError(e); }
       await refreshUploads();
     });
     actions.append(download, remove);
   }
+  body.replaceChildren(...rows.rows);
 }
 
 $("upload").addEventListener("submit", async (e) => {

@@ -198,3 +198,55 @@ def test_token_mode_asks_for_a_token_and_uses_it(page, start_server, tmp_path):
             headers={"X-User-Id": user, "Authorization": f"Bearer {token}"},
             timeout=30,
         )
+
+
+def test_overlapping_refreshes_list_each_upload_once(page, ui_server, tmp_path):
+    """Two refreshes of the uploads table in flight at once (an upload's own and a
+    conversation switch, as in a slow network) end with one row per file, not one per
+    refresh: the listings are held until both are asked for, then answered together."""
+    expect = sync_api.expect
+    user = f"dup-{uuid.uuid4().hex[:8]}"
+    try:
+        page.goto(f"{ui_server.url}/ui/")
+        page.fill("#user", user)
+        page.click("#identity button[type=submit]")
+        expect(page.locator("#session-status")).to_contain_text("no session yet")
+        page.fill("#conversation-name", "overlap")
+        page.click("#new-conversation button")
+        csv = tmp_path / "once.csv"
+        csv.write_bytes(CSV)
+        page.set_input_files("#file", str(csv))
+        page.click("#upload button[type=submit]")
+        rows = page.locator("#uploads tbody tr")
+        expect(rows).to_have_count(1)
+
+        held: list = []
+        page.route("**/files?conversation_id=*", lambda route: held.append(route))
+        transcripts: list[str] = []
+        page.on(
+            "requestfinished",
+            lambda r: transcripts.append(r.url) if r.url.endswith("/runs") else None,
+        )
+        button = page.locator("#conversation-list button[data-conversation='overlap']")
+        button.click()
+        button.click()
+        deadline = time.monotonic() + 30
+        while len(held) < 2:
+            assert time.monotonic() < deadline, f"only {len(held)} listings were asked for"
+            page.wait_for_timeout(20)  # lets Playwright deliver the route events
+        for route in held:
+            route.continue_()
+        # Each selection lists the uploads, then redraws the transcript (GET …/runs):
+        # once both transcripts are fetched, both refreshes have drawn their rows.
+        deadline = time.monotonic() + 30
+        while len(transcripts) < 2:
+            assert time.monotonic() < deadline, "the transcripts were never redrawn"
+            page.wait_for_timeout(20)
+        expect(rows).to_have_count(1)
+        assert page.locator("#uploads tbody tr[data-name='once.csv']").count() == 1
+    finally:
+        httpx.delete(
+            f"{ui_server.url}/api/v1/sessions/sb-session-{user}",
+            headers={"X-User-Id": user},
+            timeout=30,
+        )
