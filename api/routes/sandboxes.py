@@ -30,6 +30,15 @@ is the API's usual 422/400 error body.
 ``GET /sandboxes?session_id=…`` is ``status``; without ``session_id`` it lists the
 conversations of the caller's session while it runs — each one a sandbox id — as
 ``data: {session_status, sandboxes: [{session_id}]}`` (a session not running: none).
+
+The store (``SANDBOX_WORKSPACE_STORE=s3``): ``start``, ``exec`` and ``read`` open the
+conversation (``conversation_opened``: filled from the store the first time per runtime)
+and ``start`` and ``exec`` end with ``conversation_written`` (the write-back), as every
+route that writes does. The store keeps ``uploads/temparea`` and ``outputs/``, not the
+conversation's top level, so ``data.json`` and the marker are mirrored into
+``outputs/.sandbox/`` after ``start`` and each ``exec`` (readonly too: the mirror is
+rewritten from the protected files, so what code did to it is undone) and put back from
+there when the top level lacks them (a new runtime whose cache was filled from the store).
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ from ..runtime_client import RuntimeClient
 router = APIRouter(prefix="/api/v1", tags=["sandboxes"])
 DATA_FILE = "data.json"
 MARKER = ".sandbox.json"
+MIRROR = "outputs/.sandbox"  # the store keeps outputs/, not the top level
 
 
 class _Action(BaseModel):
@@ -162,7 +172,8 @@ class _Sandbox:
         code = write_command(marker)
         if "data" in body.model_fields_set:
             code += write_command({"node": body.data, "file": DATA_FILE})
-        out = await self._bash(client, code)
+        out = await self._bash(client, code + _MIRROR)
+        await self.services.backend.conversation_written(session, self.cid)
         if out.exit_code != 0:
             return SandboxAnswer(success=False, error=out.stderr or "could not write data.json")
         path = f"{conversation_root(session.workspace_path, self.cid)}/{DATA_FILE}"
@@ -173,10 +184,13 @@ class _Sandbox:
         )
 
     async def exec(self, body: ExecAction) -> SandboxAnswer:
-        _, client = await self.running()
+        session, client = await self.running()
+        await self.services.backend.conversation_opened(session, self.cid)
         state = await self._state(client)
         read_only = [DATA_FILE, MARKER] if state["readonly"] else []
         out = await self._bash(client, body.command, body.timeout, read_only)
+        await self._bash(client, _MIRROR, read_only=read_only)
+        await self.services.backend.conversation_written(session, self.cid)
         error = out.stderr or (f"{out.error.name}: {out.error.value}" if out.error else None)
         return SandboxAnswer(
             success=out.exit_code == 0 and out.error is None,
@@ -186,7 +200,8 @@ class _Sandbox:
         )
 
     async def read(self, _: ReadAction) -> SandboxAnswer:
-        _, client = await self.running()
+        session, client = await self.running()
+        await self.services.backend.conversation_opened(session, self.cid)
         state = await self._state(client)
         if not state["has_data"]:
             raise NotFoundError(f"sandbox '{self.cid}' has no data.json", code="data_not_found")
@@ -219,7 +234,26 @@ class _Sandbox:
         return SandboxAnswer(success=True, output="running", data=data)
 
 
-_STATE = f"""if [ -f {MARKER} ]; then
+# The sandbox's files → their mirror under outputs/ (each present one copied, an absent
+# one's mirror removed); and back (``_STATE``) when the top level lacks the marker. Code
+# may have planted links there: a link is removed, never written through, and under
+# ``readonly`` this call runs with the same read_only rules as the code's.
+_MIRROR = f"""rc=$?
+if [ ! -L outputs ] && mkdir -p outputs; then
+  if [ -L {MIRROR} ] || {{ [ -e {MIRROR} ] && [ ! -d {MIRROR} ]; }}; then rm -f -- {MIRROR}; fi
+  mkdir -p {MIRROR} && for f in {MARKER} {DATA_FILE}; do
+    rm -rf -- {MIRROR}/"$f"
+    if [ -f "$f" ]; then cp -- "$f" {MIRROR}/"$f"; fi
+  done
+fi
+exit $rc
+"""
+_STATE = f"""if [ ! -f {MARKER} ] && [ -f {MIRROR}/{MARKER} ]; then
+  for f in {MARKER} {DATA_FILE}; do
+    [ -f {MIRROR}/"$f" ] && cp -- {MIRROR}/"$f" "$f"
+  done
+fi
+if [ -f {MARKER} ]; then
   cat -- {MARKER}; echo; [ -f {DATA_FILE} ] && echo +; true
 else
   exit 3

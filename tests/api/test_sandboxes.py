@@ -3,6 +3,7 @@ conversation of the caller) answering {success, output, error, data}."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -127,3 +128,76 @@ def test_malformed_requests(api, body, status):
     r = api.post("/api/v1/sandboxes", json=body)
     assert r.status_code == status, r.text
     assert "code" in r.json()["error"]
+
+
+def test_in_store_mode_a_sandbox_is_written_back_and_comes_back(
+    tmp_path, start_server, seaweedfs, s3_bucket
+):
+    """SANDBOX_WORKSPACE_STORE=s3 (a real SeaweedFS): what ``start`` and ``exec`` write —
+    data.json and the marker (mirrored under outputs/.sandbox/), an output — is in the
+    bucket when they answer; an API whose data directory is gone reads it all back."""
+    import asyncio
+    import shutil
+
+    from sandbox_workspace.store import S3Store
+    from sandbox_workspace.store.layout import Layout, Scope
+
+    user = f"store-{uuid.uuid4().hex[:8]}"
+
+    def stored() -> dict[str, bytes]:
+        async def read():
+            store = S3Store(seaweedfs.settings(s3_bucket))
+            layout, scope = Layout(), Scope("default", f"sb-session-{user}")
+            doc, _ = await store.read(layout.manifest(scope, "sb1"))
+            active = [f for f in json.loads(doc)["files"] if f["status"] == "active"]
+            out = {}
+            for f in active:
+                got, _ = await store.read(layout.file(scope, "sb1", f["file_path"]))
+                out[f["file_path"]] = got
+            return out
+
+        return asyncio.run(read())
+
+    data = tmp_path / "data"
+    env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none", **seaweedfs.env(s3_bucket)}
+    server = start_server("dev", "--data-dir", str(data), **env)
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api:
+        ok(act(api, "start", data=TABLE))
+        assert json.loads(stored()["outputs/.sandbox/data.json"]) == TABLE
+        edit = (
+            "python3 -c \"import json; d=json.load(open('data.json')); "
+            "d['rows'].append({'a': 2}); json.dump(d, open('data.json','w'))\" "
+            "&& echo made > outputs/r.txt"
+        )
+        ok(act(api, "exec", command=edit))
+    edited = {"rows": [{"a": 1}, {"a": 2}]}
+    files = stored()
+    assert json.loads(files["outputs/.sandbox/data.json"]) == edited
+    assert json.loads(files["outputs/.sandbox/.sandbox.json"]) == {"readonly": False}
+    assert files["outputs/r.txt"] == b"made\n"
+
+    server.stop()
+    shutil.rmtree(data)
+    server = start_server("dev", "--data-dir", str(data), **env)
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api:
+        assert ok(act(api, "read"))["data"] == edited
+        assert ok(act(api, "exec", command="cat outputs/r.txt"))["output"] == "made\n"
+        assert ok(act(api, "status"))["data"]["has_data"] is True
+
+
+def test_a_readonly_sandbox_mirror_is_rewritten_from_the_protected_file(api):
+    """Code of a readonly sandbox may change the mirror under outputs/ (not protected),
+    never what it holds once the exec has answered: the mirror is copied again from the
+    read-only data.json — and a link planted there is replaced, not written through."""
+    ok(act(api, "start", data=TABLE, readonly=True))
+    tamper = (
+        "echo '{\"rows\": []}' > outputs/.sandbox/data.json; "
+        "rm -f outputs/.sandbox/.sandbox.json; ln -s ../../data.json outputs/.sandbox/.sandbox.json"
+    )
+    act(api, "exec", command=tamper)
+    check = (
+        "cat outputs/.sandbox/data.json; test -L outputs/.sandbox/.sandbox.json && echo link; true"
+    )
+    out = ok(act(api, "exec", command=check))["output"]
+    assert json.loads(out) == TABLE
+    assert ok(act(api, "read"))["data"] == TABLE
