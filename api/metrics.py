@@ -22,7 +22,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from . import garbage
-from .chat.runs import ENDED
+from .chat.run import ENDED
 
 
 class _MetricsMiddleware:

@@ -22,9 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
 from sandbox_workspace.runtime.errors import ApiError
 from sandbox_workspace.runtime.schemas import ChangedFile, MarksReport, OutputList, UploadedFile
@@ -33,51 +31,14 @@ from ..backends.base import Session
 from ..runtime_client import RuntimeClient
 from .context import build_messages, system_prompt, workspace_context_message
 from .llm import Completion, LlmClient, LlmError
-from .policy import Policy
 from .progress import Progress
-from .runs import Run
+from .run import Run, RunFailed
+from .spec import RunSpec
 from .table_run import finish_table, prepare_table, table_read_only, table_tools_root
 from .tools import TOOL_SPECS, PresentedFile, SandboxTools
 
 log = logging.getLogger(__name__)
 _STATUS_EVERY = 2.0
-
-
-@dataclass
-class RunSpec:
-    """Everything a run needs, resolved and validated before it starts."""
-
-    query: str
-    history: list[dict]
-    selected_files: list[str]  # upload names, already checked to be this conversation's
-    policies: dict[str, Policy]
-    max_iterations: int
-    deadline_seconds: float
-    approval_timeout: float
-    tool_timeout: float
-    ensure_session: Callable[[], Awaitable[Session]]
-    record_activity: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
-    # Before each tool call: raises when the conversation may no longer be written.
-    before_tool: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
-    # /agents (seed 002): the table plan — its nodes as data.json files, merged back at
-    # the end (chat/table_agent.py); None for every other route.
-    table: dict | None = None
-    # /agents with table_id: PUTs the merged table to the table source (not kept with the
-    # run: it carries the caller's credential; a run resumed elsewhere has none).
-    write_table: Callable[[Any], Awaitable[None]] | None = None
-    # After each tool call and after the run's marks: the conversation may have changed
-    # (store mode writes it back; the kubernetes backend re-checks a racing deletion).
-    after_write: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
-
-
-async def _noop() -> None:
-    return None
-
-
-class RunFailed(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
 
 
 async def run_agent(

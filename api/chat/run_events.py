@@ -27,7 +27,7 @@ from typing import Any
 
 from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
 
-from .runs import Run
+from .run import Run
 from .runstore import RunStore
 
 _SEPARATOR = ":"  # run ids are "run_<hex>": the first ':' splits an approval id

@@ -23,7 +23,7 @@ from typing import Any
 from sandbox_workspace.runtime.errors import ApiError, Unavailable
 
 from ..runtime_client import RuntimeClient
-from .runs import Run
+from .run import Run, RunFailed
 from .table_agent import (
     conversation_root,
     describe,
@@ -63,8 +63,6 @@ def table_read_only(plan: dict | None) -> list[str]:
 
 
 async def prepare_table(run: Run, tools: SandboxTools, plan: dict) -> str:
-    from .loop import RunFailed
-
     root = conversation_root(tools.workspace_path, tools.cid)
     if table_read_only(plan):
         await check_read_only_enforced(tools.client)

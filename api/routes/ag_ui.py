@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandbox_workspace.runtime.errors import BadRequest
 
 from ..chat.ag_ui import AgUiStream
+from ..chat.run import Run
 from ..chat.run_events import encode_data, translate
-from ..chat.runs import Run
 from ..chat.selected_files import MAX_SELECTED, parse_selected
 from ..deps import CallerDep, ServicesDep
 from ..event_stream import EventStream

@@ -31,11 +31,8 @@ from sandbox_workspace.runtime.errors import BadRequest, Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..chat.agents_stream import EVENT_TYPES, AgentsStream, encode, failed
-from ..chat.loop import RunSpec, run_agent
 from ..chat.policy import effective_policies
-from ..chat.progress import spec_data
 from ..chat.run_events import translate
-from ..chat.runs import Run
 from ..chat.selected_files import SelectedFileRef, selected_files_field, selected_names
 from ..chat.table_agent import make_plan, working_directory
 from ..deps import CallerDep, ServicesDep
@@ -45,7 +42,7 @@ from ..openapi import errors, sse
 from ..schemas import json_int
 from ..sse import SSE_HEADERS
 from ..table_source import TableSource, TableSourceFailed, identity_headers
-from .chat import HistoryMessage, _refuse_deleting, _session_callbacks, require_llm
+from .chat import HistoryMessage, _refuse_deleting, launch, require_llm
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])
 MAX_ITERATIONS = 15  # seed 002: maxIterations = 15
@@ -142,28 +139,19 @@ async def agents(
     )
     await _refuse_deleting(services, existing, cid)
     names = selected_names(cid, workspace, body.selected_files)
-    ensure, before_tool, after_write, record_activity = _session_callbacks(
-        services, caller, session_id, cid
-    )
-    spec = RunSpec(
+    run = launch(
+        services,
+        caller,
+        cid,
+        llm,
         query=body.prompt,
         history=[m.model_dump() for m in body.chatHistory],
         selected_files=names,
         policies=effective_policies(plan["tools"], settings.tool_policies, None),
         max_iterations=MAX_ITERATIONS,
-        deadline_seconds=settings.chat_run_deadline_seconds,
-        approval_timeout=settings.chat_approval_timeout_seconds,
-        tool_timeout=settings.chat_tool_timeout_seconds,
-        ensure_session=ensure,
-        before_tool=before_tool,
-        after_write=after_write,
-        record_activity=record_activity,
         table=plan,
         write_table=write_table,
     )
-    run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
-    services.runs.add(run, spec_data(spec))
-    run.task = services.spawn(run_agent(run, spec, llm, services.http))
     frames = translate(run, 0, AgentsStream(), encode, settings.chat_keepalive_seconds)
     return EventStream(frames, {**SSE_HEADERS, "X-Run-Id": run.id})
 

@@ -12,7 +12,8 @@ is only a view: a client that drops loses nothing, and ``GET /runs/{id}/events``
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Path, Query
@@ -24,11 +25,12 @@ from sandbox_workspace.runtime.errors import Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import ConversationDeleting, ConversationPhase, Session
-from ..chat.loop import RunSpec, run_agent
+from ..chat.loop import run_agent
 from ..chat.policy import Policy, effective_policies
-from ..chat.progress import Progress, spec_data, spec_from_data
-from ..chat.runs import Run
+from ..chat.progress import Progress
+from ..chat.run import Run
 from ..chat.selected_files import SelectedFileRef, selected_files_field, selected_names
+from ..chat.spec import RunSpec, spec_data, spec_from_data
 from ..chat.tools import TOOL_NAMES
 from ..deps import CallerDep, ServicesDep, StreamCallerDep
 from ..event_stream import EventStream
@@ -148,15 +150,47 @@ async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
     await _refuse_deleting(services, existing, cid)
     workspace = existing.workspace_path if existing is not None else None
     names = selected_names(cid, workspace, body.selected_files)
-    ensure, before_tool, after_write, record_activity = _session_callbacks(
-        services, caller, session_id, cid
-    )
-    spec = RunSpec(
+    return launch(
+        services,
+        caller,
+        cid,
+        llm,
         query=body.query,
         history=[m.model_dump() for m in body.history],
         selected_files=names,
         policies=policies,
         max_iterations=body.max_iterations or settings.chat_max_iterations,
+    )
+
+
+def launch(
+    services,
+    caller: Caller,
+    cid: str,
+    llm,
+    *,
+    query: str,
+    history: list[dict],
+    selected_files: list[str],
+    policies: dict[str, Policy],
+    max_iterations: int,
+    table: dict | None = None,
+    write_table: Callable[[Any], Awaitable[None]] | None = None,
+) -> Run:
+    """Start a validated request's run in the background (every route's one way): its
+    ``RunSpec`` with this server's limits and the session callbacks, registered with the
+    run store (its JSON half, for another replica) and spawned."""
+    settings = services.settings
+    session_id = session_id_for(caller.user_id)
+    ensure, before_tool, after_write, record_activity = _session_callbacks(
+        services, caller, session_id, cid
+    )
+    spec = RunSpec(
+        query=query,
+        history=history,
+        selected_files=selected_files,
+        policies=policies,
+        max_iterations=max_iterations,
         deadline_seconds=settings.chat_run_deadline_seconds,
         approval_timeout=settings.chat_approval_timeout_seconds,
         tool_timeout=settings.chat_tool_timeout_seconds,
@@ -164,6 +198,8 @@ async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
         before_tool=before_tool,
         after_write=after_write,
         record_activity=record_activity,
+        table=table,
+        write_table=write_table,
     )
     run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
     services.runs.add(run, spec_data(spec))

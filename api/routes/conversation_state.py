@@ -21,7 +21,7 @@ from sandbox_workspace.runtime.schemas import ConversationInfo, OutputList, Uplo
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import ConversationPhase
-from ..chat.runs import Run
+from ..chat.run import Run
 from ..deps import CallerDep, ServicesDep
 from ..names import ConversationIdPath, SessionIdPath
 from ..openapi import SESSION_ERRORS, errors

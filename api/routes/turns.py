@@ -21,8 +21,8 @@ from pydantic import ValidationError
 
 from sandbox_workspace.runtime.errors import BadRequest
 
+from ..chat.run import Run
 from ..chat.run_events import approval_event_id, events_of, parse_approval_id
-from ..chat.runs import Run
 from ..chat.selected_files import SelectedFileRef
 from ..identity import Caller
 from .chat import ChatRequest, start_run

@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
 
 from ..chat.chat_index import ChatRun
+from ..chat.run import Run
 from ..chat.run_events import decided_approvals, encode_data, translate
-from ..chat.runs import Run
 from ..chat.selected_files import SelectedFileRef, selected_files_field
 from ..chat.ui_stream import DONE, HEADERS, UiMessageStream
 from ..deps import CallerDep, ServicesDep

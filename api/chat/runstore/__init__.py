@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..chat_index import ChatRun
-    from ..runs import Run
+    from ..run import Run
 
 Resume = Callable[["Run", dict, "dict | None"], Any]
 

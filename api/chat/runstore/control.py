@@ -20,7 +20,7 @@ from sandbox_workspace.runtime.errors import ApiError
 from .redis_log import decisions
 
 if TYPE_CHECKING:
-    from ..runs import Run
+    from ..run import Run
     from .redis_store import RedisRunStore
 
 log = logging.getLogger(__name__)

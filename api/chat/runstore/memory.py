@@ -16,7 +16,7 @@ from ..chat_index import ChatIndex, ChatRun
 from . import RunStore
 
 if TYPE_CHECKING:
-    from ..runs import Run
+    from ..run import Run
 
 
 class MemoryRunStore(RunStore):

@@ -43,7 +43,7 @@ from .redis_log import CANCEL, DECIDE, Keys, follow_log, read_log, text
 from .writer import Writer
 
 if TYPE_CHECKING:
-    from ..runs import Run
+    from ..run import Run
 
 log = logging.getLogger(__name__)
 

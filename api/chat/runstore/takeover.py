@@ -18,6 +18,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
+from ..run import Run
 from .redis_log import cancel_reason, decisions, read_log, text
 
 if TYPE_CHECKING:
@@ -27,8 +28,6 @@ log = logging.getLogger(__name__)
 
 
 async def carry_on(store: RedisRunStore, run_id: str) -> None:
-    from ..runs import Run
-
     meta = await store.redis.hgetall(store.keys.meta(run_id))
     frames = await read_log(store.redis, store.keys, run_id)
     run = Run(

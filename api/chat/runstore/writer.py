@@ -43,7 +43,7 @@ from .pipe import Pipe
 from .redis_log import APPEND, Keys
 
 if TYPE_CHECKING:
-    from ..runs import Run
+    from ..run import Run
 
 log = logging.getLogger(__name__)
 _RETRY_FIRST, _RETRY_MAX = 0.05, 2.0
