@@ -35,6 +35,11 @@ class TableSourceFailed(ApiError):
     status, code = 502, "table_source_unavailable"
 
 
+def from_settings(http: httpx.AsyncClient, settings) -> TableSource:
+    """The configured table source (``SANDBOX_WORKSPACE_TABLE_SOURCE_URL``)."""
+    return TableSource(http, settings.table_source_url, settings.table_source_timeout_seconds)
+
+
 def identity_headers(caller: Caller, authorization: str | None) -> dict[str, str]:
     headers = {"X-User-Id": caller.user_id}
     if authorization:

@@ -99,7 +99,8 @@ async def finish_table(
     if write_table is None:
         return failed(
             "the run was carried on by another API replica, which holds no credential to "
-            "write the table back; nothing was written"
+            "write the table back (the caller's Authorization is never stored); nothing "
+            "was written"
         )
     try:
         await write_table(outcome["updatedData"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
@@ -41,7 +42,7 @@ from ..names import conversation_id_schema
 from ..openapi import errors, sse
 from ..schemas import json_int
 from ..sse import SSE_HEADERS
-from ..table_source import TableSource, TableSourceFailed, identity_headers
+from ..table_source import TableSourceFailed, from_settings, identity_headers
 from .chat import HistoryMessage, _refuse_deleting, launch, require_llm
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])
@@ -111,19 +112,15 @@ async def agents(
                 "tableData instead",
                 code="table_source_not_configured",
             )
-        source = TableSource(
-            services.http, settings.table_source_url, settings.table_source_timeout_seconds
-        )
-        identity = identity_headers(caller, request.headers.get("authorization"))
+        source = from_settings(services.http, settings)
+        authorization = request.headers.get("authorization")
+        identity = identity_headers(caller, authorization)
         try:
             table = await source.get(body.table_id, identity)  # 403/404: our 404
         except TableSourceFailed as e:  # down or slow: the seed's stream, ending at once
             return EventStream(_once(failed(e.message, e.code)), SSE_HEADERS)
         has_table = True
-        table_id = body.table_id
-
-        async def write_table(data: Any) -> None:
-            await source.put(table_id, data, identity)
+        write_table = partial(source.put, body.table_id, headers=identity)
 
     cid = Workspace.check_conversation_id(body.conversation_id or f"agent-{uuid.uuid4().hex[:16]}")
     session_id = session_id_for(caller.user_id)
@@ -137,6 +134,10 @@ async def agents(
         has_table=has_table,
         table_id=body.table_id,
     )
+    if body.table_id is not None:
+        # Another replica carrying the run on can write back as this caller only when the
+        # identity is the user id alone: a credential (Authorization) is never stored.
+        plan["identity"] = "authorization" if authorization else "user_id"
     await _refuse_deleting(services, existing, cid)
     names = selected_names(cid, workspace, body.selected_files)
     run = launch(

@@ -13,6 +13,7 @@ is only a view: a client that drops loses nothing, and ``GET /runs/{id}/events``
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
@@ -39,6 +40,7 @@ from ..names import conversation_id_schema
 from ..openapi import CHAT_EVENTS, RUN_START_ERRORS, errors, sse
 from ..schemas import StreamToken, json_int
 from ..sse import SSE_HEADERS
+from ..table_source import from_settings, identity_headers
 
 router = APIRouter(prefix="/api/v1", tags=["chat"])
 
@@ -239,6 +241,15 @@ def resume_run(services, run: Run, data: dict, checkpoint: dict | None):
     spec = spec_from_data(data, ensure, record_activity)
     spec.before_tool = before_tool
     spec.after_write = after_write
+    table = spec.table or {}
+    settings = services.settings
+    if table.get("identity") == "user_id" and settings.table_source_url:
+        # /agents with table_id from a caller known by user id alone: the same headers
+        # (a caller's credential is never stored: without it, finish_table says so).
+        source = from_settings(services.http, settings)
+        spec.write_table = partial(
+            source.put, table["table_id"], headers=identity_headers(caller, None)
+        )
     progress = None if checkpoint is None else Progress.from_data(checkpoint)
     return services.spawn(run_agent(run, spec, services.llm, services.http, progress, resumed=True))
 

@@ -192,3 +192,83 @@ def test_docs_curl_example_works_as_written(server, fresh, scripted_llm, tmp_pat
     assert events[-1]["updatedData"] == doubled and events[-1]["modifiedPath"] == "/"
     assert "".join(e["content"] for e in events if e["type"] == "text") == ANSWER
     assert fresh.tables["42"] == doubled
+
+
+@pytest.mark.parametrize("credential", [False, True], ids=["user-id", "authorization"])
+def test_a_run_carried_on_by_another_replica_writes_back_as_the_caller(
+    tmp_path,
+    start_server,
+    scripted_llm_server,
+    scripted_llm,
+    chat_env_factory,
+    redis_url,
+    credential,
+):
+    """Two replicas on a Redis run store (and one data directory: the session outlives
+    its API, as a pod does): the owner is killed while the model answers after the edit;
+    the other carries the run on and PUTs the merged table with the caller's X-User-Id —
+    unless the caller sent an Authorization header, which is never stored: then the
+    result says nothing was written, and nothing is."""
+    import asyncio
+    import signal
+    import uuid
+
+    from run_follower import start_and_follow
+
+    source = TableSource().start()
+    source.tables["7"] = {"meta": {"v": 1}, "rows": [1, 2]}
+    env = chat_env_factory(
+        scripted_llm_server,
+        SANDBOX_WORKSPACE_TABLE_SOURCE_URL=source.url,
+        SANDBOX_WORKSPACE_CHAT_RUN_STORE="redis",
+        SANDBOX_WORKSPACE_CHAT_REDIS_URL=redis_url,
+        SANDBOX_WORKSPACE_CHAT_REDIS_PREFIX=f"t{uuid.uuid4().hex[:8]}:",
+        SANDBOX_WORKSPACE_CHAT_RUN_LEASE_SECONDS="1.5",
+        SANDBOX_WORKSPACE_CHAT_KEEPALIVE_SECONDS="0.5",
+    )
+    a, b = (start_server("dev", "--data-dir", str(tmp_path / "data"), **env) for _ in range(2))
+
+    def respond(body: dict) -> Reply:
+        if not tool_results(body):
+            return tool_reply("bash", {"command": EDIT})
+        reply = text_reply("x" * 40, pieces=40)
+        reply.pause_between = 0.1  # a 4 s answer: the owner is killed in the middle of it
+        return reply
+
+    scripted_llm.responder = respond
+    user = f"u-{uuid.uuid4().hex[:10]}"
+    headers = {"X-User-Id": user} | ({"Authorization": "Bearer jwt"} if credential else {})
+    body = {
+        "prompt": "edit",
+        "conversation_id": "c",
+        "table_id": 7,
+        "bashAccessPoints": [{"path": "/meta", "mode": "full"}],
+    }
+    try:
+        with (
+            httpx.Client(base_url=a.url, headers=headers, timeout=60) as c,
+            c.stream("POST", "/api/v1/agents", json=body) as r,
+        ):
+            run_id = r.headers["x-run-id"]
+            for line in r.iter_lines():
+                if line.startswith("data: ") and json.loads(line[6:])["type"] == "text":
+                    break  # the edit is done, the answer is streaming
+            a.stop(signal.SIGKILL)
+        followed = asyncio.run(start_and_follow(lambda: [b.url], user, run_id=run_id))
+        assert followed.done, followed.kinds()
+        result = [d for _, kind, d in followed.events if kind == "result"][-1]
+        resumed = [d for _, k, d in followed.events if k == "status" and d["stage"] == "resumed"]
+        assert resumed, followed.kinds()
+        if credential:
+            assert result["success"] is False and "never stored" in result["error"], result
+            assert source.tables["7"] == {"meta": {"v": 1}, "rows": [1, 2]}
+            assert [m for m, _, _ in source.requests] == ["GET"]
+        else:
+            assert result["success"] is True, result
+            assert source.tables["7"] == {"meta": {"v": 2}, "rows": [1, 2]}
+            assert [m for m, _, _ in source.requests] == ["GET", "PUT"]
+            assert source.requests[-1][2]["x-user-id"] == user
+            assert "authorization" not in source.requests[-1][2]
+    finally:
+        b.stop(signal.SIGTERM)
+        source.stop()
