@@ -9,6 +9,15 @@ the same load through an API with ``LLM_PROVIDER=anthropic`` against the same mo
 server speaking Messages, beside that stream read directly; each round's OpenAI and
 Anthropic phases run back to back, and the figure says how far apart they came out).
 
+Every front door of the engine is measured the same way, in every round: after /chat's
+phases, the load goes through ``/api/v1/ui/chat`` (the AI SDK's UI message stream),
+``/api/v1/ag-ui`` and ``/api/v1/agents`` (seed 002's sidebar, the file tools' flow, no
+table), on both providers — a figure per route and provider with its added latency over
+the provider's direct stream and its difference from /chat's phases of the same rounds
+on the same provider ("no regression on /chat"). The full run gives each route's phase
+an API process of its own, as /chat's; --quick runs the three routes through one per
+provider (a few seconds per route).
+
 Set-up: the model streams 50 tokens/s per run (a real model's pace); the runs arrive
 spread over 5 s (0.2 s in --quick), as users do, so all 200 stream at once for the last
 5 s of the arrivals — 10,000 events/s. Model server and client are lean asyncio code
@@ -40,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -86,8 +96,57 @@ async def _direct(
     return time.perf_counter() - start
 
 
+@dataclass(frozen=True)
+class Route:
+    """One chat route under the load: its path, the body of run ``i`` and how its
+    stream's last frame begins."""
+
+    path: str
+    body: Callable[[int], dict]
+    last: bytes
+
+
+def _conversation(i: int) -> str:
+    return f"bench-{i % 20}"
+
+
+CHAT = Route(
+    "/api/v1/chat",
+    lambda i: {"query": "go", "conversation_id": _conversation(i)},
+    b"event: done",
+)
+# The other front doors of the same engine, each with its own client's request shape
+# (a chat id per run: a new message on a chat id supersedes the chat's open run).
+ROUTES = [
+    Route(
+        "/api/v1/ui/chat",
+        lambda i: {
+            "id": f"bench-ui-{i}",
+            "messages": [{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "go"}]}],
+            "conversation_id": _conversation(i),
+        },
+        b"data: [DONE]",
+    ),
+    Route(
+        "/api/v1/ag-ui",
+        lambda i: {
+            "threadId": _conversation(i),
+            "runId": f"bench-{i}",
+            "messages": [{"id": "m1", "role": "user", "content": "go"}],
+        },
+        b'data: {"type":"RUN_FINISHED"',
+    ),
+    # seed 002's sidebar without a table: the file tools' flow.
+    Route(
+        "/api/v1/agents",
+        lambda i: {"prompt": "go", "conversation_id": _conversation(i)},
+        b"event: result",
+    ),
+]
+
+
 async def _through_api(
-    url: str, runs: int, sink: list[float], ramp: float = 0.0
+    url: str, runs: int, sink: list[float], ramp: float = 0.0, route: Route = CHAT
 ) -> tuple[float, int]:
     address = httpx.URL(url)
     headers = {"X-User-Id": "bench"}
@@ -99,15 +158,14 @@ async def _through_api(
 
     async def one(i: int) -> int:
         await asyncio.sleep(i * ramp / runs)  # arrivals spread over the ramp, as users come
-        body = json.dumps({"query": "go", "conversation_id": f"bench-{i % 20}"}).encode()
         return await post_and_measure(
             address.host,
             address.port,
-            "/api/v1/chat",
-            body,
+            route.path,
+            json.dumps(route.body(i)).encode(),
             sink,
             headers=headers,
-            expected_last=b"event: done",
+            expected_last=route.last,
         )
 
     start = time.perf_counter()
@@ -209,18 +267,27 @@ def run(quick: bool) -> list[Figure]:
                 "SANDBOX_WORKSPACE_LLM_MODEL": "bench",
                 "SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none",
             }
+            anthropic_env = {**env, "SANDBOX_WORKSPACE_LLM_PROVIDER": "anthropic"}
             in_process: list[Phase] = []
             on_anthropic: list[Phase] = []
             on_redis: list[Phase] = []
+            # (route, provider) → that route's phase of every round
+            on_routes: dict[tuple[str, str], list[Phase]] = {}
+            redis_missing = False
             for _ in range(rounds):
                 in_process.append(_phase(env, runs, ramp))
-                on_anthropic.append(
-                    _phase({**env, "SANDBOX_WORKSPACE_LLM_PROVIDER": "anthropic"}, runs, ramp)
-                )
-                phase = _on_redis_store(env, runs, ramp, Path(tmp))
-                if phase is None:
-                    break
-                on_redis.append(phase)
+                on_anthropic.append(_phase(anthropic_env, runs, ramp))
+                phase = None if redis_missing else _on_redis_store(env, runs, ramp, Path(tmp))
+                redis_missing = phase is None
+                if phase is not None:
+                    on_redis.append(phase)
+                for provider, provider_env in (("openai", env), ("anthropic", anthropic_env)):
+                    # --quick: one API process for the three routes (a few seconds each)
+                    batches = [ROUTES] if quick else [[route] for route in ROUTES]
+                    for batch in batches:
+                        measured = _phases(provider_env, runs, ramp, batch)
+                        for route, phase in zip(batch, measured, strict=True):
+                            on_routes.setdefault((route.path, provider), []).append(phase)
         finally:
             os.killpg(llm.pid, signal.SIGTERM)
             llm.wait(timeout=10)
@@ -245,6 +312,19 @@ def run(quick: bool) -> list[Figure]:
         ),
         *redis_figures,
         _anthropic_figure(on_anthropic, in_process, direct_messages, runs, tokens),
+        *(
+            _route_figure(
+                route.path,
+                provider,
+                on_routes[(route.path, provider)],
+                in_process if provider == "openai" else on_anthropic,
+                direct if provider == "openai" else direct_messages,
+                runs,
+                tokens,
+            )
+            for route in ROUTES
+            for provider in ("openai", "anthropic")
+        ),
     ]
     # Quick mode (the test command's) never overwrites the full run's committed figures.
     RESULTS.mkdir(exist_ok=True)
@@ -273,24 +353,37 @@ class Phase:
 
 
 def _phase(env: dict, runs: int, ramp: float, store_pid: int | None = None) -> Phase:
-    samples: list[float] = []
+    return _phases(env, runs, ramp, [CHAT], store_pid)[0]
+
+
+def _phases(
+    env: dict, runs: int, ramp: float, routes: list[Route], store_pid: int | None = None
+) -> list[Phase]:
+    """The load through each route in turn, one API process for them all (the full run
+    gives every route a fresh one; --quick shares one to stay short)."""
+    phases = []
     with dev_server(**env) as server, _no_collector_pauses():
-        before = httpx.get(server.url + "/metrics").text
-        cpu = cpu_seconds(server.pid)
-        store_cpu = cpu_seconds(store_pid) if store_pid else 0.0
-        seconds, events = _measure(_through_api(server.url, runs, samples, ramp))
-        api_cpu_us = (cpu_seconds(server.pid) - cpu) / events * 1e6
-        store_cpu_us = (cpu_seconds(store_pid) - store_cpu) / events * 1e6 if store_pid else 0.0
-        metrics = httpx.get(server.url + "/metrics").text
-    return Phase(
-        samples,
-        seconds,
-        events,
-        api_cpu_us,
-        _gc_pauses(metrics, before),
-        store_cpu_us,
-        _store_flushes(metrics) if store_pid else None,
-    )
+        for route in routes:
+            samples: list[float] = []
+            before = httpx.get(server.url + "/metrics").text
+            cpu = cpu_seconds(server.pid)
+            store_cpu = cpu_seconds(store_pid) if store_pid else 0.0
+            seconds, events = _measure(_through_api(server.url, runs, samples, ramp, route))
+            api_cpu_us = (cpu_seconds(server.pid) - cpu) / events * 1e6
+            store_cpu_us = (cpu_seconds(store_pid) - store_cpu) / events * 1e6 if store_pid else 0.0
+            metrics = httpx.get(server.url + "/metrics").text
+            phases.append(
+                Phase(
+                    samples,
+                    seconds,
+                    events,
+                    api_cpu_us,
+                    _gc_pauses(metrics, before),
+                    store_cpu_us,
+                    _store_flushes(metrics) if store_pid else None,
+                )
+            )
+    return phases
 
 
 def _on_redis_store(env: dict, runs: int, ramp: float, tmp: Path) -> Phase | None:
@@ -310,6 +403,17 @@ def _on_redis_store(env: dict, runs: int, ramp: float, tmp: Path) -> Phase | Non
         store.stop()
 
 
+def _compared(samples: list[float], direct: list[float], baseline: list[float], name: str):
+    """p50 and p99 added over the direct stream; ``name``'s (the same rounds' phases the
+    figure is held against) and how far from them."""
+    figures = {}
+    for q in (50, 99):
+        figures[f"added_p{q}_ms"] = round(percentile(samples, q) - percentile(direct, q), 3)
+        figures[f"{name}_p{q}_ms"] = round(percentile(baseline, q), 3)
+        figures[f"vs_{name}_p{q}_ms"] = round(percentile(samples, q) - percentile(baseline, q), 3)
+    return figures
+
+
 def _anthropic_figure(
     phases: list[Phase], openai: list[Phase], direct: list[float], runs: int, tokens: int
 ) -> Figure:
@@ -327,12 +431,7 @@ def _anthropic_figure(
         direct,
         goal="p99 added < 5 ms, as the OpenAI-compatible provider",
         events_per_second=round(phases[0].events / phases[0].seconds),
-        added_p50_ms=round(percentile(samples, 50) - percentile(direct, 50), 3),
-        added_p99_ms=round(percentile(samples, 99) - percentile(direct, 99), 3),
-        openai_p50_ms=round(percentile(baseline, 50), 3),
-        openai_p99_ms=round(percentile(baseline, 99), 3),
-        vs_openai_p50_ms=round(percentile(samples, 50) - percentile(baseline, 50), 3),
-        vs_openai_p99_ms=round(percentile(samples, 99) - percentile(baseline, 99), 3),
+        **_compared(samples, direct, baseline, "openai"),
         api_cpu_us_per_event=round(statistics.mean(p.api_cpu_us for p in phases), 1),
         openai_api_cpu_us_per_event=round(statistics.mean(p.api_cpu_us for p in openai), 1),
         api_gc_pauses=phases[0].gc_pauses,
@@ -364,4 +463,44 @@ def _redis_figure(on_redis: list[Phase], in_process: list[Phase], runs: int, tok
         added_p50_ms=statistics.median(r["added_p50_ms"] for r in per_round),
         added_p99_ms=statistics.median(r["added_p99_ms"] for r in per_round),
         rounds=per_round,
+    )
+
+
+def _route_figure(
+    path: str,
+    provider: str,
+    phases: list[Phase],
+    chat: list[Phase],
+    direct: list[float],
+    runs: int,
+    tokens: int,
+) -> Figure:
+    """One route on one provider (every round pooled) against that provider's stream
+    read directly and — "no regression on /chat" — against /chat's phases of the same
+    rounds on the same provider (each round's difference listed too)."""
+    samples = [x for p in phases for x in p.samples]
+    baseline = [x for p in chat for x in p.samples]
+    label = "Anthropic Messages" if provider == "anthropic" else "OpenAI-compatible"
+    return Figure.of(
+        f"chat via {path} ({label} provider): token → SSE event latency, "
+        f"{runs} runs × {tokens} tokens",
+        "ms",
+        samples,
+        f"same model's {label} stream read directly",
+        direct,
+        goal="p99 added < 5 ms, no regression on /api/v1/chat",
+        route=path,
+        provider=provider,
+        events_per_second=round(phases[0].events / phases[0].seconds),
+        **_compared(samples, direct, baseline, "chat"),
+        vs_chat_rounds=[
+            {
+                "p50_ms": round(percentile(r.samples, 50) - percentile(c.samples, 50), 3),
+                "p99_ms": round(percentile(r.samples, 99) - percentile(c.samples, 99), 3),
+            }
+            for r, c in zip(phases, chat, strict=False)
+        ],
+        api_cpu_us_per_event=round(statistics.mean(p.api_cpu_us for p in phases), 1),
+        chat_api_cpu_us_per_event=round(statistics.mean(p.api_cpu_us for p in chat), 1),
+        api_gc_pauses=phases[0].gc_pauses,
     )

@@ -9,8 +9,10 @@ the path through the API.
 
 Contract: ``post_and_measure`` returns once the response is complete (the terminating
 zero-length chunk), with every stamp it saw appended to ``sink`` as milliseconds of
-latency and the number of SSE ``event:`` frames counted; a non-200 status, a connection
-closed early or a response whose end lacks ``expected_last`` raises ``RuntimeError``.
+latency and the number of SSE frames carrying ``data:`` counted (the named events of
+``/chat`` and ``/agents``, the unnamed ones of the AI SDK and AG-UI streams alike); a
+non-200 status, a connection closed early or a response whose last frame does not begin
+with ``expected_last`` (within its first 200 bytes) raises ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -54,11 +56,14 @@ class _Measure(asyncio.Protocol):
         frames_end = self.body.rfind(b"\n\n")
         if frames_end >= 0:
             frames, self.body = self.body[: frames_end + 2], self.body[frames_end + 2 :]
-            self.events += frames.count(b"event: ")
+            self.events += frames.count(b"data: ")
             for stamps in _STAMPS.findall(frames):
                 for stamp in stamps.split(b";")[:-1]:
                     self.sink.append((now - int(stamp)) / 1e6)
-            self.tail = frames[-200:]
+            # The last frame's head: a terminal frame can be long (AG-UI's RUN_FINISHED
+            # carries the whole answer), its type comes first.
+            start = frames.rfind(b"\n\n", 0, len(frames) - 2)
+            self.tail = frames[start + 2 if start >= 0 else 0 :][:200]
         if finished and not self.done.done():
             self.done.set_result(None)
 

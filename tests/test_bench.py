@@ -31,6 +31,14 @@ def test_bench_runs_in_quick_mode():
     assert any("execute python" in n for n in names)
     assert any(n.startswith("upload") for n in names)
     assert all(f["p50"] > 0 and f["baseline_p50"] > 0 for f in data["figures"])
+    # Every chat route under the same load, on both providers, beside /chat's figure.
+    chat_routes = [f["extra"] for f in data["figures"] if f["name"].startswith("chat via ")]
+    assert sorted((f["route"], f["provider"]) for f in chat_routes) == sorted(
+        (route, provider)
+        for route in ("/api/v1/ui/chat", "/api/v1/ag-ui", "/api/v1/agents")
+        for provider in ("openai", "anthropic")
+    )
+    assert all(f["n"] == f["baseline_n"] and "vs_chat_p99_ms" in f for f in chat_routes)
     # The fault trials (quick mode) count what a deletion under faults left behind.
     faults = ROOT / "bench" / "results" / "faults-quick.json"
     if "faults: skipped" not in result.stdout:
