@@ -27,7 +27,7 @@ from .chat.llm import LlmClient, LlmConfig
 from .chat.openai_chat import OpenAiClient
 from .chat.policy import allowed_policies
 from .chat.runs import RunRegistry
-from .chat.runstore import build_store
+from .chat.runstore.factory import build_store
 from .chat.tools import TOOL_NAMES
 from .deps import Services
 from .identity import Authenticator, StreamTokens

@@ -77,3 +77,118 @@ def test_api_uses_only_the_operators_crd_contract():
         for path, names in imported_modules("api").items()
     }
     assert {p: n for p, n in offending.items() if n} == {}
+
+
+# ---- no import cycles ------------------------------------------------------------------
+# The packages as they are installed (pyproject's package-dir): folder → import name.
+PACKAGES = {
+    "sandbox_workspace": "sandbox_workspace",
+    "api": "sandbox_workspace.api",
+    "operator": "sandbox_workspace.operator",
+    "runtime": "sandbox_workspace.runtime",
+}
+
+
+def module_files() -> dict[str, Path]:
+    modules: dict[str, Path] = {}
+    for folder, package in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join((package, *parts))] = path
+    return modules
+
+
+def import_targets(module: str, path: Path, node: ast.AST, modules: dict) -> set[str]:
+    """The project modules one import statement loads (``from . import x`` loads x)."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names} & modules.keys()
+    assert isinstance(node, ast.ImportFrom)
+    base = node.module or ""
+    if node.level:
+        package = module.split(".")
+        if path.name != "__init__.py":
+            package = package[:-1]
+        package = package[: len(package) - (node.level - 1)]
+        base = ".".join([*package, base] if base else package)
+    named = {f"{base}.{alias.name}" for alias in node.names}
+    submodules = named & modules.keys()
+    # A name that is not a submodule is an attribute: the package itself is loaded for it.
+    package = {base} & modules.keys() if named - submodules else set()
+    return submodules | package
+
+
+def is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every import counts, the lazy ones inside functions too (a cycle broken only by a
+    late import is still two modules that cannot be understood apart); imports under
+    ``if TYPE_CHECKING:`` do not, they never run."""
+    modules = module_files()
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets: set[str] = set()
+        pending = list(ast.parse(path.read_text()).body)
+        while pending:  # iteratively: no recursion limit on deep trees
+            node = pending.pop()
+            if is_type_checking(node):
+                continue
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                targets |= import_targets(module, path, node, modules)
+            pending.extend(ast.iter_child_nodes(node))
+        graph[module] = targets - {module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        work = [(start, iter(sorted(graph[start])))]
+        while work:
+            node, successors = work[-1]
+            for successor in successors:
+                if successor not in index:
+                    index[successor] = low[successor] = len(index)
+                    stack.append(successor)
+                    on_stack.add(successor)
+                    work.append((successor, iter(sorted(graph[successor]))))
+                    break
+                if successor in on_stack:
+                    low[node] = min(low[node], index[successor])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_lazy_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []

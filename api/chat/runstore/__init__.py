@@ -29,7 +29,8 @@ this process holds (a ``Run``) or one ``lookup`` returned — same answers on ev
 
 Two implementations: ``memory.MemoryRunStore`` (the embedded default: nothing leaves the
 process, no added latency) and ``redis_store.RedisRunStore`` (Valkey / Redis >= 7 streams;
-several API replicas, runs survive a restart). ``build_store(settings)`` picks one.
+several API replicas, runs survive a restart). ``factory.build_store(settings)`` picks one
+(the package itself imports neither, so each can import the interface from here).
 """
 
 from __future__ import annotations
@@ -89,14 +90,3 @@ class RunStore(ABC):
     async def set_chat_run(
         self, user_id: str, chat_id: str, entry: ChatRun, ttl: float
     ) -> None: ...
-
-
-def build_store(settings) -> RunStore:
-    """The store ``settings.chat_run_store`` names."""
-    if settings.chat_run_store == "redis":
-        from .redis_store import RedisRunStore
-
-        return RedisRunStore.from_settings(settings)
-    from .memory import MemoryRunStore
-
-    return MemoryRunStore()
