@@ -231,7 +231,8 @@ class ExecutionLimits(CamelModel):
         description="Bytes a conversation may hold (its directory plus its scratch "
         "space), enforced while code runs: an execution that grows it past this is "
         "killed (conversation_quota_exceeded; overshoot at most what the code writes in "
-        "0.5 s). At least 1Mi.",
+        "0.5 s); an upload that would take it past this is refused (413, nothing "
+        "written). At least 1Mi.",
     )
 
     @field_validator("memory", "file_size", "conversation_size")

@@ -45,7 +45,7 @@ from .schemas import (
     UploadResult,
 )
 from .settings import RuntimeSettings
-from .uploads import ConversationLocks, UploadLimits, receive_upload
+from .uploads import ConversationLocks, ConversationQuota, UploadLimits, receive_upload
 from .workspace import Workspace
 
 _READ_CHUNK = 1024 * 1024
@@ -64,6 +64,16 @@ class RuntimeState:
             max_file_count=settings.max_file_count,
             allowed_types=tuple(settings.allowed_file_types),
         )
+        limits = settings.limits()
+        # Uploads count against the quota code is held to: the same directories.
+        self.quota = (
+            ConversationQuota(
+                limits.conversation_size,
+                lambda cid: [self.workspace.real_path(cid), self.executor.scratch(cid)],
+            )
+            if limits
+            else None
+        )
         self.locks = ConversationLocks()
         self.deletions = ConversationLocks()
         self.activity = Activity()
@@ -73,7 +83,7 @@ class RuntimeState:
             output_cap=settings.output_cap_bytes,
             max_concurrent=settings.max_concurrent_executions,
             kernel_idle_seconds=settings.kernel_idle_seconds,
-            limits=settings.limits(),
+            limits=limits,
             session_memory=settings.session_memory,
             confinement=Confinement(
                 max_processes=settings.max_processes,
@@ -186,6 +196,7 @@ async def upload(
             state.locks,
             conversation_id=conversation_id,
             subdir=subdir,
+            quota=state.quota,
         )
 
 

@@ -27,6 +27,11 @@ Contract:
   blocks under ``paths`` (hard links once), checked every ``DISK_SECONDS`` (longer when a
   walk is slow), and only growth past the quota kills — code can always delete to get
   back under it.
+- ``oom_kills()`` → the kernel's count of OOM kills this process can see (the
+  container's memory cgroup when mounted, else the machine's); ``killed_by_oom(status,
+  before)``: the code process died of a SIGKILL nobody in the runtime sent while that
+  count rose — the pod's memory limit (the outer wall) was hit and the kernel took code,
+  as ``oom_score_adj`` asks: ``oom`` (memory_limit_exceeded), not a crash of unknown cause.
 - ``REASONS`` maps a limit name to the result code the API answers.
 """
 
@@ -54,10 +59,18 @@ NICE = 5  # the runtime and the API answer first when code keeps every core busy
 REASONS = {
     "memory": "memory_limit_exceeded",
     "session_memory": "memory_limit_exceeded",
+    "oom": "memory_limit_exceeded",
     "cpu": "cpu_limit_exceeded",
     "file_size": "file_too_large",
     "conversation": "conversation_quota_exceeded",
 }
+# Where the kernel counts OOM kills, the container's own first: cgroup v2, cgroup v1 (runc
+# mounts the container's memory cgroup there), then the whole machine (Linux >= 4.13).
+OOM_COUNTERS = (
+    ("/sys/fs/cgroup/memory.events", b"oom_kill"),
+    ("/sys/fs/cgroup/memory/memory.oom_control", b"oom_kill"),
+    ("/proc/vmstat", b"oom_kill"),
+)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -210,7 +223,26 @@ def disk_usage(paths: list[str]) -> int:
     return total
 
 
-def _size(n: int) -> str:
+def oom_kills(counters: tuple[tuple[str, bytes], ...] = OOM_COUNTERS) -> int | None:
+    """The first readable OOM-kill counter of ``counters`` (None: none is)."""
+    for path, key in counters:
+        with contextlib.suppress(OSError, ValueError), open(path, "rb") as f:
+            for line in f:
+                name, _, value = line.partition(b" ")
+                if name == key:
+                    return int(value)
+    return None
+
+
+def killed_by_oom(status: int, before: int | None) -> bool:
+    """Whether a code process that ended with wait ``status`` was the OOM killer's pick."""
+    if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+        return False
+    after = oom_kills()
+    return before is not None and after is not None and after > before
+
+
+def size_text(n: int) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:g} {unit}"
@@ -220,20 +252,24 @@ def _size(n: int) -> str:
 def limit_error(name: str, limits: Limits | None, *, state_lost: bool) -> ExecutionError:
     """The error an execution ends with when it hit limit ``name``."""
     described = {
-        "memory": ("MemoryLimitExceeded", f"memory above {_size(limits.memory)}"),
+        "memory": ("MemoryLimitExceeded", f"memory above {size_text(limits.memory)}"),
         "cpu": ("CpuLimitExceeded", f"more than {limits.cpu_seconds} s of CPU time"),
-        "file_size": ("FileTooLarge", f"a file larger than {_size(limits.file_size)}"),
+        "file_size": ("FileTooLarge", f"a file larger than {size_text(limits.file_size)}"),
         "conversation": (
             "ConversationQuotaExceeded",
-            f"the conversation's files above {_size(limits.conversation_size)}",
+            f"the conversation's files above {size_text(limits.conversation_size)}",
         ),
     } if limits else {}  # fmt: skip
     described["session_memory"] = (
         "MemoryLimitExceeded",
         "the most memory when the session's code together went past its memory ceiling",
     )
+    described["oom"] = (
+        "MemoryLimitExceeded",
+        "memory past the sandbox's own memory limit, so the kernel's OOM killer stopped it",
+    )
     title, what = described.get(name, (f"{name.title()}LimitExceeded", "a limit"))
-    scope = "session" if name == "session_memory" else "execution"
+    scope = {"session_memory": "session", "oom": "sandbox"}.get(name, "execution")
     value = f"the execution was stopped: it used {what}, this sandbox's limit per {scope}"
     if state_lost:
         value += "; the interpreter was restarted and its state is lost"

@@ -16,7 +16,9 @@ Contract of ``run_call`` (never returns):
 - It writes one JSON line to ``report_fd``: ``{"pid": …}`` or ``{"error": …}``.
 - With ``limits`` in the request (``runtime/limits.py``) the code process gets its
   rlimits and ``oom_score_adj``, and the reaper checks the tree every tick; past a
-  limit it kills the tree and writes a second line ``{"limit": name}``.
+  limit it kills the tree and writes a second line ``{"limit": name}``; so too
+  ``{"limit": "oom"}`` when the kernel's OOM killer took the code process (the pod's
+  memory limit: ``limits.killed_by_oom``).
 - When the code process ends, or on SIGTERM (kill this call), it kills every remaining
   descendant — looping until it has no child left — and exits with the code's status
   (its exit code, or 128 + signal number).
@@ -34,7 +36,7 @@ import time
 from typing import NoReturn
 
 from . import landlock, prctl, seccomp
-from .limits import TICK_SECONDS, Limits, TreeWatch, apply_in_child
+from .limits import TICK_SECONDS, Limits, TreeWatch, apply_in_child, killed_by_oom, oom_kills
 
 _KILL_DEADLINE = 30.0
 
@@ -86,11 +88,14 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
             _report(report_fd, {"error": failure})
             return _exit_code(os.waitpid(root, 0)[1])
         _watch(request, os.getpid())  # before the report: the runtime may signal at once
+        ooms = oom_kills()
         _report(report_fd, {"pid": root}, close=False)
         while True:
             child, status = os.waitpid(-1, 0)
             if child == root:
                 _kill_descendants()
+                if killed_by_oom(status, ooms):
+                    _report(report_fd, {"limit": "oom"})
                 return _exit_code(status)
     except _LimitHit as hit:
         status = _kill_descendants(root)

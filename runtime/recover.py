@@ -6,23 +6,37 @@ recorded size whose bytes hash to the recorded sha256 (a restored volume gives f
 inodes): kept and re-identified, so the next start need not hash it again; the stored
 file changed in place: kept (listed as modified); anything else (missing, another file,
 a link): the record goes. Hashing happens only for records that do not match, at start.
+
+It reads the workspace through ``UploadsView`` (what ``workspace.Workspace`` provides),
+so this module does not import ``workspace``, which calls it: no import cycle.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from . import pathsafe
-
-if TYPE_CHECKING:
-    from .workspace import Workspace
+from .metastore import MetaStore, UploadMeta
 
 _CHUNK = 1024 * 1024
 
 
-def verify_uploads(ws: Workspace) -> None:
+class UploadsView(Protocol):
+    """The part of a workspace the reconciliation reads and corrects."""
+
+    root: pathsafe.SafeRoot
+    meta: MetaStore
+
+    def current_uploads(
+        self, cid: str, *, any_file: bool = False
+    ) -> list[tuple[UploadMeta, os.stat_result | None]]: ...
+
+    def uploads_parts(self, cid: str) -> list[str]: ...
+
+
+def verify_uploads(ws: UploadsView) -> None:
     for cid in ws.meta.conversations():
         if not ws.root.exists_dir([cid]):
             ws.meta.drop(cid)
@@ -37,7 +51,7 @@ def verify_uploads(ws: Workspace) -> None:
                 ws.meta.remove(cid, meta.name)
 
 
-def _sha256(ws: Workspace, cid: str, name: str) -> str | None:
+def _sha256(ws: UploadsView, cid: str, name: str) -> str | None:
     try:
         fd = ws.root.open_file([*ws.uploads_parts(cid), name])
     except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError, PermissionError):

@@ -136,6 +136,15 @@ class UploadFiles:
             os.close(fd)
         return result
 
+    def upload_blocks(self, cid: str, name: str) -> int:
+        """Disk bytes of the upload ``name`` (0 when there is none): what replacing it frees."""
+        if self._current(cid, name) is None:
+            return 0
+        try:
+            return self.root.lstat([*self.uploads_parts(cid), name]).st_blocks * 512
+        except (pathsafe.NotFound, pathsafe.UnsafePath, NotADirectoryError, PermissionError):
+            return 0
+
     def _current(self, cid: str, name: str) -> UploadMeta | None:
         meta = self.meta.get(cid, name)
         if meta is None:

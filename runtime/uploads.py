@@ -7,6 +7,14 @@ headers name the file, the count limit before the file is moved into place. Any 
 deletes the staging file, so a refused or interrupted upload leaves nothing behind. The
 form fields ``conversation_id`` and ``subdir`` may come before or after the file (browsers
 send them in the order the frontend appended them), or as query parameters.
+
+With a ``ConversationQuota`` (the execution limit ``conversation_size``, which code is
+held to while it runs) an upload that would take its conversation past the quota is
+refused with 413 ``conversation_quota_exceeded`` and nothing is written: checked while
+the file streams in as soon as the conversation is known (a query parameter or a field
+before the file — the staged bytes are then at most one chunk past the room left), and
+again, exactly, under the conversation's lock before the rename. A file the upload
+replaces frees its room.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -22,6 +30,7 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from .errors import ApiError, BadRequest, Conflict, TooLarge, UnsupportedType
+from .limits import disk_usage, size_text
 from .schemas import UploadResult
 from .workspace import Workspace
 
@@ -48,6 +57,27 @@ class UploadLimits:
                 if ext
                 else f"file has no extension; allowed types: {allowed}"
             )
+
+
+@dataclass(frozen=True)
+class ConversationQuota:
+    """The bytes a conversation may hold, over ``paths(cid)`` (its directory and scratch
+    space: what ``limits.TreeWatch`` measures while code runs)."""
+
+    size: int
+    paths: Callable[[str], list[str]]
+
+    async def room(self, ws: Workspace, cid: str, name: str) -> int:
+        """Bytes an upload ``name`` may bring into ``cid`` (the file it replaces freed)."""
+        used = await anyio.to_thread.run_sync(disk_usage, self.paths(cid))
+        return self.size - used + ws.upload_blocks(cid, name)
+
+    def refuse(self, size: int, room: int) -> TooLarge:
+        return TooLarge(
+            f"the upload of {size} bytes would take the conversation past its quota of "
+            f"{size_text(self.size)} ({max(room, 0)} bytes left); delete files first",
+            code="conversation_quota_exceeded",
+        )
 
 
 @dataclass
@@ -88,6 +118,7 @@ class _Receiver:
         self.staged: _StagedFile | None = None
         self.file_name: str | None = None
         self.finished = False
+        self.room: int | None = None  # what the conversation's quota leaves, once known
 
     # Parser callbacks only record; the async side acts on them (writes may raise).
     def callbacks(self) -> dict:
@@ -154,6 +185,8 @@ class _Receiver:
                 raise TooLarge(
                     f"file is larger than the limit of {self.limits.max_file_size} bytes"
                 )
+            if self.room is not None and staged.size > self.room:
+                return  # refused by the caller's check: nothing more is written
             staged.digest.update(data)
             view = memoryview(data)
             while view:
@@ -193,6 +226,7 @@ async def receive_upload(
     *,
     conversation_id: str | None = None,
     subdir: str | None = None,
+    quota: ConversationQuota | None = None,
 ) -> UploadResult:
     """Stream one multipart upload into a conversation's temparea; see the module contract."""
     mime, params = parse_options_header(content_type)
@@ -212,6 +246,8 @@ async def receive_upload(
             except FormParserError as e:
                 raise BadRequest(f"malformed multipart body: {e}") from e
             receiver.handle_events()
+            if quota is not None and receiver.staged is not None:
+                await _check_room(receiver, quota, workspace, conversation_id)
         if not receiver.finished:
             raise BadRequest("multipart body ended before its closing boundary")
         staged = receiver.staged
@@ -228,6 +264,10 @@ async def receive_upload(
             # that starts while we waited for the lock still wins.
             workspace.refuse_if_deleting(cid)
             name = receiver.file_name
+            if quota is not None:
+                room = await quota.room(workspace, cid, name)
+                if staged.size > room:
+                    raise quota.refuse(staged.size, room)
             replaced = workspace.has_upload(cid, name)
             if not replaced and workspace.count_uploads(cid) >= limits.max_file_count:
                 raise Conflict(
@@ -247,6 +287,23 @@ async def receive_upload(
     except BaseException:
         receiver.discard()
         raise
+
+
+async def _check_room(
+    receiver: _Receiver, quota: ConversationQuota, ws: Workspace, from_query: str | None
+) -> None:
+    """Measure the room once the file streams and its conversation is known; refuse as
+    soon as the file outgrows it."""
+    staged = receiver.staged
+    assert staged is not None and receiver.file_name is not None
+    if receiver.room is None:
+        cid = _pick("conversation_id", receiver.fields.get("conversation_id"), from_query)
+        if cid is None:
+            return  # named after the file: checked before the rename
+        cid = ws.check_conversation_id(cid)
+        receiver.room = await quota.room(ws, cid, receiver.file_name)
+    if staged.size > receiver.room:
+        raise quota.refuse(staged.size, receiver.room)
 
 
 def _html5_unescape(name: str) -> str:

@@ -202,3 +202,58 @@ def test_code_runs_niced_and_each_conversation_has_its_own_cpu_share(lim):
     assert a[0] == b[0] == "5"
     if os.geteuid() == 0 and os.access("/sys/fs/cgroup/cpu", os.W_OK):  # cgroup v1 here
         assert "/sandbox-workspace/runtime-" in a[1] and a[1] != b[1]
+
+
+def _upload(api: httpx.Client, url: str, name: str, size: int, **where) -> httpx.Response:
+    files = {"file": (name, os.urandom(size))}
+    if "query" in where:
+        return api.post(f"{url}/files/upload", files=files, params={"conversation_id": "q"})
+    return api.post(f"{url}/files/upload", files=files, data={"conversation_id": "q"})
+
+
+def _temparea(api: httpx.Client, url: str) -> list[str]:
+    code = "import os; print(sorted(os.listdir('uploads/temparea')))"
+    return eval(run(api, url, code, cid="q")["stdout"])
+
+
+@pytest.mark.parametrize("where", [{}, {"query": True}], ids=["form-field", "query"])
+def test_an_upload_past_the_conversations_quota_is_refused(lim, where):
+    api, url = lim
+    assert _upload(api, url, "first.pkl", 5 << 20, **where).status_code == 201
+    # 5 + 5 MiB > the 8 MiB quota: refused, nothing written.
+    refused = _upload(api, url, "second.pkl", 5 << 20, **where)
+    assert refused.status_code == 413, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "conversation_quota_exceeded"
+    assert "quota of 8 MiB" in error["message"] and "delete files first" in error["message"]
+    assert _temparea(api, url) == ["first.pkl"]
+    # Replacing a file frees its room; another conversation has a quota of its own.
+    replaced = _upload(api, url, "first.pkl", 6 << 20, **where)
+    assert replaced.status_code == 201 and replaced.json()["replaced"] is True
+    other = api.post(
+        f"{url}/files/upload",
+        files={"file": ("o.pkl", os.urandom(5 << 20))},
+        data={"conversation_id": "other"},
+    )
+    assert other.status_code == 201, other.text
+
+
+def test_an_upload_naming_its_conversation_after_the_file_is_checked_before_commit(lim):
+    api, url = lim
+    assert _upload(api, url, "first.pkl", 6 << 20).status_code == 201
+    boundary = "sbw-quota-boundary"
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="late.pkl"\r\n'
+        f"Content-Type: application/octet-stream\r\n\r\n".encode()
+        + os.urandom(3 << 20)
+        + f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="conversation_id"\r\n\r\n'
+        f"q\r\n--{boundary}--\r\n".encode()
+    )
+    refused = api.post(
+        f"{url}/files/upload",
+        content=body,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert refused.status_code == 413, refused.text
+    assert refused.json()["error"]["code"] == "conversation_quota_exceeded"
+    assert _temparea(api, url) == ["first.pkl"]

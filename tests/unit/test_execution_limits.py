@@ -4,6 +4,7 @@ runtime's SANDBOX_RUNTIME_LIMIT_*, and how an execution's end is classified."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 
 from sandbox_workspace.api.settings import ApiSettings
 from sandbox_workspace.operator.models import ExecutionLimits, SandboxSessionSpec
-from sandbox_workspace.runtime.limits import Limits, classify
+from sandbox_workspace.runtime.limits import Limits, classify, killed_by_oom, oom_kills
 from sandbox_workspace.runtime.schemas import ExecutionError
 from sandbox_workspace.runtime.settings import RuntimeSettings
 
@@ -157,3 +158,34 @@ def test_code_gets_its_oom_score_as_a_non_root_child_of_a_non_dumpable_process()
     os.close(read_r)
     assert os.waitstatus_to_exitcode(status) == 0
     assert got == str(OOM_SCORE_ADJ)
+
+
+def test_the_oom_kill_count_is_read_from_the_first_counter_there(tmp_path) -> None:
+    events = tmp_path / "memory.events"
+    events.write_bytes(b"low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n")
+    counters = ((str(tmp_path / "absent"), b"oom_kill"), (str(events), b"oom_kill"))
+    assert oom_kills(counters) == 2
+    assert oom_kills(((str(tmp_path / "absent"), b"oom_kill"),)) is None
+
+
+@pytest.mark.parametrize(
+    ("how", "counted", "expected"),
+    [
+        pytest.param("sigkill", 1, True, id="sigkill-while-the-count-rose"),
+        pytest.param("sigkill", 0, False, id="sigkill-without-an-oom-kill"),
+        pytest.param("exit", 1, False, id="exited-on-its-own"),
+        pytest.param("sigterm", 1, False, id="another-signal"),
+    ],
+)
+def test_only_a_sigkill_while_oom_kills_rose_is_the_oom_killers(how, counted, expected) -> None:
+    now = oom_kills()
+    if now is None:
+        pytest.skip("no OOM-kill counter readable here")
+    pid = os.fork()
+    if pid == 0:
+        if how == "exit":
+            os._exit(0)
+        os.kill(os.getpid(), signal.SIGKILL if how == "sigkill" else signal.SIGTERM)
+    _, status = os.waitpid(pid, 0)
+    assert killed_by_oom(status, now - counted) is expected
+    assert killed_by_oom(status, None) is False
