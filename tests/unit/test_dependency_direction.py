@@ -119,14 +119,11 @@ def import_targets(module: str, path: Path, node: ast.AST, modules: dict) -> set
     return submodules | package
 
 
-def is_type_checking(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
 def import_graph() -> dict[str, set[str]]:
-    """Every import counts, the lazy ones inside functions too (a cycle broken only by a
-    late import is still two modules that cannot be understood apart); imports under
-    ``if TYPE_CHECKING:`` do not, they never run."""
+    """Every import counts: the lazy ones inside functions and those made only for type
+    checking too — a cycle broken by a late import or hidden behind ``TYPE_CHECKING`` is
+    still two modules that need each other (runtime/recover ↔ runtime/workspace was
+    one, api/chat/runs ↔ runstore another)."""
     modules = module_files()
     graph: dict[str, set[str]] = {}
     for module, path in modules.items():
@@ -134,8 +131,6 @@ def import_graph() -> dict[str, set[str]]:
         pending = list(ast.parse(path.read_text()).body)
         while pending:  # iteratively: no recursion limit on deep trees
             node = pending.pop()
-            if is_type_checking(node):
-                continue
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 targets |= import_targets(module, path, node, modules)
             pending.extend(ast.iter_child_nodes(node))

@@ -21,12 +21,12 @@ from .redis_log import decisions
 
 if TYPE_CHECKING:
     from ..run import Run
-    from .redis_store import RedisRunStore
+    from .redis_state import RedisStoreState
 
 log = logging.getLogger(__name__)
 
 
-def apply(store: RedisRunStore, run: Run, message: dict) -> None:
+def apply(store: RedisStoreState, run: Run, message: dict) -> None:
     """A decision or cancel for a run this replica owns."""
     if message["op"] == "cancel":
         if run.task is not None and not run.task.cancelling():
@@ -38,7 +38,7 @@ def apply(store: RedisRunStore, run: Run, message: dict) -> None:
         run.decide(message["call"], message["approved"], message.get("reason", ""))
 
 
-async def listen(store: RedisRunStore, pubsub) -> None:
+async def listen(store: RedisStoreState, pubsub) -> None:
     while True:  # a dropped connection: redis-py reconnects and subscribes again
         try:
             async for item in pubsub.listen():
@@ -48,7 +48,7 @@ async def listen(store: RedisRunStore, pubsub) -> None:
             await asyncio.sleep(1.0)
 
 
-def _received(store: RedisRunStore, item: dict) -> None:
+def _received(store: RedisStoreState, item: dict) -> None:
     if item["channel"].decode() == store.keys.takeover:
         store._scan_now.set()
         return
@@ -85,7 +85,7 @@ return out
 """
 
 
-async def reconcile(store: RedisRunStore) -> None:
+async def reconcile(store: RedisStoreState) -> None:
     """What pub/sub may have dropped (a reconnect) is in the metadata: cancels, and
     decisions of approvals still awaited here."""
     runs = [r for r in store.local.values() if not r.finished]

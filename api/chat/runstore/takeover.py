@@ -22,12 +22,12 @@ from ..run import Run
 from .redis_log import cancel_reason, decisions, read_log, text
 
 if TYPE_CHECKING:
-    from .redis_store import RedisRunStore
+    from .redis_state import RedisStoreState
 
 log = logging.getLogger(__name__)
 
 
-async def carry_on(store: RedisRunStore, run_id: str) -> None:
+async def carry_on(store: RedisStoreState, run_id: str) -> None:
     meta = await store.redis.hgetall(store.keys.meta(run_id))
     frames = await read_log(store.redis, store.keys, run_id)
     run = Run(
