@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .run_events import RunEvent, Translator, approval_id
+from .run_events import RunEvent, Translator, approval_id, json_string
 
 INTERRUPT_REASON = "tool_approval"
 RESPONSE_SCHEMA = {
@@ -60,6 +60,10 @@ class AgUiStream(Translator):
 
     def text_delta(self, text_id: str, delta: str) -> dict:
         return {"type": "TEXT_MESSAGE_CONTENT", "messageId": text_id, "delta": delta}
+
+    def delta_prefix(self, text_id: str) -> bytes:
+        head = b'data: {"type":"TEXT_MESSAGE_CONTENT","messageId":'
+        return head + json_string(text_id) + b',"delta":'
 
     def text_end(self, text_id: str) -> dict:
         return {"type": "TEXT_MESSAGE_END", "messageId": text_id}

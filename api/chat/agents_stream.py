@@ -69,6 +69,12 @@ class AgentsStream(Translator):
         if event.data.get("delta"):
             out.append({"type": "text", "content": event.data["delta"]})
 
+    def delta_frame(self, raw: bytes) -> bytes | None:
+        # Text here opens no part: every non-empty delta is one ``text`` event.
+        if self.ended or raw == b'""':
+            return None
+        return b'event: text\ndata: {"type":"text","content":' + raw + b"}\n\n"
+
     def _on_tool_approval(self, event: RunEvent, out: list[dict]) -> None:
         d = event.data
         out.append(

@@ -16,6 +16,11 @@ Contract:
   refuses anything else with a 400 that says what an approval id looks like.
 - ``translate`` follows a run from an event id through a translator until the translator
   says its segment ended (or the run did); an empty batch marks a quiet ``idle`` period.
+  A text delta continuing an open text part — one per token, nearly every event — takes
+  a short way: its frame is built from the delta's JSON string as the log holds it
+  (``raw_delta``, ``Translator.delta_frame``), byte for byte what parsing, translating
+  and encoding it would give (tested), at a fraction of the CPU (bench/chat.py: the other
+  routes cost ~25 µs more per event than /chat's pass-through without it).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any
 
 from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
@@ -50,6 +56,22 @@ def parse_frame(frame: bytes) -> RunEvent:
         elif line.startswith("data: "):
             data = line[6:]
     return RunEvent(event_id, kind, json.loads(data))
+
+
+_TEXT = b'\nevent: text\ndata: {"delta":'  # a text event's frame (sse.encode_event)
+
+
+def raw_delta(frame: bytes) -> bytes | None:
+    """A text event's delta as its frame holds it — a JSON string, escapes and all — or
+    None for any other event."""
+    start = frame.find(_TEXT)
+    if start < 0 or not frame.endswith(b"}\n\n"):
+        return None
+    return frame[start + len(_TEXT) : -3]
+
+
+def json_string(value: str) -> bytes:
+    return encode_basestring(value).encode()
 
 
 def encode_data(message: dict) -> bytes:
@@ -130,6 +152,17 @@ class Translator:
     def text_id(self, event: RunEvent) -> str:
         return f"text-{event.id}"
 
+    def delta_frame(self, raw: bytes) -> bytes | None:
+        """The encoded frame of a text delta (``raw``: its JSON string, ``raw_delta``)
+        continuing the open text part; None when there is none (the general way runs)."""
+        if self._text is None or self.ended or raw == b'""':
+            return None
+        return self.delta_prefix(self._text) + raw + b"}\n\n"
+
+    def delta_prefix(self, text_id: str) -> bytes:
+        """What the encoded ``text_delta`` message has before the delta's string."""
+        raise NotImplementedError
+
     def feed(self, event: RunEvent) -> list[dict]:
         if self.ended:
             return []
@@ -179,12 +212,16 @@ async def translate(
     (``api.event_stream.EventStream``: an empty batch is a keep-alive comment), then
     ``tail``."""
     async for frames in run.follow(after, idle=idle):
-        out: list[dict] = []
+        out: list[bytes] = []
         for frame in frames:
-            out.extend(translator.feed(parse_frame(frame)))
+            raw = raw_delta(frame)
+            if raw is not None and (delta := translator.delta_frame(raw)) is not None:
+                out.append(delta)
+                continue
+            out.extend(encode(m) for m in translator.feed(parse_frame(frame)))
             if translator.ended:
                 break
-        yield [encode(m) for m in out]
+        yield out
         if translator.ended:
             break
     if tail:

@@ -32,7 +32,7 @@ import mimetypes
 from collections.abc import Iterable
 from typing import Any
 
-from .run_events import RunEvent, Translator, approval_id
+from .run_events import RunEvent, Translator, approval_id, json_string
 
 HEADERS = {
     "x-vercel-ai-ui-message-stream": "v1",
@@ -80,6 +80,9 @@ class UiMessageStream(Translator):
 
     def text_delta(self, text_id: str, delta: str) -> dict:
         return {"type": "text-delta", "id": text_id, "delta": delta}
+
+    def delta_prefix(self, text_id: str) -> bytes:
+        return b'data: {"type":"text-delta","id":' + json_string(text_id) + b',"delta":'
 
     def text_end(self, text_id: str) -> dict:
         return {"type": "text-end", "id": text_id}

@@ -7,11 +7,14 @@ import json
 import pytest
 
 from sandbox_workspace.api.chat.ag_ui import AgUiStream
+from sandbox_workspace.api.chat.agents_stream import AgentsStream
+from sandbox_workspace.api.chat.agents_stream import encode as encode_agents
 from sandbox_workspace.api.chat.run_events import (
     RunEvent,
     encode_data,
     parse_approval_id,
     parse_frame,
+    raw_delta,
 )
 from sandbox_workspace.api.chat.ui_stream import UiMessageStream
 from sandbox_workspace.api.sse import encode_event
@@ -222,3 +225,34 @@ def test_approval_ids_not_issued_here_are_refused(bad):
 def test_approval_id_round_trip_keeps_colons_in_call_ids():
     assert parse_approval_id(f"{RUN}:call:1") == (RUN, "call:1")
     assert json.loads(json.dumps(parse_approval_id(f"{RUN}:c")))  # plain strings
+
+
+@pytest.mark.parametrize(
+    ("make", "encode"),
+    [
+        pytest.param(lambda: UiMessageStream(RUN, "m1"), encode_data, id="ai-sdk"),
+        pytest.param(lambda: AgUiStream("t", "r", RUN), encode_data, id="ag-ui"),
+        pytest.param(AgentsStream, encode_agents, id="agents"),
+    ],
+)
+def test_the_short_way_of_text_deltas_gives_the_same_bytes(make, encode):
+    """A delta continuing an open text part is built from the log's frame directly
+    (run_events.raw_delta / delta_frame): byte for byte the general way's output."""
+    deltas = ["plain", 'quote " and \\ back', "line\nbreak\ttab", "é ✓ 🎉", "</script>", "", "x"]
+    frames = [encode_event(1, "run_started", {"run_id": RUN})] + [
+        encode_event(i, "text", {"delta": d}) for i, d in enumerate(deltas, 2)
+    ]
+    general, short = make(), make()
+    short_way = 0
+    for frame in frames:
+        expected = [encode(m) for m in general.feed(parse_frame(frame))]
+        raw = raw_delta(frame)
+        fast = None if raw is None else short.delta_frame(raw)
+        if fast is None:
+            got = [encode(m) for m in short.feed(parse_frame(frame))]
+        else:
+            got, short_way = [fast], short_way + 1
+        assert got == expected, frame
+    # Every non-empty delta after the first (which opens the text part) went the short way.
+    assert short_way == 5 if make is not AgentsStream else short_way == 6
+    assert raw_delta(encode_event(3, "status", {"delta": "x"})) is None
