@@ -175,8 +175,10 @@ async def upload(
     state: State,
     conversation_id: Annotated[str | None, Query()] = None,
     subdir: Annotated[str | None, Query()] = None,
+    name: Annotated[str | None, Query()] = None,
 ) -> UploadResult:
-    """Stream a multipart upload (`file`, `conversation_id`, `subdir`) into temparea."""
+    """Stream a multipart upload (`file`, `conversation_id`, `subdir`) into temparea
+    (named `name` when given, else by the file part's filename)."""
     with state.activity.track():
         return await receive_upload(
             request.stream(),
@@ -186,6 +188,7 @@ async def upload(
             state.locks,
             conversation_id=conversation_id,
             subdir=subdir,
+            name=name,
         )
 
 

@@ -77,8 +77,9 @@ class ConversationLocks:
 
 
 class _Receiver:
-    def __init__(self, workspace: Workspace, limits: UploadLimits) -> None:
+    def __init__(self, workspace: Workspace, limits: UploadLimits, name: str | None) -> None:
         self.ws = workspace
+        self.name = name
         self.limits = limits
         self.events: list[tuple[str, bytes]] = []
         self.part: _Part | None = None
@@ -130,15 +131,15 @@ class _Receiver:
         try:
             part.field_name = params.get(b"name", b"").decode()
             raw_file = params.get(b"filename")
-            part.file_name = _html5_unescape(raw_file.decode()) if raw_file is not None else None
+            part.file_name = html5_unescape(raw_file.decode()) if raw_file is not None else None
         except UnicodeDecodeError as e:
             raise BadRequest("form field and file names must be UTF-8") from e
         if part.field_name == "file":
             if self.staged is not None or self.file_name is not None:
                 raise BadRequest("send one file per request in the 'file' field")
-            if not part.file_name:
+            if not part.file_name and self.name is None:
                 raise BadRequest("the 'file' field must carry a filename")
-            self.file_name = self.ws.check_file_name(part.file_name)
+            self.file_name = self.ws.check_file_name(self.name or part.file_name or "")
             self.limits.check_type(self.file_name)
             name, fd = self.ws.staging.new_file()
             self.staged = _StagedFile(name=name, fd=fd)
@@ -193,8 +194,10 @@ async def receive_upload(
     *,
     conversation_id: str | None = None,
     subdir: str | None = None,
+    name: str | None = None,
 ) -> UploadResult:
-    """Stream one multipart upload into a conversation's temparea; see the module contract."""
+    """Stream one multipart upload into a conversation's temparea; see the module contract.
+    ``name`` (when given) names the file instead of the part's filename."""
     mime, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if mime != b"multipart/form-data" or not boundary:
@@ -202,7 +205,7 @@ async def receive_upload(
             "upload must be multipart/form-data with a 'file' field",
             code="unsupported_content_type",
         )
-    receiver = _Receiver(workspace, limits)
+    receiver = _Receiver(workspace, limits, name)
     parser = MultipartParser(boundary, receiver.callbacks())
     iterator = aiter(body)
     try:
@@ -249,7 +252,7 @@ async def receive_upload(
         raise
 
 
-def _html5_unescape(name: str) -> str:
+def html5_unescape(name: str) -> str:
     # Browsers (HTML5 form encoding) and httpx send '"', CR and LF in multipart filenames
     # as %22, %0D and %0A; undo exactly that (CR/LF are then refused as control chars).
     return name.replace("%22", '"').replace("%0D", "\r").replace("%0A", "\n")
