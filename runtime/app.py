@@ -26,7 +26,7 @@ from .claim import Claimed, ClaimHeader, ClaimRequest, ClaimState
 from .confinement import Confinement
 from .errors import ApiError, Unauthorized, install_error_handlers
 from .executor import Executor
-from .outputs import list_outputs, open_output, write_output
+from .outputs import delete_output, list_outputs, open_output, write_output
 from .schemas import (
     ConversationDeleted,
     ConversationIds,
@@ -257,6 +257,14 @@ async def write_output_file(
                 request.stream(),
                 state.limits.max_file_size,
             )
+
+
+@router.delete("/conversations/{conversation_id}/outputs/{relative_path:path}", status_code=204)
+async def delete_output_file(conversation_id: str, relative_path: str, state: State) -> None:
+    """Delete one output file (the store's delete by file_id; no link followed)."""
+    with state.activity.track():
+        async with state.locks.get(state.workspace.check_conversation_id(conversation_id)):
+            delete_output(state.workspace, conversation_id, relative_path)
 
 
 @router.post("/conversations/{conversation_id}/marks")

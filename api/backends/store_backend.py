@@ -36,7 +36,6 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -295,13 +294,7 @@ class StoreBackend:
 
     async def _drop_cached(self, session: Session, cid: str, path: str) -> None:
         if session.endpoint is not None:
-            client = RuntimeClient(self.http, session.endpoint)
-            await drop_cached(client, self._workspace(session), cid, path)
-
-    def _workspace(self, session: Session) -> Path | None:
-        """The session's workspace directory when it is on this machine (local backend)."""
-        workspace = getattr(self.inner, "workspace_dir", None)
-        return None if workspace is None else Path(workspace(session.session_id))
+            await drop_cached(RuntimeClient(self.http, session.endpoint), cid, path)
 
     def _forget(self, session_id: str, cid: str | None) -> None:
         for k in [k for k in self._filled if k[0] == session_id and cid in (None, k[2])]:

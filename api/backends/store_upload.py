@@ -91,7 +91,8 @@ class _Form(FormField):
         self.field_name = b""
         self.too_long: bytes | None = None  # a field longer than the runtime takes
         self.in_file = self.file_seen = self.file_done = False
-        self.data = bytearray()
+        self.data: list[bytes] = []  # the file's bytes not yet handed on
+        self.pending = 0
         self.digest = hashlib.sha256()
         self.size = 0
 
@@ -113,9 +114,10 @@ class _Form(FormField):
 
     def _data(self, data: bytes, start: int, end: int) -> None:
         if self.in_file:
-            view = memoryview(data)[start:end]
-            self.digest.update(view)
-            self.data += view
+            piece = data[start:end]  # the chunk itself (no copy) when all of it is file
+            self.digest.update(piece)
+            self.data.append(piece)
+            self.pending += end - start
             self.size += end - start
         else:
             super()._data(data, start, end)
@@ -220,10 +222,13 @@ class TeeUpload:
             raise self.error
         if self._task is None or self._ended:
             form.data.clear()
+            form.pending = 0
             return
-        if len(form.data) >= _CHUNK or (form.data and (form.file_done or final)):
-            await self._push(bytes(form.data))
+        if form.pending >= _CHUNK or (form.data and (form.file_done or final)):
+            chunk = b"".join(form.data)
             form.data.clear()
+            form.pending = 0
+            await self._push(chunk)
         if form.file_done or final or form.invalid:
             self._ended = True
             await self._push(None)

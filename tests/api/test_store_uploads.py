@@ -147,3 +147,36 @@ def test_an_upload_the_runtime_refuses_leaves_no_object(api, store_server, seawe
     assert [(f["file_path"], f["file_size"]) for f in doc["files"]] == [
         ("uploads/temparea/late.txt", 4)
     ]
+
+
+def test_deleting_by_file_id_removes_the_cache_copy_of_an_output(api, store_server, seaweedfs):
+    """Delete by file_id reaches the sandbox's copy through the runtime (as in a pod,
+    whose disk the API cannot see): an output goes from the store and from the cache;
+    a link code planted at an output's place is removed, its target left alone."""
+    _, bucket = store_server
+    url, seed = f"/api/v1/sessions/{SID}", f"/api/v1/sessions/{SID}/workspace/outs"
+    code = (
+        "import os; os.makedirs('outputs/deep', exist_ok=True); "
+        "open('outputs/deep/r.txt','w').write('result'); open('keep.txt','w').write('k'); "
+        "os.symlink('../keep.txt', 'outputs/link.txt')"
+    )
+    r = api.post(
+        f"{url}/execute", json={"conversation_id": "outs", "language": "python", "code": code}
+    )
+    assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+    files = {f["file_path"]: f for f in api.get(seed).json()["files"]}
+    assert "outputs/deep/r.txt" in files, files
+    r = api.delete(f"{seed}/files/{files['outputs/deep/r.txt']['file_id']}")
+    assert r.status_code == 200 and r.json()["status"] == "deleted"
+    state = api.get(f"{url}/conversations/outs").json()
+    assert "deep/r.txt" not in [o["relative_path"] for o in state["outputs"]], state
+    assert not [
+        k
+        for k in objects(seaweedfs, bucket, f"workspaces/default/{SID}/outs/")
+        if k.endswith("r.txt")
+    ]
+    check = "import os; print(os.path.exists('outputs/deep/r.txt'), open('keep.txt').read())"
+    r = api.post(
+        f"{url}/execute", json={"conversation_id": "outs", "language": "python", "code": check}
+    )
+    assert r.json()["stdout"].split() == ["False", "k"], r.text
