@@ -51,26 +51,23 @@ _MAX_FIELD = 4096  # the runtime's limit of a form field
 
 
 def check_upload_path(path: str) -> str:
-    """An upload's ``path``, relative to the conversation's uploads (``notes.txt``, or
-    its workspace form ``uploads/temparea/notes.txt``); answer the file's name. Refused
+    """An upload's ``path``: where to keep the file inside the conversation's uploads —
+    one file name, since uploads are flat in v1 (``uploads/temparea/{name}``). Refused
     (400 ``invalid_path``, saying why): empty, absolute, ``..``/``.``, NUL, ``\\``, control
-    characters, a name over 255 bytes, the metadata's ``.sbw/``, and — uploads being
-    flat in v1 — any subdirectory."""
+    characters, a name over 255 bytes, the metadata's ``.sbw/``, any subdirectory."""
     try:
         parts = pathsafe.split_relative(path, what="path")
     except pathsafe.UnsafePath as e:
         raise BadRequest(str(e), code="invalid_path") from e
-    if parts[0] == RESERVED:
+    if len(parts) > 1 and parts[0] == RESERVED:
         raise BadRequest(
             f"path must not be under {RESERVED}/ (reserved for the workspace's metadata)",
             code="invalid_path",
         )
-    if parts[:2] == UPLOADS.split("/")[:2]:
-        parts = parts[2:]
     if len(parts) != 1:
         raise BadRequest(
-            "path must be one file name inside the conversation's uploads: they are flat in "
-            f"v1 ({UPLOADS}{{name}})",
+            "path must be one file name: the uploads of a conversation are flat in v1 "
+            f"(kept at {UPLOADS}{{name}})",
             code="invalid_path",
         )
     return Workspace.check_file_name(parts[0])

@@ -28,7 +28,7 @@ from ..backends.base import Session
 from ..backends.store_backend import StoreBackend
 from ..deps import CallerDep, ServicesDep
 from ..identity import Caller
-from ..names import ConversationIdPath, SessionIdPath
+from ..names import ConversationIdPath, SessionIdPath, name_schema
 from ..openapi import SESSION_ERRORS, errors
 from ..runtime_client import RuntimeClient
 from ..schemas import StoredFile, WorkspaceInfo, WorkspaceSettings
@@ -54,12 +54,11 @@ _UPLOAD_BODY = {
                 "properties": {
                     "file": {"type": "string", "format": "binary"},
                     # No "type": a form field is text whatever it looks like ("5").
-                    "path": {
-                        "description": "Where to keep the file, relative to the "
-                        "conversation's uploads: one file name (uploads are flat in v1); "
-                        "else the file's filename. Send it before `file`.",
-                        "maxLength": 255,
-                    },
+                    "path": name_schema(
+                        "Where to keep the file inside the conversation's uploads (they "
+                        "are flat in v1: one file name; without it, the file's filename; "
+                        "send it before `file`)"
+                    ),
                     "description": {
                         "description": "Free text kept with the file.",
                         "maxLength": _MAX_DESCRIPTION,

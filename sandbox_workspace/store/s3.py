@@ -14,6 +14,8 @@ named by the setting to change; afterwards every service failure is ``StoreUnava
 
 from __future__ import annotations
 
+import asyncio
+import gc
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -35,6 +37,7 @@ from .settings import ENV, S3Settings
 
 _PART = 8 * 1024 * 1024
 _CHUNK = 1024 * 1024
+_SETTLE = 0.05  # s: for the Rust runtime's last callbacks (``aclose``)
 
 
 def _info(meta: dict) -> ObjectInfo:
@@ -211,4 +214,12 @@ class S3Store:
         return sum([1 async for _ in self.list(prefix)])
 
     async def aclose(self) -> None:
-        return None
+        """Let go of the client while the event loop still runs. obstore's calls complete
+        on a Rust (tokio) thread that hands the result to the loop and then drops its
+        Python references; one still doing that when ``asyncio.run`` returns and the
+        interpreter finalises aborts the process (SIGABRT — seen in ~1 of 10 short-lived
+        processes that refused a bucket). Dropping the client and yielding a moment lets
+        those last callbacks land first; every process that opens a store closes it."""
+        self._store = None  # type: ignore[assignment]
+        gc.collect()
+        await asyncio.sleep(_SETTLE)
