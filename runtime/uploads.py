@@ -6,7 +6,9 @@ computed; the size limit is checked on every chunk, the type limit as soon as th
 headers name the file, the count limit before the file is moved into place. Any refusal
 deletes the staging file, so a refused or interrupted upload leaves nothing behind. The
 form fields ``conversation_id`` and ``subdir`` may come before or after the file (browsers
-send them in the order the frontend appended them), or as query parameters.
+send them in the order the frontend appended them), or as query parameters; so may
+``path`` (seed 003's: the file's name instead of the part's filename; ``name`` as a query
+parameter).
 """
 
 from __future__ import annotations
@@ -225,6 +227,12 @@ async def receive_upload(
             raise BadRequest("conversation_id is required (form field or query parameter)")
         cid = workspace.check_conversation_id(cid)
         workspace.check_subdir(_pick("subdir", receiver.fields.get("subdir"), subdir))
+        if (path := receiver.fields.get("path")) is not None:  # seed 003's name for it
+            named = workspace.check_file_name(path)
+            if name is not None and named != name:
+                raise BadRequest("path in the form and the name parameter disagree")
+            limits.check_type(named)
+            receiver.file_name = named
         await anyio.to_thread.run_sync(os.fsync, staged.fd)
         async with locks.get(cid):
             # Checked again in commit_upload, synchronously with the rename: a deletion

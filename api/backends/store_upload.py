@@ -19,9 +19,10 @@ Contract (``TeeUpload``):
   from the cache afterwards (write-back), as it does for every file code writes.
 - Without a conversation before the file (its field after it) no put starts (``key`` is
   None): the same write-back copies the file once the runtime has it.
-- A ``path`` field after the file (it would rename what is already written), a form
-  field too long, or a store failure while the body streams, is raised out of ``body()``
-  (kept in ``error``): the runtime sees an incomplete body and commits nothing.
+- A ``path`` field after the file (the runtime names the file by it; the bytes sent went
+  to another key) abandons the put: the write-back copies the file. A bad ``path``, a
+  form field too long, or a store failure while the body streams is raised out of
+  ``body()`` (kept in ``error``): the runtime sees an incomplete body, commits nothing.
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ class TeeUpload:
         self.error: ApiError | None = None
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE)
         self._ended = False
+        self._late_path = False  # a path field after the file: no put, the write-back copies
         self._settled: asyncio.Future[bool] | None = None
         self._task: asyncio.Task[str] | None = None
 
@@ -210,11 +212,15 @@ class TeeUpload:
             self.error = BadRequest(
                 f"form field '{name}' must be at most {_MAX_FIELD} bytes", code=code
             )
-        if self.error is None and b"path" in form.after_file:
-            self.error = BadRequest(
-                "send the form's 'path' field before 'file' (it names the file)",
-                code="invalid_form_order",
-            )
+        if b"path" in form.after_file and not self._late_path:
+            # The key is the file's name: the bytes already sent went to another one.
+            self._late_path = True
+            await self._end_put()
+        if self.error is None and self._late_path and final:
+            try:
+                check_upload_path(form.field(b"path") or "")
+            except ApiError as e:
+                self.error = e
         if self.error is not None:
             raise self.error
         if self._task is None or self._ended:
@@ -227,6 +233,10 @@ class TeeUpload:
             form.pending = 0
             await self._push(chunk)
         if form.file_done or final or form.invalid:
+            await self._end_put()
+
+    async def _end_put(self) -> None:
+        if self._task is not None and not self._ended:
             self._ended = True
             await self._push(None)
 
@@ -269,6 +279,7 @@ class TeeUpload:
             and self._ended
             and form.file_done
             and not form.invalid
+            and not self._late_path
             and result.name == self.name
             and result.size == form.size
             and result.sha256 == form.digest.hexdigest()

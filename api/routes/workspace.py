@@ -56,8 +56,7 @@ _UPLOAD_BODY = {
                     # No "type": a form field is text whatever it looks like ("5").
                     "path": name_schema(
                         "Where to keep the file inside the conversation's uploads (they "
-                        "are flat in v1: one file name; without it, the file's filename; "
-                        "send it before `file`)"
+                        "are flat in v1: one file name; without it, the file's filename)"
                     ),
                     "description": {
                         "description": "Free text kept with the file.",

@@ -98,21 +98,29 @@ def test_a_bad_path_is_refused_with_a_message(api, store_server, seaweedfs, path
     assert not [k for k in keys if "/uploads/" in k]
 
 
-def test_path_after_the_file_is_refused(api):
+def test_path_after_the_file_names_it_too(api):
+    """A form may put `path` after the file (the schema cannot order parts): the runtime
+    names the file by it, the store gets it by the write-back; a bad one is still 400."""
     boundary = "b0undary"
-    body = (
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.txt"\r\n\r\n'
-        f'x\r\n--{boundary}\r\nContent-Disposition: form-data; name="path"\r\n\r\nb.txt\r\n'
-        f"--{boundary}--\r\n"
-    ).encode()
-    r = api.post(
-        f"/api/v1/sessions/{SID}/workspace/order/files",
-        content=body,
-        headers={"content-type": f"multipart/form-data; boundary={boundary}"},
-    )
-    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_form_order", r.text
+    url = f"/api/v1/sessions/{SID}/workspace/order/files"
+    headers = {"content-type": f"multipart/form-data; boundary={boundary}"}
+
+    def form(path: str) -> bytes:
+        return (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+            f'filename="a.txt"\r\n\r\nx\r\n--{boundary}\r\nContent-Disposition: '
+            f'form-data; name="path"\r\n\r\n{path}\r\n--{boundary}--\r\n'
+        ).encode()
+
+    r = api.post(url, content=form("b.txt"), headers=headers)
+    assert r.status_code == 201, r.text
+    assert (r.json()["file_path"], r.json()["original_name"]) == ("uploads/temparea/b.txt", "b.txt")
+    got = api.get(f"{url}/{r.json()['file_id']}")
+    assert got.status_code == 200 and got.content == b"x"
+    r = api.post(url, content=form("../c.txt"), headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path", r.text
     listing = api.get(f"/api/v1/sessions/{SID}/files", params={"conversation_id": "order"})
-    assert listing.json()["files"] == []
+    assert [f["name"] for f in listing.json()["files"]] == ["b.txt"]
 
 
 def test_an_upload_the_runtime_refuses_leaves_no_object(api, store_server, seaweedfs):
