@@ -114,12 +114,15 @@ class S3Store:
             ) from e
         except obx.BaseError as e:
             text = str(e)
-            if "NoSuchBucket" in text or "404" in text:
+            # The status as obstore words it: a bare "404"/"403" would also match the
+            # endpoint's port or a request id (port 40483 once read as "no such bucket").
+            if "NoSuchBucket" in text or "status code: 404" in text:
                 raise StoreConfigError(
                     f"bucket {s.bucket!r} does not exist at {s.endpoint_url or 'AWS'}: check "
                     f"{ENV}BUCKET (the bucket must be created beforehand)"
                 ) from e
-            if any(w in text for w in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "403")):
+            refused = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "status code: 403")
+            if any(w in text for w in refused):
                 raise StoreConfigError(
                     f"the object store refused the credentials for bucket {s.bucket!r}: "
                     f"check {ENV}ACCESS_KEY_ID / {ENV}SECRET_ACCESS_KEY (or the AWS_* "

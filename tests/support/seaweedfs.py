@@ -99,37 +99,6 @@ class SeaweedFS:
         response = httpx.post(f"{self.filer}/buckets/{name}/?op=mkdir", timeout=30)
         if response.status_code >= 300:
             raise RuntimeError(f"creating bucket {name}: {response.status_code} {response.text}")
-        # The S3 gateway learns of the new directory from the filer's metadata stream, a
-        # moment later: until then it answers NoSuchBucket (even before it checks the
-        # credentials — a test of refused credentials saw that). Wait until it knows.
-        deadline = time.monotonic() + 30
-        while not self._s3_knows(name):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"bucket {name} not visible through S3 after 30 s")
-            time.sleep(0.02)
-
-    def _s3_knows(self, name: str) -> bool:
-        """A signed LIST of ``name`` finds the bucket (its own loop, on its own thread:
-        callers may be inside a running event loop)."""
-        import asyncio
-        from concurrent.futures import ThreadPoolExecutor
-
-        from sandbox_workspace.store import S3Store, StoreConfigError
-
-        async def knows() -> bool:
-            store = S3Store(self.settings(name))
-            try:
-                await store.check()
-            except StoreConfigError as e:
-                if "does not exist" in str(e):
-                    return False
-                raise
-            finally:
-                await store.aclose()
-            return True
-
-        with ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, knows()).result()
 
     def stop(self) -> None:
         if self.proc.poll() is not None:
