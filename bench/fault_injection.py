@@ -64,10 +64,12 @@ def stop_operator_first(world: Any, trial: Trial) -> None:
     world.stack.stop_operator()
 
 
-def start_agent_writers(world: Any, trial: Trial) -> None:
+def _start_execution(world: Any, trial: Trial, code: str, *paths: str) -> None:
+    """Agent code started in the background (its answer kept in ``trial.statuses``);
+    returns once every one of ``paths`` (relative to the conversation) exists."""
     client = world.client(trial.user)
     url = f"/api/v1/sessions/sb-session-{trial.user}/execute"
-    body = {"conversation_id": trial.cid, "language": "bash", "code": AGENT_WRITERS}
+    body = {"conversation_id": trial.cid, "language": "bash", "code": code}
 
     def execution() -> None:
         with contextlib.suppress(httpx.HTTPError):
@@ -75,12 +77,15 @@ def start_agent_writers(world: Any, trial: Trial) -> None:
 
     trial.threads.append(background(execution))
     deadline = time.monotonic() + 10
-    outputs = trial.directory / "outputs"
-    while not ((outputs / "fg").exists() and (outputs / "bg").exists()):
+    while not all((trial.directory / p).exists() for p in paths):
         if time.monotonic() > deadline:
-            trial.notes.append("the writers did not start within 10 s")
+            trial.notes.append(f"{', '.join(paths)} did not appear within 10 s")
             return
         time.sleep(0.005)
+
+
+def start_agent_writers(world: Any, trial: Trial) -> None:
+    _start_execution(world, trial, AGENT_WRITERS, "outputs/fg", "outputs/bg")
 
 
 # -- after the DELETE ------------------------------------------------------------------
@@ -172,21 +177,41 @@ LATE_OUTPUT = "echo late > outputs/late.txt; sleep 30"
 
 def start_late_output(world: Any, trial: Trial) -> None:
     """Code writes an output and keeps running: the output is not written back yet."""
+    _start_execution(world, trial, LATE_OUTPUT, "outputs/late.txt")
+
+
+UPLOAD_SIZE = 24 * 1024 * 1024  # three parts of a multipart put: in flight a while
+
+
+def start_upload(world: Any, trial: Trial) -> None:
+    """An upload streams to the cache and the store at once (its answer kept)."""
     client = world.client(trial.user)
-    url = f"/api/v1/sessions/sb-session-{trial.user}/execute"
-    body = {"conversation_id": trial.cid, "language": "bash", "code": LATE_OUTPUT}
+    url = f"/api/v1/sessions/sb-session-{trial.user}/files/upload"
 
-    def execution() -> None:
+    def upload() -> None:
         with contextlib.suppress(httpx.HTTPError):
-            trial.statuses.append(client.post(url, json=body).status_code)
+            r = client.post(
+                url,
+                data={"conversation_id": trial.cid},
+                files={"file": ("in-flight.csv", b"x" * UPLOAD_SIZE)},
+            )
+            trial.statuses.append(r.status_code)
 
-    trial.threads.append(background(execution))
-    deadline = time.monotonic() + 10
-    while not (trial.directory / "outputs" / "late.txt").exists():
-        if time.monotonic() > deadline:
-            trial.notes.append("the late output did not appear within 10 s")
-            return
-        time.sleep(0.005)
+    trial.threads.append(background(upload))
+    time.sleep(world.rng.uniform(0.0, 0.3))  # somewhere in the body, or past it
+
+
+def kill_api(world: Any, trial: Trial) -> None:
+    """SIGKILL the API (an upload between its store write and its cache write, the
+    DELETE in its hands), then start it again; clients follow it to its new port."""
+    time.sleep(trial.delay)
+    proc = world.stack.api
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    world.stack.api = None
+    world.owner.submit(world.stack.start_api).result()
+    world.api_moved()
 
 
 def nothing(world: Any, trial: Trial) -> None:
@@ -219,4 +244,6 @@ STORE_FAULTS = [
     Fault("store: down during the delete", store_down),
     Fault("store: slow", nothing, start_store_slow),
     Fault("store: pod lost with an output not yet written back", kill_runtime, start_late_output),
+    Fault("store: API killed between the store write and the cache write", kill_api, start_upload),
+    Fault("store: operator killed mid-delete", kill_operator),
 ]

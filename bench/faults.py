@@ -24,7 +24,9 @@ strikes ``uniform(0, 0.25)`` s later (``bench.fault_injection``). Then, within a
 
 The store faults (``fault_injection.STORE_FAULTS``) run on a second namespace whose
 operator and API are in store mode ``s3`` against a real SeaweedFS: the store frozen
-during the delete, the store slow, the pod lost with an output not yet written back.
+during the delete, the store slow, the pod lost with an output not yet written back, the
+API killed (SIGKILL, started again) while an upload streams to the cache and the store
+and the DELETE is in its hands, the operator killed mid-delete.
 
 Results: ``bench/results/faults.json`` (``trials``, ``leaked_files``, ``leaked_objects``,
 ``stuck``, ``released_early``, ``faults``: one entry per fault), ``faults-quick.json`` with --quick
@@ -79,6 +81,11 @@ class World:
                 base_url=self.stack.api_url, headers={"X-User-Id": user}, timeout=120
             )
         return self._clients[user]
+
+    def api_moved(self) -> None:
+        """The API was started again (on a new port): every client follows it."""
+        for client in self._clients.values():
+            client.base_url = httpx.URL(self.stack.api_url)
 
     def close(self) -> None:
         for client in self._clients.values():
@@ -240,6 +247,9 @@ def _heal(world: World) -> None:
     """Whatever a trial left broken is mended before the next one."""
     if world.stack.operator is None or world.stack.operator.poll() is not None:
         world.stack.start_operator()
+    if world.stack.api is None or world.stack.api.poll() is not None:
+        world.stack.start_api()
+        world.api_moved()
 
 
 def _summary(name: str, rows: list[dict]) -> dict:

@@ -26,7 +26,7 @@ from .claim import Claimed, ClaimHeader, ClaimRequest, ClaimState
 from .confinement import Confinement
 from .errors import ApiError, Unauthorized, install_error_handlers
 from .executor import Executor
-from .outputs import list_outputs, open_output, write_output
+from .outputs import delete_output, list_outputs, open_output, write_output
 from .schemas import (
     ConversationDeleted,
     ConversationIds,
@@ -185,8 +185,10 @@ async def upload(
     state: State,
     conversation_id: Annotated[str | None, Query()] = None,
     subdir: Annotated[str | None, Query()] = None,
+    name: Annotated[str | None, Query()] = None,
 ) -> UploadResult:
-    """Stream a multipart upload (`file`, `conversation_id`, `subdir`) into temparea."""
+    """Stream a multipart upload (`file`, `conversation_id`, `subdir`) into temparea
+    (named `name` when given, else by the file part's filename)."""
     with state.activity.track():
         return await receive_upload(
             request.stream(),
@@ -197,6 +199,7 @@ async def upload(
             conversation_id=conversation_id,
             subdir=subdir,
             quota=state.quota,
+            name=name,
         )
 
 
@@ -265,6 +268,14 @@ async def write_output_file(
                 request.stream(),
                 state.limits.max_file_size,
             )
+
+
+@router.delete("/conversations/{conversation_id}/outputs/{relative_path:path}", status_code=204)
+async def delete_output_file(conversation_id: str, relative_path: str, state: State) -> None:
+    """Delete one output file (the store's delete by file_id; no link followed)."""
+    with state.activity.track():
+        async with state.locks.get(state.workspace.check_conversation_id(conversation_id)):
+            delete_output(state.workspace, conversation_id, relative_path)
 
 
 @router.post("/conversations/{conversation_id}/marks")

@@ -259,6 +259,9 @@ class RuntimeClient:
         r = await self._request("PUT", self._conversation(cid, "outputs", *parts), content=body)
         return _parse(OutputFile, r)
 
+    async def delete_output(self, cid: str, parts: list[str]) -> None:
+        await self._request("DELETE", self._conversation(cid, "outputs", *parts))
+
     async def list_outputs(self, cid: str) -> OutputList:
         r = await self._request("GET", self._conversation(cid, "outputs"))
         return _parse(OutputList, r)

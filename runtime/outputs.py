@@ -9,7 +9,9 @@ offers them for download. ``write_output`` puts a file back at its path (the sto
 fill of a new pod): the same checks, at most ``MAX_OUTPUT_DEPTH`` components and
 ``MAX_OUTPUT_PATH_BYTES``, the file size limit of uploads; bytes land in staging and are
 renamed in whole beneath directory descriptors (a symlink on the way is refused, one at
-the final name is replaced, never followed).
+the final name is replaced, never followed). ``delete_output`` removes one (the store's
+delete by file_id reaching the sandbox's cache copy): the same checks, the entry
+unlinked beneath its directory's descriptor, a missing one is ``NotFoundError``.
 """
 
 from __future__ import annotations
@@ -143,3 +145,18 @@ async def write_output(
         modified_at=datetime.fromtimestamp(st.st_mtime, UTC),
         mime_type=guess_mime(parts[-1]),
     )
+
+
+def delete_output(ws: Workspace, conversation_id: str, relative_path: str) -> None:
+    """Unlink ``outputs/{relative_path}`` (a file or a link, never followed)."""
+    cid = ws.check_conversation_id(conversation_id)
+    parts = _output_parts(relative_path)
+    try:
+        with ws.root.directory([cid, OUTPUTS, *parts[:-1]]) as dfd:
+            os.unlink(parts[-1], dir_fd=dfd)
+    except pathsafe.UnsafePath as e:
+        raise BadRequest(str(e), code="invalid_path") from e
+    except (pathsafe.NotFound, FileNotFoundError, NotADirectoryError) as e:
+        raise NotFoundError(f"no output '{relative_path}'") from e
+    except IsADirectoryError as e:
+        raise Conflict(f"output '{relative_path}' is a directory", code="path_conflict") from e

@@ -6,7 +6,9 @@ computed; the size limit is checked on every chunk, the type limit as soon as th
 headers name the file, the count limit before the file is moved into place. Any refusal
 deletes the staging file, so a refused or interrupted upload leaves nothing behind. The
 form fields ``conversation_id`` and ``subdir`` may come before or after the file (browsers
-send them in the order the frontend appended them), or as query parameters.
+send them in the order the frontend appended them), or as query parameters; so may
+``path`` (seed 003's: the file's name instead of the part's filename; ``name`` as a query
+parameter).
 
 With a ``ConversationQuota`` (the execution limit ``conversation_size``, which code is
 held to while it runs) an upload that would take its conversation past the quota is
@@ -107,8 +109,9 @@ class ConversationLocks:
 
 
 class _Receiver:
-    def __init__(self, workspace: Workspace, limits: UploadLimits) -> None:
+    def __init__(self, workspace: Workspace, limits: UploadLimits, name: str | None) -> None:
         self.ws = workspace
+        self.name = name
         self.limits = limits
         self.events: list[tuple[str, bytes]] = []
         self.part: _Part | None = None
@@ -161,15 +164,15 @@ class _Receiver:
         try:
             part.field_name = params.get(b"name", b"").decode()
             raw_file = params.get(b"filename")
-            part.file_name = _html5_unescape(raw_file.decode()) if raw_file is not None else None
+            part.file_name = html5_unescape(raw_file.decode()) if raw_file is not None else None
         except UnicodeDecodeError as e:
             raise BadRequest("form field and file names must be UTF-8") from e
         if part.field_name == "file":
             if self.staged is not None or self.file_name is not None:
                 raise BadRequest("send one file per request in the 'file' field")
-            if not part.file_name:
+            if not part.file_name and self.name is None:
                 raise BadRequest("the 'file' field must carry a filename")
-            self.file_name = self.ws.check_file_name(part.file_name)
+            self.file_name = self.ws.check_file_name(self.name or part.file_name or "")
             self.limits.check_type(self.file_name)
             name, fd = self.ws.staging.new_file()
             self.staged = _StagedFile(name=name, fd=fd)
@@ -227,8 +230,10 @@ async def receive_upload(
     conversation_id: str | None = None,
     subdir: str | None = None,
     quota: ConversationQuota | None = None,
+    name: str | None = None,
 ) -> UploadResult:
-    """Stream one multipart upload into a conversation's temparea; see the module contract."""
+    """Stream one multipart upload into a conversation's temparea; see the module contract.
+    ``name`` (when given) names the file instead of the part's filename."""
     mime, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if mime != b"multipart/form-data" or not boundary:
@@ -236,7 +241,7 @@ async def receive_upload(
             "upload must be multipart/form-data with a 'file' field",
             code="unsupported_content_type",
         )
-    receiver = _Receiver(workspace, limits)
+    receiver = _Receiver(workspace, limits, name)
     parser = MultipartParser(boundary, receiver.callbacks())
     iterator = aiter(body)
     try:
@@ -258,6 +263,12 @@ async def receive_upload(
             raise BadRequest("conversation_id is required (form field or query parameter)")
         cid = workspace.check_conversation_id(cid)
         workspace.check_subdir(_pick("subdir", receiver.fields.get("subdir"), subdir))
+        if (path := receiver.fields.get("path")) is not None:  # seed 003's name for it
+            named = workspace.check_file_name(path)
+            if name is not None and named != name:
+                raise BadRequest("path in the form and the name parameter disagree")
+            limits.check_type(named)
+            receiver.file_name = named
         await anyio.to_thread.run_sync(os.fsync, staged.fd)
         async with locks.get(cid):
             # Checked again in commit_upload, synchronously with the rename: a deletion
@@ -306,7 +317,7 @@ async def _check_room(
         raise quota.refuse(staged.size, receiver.room)
 
 
-def _html5_unescape(name: str) -> str:
+def html5_unescape(name: str) -> str:
     # Browsers (HTML5 form encoding) and httpx send '"', CR and LF in multipart filenames
     # as %22, %0D and %0A; undo exactly that (CR/LF are then refused as control chars).
     return name.replace("%22", '"').replace("%0D", "\r").replace("%0A", "\n")

@@ -83,15 +83,18 @@ def _cmd_api(args: argparse.Namespace, *, dev: bool = False) -> int:
 
         from .store import S3Store, StoreConfigError
 
+        async def check() -> None:
+            store = S3Store(settings.s3)
+            try:
+                await store.check()
+            finally:
+                await store.aclose()  # before the loop closes: see S3Store.aclose
+
         try:
-            asyncio.run(S3Store(settings.s3).check())
+            asyncio.run(check())
         except StoreConfigError as e:
             print(f"sandbox-workspace: {e}", file=sys.stderr, flush=True)
-            # Straight out: the S3 client's Rust runtime may still hold a callback into the
-            # closed event loop, and finalising the interpreter then aborts (SIGABRT seen
-            # once in ~20 refusals) instead of exiting 2. Nothing else was started.
-            sys.stdout.flush()
-            os._exit(2)
+            return 2
     logs.configure(settings.log_level, "text" if dev else None)
     app = create_app(settings)
     if dev:

@@ -35,20 +35,23 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import httpx
 
 from sandbox_workspace.runtime.client import RuntimeRefused
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError
+from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.store import Download, ObjectStore
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
 from sandbox_workspace.store.metadata import FileRecord, Metadata, Written, now
 
 from ..runtime_client import RuntimeClient
+from ..upload_guard import GuardedBody
 from .base import Backend, Session
 from .store_cache import OUTPUTS, UPLOADS, Hashing, drop_cached, fill_upload
+from .store_upload import TeeUpload
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +169,61 @@ class StoreBackend:
         self._forget(session_id, None)
         return existed
 
+    # -- uploads: one pass to the cache and the store ------------------------------------
+
+    async def upload(
+        self,
+        session: Session,
+        source: AsyncIterator[bytes],
+        content_type: str,
+        params: dict[str, str],
+        conversation_id: str | None,
+    ) -> tuple[UploadResult, FileRecord]:
+        """Stream one multipart upload to the sandbox's cache and to the store at once
+        (``store_upload.TeeUpload``); answer the runtime's result and the file's record.
+        The last chunk waits until the conversation is open (``GuardedBody``); the object
+        is completed only after the runtime committed the file and the conversation is
+        still tracked, and recorded (with the form's ``description``) after that."""
+        scope = self.scope(session)
+        tee = TeeUpload(
+            self.store,
+            lambda cid, name: self.layout.file(scope, cid, UPLOADS + name),
+            source,
+            content_type,
+            conversation_id,
+        )
+        guarded = GuardedBody(
+            tee.body(), content_type, conversation_id, partial(self.conversation_opened, session)
+        )
+        try:
+            params = {**params, **await tee.open()}
+            client = RuntimeClient(self.http, session.endpoint)
+            result = await client.upload(aiter(guarded), content_type, params)
+            cid = result.conversation_id
+            await self.inner.conversation_written(session, cid)
+        except BaseException:
+            await asyncio.shield(tee.settle(None))
+            if (error := guarded.error or tee.error) is not None:
+                raise error from None
+            raise
+        description = tee.description()
+        async with self._lock(session, cid):
+            etag = await tee.settle(result)
+            if etag is not None:
+                path, mime = UPLOADS + result.name, result.mime_type
+                written = Written(path, result.size, tee.digest, mime, etag)
+                record = await self.meta.record_write(
+                    scope,
+                    cid,
+                    written,
+                    uploaded=True,
+                    original_name=tee.original_name(),
+                    description=description,
+                )
+                return result, record
+        # No object (the form was not teed): copied from the cache, as code's files are.
+        return result, await self.record_upload(session, cid, result.name, description)
+
     # -- seed 003's file operations --------------------------------------------------------
 
     async def record_upload(
@@ -236,13 +294,7 @@ class StoreBackend:
 
     async def _drop_cached(self, session: Session, cid: str, path: str) -> None:
         if session.endpoint is not None:
-            client = RuntimeClient(self.http, session.endpoint)
-            await drop_cached(client, self._workspace(session), cid, path)
-
-    def _workspace(self, session: Session) -> Path | None:
-        """The session's workspace directory when it is on this machine (local backend)."""
-        workspace = getattr(self.inner, "workspace_dir", None)
-        return None if workspace is None else Path(workspace(session.session_id))
+            await drop_cached(RuntimeClient(self.http, session.endpoint), cid, path)
 
     def _forget(self, session_id: str, cid: str | None) -> None:
         for k in [k for k in self._filled if k[0] == session_id and cid in (None, k[2])]:

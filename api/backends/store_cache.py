@@ -8,15 +8,11 @@ through its output route (``RuntimeClient.put_output``).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 import secrets
 from collections.abc import AsyncIterable, AsyncIterator
-from pathlib import Path
 
 from sandbox_workspace.runtime.client import RuntimeRefused
-from sandbox_workspace.runtime.pathsafe import SafeRoot
 from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
 
 from ..runtime_client import RuntimeClient
@@ -65,27 +61,14 @@ async def fill_upload(
     )
 
 
-async def drop_cached(
-    client: RuntimeClient, workspace: Path | None, cid: str, file_path: str
-) -> None:
-    """Remove a file's cache copy (an upload through the runtime, an output from the
-    workspace directory when it is on this machine); a missing one is fine."""
-    if file_path.startswith(UPLOADS):
-        try:
-            await client.delete_upload(cid, file_path[len(UPLOADS) :])
-        except RuntimeRefused as e:
-            if e.status != 404:
-                raise
-        return
-    if workspace is None:
-        return
-    *dirs, name = [cid, *file_path.split("/")]
-    root = SafeRoot(workspace)
+async def drop_cached(client: RuntimeClient, cid: str, file_path: str) -> None:
+    """Remove a file's cache copy through the runtime (an upload, or an output — on any
+    backend: a pod's cache is reached over HTTP too); a missing one is fine."""
     try:
-        with (
-            contextlib.suppress(FileNotFoundError, NotADirectoryError),
-            root.directory(dirs) as dfd,
-        ):
-            os.unlink(name, dir_fd=dfd)
-    finally:
-        root.close()
+        if file_path.startswith(UPLOADS):
+            await client.delete_upload(cid, file_path[len(UPLOADS) :])
+        elif file_path.startswith(OUTPUTS):
+            await client.delete_output(cid, file_path[len(OUTPUTS) :].split("/"))
+    except RuntimeRefused as e:
+        if e.status != 404:
+            raise

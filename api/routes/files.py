@@ -175,11 +175,12 @@ async def upload_file(
         given = Workspace.check_conversation_id(given)
         await services.backend.conversation_opened(session, given)
     content_type = request.headers.get("content-type", "")
+    backend = services.backend
+    if isinstance(backend, StoreBackend):  # one pass to the cache and the store
+        result, _ = await backend.upload(session, request.stream(), content_type, params, given)
+        return FileUploaded(**result.model_dump(), session_id=session.session_id)
     body = GuardedBody(
-        request.stream(),
-        content_type,
-        given,
-        lambda cid: services.backend.conversation_opened(session, cid),
+        request.stream(), content_type, given, lambda cid: backend.conversation_opened(session, cid)
     )
     try:
         result = await client.upload(aiter(body), content_type, params)
@@ -187,7 +188,7 @@ async def upload_file(
         if body.error is not None:  # the guard cut the body short: say why
             raise body.error from None
         raise
-    await services.backend.conversation_written(session, result.conversation_id)
+    await backend.conversation_written(session, result.conversation_id)
     return FileUploaded(**result.model_dump(), session_id=session.session_id)
 
 

@@ -21,18 +21,17 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from sandbox_workspace.operator.naming import session_id_for
-from sandbox_workspace.runtime.errors import BadRequest, NotFoundError, TooLarge, Unavailable
+from sandbox_workspace.runtime.errors import NotFoundError, TooLarge, Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session
 from ..backends.store_backend import StoreBackend
 from ..deps import CallerDep, ServicesDep
 from ..identity import Caller
-from ..names import ConversationIdPath, SessionIdPath
+from ..names import ConversationIdPath, SessionIdPath, name_schema
 from ..openapi import SESSION_ERRORS, errors
 from ..runtime_client import RuntimeClient
 from ..schemas import StoredFile, WorkspaceInfo, WorkspaceSettings
-from ..upload_guard import FormField, GuardedBody
 
 router = APIRouter(tags=["workspace"])
 
@@ -55,6 +54,10 @@ _UPLOAD_BODY = {
                 "properties": {
                     "file": {"type": "string", "format": "binary"},
                     # No "type": a form field is text whatever it looks like ("5").
+                    "path": name_schema(
+                        "Where to keep the file inside the conversation's uploads (they "
+                        "are flat in v1: one file name; without it, the file's filename)"
+                    ),
                     "description": {
                         "description": "Free text kept with the file.",
                         "maxLength": _MAX_DESCRIPTION,
@@ -118,33 +121,8 @@ async def _upload(services, caller, session_id, cid, request: Request) -> Stored
         raise TooLarge(f"file is larger than the limit of {limit} bytes")
     await backend.conversation_opened(session, cid)  # refuses a disabled workspace
     content_type = request.headers.get("content-type", "")
-    description = FormField(content_type, b"description", _MAX_DESCRIPTION)
-
-    too_long = BadRequest(
-        f"description must be at most {_MAX_DESCRIPTION} bytes", code="invalid_description"
-    )
-
-    async def body():
-        async for chunk in request.stream():
-            description.feed(chunk)
-            if description.invalid:  # cut the body short: the runtime commits nothing
-                raise too_long
-            yield chunk
-
-    guarded = GuardedBody(
-        body(), content_type, cid, lambda c: backend.conversation_opened(session, c)
-    )
-    client = RuntimeClient(services.http, session.endpoint)
-    try:
-        result = await client.upload(aiter(guarded), content_type, {"conversation_id": cid})
-    except Exception:
-        if guarded.error is not None:
-            raise guarded.error from None
-        if description.invalid:
-            raise too_long from None
-        raise
-    await backend.inner.conversation_written(session, cid)
-    record = await backend.record_upload(session, cid, result.name, description.text())
+    params = {"conversation_id": cid}
+    _, record = await backend.upload(session, request.stream(), content_type, params, cid)
     return StoredFile.of(record)
 
 
@@ -220,7 +198,7 @@ async def upload_workspace_file(
     session_id: SessionIdPath, conversation_id: ConversationIdPath, request: Request,
     caller: CallerDep, services: ServicesDep,
 ) -> StoredFile:  # fmt: skip
-    """Upload a file (multipart `file`, `description`) to the store and the sandbox."""
+    """Upload a file (multipart `file`, `path`, `description`) to the store and the sandbox."""
     return await _upload(services, caller, session_id, conversation_id, request)
 
 
@@ -265,7 +243,7 @@ async def upload_tenant_workspace_file(
     tenant_id: TenantPath, conversation_id: ConversationIdPath, request: Request,
     caller: CallerDep, services: ServicesDep,
 ) -> StoredFile:  # fmt: skip
-    """Seed 003's upload (multipart `file`, `description`)."""
+    """Seed 003's upload (multipart `file`, `path`, `description`)."""
     _own_tenant(caller, tenant_id)
     return await _upload(services, caller, None, conversation_id, request)
 

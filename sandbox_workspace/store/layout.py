@@ -4,11 +4,13 @@
     {prefix}{scope}/{conversation_id}/.sbw/files.json      the conversation's metadata
 
 - ``prefix`` is ``SANDBOX_WORKSPACE_S3__PREFIX`` (default ``workspaces/``).
-- ``scope`` keeps two tenants' or two users' conversations of the same id apart:
-  ``{tenant}/{session_id}`` — the caller's tenant (``default`` without one) and their
-  session (``sb-session-{user_id}``), each percent-encoded (``scope_segment``) so that no
-  id can add a ``/`` or equal another id's encoding. Seed 003 has no scope because its
-  conversation ids are global; ours are chosen by callers, so two users may pick the same.
+- ``scope`` keeps two users' conversations of the same id apart: ``{tenant}/{session_id}``
+  — a tenant and the session (``sb-session-{user_id}``), each percent-encoded
+  (``scope_segment``) so that no id can add a ``/`` or equal another id's encoding. The
+  tenant is ``default`` for now: a session is one per user id whatever the tenant, so
+  the session is what isolates (docs/architecture.md, the store's limits). Seed 003 has
+  no scope because its conversation ids are global; ours are chosen by callers, so two
+  users may pick the same.
 - ``conversation_id`` is as the API checks it (no ``/``, ``\\``, control characters, no
   leading ``.``), and ``file_path`` is the file's path relative to the conversation's
   directory — the path agent code opens, e.g. ``uploads/temparea/report.pdf``.

@@ -25,6 +25,7 @@ import pytest
         ("GET", "/v1/conversations/c/uploads/a.csv"),
         ("DELETE", "/v1/conversations/c/uploads/a.csv"),
         ("PUT", "/v1/conversations/c/outputs/a/b.txt"),
+        ("DELETE", "/v1/conversations/c/outputs/a/b.txt"),
     ],
 )
 def test_every_route_but_health_needs_the_token(runtime, method, path):
@@ -308,6 +309,32 @@ def test_an_output_write_never_follows_a_link_nor_leaves_outputs(runtime, tmp_pa
     assert not (runtime.root / "w" / "uploads" / "temparea" / "x.csv").exists()
     assert not (runtime.root / "x").exists()
     assert not [p for p in (runtime.root / ".runtime" / "staging").glob("*")]
+
+
+def test_an_output_is_deleted_by_its_path_never_through_a_link(runtime, tmp_path):
+    c = runtime.client
+    c.put("/v1/conversations/d")
+    outputs = runtime.root / "d" / "outputs"
+    (outputs / "deep").mkdir()
+    (outputs / "deep" / "r.txt").write_text("r")
+    outside = tmp_path / "outside-d"
+    outside.mkdir()
+    (outside / "target").write_text("kept")
+    (outputs / "link").symlink_to(outside)
+    (outputs / "file-link").symlink_to(outside / "target")
+    for path, status in {
+        "link/target": 400,  # a directory link on the way is refused
+        "%2e%2e/uploads": 400,
+        "deep": 409,  # a directory
+        "missing.txt": 404,
+    }.items():
+        r = c.delete(f"/v1/conversations/d/outputs/{path}")
+        assert r.status_code == status, (path, r.status_code, r.text)
+    assert c.delete("/v1/conversations/d/outputs/deep/r.txt").status_code == 204
+    assert not (outputs / "deep" / "r.txt").exists()
+    assert c.delete("/v1/conversations/d/outputs/file-link").status_code == 204
+    assert not (outputs / "file-link").is_symlink()
+    assert (outside / "target").read_text() == "kept"
 
 
 def test_an_output_write_over_the_size_limit_is_refused(runtime):

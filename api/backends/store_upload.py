@@ -1,0 +1,317 @@
+"""Uploads in store mode: one pass over the request body feeds the sandbox's cache and the
+object store at once (a tee), in flat memory.
+
+Contract (``TeeUpload``):
+- ``open`` reads the body until the ``file`` part's headers, holding only what comes
+  before them (the small form fields, at most ``_MAX_PREFIX`` bytes). By then the file's
+  name is known (the ``path`` form field — checked by ``check_upload_path`` — else the
+  part's filename) and so is its conversation (given by the caller, else a
+  ``conversation_id`` field before the file): a store put of the file's key starts.
+- ``body()`` is the client's body, unchanged, for the runtime (its upload route applies
+  every limit; a ``path`` goes to it as the ``name`` parameter). On the way the file part's
+  bytes are hashed and handed, in 1 MiB chunks through a queue of ``_QUEUE`` chunks, to the
+  put: the slower side sets the pace; memory is the queue plus the put's parts in flight.
+- The put's body ends only when ``settle`` is called. With the runtime's answer, when its
+  size and SHA-256 are the ones computed here, the object is completed and its ETag
+  answered; otherwise (the runtime refused, the body failed, the digests disagree, the
+  form was not understood) the put's body raises, the multipart upload is abandoned and
+  the key keeps what it held. ``settle`` answers None then: the caller copies the file
+  from the cache afterwards (write-back), as it does for every file code writes.
+- Without a conversation before the file (its field after it) no put starts (``key`` is
+  None): the same write-back copies the file once the runtime has it.
+- A ``path`` field after the file (the runtime names the file by it; the bytes sent went
+  to another key) abandons the put: the write-back copies the file. A bad ``path``, a
+  form field too long, or a store failure while the body streams is raised out of
+  ``body()`` (kept in ``error``): the runtime sees an incomplete body, commits nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator, Callable
+
+from python_multipart.multipart import parse_options_header
+
+from sandbox_workspace.runtime import pathsafe
+from sandbox_workspace.runtime.errors import ApiError, BadRequest
+from sandbox_workspace.runtime.schemas import UploadResult
+from sandbox_workspace.runtime.uploads import html5_unescape
+from sandbox_workspace.runtime.workspace import Workspace
+from sandbox_workspace.store import ObjectStore
+from sandbox_workspace.store.layout import RESERVED
+
+from ..upload_guard import FormField
+from .store_cache import UPLOADS
+
+_CHUNK = 1024 * 1024
+_QUEUE = 4
+_MAX_PREFIX = 256 * 1024
+_MAX_FIELD = 4096  # the runtime's limit of a form field
+
+
+def check_upload_path(path: str) -> str:
+    """An upload's ``path``: where to keep the file inside the conversation's uploads —
+    one file name, since uploads are flat in v1 (``uploads/temparea/{name}``). Refused
+    (400 ``invalid_path``, saying why): empty, absolute, ``..``/``.``, NUL, ``\\``, control
+    characters, a name over 255 bytes, the metadata's ``.sbw/``, any subdirectory."""
+    try:
+        parts = pathsafe.split_relative(path, what="path")
+    except pathsafe.UnsafePath as e:
+        raise BadRequest(str(e), code="invalid_path") from e
+    if len(parts) > 1 and parts[0] == RESERVED:
+        raise BadRequest(
+            f"path must not be under {RESERVED}/ (reserved for the workspace's metadata)",
+            code="invalid_path",
+        )
+    if len(parts) != 1:
+        raise BadRequest(
+            "path must be one file name: the uploads of a conversation are flat in v1 "
+            f"(kept at {UPLOADS}{{name}})",
+            code="invalid_path",
+        )
+    return Workspace.check_file_name(parts[0])
+
+
+class _Abandoned(Exception):
+    """The put's body was told not to complete the object."""
+
+
+class _Form(FormField):
+    """Every small field of a multipart form, and the ``file`` part's bytes and digest."""
+
+    def __init__(self, content_type: str) -> None:
+        super().__init__(content_type, b"", _MAX_FIELD)
+        self.fields: dict[bytes, bytearray] = {}
+        self.after_file: set[bytes] = set()
+        self.filename: bytes | None = None
+        self.field_name = b""
+        self.too_long: bytes | None = None  # a field longer than the runtime takes
+        self.in_file = self.file_seen = self.file_done = False
+        self.data: list[bytes] = []  # the file's bytes not yet handed on
+        self.pending = 0
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def _headers_done(self) -> None:
+        _, params = parse_options_header(self._headers.get(b"content-disposition", b""))
+        name = params.get(b"name", b"")
+        self.in_file = name == b"file"
+        self._in_field = not self.in_file
+        if self.in_file:
+            if self.file_seen:
+                self.invalid = True  # the runtime refuses a second file
+            self.file_seen = True
+            self.filename = params.get(b"filename")
+        else:
+            self.field_name = name
+            self.value = self.fields[name] = bytearray()
+            if self.file_seen:
+                self.after_file.add(name)
+
+    def _data(self, data: bytes, start: int, end: int) -> None:
+        if self.in_file:
+            piece = data[start:end]  # the chunk itself (no copy) when all of it is file
+            self.digest.update(piece)
+            self.data.append(piece)
+            self.pending += end - start
+            self.size += end - start
+        else:
+            super()._data(data, start, end)
+            if self.invalid and self.too_long is None:
+                self.too_long = self.field_name
+
+    def _end(self) -> None:
+        if self.in_file:
+            self.file_done = True
+        self.in_file = False
+        super()._end()
+
+    def field(self, name: bytes) -> str | None:
+        value = self.fields.get(name)
+        try:
+            return None if value is None else value.decode()
+        except UnicodeDecodeError:
+            return None
+
+
+class TeeUpload:
+    def __init__(
+        self,
+        store: ObjectStore,
+        key_for: Callable[[str, str], str],
+        source: AsyncIterator[bytes],
+        content_type: str,
+        conversation_id: str | None,
+    ) -> None:
+        self.store = store
+        self.key_for = key_for
+        self.source = aiter(source)
+        self.form = _Form(content_type)
+        self.given = conversation_id
+        self.prefix: list[bytes] = []
+        self.key: str | None = None
+        self.name: str | None = None
+        self.error: ApiError | None = None
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE)
+        self._ended = False
+        self._late_path = False  # a path field after the file: no put, the write-back copies
+        self._settled: asyncio.Future[bool] | None = None
+        self._task: asyncio.Task[str] | None = None
+
+    # -- before the runtime request -----------------------------------------------------
+
+    async def open(self) -> dict[str, str]:
+        """Read up to the file's headers, start the put; answer the runtime's parameters."""
+        held = 0
+        while not self.form.file_seen and not self.form.invalid and held <= _MAX_PREFIX:
+            chunk = await anext(self.source, None)
+            if chunk is None:
+                break
+            self.prefix.append(chunk)
+            held += len(chunk)
+            self.form.feed(chunk)
+        params: dict[str, str] = {}
+        if (path := self.form.field(b"path")) is not None:
+            self.name = params["name"] = check_upload_path(path)
+        cid = self.given or self.form.field(b"conversation_id")
+        if self.form.file_seen and not self.form.invalid and cid is not None:
+            try:
+                cid = Workspace.check_conversation_id(cid)
+                if self.name is None:
+                    raw = (self.form.filename or b"").decode()
+                    self.name = Workspace.check_file_name(html5_unescape(raw))
+                self.key = self.key_for(cid, self.name)
+            except (ApiError, UnicodeDecodeError, ValueError):
+                self.key = None  # the runtime refuses it, with its own message
+        if self.key is not None:
+            self._settled = asyncio.get_running_loop().create_future()
+            self._task = asyncio.create_task(self.store.put(self.key, self._put_body()))
+        return params
+
+    # -- the runtime's body -------------------------------------------------------------
+
+    async def body(self) -> AsyncIterator[bytes]:
+        for chunk in self.prefix:
+            await self._forward()
+            yield chunk
+        self.prefix = []
+        async for chunk in self.source:
+            if chunk:
+                self.form.feed(chunk)
+                await self._forward()
+            yield chunk
+        await self._forward(final=True)
+
+    async def _forward(self, *, final: bool = False) -> None:
+        form = self.form
+        if self.error is None and form.too_long is not None:
+            name = form.too_long.decode(errors="replace")
+            code = "invalid_description" if name == "description" else "invalid_form_field"
+            self.error = BadRequest(
+                f"form field '{name}' must be at most {_MAX_FIELD} bytes", code=code
+            )
+        if b"path" in form.after_file and not self._late_path:
+            # The key is the file's name: the bytes already sent went to another one.
+            self._late_path = True
+            await self._end_put()
+        if self.error is None and self._late_path and final:
+            try:
+                check_upload_path(form.field(b"path") or "")
+            except ApiError as e:
+                self.error = e
+        if self.error is not None:
+            raise self.error
+        if self._task is None or self._ended:
+            form.data.clear()
+            form.pending = 0
+            return
+        if form.pending >= _CHUNK or (form.data and (form.file_done or final)):
+            chunk = b"".join(form.data)
+            form.data.clear()
+            form.pending = 0
+            await self._push(chunk)
+        if form.file_done or final or form.invalid:
+            await self._end_put()
+
+    async def _end_put(self) -> None:
+        if self._task is not None and not self._ended:
+            self._ended = True
+            await self._push(None)
+
+    async def _push(self, item: bytes | None) -> None:
+        task = self._task
+        assert task is not None
+        if task.done():
+            self._raise_store_error(task)
+        if not self._queue.full():
+            self._queue.put_nowait(item)
+            return
+        put = asyncio.ensure_future(self._queue.put(item))
+        await asyncio.wait({put, task}, return_when=asyncio.FIRST_COMPLETED)
+        if not put.done():
+            put.cancel()
+            self._raise_store_error(task)
+
+    def _raise_store_error(self, task: asyncio.Task) -> None:
+        e = task.exception() if not task.cancelled() else None
+        self.error = e if isinstance(e, ApiError) else BadRequest("upload abandoned")
+        raise self.error
+
+    # -- the store's body ---------------------------------------------------------------
+
+    async def _put_body(self) -> AsyncIterator[bytes]:
+        while (chunk := await self._queue.get()) is not None:
+            yield chunk
+        assert self._settled is not None
+        if not await self._settled:
+            raise _Abandoned()
+
+    async def settle(self, result: UploadResult | None) -> str | None:
+        """Complete the object when ``result`` is the bytes sent; answer its ETag, or None
+        when there is no object (abandoned, or never started)."""
+        if self._task is None or self._settled is None:
+            return None
+        form = self.form
+        ok = (
+            result is not None
+            and self._ended
+            and form.file_done
+            and not form.invalid
+            and not self._late_path
+            and result.name == self.name
+            and result.size == form.size
+            and result.sha256 == form.digest.hexdigest()
+        )
+        self._settled.set_result(ok)
+        if not ok:
+            self._abandon()
+        try:
+            etag = await self._task
+        except Exception:  # abandoned on purpose, or the store failed
+            if ok:
+                raise
+            return None
+        return etag if ok else None
+
+    def _abandon(self) -> None:
+        # The put may wait for chunks that will never come: end its body.
+        with contextlib.suppress(asyncio.QueueEmpty):
+            while True:
+                self._queue.get_nowait()
+        self._queue.put_nowait(None)
+
+    @property
+    def digest(self) -> str:
+        return self.form.digest.hexdigest()
+
+    def description(self) -> str | None:
+        return self.form.field(b"description")
+
+    def original_name(self) -> str | None:
+        """The file part's own filename (kept as ``original_name`` when ``path`` renames)."""
+        try:
+            return html5_unescape(self.form.filename.decode()) if self.form.filename else None
+        except UnicodeDecodeError:
+            return None
