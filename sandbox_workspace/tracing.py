@@ -13,8 +13,8 @@ Contract:
   ``OTEL_EXPORTER_OTLP_PROTOCOL`` but ``http/protobuf`` is refused at start: it would
   otherwise export nothing, silently.
 - Span names (docs/operations.md lists them): ``{METHOD} {route}`` for an API request
-  (FastAPI's own, kind server; a caller's ``traceparent`` header is its parent, and
-  ``fastapi.*`` spans below it), ``runtime {METHOD}
+  (FastAPI's own, kind server; a caller's ``traceparent`` header is its parent),
+  ``runtime {METHOD}
   {route}`` for a call to a sandbox runtime (kind client; the ``traceparent`` header goes
   with it), ``session.ensure``, ``chat.run``, ``chat.tool``, and the operator's
   ``operator.reconcile``, ``operator.workspace``, ``operator.delete_files`` and
@@ -128,10 +128,17 @@ def with_traceparent(annotations: dict[str, str], key: str) -> dict[str, str]:
 
 def fastapi_telemetry() -> dict[str, Any]:
     """FastAPI's own request spans (``FastAPI(telemetry=...)``): a server span per request
-    named ``{METHOD} {route}``, a caller's ``traceparent`` as its parent, and the spans of
-    its dependencies, endpoint and serialization — only when tracing is on. Never its
-    metrics, logs or exporters of its own (ours are Prometheus and the one exporter)."""
-    return {"tracing": enabled(), "metrics": False, "logs": False, "auto_configure": False}
+    named ``{METHOD} {route}``, a caller's ``traceparent`` as its parent — only when
+    tracing is on. Not its spans of dependencies, endpoint and serialization (three more
+    spans to build and export per request, for little), nor its metrics, logs or
+    exporters (ours are Prometheus and the one exporter)."""
+    return {
+        "tracing": enabled(),
+        "operation_spans": False,
+        "metrics": False,
+        "logs": False,
+        "auto_configure": False,
+    }
 
 
 def _status(current: Span, status: int) -> None:
