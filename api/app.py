@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from httpx_aiohttp import AiohttpTransport
 
-from sandbox_workspace import __version__
+from sandbox_workspace import __version__, tracing
 from sandbox_workspace.runtime.errors import install_error_handlers
 from sandbox_workspace.runtime.quantity import parse_bytes
 
@@ -108,6 +108,7 @@ def build_llm(settings: ApiSettings) -> LlmClient | None:
 
 def create_app(settings: ApiSettings | None = None, backend: Backend | None = None) -> FastAPI:
     settings = settings or ApiSettings()
+    tracing.configure("sandbox-workspace-api")  # only when OTEL_EXPORTER_OTLP_ENDPOINT is set
     timeout = httpx.Timeout(
         connect=5.0,
         read=settings.runtime_request_timeout_seconds,
@@ -121,7 +122,8 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     # streams go over aiohttp directly (``chat.llm.LlmClient``: per token, even httpx's layers
     # over aiohttp were the API's largest CPU share in bench/chat.py).
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
-    http = httpx.AsyncClient(timeout=timeout, transport=AiohttpTransport(limits=limits))
+    transport = tracing.transport(AiohttpTransport(limits=limits))  # traced runtime calls
+    http = httpx.AsyncClient(timeout=timeout, transport=transport)
     backend = backend or build_backend(settings, http)
     store = None
     if settings.store == "s3":  # the store becomes the files' source of truth
@@ -175,6 +177,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         lifespan=lifespan,
         generate_unique_id_function=openapi.operation_id,
         openapi_tags=openapi.TAGS,
+        telemetry=tracing.fastapi_telemetry(),  # request spans only when tracing is on
     )
     app.state.services = services
     install_error_handlers(app, default_retry_after=openapi.RETRY_AFTER_SECONDS)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 
+from sandbox_workspace import tracing
 from sandbox_workspace.operator.models import FileUploadConfig
 from sandbox_workspace.operator.naming import session_id_for
 from sandbox_workspace.runtime.errors import NotFoundError, Unavailable
@@ -68,6 +69,16 @@ class SessionService:
 
     async def ensure_running(
         self, caller: Caller, session_id: str, spec: SessionSpec | None = None
+    ) -> Session:
+        # The seed's EnsureSandboxSession span, with its attributes (seed 000 §8.3).
+        attributes = {"session_id": session_id, "user_id": caller.user_id}
+        if spec is not None:
+            attributes |= {"agent_id": spec.agent_id, "business_domain_id": spec.business_domain_id}
+        with tracing.span("session.ensure", attributes):
+            return await self._ensure_running(caller, session_id, spec)
+
+    async def _ensure_running(
+        self, caller: Caller, session_id: str, spec: SessionSpec | None
     ) -> Session:
         sid = self.own_session_id(caller, session_id)
         session = await self.backend.get_session(sid)

@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 
 from .harness import Figure
-from .operator_scale import scale
+from .operator_scale import ApiUnderTest, scale
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests" / "cluster"), str(REPO / "tests" / "support")]  # kubeenv
@@ -59,6 +59,9 @@ from kubeenv.controlplane import (  # noqa: E402
     stop_process,
 )
 from kubeenv.nodeagent import RUNTIME_LABEL  # noqa: E402
+from kubeenv.stack import Stack  # noqa: E402
+
+from sandbox_workspace.operator.models import LABEL_SESSION  # noqa: E402
 
 API = "/apis/sandboxworkspace.io/v1alpha1"
 MB = 1024 * 1024
@@ -309,15 +312,45 @@ def _scale(workdir: Path, sessions: int, quick: bool) -> list[Figure]:
         running.append(op)
         return op
 
+    def start_api(ns: str, session: str) -> ApiUnderTest:
+        """The API on ``ns``; a node agent that runs only ``session``'s pod (the others
+        stay Pending, as in the rest of the scale figures)."""
+        selector = f"{RUNTIME_LABEL},{LABEL_SESSION}={session}"
+        agent = NodeAgent(
+            plane.client, workdir / "api-node", label_selector=selector, provision_volumes=False
+        )
+        agents.append(agent.start())
+        (workdir / "api").mkdir(exist_ok=True)
+        # Its session without a claim: no volume to provision (the agent provisions none).
+        api_env = {"SANDBOX_WORKSPACE_SESSION_STORAGE__PERSISTENT": "false"}
+        stacks.append(Stack(plane.kubeconfig, ns, workdir / "api", api_env=api_env))
+        url = stacks[-1].start_api()
+        assert stacks[-1].api is not None
+        return ApiUnderTest(url, stacks[-1].api.pid)
+
     running: list[Operator] = []
+    agents: list[NodeAgent] = []
+    stacks: list[Stack] = []
     with _cluster(workdir / "scale") as (plane, _):
         try:
             figures, _ = asyncio.run(
-                scale(plane, start, lambda op: rss_bytes(op.proc.pid), sessions, quick)
+                scale(
+                    plane,
+                    start,
+                    lambda op: rss_bytes(op.proc.pid),
+                    sessions,
+                    quick,
+                    start_api,
+                    rss_bytes,
+                )
             )
         finally:
+            for stack in stacks:
+                stack.stop_api()
             for op in running:
                 op.stop()
+            for agent in agents:
+                agent.stop()
     return figures
 
 

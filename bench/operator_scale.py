@@ -19,6 +19,12 @@ all of them (no activity since it started). Each figure beside a same-run baseli
   the writes a stop takes (a status patch and a pod deletion) done by a plain client
   for the same number at once, lag from their start.
 
+- The API at the same scale: ``sandbox-workspace api`` (backend ``kubernetes``) on the
+  same namespace, one user's session really Running (a test node agent runs its pod
+  alone). Its RSS and the p50 of a small upload to that running session with N sessions
+  in the namespace, beside the same with 10 sessions (same API process, measured before
+  the namespace is populated); its CPU at rest in the operator's rest window.
+
 Writes ``bench/results/operator.json`` (``operator-quick.json`` with --quick).
 """
 
@@ -32,6 +38,7 @@ import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,6 +52,7 @@ API = "/apis/sandboxworkspace.io/v1alpha1"
 MERGE = {"Content-Type": "application/merge-patch+json"}
 CONCURRENCY = 50  # the bench's own client: enough to keep the apiserver busy
 IDLE_TIMEOUT = 20  # seconds; the idle sessions' idleTimeoutSeconds (5 with --quick)
+API_USER = "apiuser"  # the API's user: its session is the one Running (a real runtime)
 
 
 def _stamp(at: float) -> str:
@@ -305,14 +313,44 @@ async def _rest(pids: dict[str, int], seconds: float) -> dict[str, float]:
     return sampler.percent()
 
 
+@dataclass
+class ApiUnderTest:
+    """What ``start_api(namespace, session)`` gives: the API's URL and pid, its user's
+    session Running (stopped by the caller)."""
+
+    url: str
+    pid: int
+
+
+async def _uploads(url: str, user: str, count: int) -> list[float]:
+    """Milliseconds of ``count`` 1 KiB uploads into one conversation of a running session
+    (after three unmeasured ones: the session's start, the conversation's creation)."""
+    path = f"{url}/api/v1/sessions/sb-session-{user}/files/upload"
+    samples = []
+    async with httpx.AsyncClient(headers={"X-User-Id": user}, timeout=300) as api:
+        for i in range(count + 3):
+            files = {"file": (f"f{i % 5}.txt", b"x" * 1024)}
+            started = time.perf_counter()
+            r = await api.post(path, files=files, data={"conversation_id": "c"})
+            took = (time.perf_counter() - started) * 1000
+            if r.status_code != 201:
+                raise RuntimeError(f"upload through the API: {r.status_code} {r.text[:300]}")
+            if i >= 3:
+                samples.append(took)
+    return samples
+
+
 async def scale(
     plane: Any,
     start_operator: Callable[[str], Any],
     rss_of: Callable[[Any], int],
     sessions: int,
     quick: bool,
+    start_api: Callable[[str, str], ApiUnderTest] | None = None,
+    rss_bytes: Callable[[int], int] | None = None,
 ) -> tuple[list[Figure], dict]:
-    """The scale figures; ``start_operator(namespace)`` runs one (stopped by the caller)."""
+    """The scale figures; ``start_operator(namespace)`` runs one, ``start_api(namespace,
+    session)`` the API (both stopped by the caller; without ``start_api``, no API figures)."""
     burst = min(1000, max(20, sessions // 10)) if not quick else 20
     idle = min(1000, sessions) if not quick else 10
     window = 3.0 if quick else 60.0
@@ -331,10 +369,19 @@ async def scale(
 
         watcher = Watcher(client, ns)
         await watcher.start()
-        # Populate: N sessions, created at the pace the apiserver takes them.
         base = [f"sb-session-u{i}" for i in range(sessions)]
+        api_figures: dict[str, Any] = {}
+        if start_api is not None and rss_bytes is not None and sessions >= 10:
+            # The API with 10 sessions in its namespace: its user's (running) and 9 more.
+            api = await asyncio.to_thread(start_api, ns, f"sb-session-{API_USER}")
+            pids["api"] = api.pid
+            await _create_sessions(client, ns, base[:9])
+            api_figures["small"] = await _uploads(api.url, API_USER, 10 if quick else 100)
+            api_figures["small_rss"] = rss_bytes(api.pid)
+            base = base[9:]  # N in all with the API's user
+        # Populate: N sessions, created at the pace the apiserver takes them.
         populate_started = time.time()
-        for first in range(0, sessions, 200):  # users arriving, not one flood
+        for first in range(0, len(base), 200):  # users arriving, not one flood
             chunk = base[first : first + 200]
             await _create_sessions(client, ns, chunk)
             await watcher.until(chunk, None, timeout=300)
@@ -342,6 +389,9 @@ async def scale(
         await asyncio.sleep(1.0 if quick else 15.0)  # let the last events drain
         rest_cpu = await _rest(pids, window)
         rest_rss = rss_of(op)
+        if api_figures:  # the API with N sessions: the same uploads, its memory
+            api_figures["large"] = await _uploads(api.url, API_USER, 10 if quick else 100)
+            api_figures["large_rss"] = rss_bytes(api.pid)
 
         # Burst: `burst` more at once.
         extra = [f"sb-session-b{i}" for i in range(burst)]
@@ -442,6 +492,8 @@ async def scale(
             reported_running=running,
         ),
     ]
+    if api_figures:
+        figures += _api_figures(api_figures, sessions, rest_cpu.get("api", 0.0), tick)
     result = {
         "quick": quick,
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -466,10 +518,39 @@ async def scale(
         "idle_cpu_percent_by_process": idle_cpu,
         "machine_cpus": os.cpu_count(),
     }
+    if api_figures:
+        result |= {
+            "api_rss_bytes": api_figures["large_rss"],
+            "api_rss_10_sessions_bytes": api_figures["small_rss"],
+            "api_upload_p50_ms": round(percentile(api_figures["large"], 50), 2),
+            "api_upload_10_sessions_p50_ms": round(percentile(api_figures["small"], 50), 2),
+            "api_upload_p99_ms": round(percentile(api_figures["large"], 99), 2),
+            "api_upload_10_sessions_p99_ms": round(percentile(api_figures["small"], 99), 2),
+            "api_cpu_rest_percent": rest_cpu.get("api"),
+        }
     RESULTS.mkdir(exist_ok=True)
     name = "operator-quick.json" if quick else "operator.json"
     (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
     return figures, result
+
+
+def _api_figures(seen: dict[str, Any], sessions: int, cpu: float, tick: float) -> list[Figure]:
+    rss = Figure.of(
+        f"API RSS, {sessions} sessions in its namespace",
+        "MB",
+        [seen["large_rss"] / 2**20],
+        "same API, 10 sessions",
+        [seen["small_rss"] / 2**20],
+        cpu_rest_percent=max(cpu, tick),
+    )
+    upload = Figure.of(
+        f"upload 1 KiB to a running session through the API, {sessions} sessions",
+        "ms",
+        seen["large"],
+        "same API, same session, 10 sessions",
+        seen["small"],
+    )
+    return [rss, upload]
 
 
 async def _stop_writes(client: Client, ns: str, name: str) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from sandbox_workspace import tracing
 from sandbox_workspace.kube import Credentials, Kube, core_path, load_credentials
 from sandbox_workspace.runtime.client import RuntimeClient
 from sandbox_workspace.store import ObjectStore, S3Store
@@ -69,7 +70,10 @@ class OperatorContext:
             self.kube = Kube(self.ensure_credentials(), concurrency=self.settings.api_concurrency)
         if self.http is None:
             self.http = httpx.AsyncClient(
-                timeout=self.settings.runtime_timeout_seconds, trust_env=False
+                timeout=self.settings.runtime_timeout_seconds,
+                trust_env=False,
+                # Calls to runtimes traced when tracing is on (the inner one otherwise).
+                transport=tracing.transport(httpx.AsyncHTTPTransport()),
             )
         if self.store is None and self.settings.store == "s3":
             self.store = S3Store(self.settings.s3)

@@ -15,6 +15,8 @@ from typing import Any
 
 import kopf
 
+from sandbox_workspace import tracing
+
 from .context import OperatorContext
 from .handlers import build_registry
 from .settings import OperatorSettings
@@ -27,6 +29,7 @@ async def run_async(
     stop_flag: Any = None,
     ready_flag: Any = None,
 ) -> None:
+    tracing.configure("sandbox-workspace-operator")  # only when OTEL_EXPORTER_OTLP_ENDPOINT is set
     ctx = context or OperatorContext(settings)
     namespaces = list(settings.namespaces)
     ctx.identity = identity = settings.identity or _own_id()

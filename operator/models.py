@@ -56,6 +56,10 @@ ANNOTATION_RESUME = f"{PREFIX}/resume-requested"
 # Set by the API while chat runs are open or approvals pending (activity the runtime
 # cannot see); the idle check uses the later of this and the runtime's own activity.
 ANNOTATION_LAST_ACTIVITY = f"{PREFIX}/last-activity"
+# Written by the API with a create or a resume request when it traces (sandbox_workspace/
+# tracing.py): the W3C traceparent of its request, whose child the operator's handler of
+# that change becomes.
+ANNOTATION_TRACEPARENT = f"{PREFIX}/traceparent"
 # On a sandbox pod: digest of the spec it was built from (a different digest: the session's
 # spec changed in a way that needs a new pod).
 ANNOTATION_POD_SPEC = f"{PREFIX}/pod-spec"

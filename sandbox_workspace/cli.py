@@ -67,6 +67,7 @@ def _cmd_runtime(args: argparse.Namespace) -> int:
 def _cmd_api(args: argparse.Namespace, *, dev: bool = False) -> int:
     from .api.app import create_app
     from .api.settings import ApiSettings
+    from .tracing import TracingConfigError
 
     overrides: dict = {
         k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None
@@ -96,7 +97,11 @@ def _cmd_api(args: argparse.Namespace, *, dev: bool = False) -> int:
             print(f"sandbox-workspace: {e}", file=sys.stderr, flush=True)
             return 2
     logs.configure(settings.log_level, "text" if dev else None)
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except TracingConfigError as e:
+        print(f"sandbox-workspace: {e}", file=sys.stderr)
+        return 2
     if dev:
         url = f"http://{settings.host}:{settings.port}"
         print(
@@ -132,6 +137,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     from .kube import CredentialsError
     from .operator.main import run
     from .operator.settings import OperatorSettings
+    from .tracing import TracingConfigError
 
     overrides = {"namespaces": args.namespace} if args.namespace else {}
     if args.all_namespaces:
@@ -143,7 +149,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     logs.configure(settings.log_level, settings.log_format)
     try:
         run(settings)
-    except CredentialsError as e:
+    except (CredentialsError, TracingConfigError) as e:
         print(f"sandbox-workspace operator: {e}", file=sys.stderr)
         return 2
     return 0

@@ -106,7 +106,8 @@ def _base_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("SANDBOX_WORKSPACE_", "SANDBOX_RUNTIME_"))
+        # OTEL_*: a developer's own collector never receives the tests' spans.
+        if not k.startswith(("SANDBOX_WORKSPACE_", "SANDBOX_RUNTIME_", "OTEL_"))
     }
     env.update(SANDBOX_WORKSPACE_LOG_FORMAT="text", **extra)
     return env

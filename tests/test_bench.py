@@ -55,6 +55,9 @@ def test_bench_runs_in_quick_mode():
         assert scale["quick"] and scale["sessions"] == 30 and operator.stat().st_mtime >= started
         assert scale["burst_per_second"] > 0 and scale["rss_bytes"] > 0
         assert scale["idle_stop_lag_p99_s"] < 60  # every idle session stopped
+        # The API at the same scale: uploads to its running session, with 10 and with all.
+        assert scale["api_upload_p50_ms"] > 0 and scale["api_upload_10_sessions_p50_ms"] > 0
+        assert scale["api_rss_bytes"] > 0 and scale["api_rss_10_sessions_bytes"] > 0
     if shutil.which("redis-server") or shutil.which("valkey-server"):
         assert any(n.startswith("chat on the Redis run store") for n in names)
         chat = json.loads((ROOT / "bench" / "results" / "chat-quick.json").read_text())

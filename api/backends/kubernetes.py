@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from sandbox_workspace import tracing
 from sandbox_workspace.kube import Conflict, Kube, core_path, custom_path
 from sandbox_workspace.operator import models, naming
 from sandbox_workspace.runtime.errors import ApiError
@@ -225,6 +226,7 @@ class KubernetesBackend:
             network_enabled=self.network_enabled,
             limits=self.limits,
         )
+        tracing.with_traceparent(body["metadata"]["annotations"], models.ANNOTATION_TRACEPARENT)
         try:
             obj = await self.kube.request("POST", self._sessions(), body)
         except Conflict as e:
@@ -236,8 +238,13 @@ class KubernetesBackend:
         name = self._name(session_id)
         assert name is not None
         stamp = datetime.now(UTC).isoformat()
+        annotations = {
+            models.ANNOTATION_RESUME: stamp,
+            # The operator's resume is a child of this request (none: an old one is removed).
+            models.ANNOTATION_TRACEPARENT: tracing.traceparent(),
+        }
         patched = await self.kube.patch(
-            self._sessions(name), {"metadata": {"annotations": {models.ANNOTATION_RESUME: stamp}}}
+            self._sessions(name), {"metadata": {"annotations": annotations}}
         )
         if patched is None:
             raise KeyError(session_id)
@@ -316,10 +323,13 @@ class KubernetesBackend:
                     models.LABEL_SESSION: session_name,
                     models.LABEL_CONVERSATION: naming.dns_name(conversation_id),
                 },
-                "annotations": {
-                    models.ANNOTATION_CONVERSATION_ID: conversation_id,
-                    models.ANNOTATION_USER_ID: session.spec.user_id,
-                },
+                "annotations": tracing.with_traceparent(
+                    {
+                        models.ANNOTATION_CONVERSATION_ID: conversation_id,
+                        models.ANNOTATION_USER_ID: session.spec.user_id,
+                    },
+                    models.ANNOTATION_TRACEPARENT,
+                ),
             },
             "spec": spec.model_dump(by_alias=True, exclude_none=True),
         }

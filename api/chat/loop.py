@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from sandbox_workspace import tracing
 from sandbox_workspace.runtime.errors import ApiError
 from sandbox_workspace.runtime.schemas import ChangedFile, MarksReport, OutputList, UploadedFile
 
@@ -67,7 +68,8 @@ async def run_agent(
 
     try:
         async with asyncio.timeout(spec.deadline_seconds):
-            await _loop(run, spec, llm, http, started, progress)
+            with tracing.span("chat.run", _run_attributes(run)):
+                await _loop(run, spec, llm, http, started, progress)
     except TimeoutError:
         run.emit(
             "error",
@@ -96,6 +98,14 @@ async def run_agent(
         if run.relay is None:
             run.emit("done", {"run_id": run.id})
             run.finish()
+
+
+def _run_attributes(run: Run) -> dict[str, str]:
+    return {
+        "run_id": run.id,
+        "session_id": run.session_id,
+        "conversation_id": run.conversation_id,
+    }
 
 
 async def _heartbeat(spec: RunSpec) -> None:
@@ -293,7 +303,8 @@ async def _act(
     progress.in_flight = call_id  # from here on, this step must not be repeated elsewhere
     run.checkpoint(progress)
     run.emit("tool_start", {"tool_call_id": call_id, "name": name, "arguments": arguments})
-    outcome = await tools.call(name, arguments)
+    with tracing.span("chat.tool", {"gen_ai.tool.name": name, "gen_ai.tool.call.id": call_id}):
+        outcome = await tools.call(name, arguments)
     await spec.after_write()
     run.emit(
         "tool_end",

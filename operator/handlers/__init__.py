@@ -14,6 +14,7 @@ from ..pool import LABEL_POOL
 from ..pool import refill as pool
 from ..settings import OperatorSettings
 from . import deletion, sessions, startup, workspaces
+from .traced import traced
 
 SESSIONS = (GROUP, VERSION, SESSION_PLURAL)
 WORKSPACES = (GROUP, VERSION, WORKSPACE_PLURAL)
@@ -32,22 +33,22 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     on.cleanup(registry=registry)(pool.stop)
     on.event(*PODS, labels={LABEL_POOL: kopf.PRESENT}, registry=registry)(pool.on_pool_pod_event)
 
+    # Spans (handlers/traced.py): a creation continues the API's trace.
+    on_session_changed = traced("operator.reconcile", "SandboxSession")(sessions.on_session_changed)
     for decorator in (on.create, on.resume):
-        decorator(*SESSIONS, registry=registry, id="reconcile")(sessions.on_session_changed)
-    on.update(*SESSIONS, field="spec", registry=registry, id="reconcile")(
-        sessions.on_session_changed
-    )
+        decorator(*SESSIONS, registry=registry, id="reconcile")(on_session_changed)
+    on.update(*SESSIONS, field="spec", registry=registry, id="reconcile")(on_session_changed)
     on.event(*SESSIONS, registry=registry)(sessions.on_session_event)
     on.event(*PODS, registry=registry)(sessions.on_runtime_pod_event)
     # No timer per session: deadlines (idle, TTL, rolls) live in one scheduler fed by the
     # session events above (checks.py), so an operator at rest does nothing.
 
+    workspace = "ConversationWorkspace"
+    on_workspace_created = traced("operator.workspace", workspace)(workspaces.on_workspace_created)
     for decorator in (on.create, on.resume):
-        decorator(*WORKSPACES, registry=registry, id="ensure", retries=None)(
-            workspaces.on_workspace_created
-        )
+        decorator(*WORKSPACES, registry=registry, id="ensure", retries=None)(on_workspace_created)
     # retries=None: a deletion that guards files is retried forever (STYLE 5).
     on.delete(*WORKSPACES, registry=registry, id="delete-files", retries=None)(
-        deletion.on_workspace_deleted
+        traced("operator.delete_files", workspace)(deletion.on_workspace_deleted)
     )
     return registry

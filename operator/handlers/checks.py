@@ -48,6 +48,7 @@ from ..status import (
     session_status,
     set_condition,
 )
+from . import traced
 from .sessions import KIND, _write_status, now, reconcile_session, session_path
 
 log = logging.getLogger("sandbox_workspace.operator.checks")
@@ -176,7 +177,8 @@ async def on_deadline(ctx: OperatorContext, key: tuple[str, str]) -> None:
         # when this one is active again kopf lists every session anew, which feeds it.
         return
     try:
-        due = await check_session(ctx, namespace, name, log)
+        with traced.span("operator.deadline", KIND, namespace, name, "deadline"):
+            due = await check_session(ctx, namespace, name, log)
     except KubeError as e:
         ctx.metrics.errors.labels(KIND, e.reason or str(e.status)).inc()
         log.info(f"check of {namespace}/{name} failed ({e}); retrying")

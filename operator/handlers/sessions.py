@@ -53,6 +53,7 @@ from ..models import (
 )
 from ..pool.claim import claim_pod
 from ..status import PodState, is_stopped, session_pod_name, session_status, set_condition
+from . import traced
 from .incarnation import OLD, ensure_children
 
 KIND = "SandboxSession"
@@ -257,7 +258,9 @@ async def on_session_event(
         return
     annotations = event["object"].get("metadata", {}).get("annotations") or {}
     if ANNOTATION_RESUME in annotations:
-        await reconcile_session(ctx, namespace, name)
+        trigger = "resume-requested"  # the API's request: its trace goes on (traced.py)
+        with traced.span("operator.reconcile", KIND, namespace, name, trigger, annotations):
+            await reconcile_session(ctx, namespace, name)
     feed(ctx, event["object"])
 
 
@@ -275,7 +278,8 @@ async def on_runtime_pod_event(
     elif version and ctx.pods_seen.get(uid) == version:
         return  # the version the last reconcile acted on (e.g. the ADDED of our create)
     if session_name:
-        await reconcile_session(ctx, namespace, session_name)
+        with traced.span("operator.reconcile", KIND, namespace, session_name, "pod-event"):
+            await reconcile_session(ctx, namespace, session_name)
 
 
 def feed(ctx: OperatorContext, body: dict[str, Any]) -> None:

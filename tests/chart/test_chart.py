@@ -435,6 +435,23 @@ def test_operator_workload(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     assert ports == {"health": 8081, "metrics": 9090}
 
 
+def test_tracing_endpoint_reaches_the_api_and_the_operator(
+    tools: Tools, rendered: tuple[str, list[dict[str, Any]]]
+) -> None:
+    """tracing.otlpEndpoint: both processes export to it; unset (every value set here),
+    neither has any OTEL_ variable, so neither sets tracing up."""
+    _, docs = rendered
+    for workload in workloads(docs):
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            assert not any(name.startswith("OTEL_") for name in env_of(container))
+    endpoint = "http://otel-collector.observability:4318"
+    traced = render(tools, set_values={"tracing.otlpEndpoint": endpoint})
+    for full in ("sw-sandbox-workspace-api", "sw-sandbox-workspace-operator"):
+        (workload,) = [w for w in workloads(traced) if w["metadata"]["name"] == full]
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        assert env_of(container)["OTEL_EXPORTER_OTLP_ENDPOINT"] == endpoint
+
+
 def _plain_env(container: dict[str, Any], secrets: dict[str, str]) -> dict[str, str]:
     """The container's environment as the kubelet would give it (Secrets resolved)."""
     out = {}

@@ -169,6 +169,7 @@ class NodeAgent:
         runtime_command: Callable[[PodRun], list[str]] = default_runtime_command,
         max_grace_seconds: float = 10.0,
         pod_subnet: str | None = None,
+        provision_volumes: bool = True,
     ):
         self.client_factory = client_factory
         self.data_dir = Path(data_dir)
@@ -177,6 +178,9 @@ class NodeAgent:
         self.runtime_command = runtime_command
         self.max_grace_seconds = max_grace_seconds
         self.ips = IpPool(pod_subnet)
+        # Off: no PersistentVolume for anyone's claims (an agent that runs one selected pod
+        # beside thousands of Pending sessions must not provision them all).
+        self.provision_volumes = provision_volumes
         self.pods: dict[str, PodRun] = {}  # by uid; owned by the worker thread
         self.errors: list[str] = []  # unexpected exceptions, for tests to assert on
         self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -655,7 +659,7 @@ class NodeAgent:
             elif not run.ready and self._probe(run):
                 run.ready = True
                 self._report(run)
-        if now - self._last_provision >= 1.0:
+        if self.provision_volumes and now - self._last_provision >= 1.0:
             self._last_provision = now
             self._safe(self._provision_volumes)
         if now - self._last_heartbeat >= 30.0:
