@@ -216,8 +216,16 @@ class _Sandbox:
 
     async def stop(self, _: StopAction) -> SandboxAnswer:
         _, client = await self.running()
-        await self._state(client)
+        if not (await client.conversation_info(self.cid)).exists:
+            raise NotFoundError(
+                f"no sandbox '{self.cid}': start it first", code="sandbox_not_found"
+            )
+        # Kill first, check the marker after: the check runs a command, and code that
+        # filled the process ceiling (a fork bomb) leaves no room for one until it is
+        # stopped. A conversation that was never a sandbox still answers 404; the
+        # processes stopped were the caller's own.
         await client.stop_processes(self.cid)
+        await self._state(client)
         return SandboxAnswer(success=True, output=f"sandbox {self.cid} stopped; files kept")
 
     async def status(self, _: StatusAction | None = None) -> SandboxAnswer:

@@ -4,6 +4,7 @@ conversation of the caller) answering {success, output, error, data}."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -201,3 +202,24 @@ def test_a_readonly_sandbox_mirror_is_rewritten_from_the_protected_file(api):
     out = ok(act(api, "exec", command=check))["output"]
     assert json.loads(out) == TABLE
     assert ok(act(api, "read"))["data"] == TABLE
+
+
+@pytest.mark.skipif(
+    os.geteuid() == 0 and not os.access("/sys/fs/cgroup/pids", os.W_OK),
+    reason="root without a writable pids cgroup: code has no process ceiling to fill here",
+)
+def test_stop_works_when_code_filled_the_process_ceiling(api):
+    """A fork bomb (here: sleepers up to the ceiling) leaves no room for any command, so
+    stop must not need one: it kills first, and the sandbox works again afterwards."""
+    ok(act(api, "start"))
+    with ThreadPoolExecutor(1) as pool:
+        filling = pool.submit(
+            act, api, "exec", command="for i in $(seq 2000); do sleep 120 & done 2>/dev/null; wait"
+        )
+        deadline = time.monotonic() + 60
+        while act(api, "exec", command="true").json()["success"]:
+            assert time.monotonic() < deadline, "the process ceiling was never reached"
+            time.sleep(0.1)
+        ok(act(api, "stop"))
+        filling.result(timeout=30)
+    assert ok(act(api, "exec", command="echo back"))["output"] == "back\n"
