@@ -223,7 +223,8 @@ async def _redeliver(ctx: OperatorContext, namespace: str, pod: dict[str, Any]) 
     meta = pod["metadata"]
     owners = meta.get("ownerReferences") or []
     session = (meta.get("labels") or {}).get(LABEL_SESSION)
-    if meta.get("uid") in ctx.pool.delivered or not owners or not session:
+    in_flight = ctx.pool.delivered | ctx.pool.claiming
+    if meta.get("uid") in in_flight or not owners or not session:
         return
     if observe_pod(pod).kind != "ready":
         return

@@ -69,6 +69,7 @@ class PoolState:
     claimed: dict[str, set[str]] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)  # namespace → claim key
     delivered: set[str] = field(default_factory=set)  # pod uids whose claim answered 200
+    claiming: set[str] = field(default_factory=set)  # pod uids swapped, token on its way
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # a count moved: report
     task: asyncio.Task | None = None
