@@ -1,31 +1,32 @@
-"""Session start on a real node: SandboxSession create → Running (a new pod on a new PVC)
-and resume of a stopped session → Running, beside a bare Pod of the same image — all in
-the same run, on the node tier's node (kubelet + containerd + runc, tests/node/nodeenv).
+"""Session start on a real node: SandboxSession create → Running (a new pod) and resume
+of a stopped session → Running, beside a bare Pod of the same image — all in the same run,
+on the node tier's node (kubelet + containerd + runc, tests/node/nodeenv).
 
 The run enters a private network/mount/PID namespace of its own (``nodeenv.netns``: it
 re-executes ``python -m bench session_start`` there), starts the control plane,
-kube-scheduler, containerd and the kubelet, installs the chart with docs/operations.md's
-install block (operator check interval 2 s so idle sessions stop quickly; creation and
-resume are event-driven and do not wait for it) and measures, alternating so load drifts
-hit both:
+kube-scheduler, containerd and the kubelet, a SeaweedFS on the node's address (the
+bucket of store mode ``s3``: the mode in which sessions with the default spec may take a
+pooled pod), installs the chart with docs/operations.md's install block (store mode s3;
+operator check interval 2 s so idle sessions stop quickly — creation and resume are
+event-driven and do not wait for it; sandbox requests lowered so 50 pool pods fit the
+node) and measures, alternating so load drifts hit both:
 
 - create → Running: a SandboxSession (spec ``userId``, ``idleTimeoutSeconds: 1``) is
-  created and watched until ``status.phase`` is Running: the operator makes Secret, PVC
-  and pod; the hostpath provisioner makes the volume, the scheduler binds, the kubelet
-  runs the container, the readiness probe passes, the operator reports Running.
-- baseline: a bare Pod of the same image, command, security context and readiness probe
-  (emptyDir instead of a PVC), created and watched until Ready, then deleted.
-- resume → Running: each session, stopped by its idle timeout (pod deleted, PVC kept),
-  gets the ``resume-requested`` annotation and is watched until Running again.
+  created and watched until ``status.phase`` is Running: the operator makes Secret and
+  pod, the scheduler binds, the kubelet runs the container, the runtime answers, the
+  operator reports Running.
+- baseline: a bare Pod of the same image, command, security context and readiness probe,
+  created and watched until Ready, then deleted.
+- resume → Running: each session, stopped by its idle timeout (pod deleted), gets the
+  ``resume-requested`` annotation and is watched until Running again.
 
-The warm pool (issue 25, operator/pool), in the same run: the chart is installed with
-``sandbox.pool.size`` = ``SANDBOX_BENCH_POOL_SIZE`` (when set: default 0, no pool phase —
-this phase has not been run on the node tier yet); the sessions above ask
-for a persistent workspace, which a pooled pod cannot give, so they start cold — the
-baseline. Then sessions with ``storage.persistent: false`` (which may take a pooled
-pod) are measured with a full pool before each: create → Running, resume → Running, a
-burst of ``pool size`` concurrent creations, and how long the pool takes to be full of
-ready pods again after the burst (``refill_seconds``).
+The warm pool (issue 25, operator/pool), in the same run, with
+``SANDBOX_BENCH_POOL_SIZE`` = N > 0: the figures above are taken with no pool (the cold
+baseline); then ``helm upgrade`` sets ``sandbox.pool.size`` = ``refillBatch`` = N, and
+with the pool full before each sample: create → Running (beside each, the floor: one
+apiserver write and its watch event), resume → Running, a burst of N concurrent
+creations, and how long the pool takes to be full of ready pods again after the burst
+(``refill_seconds``; the burst's sessions are deleted meanwhile, so memory stays bounded).
 
 Where time goes: a watcher records when each pod is first seen, scheduled, its container
 started, its runtime first answers /healthz (polled every 20 ms) and the pod is Ready

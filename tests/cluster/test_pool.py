@@ -190,7 +190,7 @@ def pool_table(plane, ns: str) -> dict[str, dict[str, object]]:
         f"{plane.server}/apis/sandboxworkspace.io/v1alpha1/namespaces/{ns}/sandboxpools",
         headers={
             "Authorization": f"Bearer {plane.token}",
-            "Accept": "application/json;as=Table;v=1;g=meta.k8s.io",
+            "Accept": "application/json;as=Table;v=v1;g=meta.k8s.io",
         },
         verify=ssl_context(plane.ca_file),
         trust_env=False,
