@@ -107,6 +107,11 @@ class OperatorContext:
             self.children_seen.discard(uid)
             self.checked_starts.pop(uid, None)
 
+    def remember_token(self, uid: str | None, token: str) -> None:
+        """The token of the Secret this process just created for incarnation ``uid``."""
+        if uid:
+            self._tokens[uid] = token
+
     async def runtime_token(
         self, namespace: str, session_name: str, uid: str | None = None
     ) -> str | None:

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema
 
 from . import models
+from .pool import resource as pool_resource
 
 CATEGORY = "sandboxworkspace"
 
@@ -227,6 +228,22 @@ KINDS = (
             Column("Files", ".status.fileCount", "integer", "Files in the directory."),
             AGE,
             Column("Path", ".status.path", description="Directory in the sandbox.", priority=1),
+        ),
+    ),
+    Kind(
+        kind=pool_resource.POOL_KIND,
+        plural=pool_resource.POOL_PLURAL,
+        short_names=("sbp",),
+        description="A warm pool's counts, as the active operator replica sees them (one "
+        "per pool namespace, named `default`, made and written by the operator). The pool "
+        "is configured by the operator's settings (chart values sandbox.pool.*).",
+        spec=pool_resource.SandboxPoolSpec,
+        status=pool_resource.SandboxPoolStatus,
+        columns=(
+            Column("Size", ".status.size", "integer", "Free ready pods kept."),
+            Column("Ready", ".status.ready", "integer", "Free pods ready to be claimed."),
+            Column("Claimed", ".status.claimed", "integer", "Live pods claimed by sessions."),
+            AGE,
         ),
     ),
 )

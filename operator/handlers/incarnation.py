@@ -41,9 +41,12 @@ async def _ensure_secret(ctx: OperatorContext, session: SandboxSession, body: di
     secret = None if _new(session) else await ctx.api.get(path)
     state = judge(secret, session.uid)
     if state == "absent":
-        manifest = build_runtime_secret(session, secrets.token_urlsafe(32))
+        token = secrets.token_urlsafe(32)
+        manifest = build_runtime_secret(session, token)
         kopf.adopt(manifest, owner=body)
         if await ctx.api.create(core_path(ns, "secrets"), manifest) is not None:
+            # A pool claim hands it over next: no read back of what we just wrote.
+            ctx.remember_token(session.uid, token)
             return None
         secret = await ctx.api.get(path)  # there already: judge the one there
         state = judge(secret, session.uid)

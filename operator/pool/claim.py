@@ -15,6 +15,7 @@ replaced). It returns the claimed pod, or None, and the caller starts the pod co
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import time
@@ -32,6 +33,7 @@ from .spec import CLAIM_KEY, POOL_SECRET, claim_patch, misfits
 
 log = logging.getLogger("sandbox_workspace.operator.pool")
 ATTEMPTS = 5  # free pods tried per start before starting cold
+REFILL_AFTER_CLAIM_SECONDS = 0.05
 
 
 async def claim_key(ctx: OperatorContext, namespace: str) -> str | None:
@@ -101,8 +103,16 @@ async def claim_pod(
         if claimed is None:
             continue  # gone
         pool.note_claimed(ns, claimed["metadata"]["name"], live=True)
-        pool.wake.set()  # one fewer free pod: refill
-        if await deliver_token(ctx, claimed, key, token):
+        # One fewer free pod: refill — a moment later, off this start's critical path (its
+        # listing and creates would share the event loop and the API with the token's
+        # delivery and the session's status write).
+        asyncio.get_running_loop().call_later(REFILL_AFTER_CLAIM_SECONDS, pool.wake.set)
+        pool.claiming.add(uid_of(claimed))  # its own event must not deliver it again
+        try:
+            delivered = await deliver_token(ctx, claimed, key, token)
+        finally:
+            pool.claiming.discard(uid_of(claimed))
+        if delivered:
             pool.metrics.claim_seconds.observe(time.monotonic() - started)
             pool.metrics.starts.labels(ns, "pool").inc()
             return claimed

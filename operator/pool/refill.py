@@ -8,6 +8,12 @@ Contract:
   lists the pool's free pods, deletes the failed and the stale ones (built from an older
   template: operator upgraded), and creates the missing ones, at most
   ``pool_refill_batch`` per round. It also re-seeds the free-pod hint from the listing.
+- The report task (``report``) keeps each namespace's SandboxPool resource
+  (``resource.py``) showing the pool's counts: woken when a count may have moved (at most
+  every ``REPORT_DEBOUNCE`` seconds, so a burst of claims is one write), it patches the
+  status when it differs from the last one written, creating the resource when missing;
+  every ``check_interval`` without news it writes anyway (a deleted resource comes back).
+  Like the refiller, only on the active replica.
 - ``on_pool_pod_event`` keeps the hint current: a free pod enters it when its runtime is
   ready and leaves it on any other news; a claimed pod whose token this process has not
   delivered (an operator restarted between the swap and the delivery) gets it again —
@@ -24,13 +30,20 @@ from typing import Any
 
 import kopf
 
-from sandbox_workspace.kube import KubeError, core_path
+from sandbox_workspace.kube import KubeError, core_path, custom_path
 
 from ..children import uid_of
 from ..context import OperatorContext
 from ..models import LABEL_SESSION
 from ..status import observe_pod
 from .claim import claim_key, deliver_token
+from .resource import (
+    POOL_NAME,
+    POOL_PLURAL,
+    SandboxPoolStatus,
+    build_pool_resource,
+    status_patch,
+)
 from .spec import (
     CLAIMED,
     LABEL_POOL,
@@ -42,6 +55,7 @@ from .spec import (
 from .state import PoolMetrics, PoolState
 
 log = logging.getLogger("sandbox_workspace.operator.pool")
+REPORT_DEBOUNCE = 0.2  # seconds: the counts of a burst of claims in one status write
 
 
 def pool_namespaces(ctx: OperatorContext) -> tuple[str, ...]:
@@ -59,15 +73,19 @@ async def start(memo: kopf.Memo, **_: Any) -> None:
         return
     ctx.pool = PoolState(namespaces, ctx.settings.pool_size, PoolMetrics(ctx.metrics.registry))
     ctx.pool.task = asyncio.create_task(_refill_forever(ctx), name="pool refill")
+    ctx.pool.reporter = asyncio.create_task(_report_forever(ctx), name="pool report")
 
 
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     ctx: OperatorContext = memo.ctx
-    if ctx.pool is not None and ctx.pool.task is not None:
-        ctx.pool.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ctx.pool.task
-        ctx.pool.task = None
+    if ctx.pool is None:
+        return
+    for task in (ctx.pool.task, ctx.pool.reporter):
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    ctx.pool.task = ctx.pool.reporter = None
 
 
 async def _refill_forever(ctx: OperatorContext) -> None:
@@ -92,6 +110,47 @@ async def _refill_forever(ctx: OperatorContext) -> None:
             continue
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(pool.wake.wait(), ctx.settings.check_interval_seconds)
+
+
+async def _report_forever(ctx: OperatorContext) -> None:
+    assert ctx.pool is not None
+    pool = ctx.pool
+    written: dict[str, SandboxPoolStatus] = {}
+    while True:
+        try:
+            await asyncio.wait_for(pool.changed.wait(), ctx.settings.check_interval_seconds)
+        except TimeoutError:
+            written.clear()  # a resync: a deleted SandboxPool comes back, a lost write is redone
+        await asyncio.sleep(REPORT_DEBOUNCE)
+        pool.changed.clear()
+        for ns in pool.namespaces:
+            try:
+                if ctx.activity is not None and not await ctx.activity.active(ns):
+                    written.pop(ns, None)  # the active one reports; write again if we take over
+                    continue
+                status = await report(ctx, ns, written.get(ns))
+                written[ns] = status
+            except KubeError as e:
+                ctx.metrics.errors.labels("SandboxPool", e.reason or str(e.status)).inc()
+                log.warning("pool report failed", extra={"namespace": ns, "error": str(e)})
+            except Exception:
+                log.exception("pool report failed")
+
+
+async def report(
+    ctx: OperatorContext, ns: str, last: SandboxPoolStatus | None
+) -> SandboxPoolStatus:
+    """The SandboxPool of ``ns`` shows this replica's counts (written when they moved)."""
+    assert ctx.pool is not None
+    ready, claimed = ctx.pool.counts(ns)
+    status = SandboxPoolStatus(size=ctx.pool.size, ready=ready, claimed=claimed)
+    if status == last:
+        return status
+    path = custom_path(ns, POOL_PLURAL, POOL_NAME)
+    if await ctx.api.patch(path + "/status", status_patch(status)) is None:
+        await ctx.api.create(custom_path(ns, POOL_PLURAL), build_pool_resource())
+        await ctx.api.patch(path + "/status", status_patch(status))
+    return status
 
 
 async def ensure_secret(ctx: OperatorContext, ns: str) -> None:
@@ -164,7 +223,8 @@ async def _redeliver(ctx: OperatorContext, namespace: str, pod: dict[str, Any]) 
     meta = pod["metadata"]
     owners = meta.get("ownerReferences") or []
     session = (meta.get("labels") or {}).get(LABEL_SESSION)
-    if meta.get("uid") in ctx.pool.delivered or not owners or not session:
+    in_flight = ctx.pool.delivered | ctx.pool.claiming
+    if meta.get("uid") in in_flight or not owners or not session:
         return
     if observe_pod(pod).kind != "ready":
         return

@@ -1,8 +1,9 @@
 """What one operator knows of its warm pools: free ready pods, claim keys, metrics.
 
 Contract: in memory only, fed by the pool pods' watch events (``refill.on_pool_pod_event``)
-and by the refiller's listings — a hint, never the truth: a claim is decided by the
-apiserver (``spec.claim_patch``), so a stale entry costs one 409, not a shared pod.
+and by the refiller's listings (``counts`` is what the SandboxPool resource reports;
+``changed`` is set whenever they may have moved) — a hint, never the truth: a claim is
+decided by the apiserver (``spec.claim_patch``), so a stale entry costs one 409, not a shared pod.
 ``take`` hands each free pod to at most one caller of this process at a time.
 """
 
@@ -68,8 +69,15 @@ class PoolState:
     claimed: dict[str, set[str]] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)  # namespace → claim key
     delivered: set[str] = field(default_factory=set)  # pod uids whose claim answered 200
+    claiming: set[str] = field(default_factory=set)  # pod uids swapped, token on its way
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # a count moved: report
     task: asyncio.Task | None = None
+    reporter: asyncio.Task | None = None
+
+    def counts(self, namespace: str) -> tuple[int, int]:
+        """(free ready pods, live claimed pods) of ``namespace``."""
+        return len(self.free.get(namespace, {})), len(self.claimed.get(namespace, ()))
 
     def serves(self, namespace: str) -> bool:
         return self.size > 0 and namespace in self.namespaces
@@ -82,6 +90,7 @@ class PoolState:
         else:
             pods.pop(name, None)
         self.metrics.ready.labels(namespace).set(len(pods))
+        self.changed.set()
 
     def note_claimed(self, namespace: str, name: str, live: bool) -> None:
         names = self.claimed.setdefault(namespace, set())
@@ -89,6 +98,7 @@ class PoolState:
         self.free.get(namespace, {}).pop(name, None)
         self.metrics.claimed.labels(namespace).set(len(names))
         self.metrics.ready.labels(namespace).set(len(self.free.get(namespace, {})))
+        self.changed.set()
 
     def take(self, namespace: str) -> dict[str, Any] | None:
         """A free ready pod, removed from the hint (random: racing operators spread)."""
@@ -97,4 +107,5 @@ class PoolState:
             return None
         pod = pods.pop(random.choice(list(pods)))
         self.metrics.ready.labels(namespace).set(len(pods))
+        self.changed.set()
         return pod

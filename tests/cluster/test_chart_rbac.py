@@ -461,6 +461,9 @@ def test_operator_identity_is_minimal(installed: Installed) -> None:
         ("watch", "customresourcedefinitions", "", "apiextensions.k8s.io"),
         # The warm pool's claim: one compare-and-swap patch moving a free pod to a session.
         ("patch", "pods", sessions, ""),
+        # The pool's SandboxPool: made once, its status (the counts) written.
+        ("create", "sandboxpools", sessions, "sandboxworkspace.io"),
+        ("patch", "sandboxpools/status", sessions, "sandboxworkspace.io"),
         # Two peered replicas by default: each keeps its record in the KopfPeering object.
         ("patch", "kopfpeerings", sessions, "kopf.dev"),
     ]
@@ -474,6 +477,8 @@ def test_operator_identity_is_minimal(installed: Installed) -> None:
         ("create", "pods", "default", ""),
         ("create", "pods/exec", sessions, ""),
         ("create", "sandboxsessions", sessions, "sandboxworkspace.io"),
+        ("delete", "sandboxpools", sessions, "sandboxworkspace.io"),
+        ("patch", "sandboxpools", sessions, "sandboxworkspace.io"),
         ("delete", "persistentvolumeclaims", sessions, ""),
         ("patch", "persistentvolumes", "", ""),
         ("delete", "persistentvolumes", "", ""),

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from kubeenv import ApiError, KubeClient, wait_until
+from kubeenv.client import ssl_context
 from operator_env import TIMEOUT, make_session, runtime_of, sbs_path, wait_phase
 
 from sandbox_workspace.operator.pool.spec import POOL_SECRET
@@ -180,3 +181,55 @@ def test_a_resuming_session_claims_a_new_pod(kube_api: KubeClient, namespace, st
     assert resumed["status"]["startedFrom"] == "pool"
     assert resumed["status"]["podName"] != first["status"]["podName"]
     assert runtime_of(kube_api, namespace, resumed).request("GET", "/v1/stats").status_code == 200
+
+
+def pool_table(plane, ns: str) -> dict[str, dict[str, object]]:
+    """What ``kubectl get sandboxpools -n ns`` prints: the apiserver's Table of them (the
+    CRD's printer columns, as kubectl asks for them), one {column: cell} per row name."""
+    response = httpx.get(
+        f"{plane.server}/apis/sandboxworkspace.io/v1alpha1/namespaces/{ns}/sandboxpools",
+        headers={
+            "Authorization": f"Bearer {plane.token}",
+            "Accept": "application/json;as=Table;v=v1;g=meta.k8s.io",
+        },
+        verify=ssl_context(plane.ca_file),
+        trust_env=False,
+    )
+    response.raise_for_status()
+    table = response.json()
+    columns = [c["name"] for c in table["columnDefinitions"]]
+    return {
+        row["object"]["metadata"]["name"]: dict(zip(columns, row["cells"], strict=True))
+        for row in table["rows"]
+    }
+
+
+def test_kubectl_shows_the_pool_ready_and_claimed(
+    kube_api: KubeClient, kube_control_plane, namespace, start_operator
+):
+    """The SandboxPool resource (operator/pool/resource.py): its printer columns follow the
+    pool as sessions claim pods and the refiller makes new ones."""
+    start_operator(pool_size=2)
+    wait_pool(kube_api, namespace, 2)
+
+    def shows(ready: int, claimed: int):
+        rows = pool_table(kube_control_plane, namespace)
+        row = rows.get("default")
+        want = {"Size": 2, "Ready": ready, "Claimed": claimed}
+        return row is not None and {k: row[k] for k in want} == want and rows
+
+    rows = wait_until(lambda: shows(2, 0), timeout=TIMEOUT, message="Ready 2, Claimed 0")
+    assert list(rows) == ["default"]  # one per pool namespace
+    make_session(kube_api, namespace, **EPHEMERAL)
+    session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
+    assert session["status"]["startedFrom"] == "pool"
+    # Claimed at once; the pool refills behind it.
+    wait_until(lambda: shows(2, 1), timeout=TIMEOUT, message="Ready 2, Claimed 1")
+    kube_api.delete(sbs_path(namespace, "sb-session-alice"))
+    kube_api.wait_gone(pods_path(namespace, session["status"]["podName"]), timeout=2 * TIMEOUT)
+    wait_until(lambda: shows(2, 0), timeout=TIMEOUT, message="Claimed 0 once the pod is gone")
+    # Deleted by someone: made again by the next round (the operator owns it).
+    kube_api.delete(
+        f"/apis/sandboxworkspace.io/v1alpha1/namespaces/{namespace}/sandboxpools/default"
+    )
+    wait_until(lambda: shows(2, 0), timeout=TIMEOUT, message="the SandboxPool made again")

