@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from sandbox_workspace.api.chat.runs import Run, RunRegistry
-from sandbox_workspace.api.chat.runstore import build_store
+from sandbox_workspace.api.chat.runstore.factory import build_store
 from sandbox_workspace.api.chat.runstore.memory import MemoryRunStore
 from sandbox_workspace.api.settings import ApiSettings
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError
