@@ -116,11 +116,16 @@ async def _report_forever(ctx: OperatorContext) -> None:
     assert ctx.pool is not None
     pool = ctx.pool
     written: dict[str, SandboxPoolStatus] = {}
+    loop = asyncio.get_running_loop()
+    resync = loop.time()
     while True:
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(pool.changed.wait(), ctx.settings.check_interval_seconds)
-        except TimeoutError:
-            written.clear()  # a resync: a deleted SandboxPool comes back, a lost write is redone
+        if loop.time() - resync >= ctx.settings.check_interval_seconds:
+            # A resync (the refiller's rounds keep `changed` busy, so on the clock): a
+            # deleted SandboxPool comes back, a lost write is redone.
+            written.clear()
+            resync = loop.time()
         await asyncio.sleep(REPORT_DEBOUNCE)
         pool.changed.clear()
         for ns in pool.namespaces:
