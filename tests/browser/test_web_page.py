@@ -52,27 +52,49 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
+def sign_in(page, url: str, user: str) -> None:
+    """Open the page and choose a user (dev mode: no token)."""
+    page.goto(f"{url}/ui/")
+    page.fill("#user", user)
+    page.click("#identity button[type=submit]")
+    sync_api.expect(page.locator("#session-status")).to_contain_text("no session yet")
+
+
+def new_conversation(page, name: str) -> None:
+    page.fill("#conversation-name", name)
+    page.click("#new-conversation button")
+    sync_api.expect(page.locator("#current-conversation")).to_have_text(f"in {name}")
+
+
+def upload(page, path: Path, data: bytes = CSV):
+    """Upload ``data`` as ``path``'s name; answer its row in the uploads table, visible."""
+    path.write_bytes(data)
+    page.set_input_files("#file", str(path))
+    page.click("#upload button[type=submit]")
+    row = page.locator(f"#uploads tbody tr[data-name='{path.name}']")
+    sync_api.expect(row).to_be_visible()
+    return row
+
+
+def delete_session(url: str, user: str, **headers: str) -> None:
+    httpx.delete(
+        f"{url}/api/v1/sessions/sb-session-{user}",
+        headers={"X-User-Id": user, **headers},
+        timeout=30,
+    )
+
+
 def test_upload_ask_approve_chart_download_delete(page, ui_server, tmp_path):
     expect = sync_api.expect
     user = f"web-{uuid.uuid4().hex[:8]}"
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
-        page.goto(f"{ui_server.url}/ui/")
-        page.fill("#user", user)
-        page.click("#identity button[type=submit]")
-        expect(page.locator("#session-status")).to_contain_text("no session yet")
-        page.fill("#conversation-name", "sales-review")
-        page.click("#new-conversation button")
-        expect(page.locator("#current-conversation")).to_have_text("in sales-review")
+        sign_in(page, ui_server.url, user)
+        new_conversation(page, "sales-review")
 
         # Upload with progress; the list shows name, size, time and sha256.
-        csv = tmp_path / "sales.csv"
-        csv.write_bytes(CSV)
-        page.set_input_files("#file", str(csv))
-        page.click("#upload button[type=submit]")
-        row = page.locator("#uploads tbody tr[data-name='sales.csv']")
-        expect(row).to_be_visible()
+        row = upload(page, tmp_path / "sales.csv")
         expect(page.locator("#upload-progress")).to_have_attribute("value", "100")
         expect(row.locator("td").nth(2)).to_have_text(f"{len(CSV)} B")
         expect(row.locator("td.mono")).to_have_attribute("title", hashlib.sha256(CSV).hexdigest())
@@ -132,9 +154,9 @@ def test_upload_ask_approve_chart_download_delete(page, ui_server, tmp_path):
         assert Path(chart.value.path()).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
         # The upload's download, then its deletion.
-        with page.expect_download() as upload:
+        with page.expect_download() as uploaded:
             row.locator("button.download").click()
-        assert Path(upload.value.path()).read_bytes() == CSV
+        assert Path(uploaded.value.path()).read_bytes() == CSV
         row.locator("button.delete").click()
         expect(row).to_have_count(0)
 
@@ -153,11 +175,7 @@ def test_upload_ask_approve_chart_download_delete(page, ui_server, tmp_path):
         assert listing.status_code == 404 or listing.json()["files"] == []
         assert errors == [], errors
     finally:
-        httpx.delete(
-            f"{ui_server.url}/api/v1/sessions/sb-session-{user}",
-            headers={"X-User-Id": user},
-            timeout=30,
-        )
+        delete_session(ui_server.url, user)
 
 
 def test_token_mode_asks_for_a_token_and_uses_it(page, start_server, tmp_path):
@@ -182,22 +200,13 @@ def test_token_mode_asks_for_a_token_and_uses_it(page, start_server, tmp_path):
         page.fill("#token", token)
         page.click("#identity button[type=submit]")
         expect(page.locator("#session-status")).to_contain_text("no session yet")
-        page.fill("#conversation-name", "tokens")
-        page.click("#new-conversation button")
-        csv = tmp_path / "t.csv"
-        csv.write_bytes(CSV)
-        page.set_input_files("#file", str(csv))
-        page.click("#upload button[type=submit]")
-        expect(page.locator("#uploads tbody tr[data-name='t.csv']")).to_be_visible()
+        new_conversation(page, "tokens")
+        upload(page, tmp_path / "t.csv")
         # The token stays in this tab only: sessionStorage, never localStorage.
         assert page.evaluate("sessionStorage.getItem('token')") == token
         assert token not in page.evaluate("JSON.stringify(localStorage)")
     finally:
-        httpx.delete(
-            f"{server.url}/api/v1/sessions/sb-session-{user}",
-            headers={"X-User-Id": user, "Authorization": f"Bearer {token}"},
-            timeout=30,
-        )
+        delete_session(server.url, user, Authorization=f"Bearer {token}")
 
 
 def test_overlapping_refreshes_list_each_upload_once(page, ui_server, tmp_path):
@@ -207,16 +216,9 @@ def test_overlapping_refreshes_list_each_upload_once(page, ui_server, tmp_path):
     expect = sync_api.expect
     user = f"dup-{uuid.uuid4().hex[:8]}"
     try:
-        page.goto(f"{ui_server.url}/ui/")
-        page.fill("#user", user)
-        page.click("#identity button[type=submit]")
-        expect(page.locator("#session-status")).to_contain_text("no session yet")
-        page.fill("#conversation-name", "overlap")
-        page.click("#new-conversation button")
-        csv = tmp_path / "once.csv"
-        csv.write_bytes(CSV)
-        page.set_input_files("#file", str(csv))
-        page.click("#upload button[type=submit]")
+        sign_in(page, ui_server.url, user)
+        new_conversation(page, "overlap")
+        upload(page, tmp_path / "once.csv")
         rows = page.locator("#uploads tbody tr")
         expect(rows).to_have_count(1)
 
@@ -245,8 +247,4 @@ def test_overlapping_refreshes_list_each_upload_once(page, ui_server, tmp_path):
         expect(rows).to_have_count(1)
         assert page.locator("#uploads tbody tr[data-name='once.csv']").count() == 1
     finally:
-        httpx.delete(
-            f"{ui_server.url}/api/v1/sessions/sb-session-{user}",
-            headers={"X-User-Id": user},
-            timeout=30,
-        )
+        delete_session(ui_server.url, user)

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from kubeenv.client import delete_sandbox_resources
 from kubeenv.processes import clean_env
 from kubeenv.stack import Stack
 from scripted_llm import Reply, ScriptedLLM, text_reply, tool_reply, tool_results
@@ -68,15 +67,10 @@ def kubernetes_api(
             "SANDBOX_WORKSPACE_LLM_MODEL": "scripted",
         },
     )
-    stack.start_operator()
-    try:
-        yield stack.start_api()
-    finally:
-        stack.stop_api()
-        # Sessions left by the suite still have workspaces whose finalizers need the
-        # operator: delete them before it goes.
-        delete_sandbox_resources(kube_api, namespace)
-        stack.stop_operator()
+    # Sessions left by the suite still have workspaces whose finalizers need the
+    # operator: running() deletes them before it goes.
+    with stack.running(kube_api) as url:
+        yield url
 
 
 # The whole API suite in one subprocess: pytest-timeout's per-test default is too short

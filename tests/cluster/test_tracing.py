@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from kubeenv.client import delete_sandbox_resources
 from kubeenv.stack import Stack
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 
@@ -33,13 +32,8 @@ def traced_stack(kube_control_plane, kube_api, node_agent, namespace, tmp_path, 
     stack = Stack(
         kube_control_plane.kubeconfig, namespace, tmp_path, operator_env=otel, api_env=otel
     )
-    stack.start_operator()
-    try:
-        yield stack.start_api()
-    finally:
-        stack.stop_api()
-        delete_sandbox_resources(kube_api, namespace)
-        stack.stop_operator()
+    with stack.running(kube_api) as url:
+        yield url
 
 
 def test_the_operators_reconciles_of_an_uploads_resources_are_in_its_trace(

@@ -1,7 +1,9 @@
 """The operator and the API as real subprocesses that a test can kill and start again.
 
 ``Stack(kubeconfig, namespace, workdir)``: ``start_operator()`` / ``stop_operator(kill=)``
-and ``start_api()`` / ``stop_api()``; ``api_url`` once the API answers. Each start
+and ``start_api()`` / ``stop_api()``; ``api_url`` once the API answers; ``running(kube_api)``
+both for a test's whole life, the namespace's sandbox resources deleted before the
+operator goes (their finalizers need it). Each start
 appends to its own log in ``workdir`` (``operator.log``, ``api.log``), so one file
 tells a whole story across restarts. Settings are the deployment's environment
 variables, tuned for tests: short retry delays, a fast periodic check.
@@ -13,11 +15,13 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
-from .client import wait_until
+from .client import KubeClient, delete_sandbox_resources, wait_until
 from .processes import clean_env, cli_command
 
 
@@ -107,6 +111,19 @@ class Stack:
     def stop(self) -> None:
         self.stop_api()
         self.stop_operator()
+
+    @contextmanager
+    def running(self, kube_api: KubeClient) -> Iterator[str]:
+        """The operator and the API up (yields the API's URL); afterwards the API stops,
+        the sessions and workspaces left are deleted while the operator still runs (their
+        finalizers need it), then the operator stops."""
+        self.start_operator()
+        try:
+            yield self.start_api()
+        finally:
+            self.stop_api()
+            delete_sandbox_resources(kube_api, self.namespace)
+            self.stop_operator()
 
 
 def _stop(proc: subprocess.Popen | None, sig: int, grace: float = 30.0) -> None:
