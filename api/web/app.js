@@ -68,18 +68,27 @@ async function loadConversations() {
   await selectConversation(ids.has(last) ? last : [...ids][0] || null);
 }
 
+// The list's buttons are made again only when the conversations change: a selection only
+// moves the "current" mark, so a button is never replaced under a click in progress (a
+// press on one button and a release on its replacement is no click at all).
 function renderConversations() {
   const list = $("conversation-list");
-  list.replaceChildren();
-  for (const id of store.get(`convs:${api.userId}`, [])) {
-    const li = document.createElement("li");
-    const button = document.createElement("button");
-    button.textContent = id;
-    button.className = id === cid ? "current" : "";
-    button.dataset.conversation = id;
-    button.addEventListener("click", () => selectConversation(id).catch(showError));
-    li.append(button);
-    list.append(li);
+  const ids = store.get(`convs:${api.userId}`, []);
+  const shown = [...list.querySelectorAll("button")].map((b) => b.dataset.conversation);
+  if (shown.length !== ids.length || shown.some((id, i) => id !== ids[i])) {
+    list.replaceChildren();
+    for (const id of ids) {
+      const li = document.createElement("li");
+      const button = document.createElement("button");
+      button.textContent = id;
+      button.dataset.conversation = id;
+      button.addEventListener("click", () => selectConversation(id).catch(showError));
+      li.append(button);
+      list.append(li);
+    }
+  }
+  for (const button of list.querySelectorAll("button")) {
+    button.className = button.dataset.conversation === cid ? "current" : "";
   }
 }
 
