@@ -35,10 +35,12 @@ The store (``SANDBOX_WORKSPACE_STORE=s3``): ``start``, ``exec`` and ``read`` ope
 conversation (``conversation_opened``: filled from the store the first time per runtime)
 and ``start`` and ``exec`` end with ``conversation_written`` (the write-back), as every
 route that writes does. The store keeps ``uploads/temparea`` and ``outputs/``, not the
-conversation's top level, so ``data.json`` and the marker are mirrored into
+conversation's top level, so in that mode ``data.json`` and the marker are mirrored into
 ``outputs/.sandbox/`` after ``start`` and each ``exec`` (readonly too: the mirror is
 rewritten from the protected files, so what code did to it is undone) and put back from
 there when the top level lacks them (a new runtime whose cache was filled from the store).
+In ``local`` mode the files live on the session's volume and there is no mirror (it
+would cost every ``exec`` a second command).
 """
 
 from __future__ import annotations
@@ -130,6 +132,8 @@ class _Sandbox:
         self.services, self.caller = services, caller
         self.cid = Workspace.check_conversation_id(cid)
         self.session_id = session_id_for(caller.user_id)
+        # Only the store needs the top-level files mirrored under outputs/ (see above).
+        self.mirrored = services.settings.store == "s3"
 
     async def running(self) -> tuple[Session, RuntimeClient]:
         session = await self.services.sessions.ensure_running(self.caller, self.session_id)
@@ -153,7 +157,7 @@ class _Sandbox:
         """The sandbox's marker, or 404 when it was never started (by this user)."""
         info = await client.conversation_info(self.cid)
         if info.exists:  # (executing in a conversation that has none would create it)
-            out = await self._bash(client, _STATE)
+            out = await self._bash(client, _state_command(self.mirrored))
             if out.exit_code == 0:
                 first, _, rest = out.stdout.partition("\n")
                 try:
@@ -172,7 +176,7 @@ class _Sandbox:
         code = write_command(marker)
         if "data" in body.model_fields_set:
             code += write_command({"node": body.data, "file": DATA_FILE})
-        out = await self._bash(client, code + _MIRROR)
+        out = await self._bash(client, code + _MIRROR if self.mirrored else code)
         await self.services.backend.conversation_written(session, self.cid)
         if out.exit_code != 0:
             return SandboxAnswer(success=False, error=out.stderr or "could not write data.json")
@@ -189,7 +193,8 @@ class _Sandbox:
         state = await self._state(client)
         read_only = [DATA_FILE, MARKER] if state["readonly"] else []
         out = await self._bash(client, body.command, body.timeout, read_only)
-        await self._bash(client, _MIRROR, read_only=read_only)
+        if self.mirrored:
+            await self._bash(client, _MIRROR, read_only=read_only)
         await self.services.backend.conversation_written(session, self.cid)
         error = out.stderr or (f"{out.error.name}: {out.error.value}" if out.error else None)
         return SandboxAnswer(
@@ -242,10 +247,10 @@ class _Sandbox:
         return SandboxAnswer(success=True, output="running", data=data)
 
 
-# The sandbox's files → their mirror under outputs/ (each present one copied, an absent
-# one's mirror removed); and back (``_STATE``) when the top level lacks the marker. Code
-# may have planted links there: a link is removed, never written through, and under
-# ``readonly`` this call runs with the same read_only rules as the code's.
+# s3 mode: the sandbox's files → their mirror under outputs/ (each present one copied, an
+# absent one's mirror removed); and back (``_state_command``) when the top level lacks the
+# marker. Code may have planted links there: a link is removed, never written through,
+# and under ``readonly`` this call runs with the same read_only rules as the code's.
 _MIRROR = f"""rc=$?
 if [ ! -L outputs ] && mkdir -p outputs; then
   if [ -L {MIRROR} ] || {{ [ -e {MIRROR} ] && [ ! -d {MIRROR} ]; }}; then rm -f -- {MIRROR}; fi
@@ -256,16 +261,26 @@ if [ ! -L outputs ] && mkdir -p outputs; then
 fi
 exit $rc
 """
-_STATE = f"""if [ ! -f {MARKER} ] && [ -f {MIRROR}/{MARKER} ]; then
+_RESTORE = f"""if [ ! -f {MARKER} ] && [ -f {MIRROR}/{MARKER} ]; then
   for f in {MARKER} {DATA_FILE}; do
     [ -f {MIRROR}/"$f" ] && cp -- {MIRROR}/"$f" "$f"
   done
 fi
-if [ -f {MARKER} ]; then
+"""
+_STATE = f"""if [ -f {MARKER} ]; then
   cat -- {MARKER}; echo; [ -f {DATA_FILE} ] && echo +; true
 else
   exit 3
 fi"""
+
+
+def _state_command(mirrored: bool) -> str:
+    """The marker's content (and ``+`` when data.json exists); exit 3 without one. In s3
+    mode the files come back from their mirror first; in local mode a file code put
+    under outputs/.sandbox/ is just a file (it never makes a sandbox)."""
+    return _RESTORE + _STATE if mirrored else _STATE
+
+
 # An action's errors answer the seed's shape; a malformed request the usual error body.
 _ERRORS: dict[int | str, dict] = {
     **errors(400),

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from api_calls import execute
 
 from sandbox_workspace.runtime import landlock
 
@@ -186,22 +187,48 @@ def test_in_store_mode_a_sandbox_is_written_back_and_comes_back(
         assert ok(act(api, "status"))["data"]["has_data"] is True
 
 
-def test_a_readonly_sandbox_mirror_is_rewritten_from_the_protected_file(api):
-    """Code of a readonly sandbox may change the mirror under outputs/ (not protected),
-    never what it holds once the exec has answered: the mirror is copied again from the
-    read-only data.json — and a link planted there is replaced, not written through."""
+def test_a_readonly_sandbox_mirror_is_rewritten_from_the_protected_file(
+    start_server, seaweedfs, s3_bucket
+):
+    """s3 mode: code of a readonly sandbox may change the mirror under outputs/ (not
+    protected), never what it holds once the exec has answered: the mirror is copied
+    again from the read-only data.json — and a link planted there is replaced, not
+    written through."""
+    env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none", **seaweedfs.env(s3_bucket)}
+    server = start_server("dev", **env)
+    user = f"ro-{uuid.uuid4().hex[:8]}"
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api:
+        ok(act(api, "start", data=TABLE, readonly=True))
+        tamper = (
+            "echo '{\"rows\": []}' > outputs/.sandbox/data.json; rm -f "
+            "outputs/.sandbox/.sandbox.json; ln -s ../../data.json outputs/.sandbox/.sandbox.json"
+        )
+        act(api, "exec", command=tamper)
+        check = (
+            "cat outputs/.sandbox/data.json; "
+            "test -L outputs/.sandbox/.sandbox.json && echo link; true"
+        )
+        out = ok(act(api, "exec", command=check))["output"]
+        assert json.loads(out) == TABLE
+        assert ok(act(api, "read"))["data"] == TABLE
+
+
+def test_local_mode_keeps_no_mirror(api, session_url):
+    """Local mode: data.json and the marker live on the session's volume, so nothing is
+    mirrored under outputs/ (no second command per exec) — and a marker that code puts
+    where s3 mode's mirror would be does not make a sandbox of a conversation."""
     ok(act(api, "start", data=TABLE, readonly=True))
-    tamper = (
-        "echo '{\"rows\": []}' > outputs/.sandbox/data.json; "
-        "rm -f outputs/.sandbox/.sandbox.json; ln -s ../../data.json outputs/.sandbox/.sandbox.json"
-    )
-    act(api, "exec", command=tamper)
-    check = (
-        "cat outputs/.sandbox/data.json; test -L outputs/.sandbox/.sandbox.json && echo link; true"
-    )
-    out = ok(act(api, "exec", command=check))["output"]
-    assert json.loads(out) == TABLE
+    ok(act(api, "exec", command="echo hi > outputs/r.txt"))
+    assert ok(act(api, "exec", command="ls -A outputs"))["output"].split() == ["r.txt"]
     assert ok(act(api, "read"))["data"] == TABLE
+
+    plant = (
+        "mkdir -p outputs/.sandbox && echo '{\"readonly\": false}' > outputs/.sandbox/.sandbox.json"
+    )
+    execute(api, session_url, plant, cid="sb-planted", language="bash")
+    r = act(api, "exec", "sb-planted", command="true")
+    assert r.status_code == 404, r.text
+    assert r.json()["data"] == {"code": "sandbox_not_found"}
 
 
 @pytest.mark.skipif(
