@@ -15,8 +15,13 @@ phases, the load goes through ``/api/v1/ui/chat`` (the AI SDK's UI message strea
 table), on both providers — a figure per route and provider with its added latency over
 the provider's direct stream and its difference from /chat's phases of the same rounds
 on the same provider ("no regression on /chat"). The full run gives each route's phase
-an API process of its own, as /chat's; --quick runs the three routes through one per
+an API process of its own, as /chat's, and rotates their order from round to round (no
+route is always the last of a round); --quick runs the three routes through one per
 provider (a few seconds per route).
+
+To look at a few routes quickly: ``python -m bench.chat --routes ag-ui,agents
+--providers anthropic --rounds 3`` runs only those (beside /chat's phases on the same
+providers, no Redis) and writes ``chat-selected.json``, never the full run's figures.
 
 Set-up: the model streams 50 tokens/s per run (a real model's pace); the runs arrive
 spread over 5 s (0.2 s in --quick), as users do, so all 200 stream at once for the last
@@ -38,6 +43,7 @@ either way.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import gc
@@ -64,6 +70,7 @@ from redis_server import missing_reason, start_redis  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROUNDS = 3
+PROVIDERS = ("openai", "anthropic")
 
 
 async def _direct(
@@ -239,14 +246,24 @@ def _no_collector_pauses():
         gc.enable()
 
 
-def run(quick: bool) -> list[Figure]:
+def run(
+    quick: bool,
+    routes: list[Route] | None = None,
+    providers: tuple[str, ...] = PROVIDERS,
+    rounds: int | None = None,
+) -> list[Figure]:
+    """The whole suite; or, with ``routes`` (and ``providers``, ``rounds``) given, those
+    routes beside /chat's phases on those providers — no Redis store, results in
+    ``chat-selected.json``."""
+    selected = routes is not None
+    routes = ROUTES if routes is None else routes
     # 20 ms between tokens: 50 tokens/s per stream, the pace of a real model; 200 runs
     # make 10,000 events per second in all.
     runs, tokens, interval = (10, 50, 0.02) if quick else (200, 500, 0.02)
     ramp = 0.2 if quick else 5.0
     # In-process and Redis phases alternate, ROUNDS pairs: a disturbance of this shared
     # machine during one phase moves one round's difference, not the median of three.
-    rounds = 1 if quick else ROUNDS
+    rounds = rounds or (1 if quick else ROUNDS)
     with tempfile.TemporaryDirectory(prefix="sbw-bench-llm-") as tmp:
         port_file = Path(tmp) / "port"
         llm = subprocess.Popen(
@@ -257,76 +274,93 @@ def run(quick: bool) -> list[Figure]:
         try:
             port = wait_for_port(llm, port_file, "benchmark model server")
             llm_url = f"http://127.0.0.1:{port}/v1"
-            direct: list[float] = []
-            direct_messages: list[float] = []
+            direct = {"openai": [], "anthropic": []}
             with _no_collector_pauses():
-                direct_seconds = _measure(_direct(llm_url, runs, direct, ramp))
-                _measure(_direct(llm_url, runs, direct_messages, ramp, "anthropic"))
+                direct_seconds = _measure(_direct(llm_url, runs, direct["openai"], ramp))
+                _measure(_direct(llm_url, runs, direct["anthropic"], ramp, "anthropic"))
             env = {
                 "SANDBOX_WORKSPACE_LLM_BASE_URL": llm_url,
                 "SANDBOX_WORKSPACE_LLM_MODEL": "bench",
                 "SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none",
             }
-            anthropic_env = {**env, "SANDBOX_WORKSPACE_LLM_PROVIDER": "anthropic"}
-            in_process: list[Phase] = []
-            on_anthropic: list[Phase] = []
+            envs = {
+                "openai": env,
+                "anthropic": {**env, "SANDBOX_WORKSPACE_LLM_PROVIDER": "anthropic"},
+            }
+            on_chat: dict[str, list[Phase]] = {provider: [] for provider in providers}
             on_redis: list[Phase] = []
             # (route, provider) → that route's phase of every round
             on_routes: dict[tuple[str, str], list[Phase]] = {}
-            redis_missing = False
-            for _ in range(rounds):
-                in_process.append(_phase(env, runs, ramp))
-                on_anthropic.append(_phase(anthropic_env, runs, ramp))
+            pairs = [(route, provider) for provider in providers for route in routes]
+            redis_missing = selected
+            for i in range(rounds):
+                for provider in providers:
+                    on_chat[provider].append(_phase(envs[provider], runs, ramp))
                 phase = None if redis_missing else _on_redis_store(env, runs, ramp, Path(tmp))
                 redis_missing = phase is None
                 if phase is not None:
                     on_redis.append(phase)
-                for provider, provider_env in (("openai", env), ("anthropic", anthropic_env)):
-                    # --quick: one API process for the three routes (a few seconds each)
-                    batches = [ROUTES] if quick else [[route] for route in ROUTES]
-                    for batch in batches:
-                        measured = _phases(provider_env, runs, ramp, batch)
-                        for route, phase in zip(batch, measured, strict=True):
-                            on_routes.setdefault((route.path, provider), []).append(phase)
+                if quick:  # one API process per provider for its routes (a few seconds each)
+                    batches = [[p for p in pairs if p[1] == provider] for provider in providers]
+                else:  # an API each, in an order rotated from round to round
+                    shift = (2 * i) % len(pairs)
+                    batches = [[p] for p in pairs[shift:] + pairs[:shift]]
+                for batch in batches:
+                    measured = _phases(envs[batch[0][1]], runs, ramp, [r for r, _ in batch])
+                    for (route, provider), phase in zip(batch, measured, strict=True):
+                        on_routes.setdefault((route.path, provider), []).append(phase)
         finally:
             os.killpg(llm.pid, signal.SIGTERM)
             llm.wait(timeout=10)
 
-    first = in_process[0]
-    redis_figures = [_redis_figure(on_redis, in_process, runs, tokens)] if on_redis else []
-    figures = [
-        Figure.of(
-            f"chat: token → SSE event latency, {runs} runs × {tokens} tokens",
-            "ms",
-            first.samples,
-            "same model streamed directly",
-            direct,
-            goal="p99 added < 5 ms",
-            events_per_second=round(first.events / first.seconds),
-            api_seconds=round(first.seconds, 2),
-            direct_seconds=round(direct_seconds, 2),
-            added_p50_ms=round(percentile(first.samples, 50) - percentile(direct, 50), 3),
-            added_p99_ms=round(percentile(first.samples, 99) - percentile(direct, 99), 3),
-            api_gc_pauses=first.gc_pauses,
-            api_cpu_us_per_event=round(first.api_cpu_us, 1),
-        ),
-        *redis_figures,
-        _anthropic_figure(on_anthropic, in_process, direct_messages, runs, tokens),
-        *(
-            _route_figure(
-                route.path,
-                provider,
-                on_routes[(route.path, provider)],
-                in_process if provider == "openai" else on_anthropic,
-                direct if provider == "openai" else direct_messages,
-                runs,
-                tokens,
+    figures = []
+    if "openai" in providers:
+        first = on_chat["openai"][0]
+        figures.append(
+            Figure.of(
+                f"chat: token → SSE event latency, {runs} runs × {tokens} tokens",
+                "ms",
+                first.samples,
+                "same model streamed directly",
+                direct["openai"],
+                goal="p99 added < 5 ms",
+                events_per_second=round(first.events / first.seconds),
+                api_seconds=round(first.seconds, 2),
+                direct_seconds=round(direct_seconds, 2),
+                added_p50_ms=round(
+                    percentile(first.samples, 50) - percentile(direct["openai"], 50), 3
+                ),
+                added_p99_ms=round(
+                    percentile(first.samples, 99) - percentile(direct["openai"], 99), 3
+                ),
+                api_gc_pauses=first.gc_pauses,
+                api_cpu_us_per_event=round(first.api_cpu_us, 1),
+                rounds=_chat_rounds(on_chat["openai"], direct["openai"]),
             )
-            for route in ROUTES
-            for provider in ("openai", "anthropic")
-        ),
+        )
+    if on_redis:
+        figures.append(_redis_figure(on_redis, on_chat["openai"], runs, tokens))
+    if "anthropic" in providers:
+        figures.append(
+            _anthropic_figure(
+                on_chat["anthropic"], on_chat.get("openai", []), direct["anthropic"], runs, tokens
+            )
+        )
+    figures += [
+        _route_figure(
+            route.path,
+            provider,
+            on_routes[(route.path, provider)],
+            on_chat[provider],
+            direct[provider],
+            runs,
+            tokens,
+        )
+        for route in routes
+        for provider in providers
     ]
-    # Quick mode (the test command's) never overwrites the full run's committed figures.
+    # Quick mode (the test command's) and a selection never overwrite the full run's
+    # committed figures.
     RESULTS.mkdir(exist_ok=True)
     result = {
         "quick": quick,
@@ -334,9 +368,21 @@ def run(quick: bool) -> list[Figure]:
         "load_average": os.getloadavg(),
         "figures": [{**asdict(f), "ratio": f.ratio} for f in figures],
     }
-    name = "chat-quick.json" if quick else "chat.json"
+    name = "chat-selected.json" if selected else "chat-quick.json" if quick else "chat.json"
     (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
     return figures
+
+
+def _chat_rounds(phases: list[Phase], direct: list[float]) -> list[dict]:
+    """/chat's added latency in each round (the figure above is the first round's)."""
+    return [
+        {
+            "added_p50_ms": round(percentile(p.samples, 50) - percentile(direct, 50), 3),
+            "added_p99_ms": round(percentile(p.samples, 99) - percentile(direct, 99), 3),
+            "api_cpu_us_per_event": round(p.api_cpu_us, 1),
+        }
+        for p in phases
+    ]
 
 
 @dataclass
@@ -421,7 +467,7 @@ def _anthropic_figure(
     directly, and — the comparison that matters — against the OpenAI-compatible phases of
     the same rounds."""
     samples = [x for p in phases for x in p.samples]
-    baseline = [x for p in openai for x in p.samples]
+    baseline = [x for p in openai for x in p.samples] or samples  # a selection without it
     return Figure.of(
         f"chat on the Anthropic Messages provider: token → SSE event latency, "
         f"{runs} runs × {tokens} tokens",
@@ -433,8 +479,11 @@ def _anthropic_figure(
         events_per_second=round(phases[0].events / phases[0].seconds),
         **_compared(samples, direct, baseline, "openai"),
         api_cpu_us_per_event=round(statistics.mean(p.api_cpu_us for p in phases), 1),
-        openai_api_cpu_us_per_event=round(statistics.mean(p.api_cpu_us for p in openai), 1),
+        openai_api_cpu_us_per_event=round(
+            statistics.mean(p.api_cpu_us for p in openai or phases), 1
+        ),
         api_gc_pauses=phases[0].gc_pauses,
+        rounds=_chat_rounds(phases, direct),
     )
 
 
@@ -504,3 +553,38 @@ def _route_figure(
         chat_api_cpu_us_per_event=round(statistics.mean(p.api_cpu_us for p in chat), 1),
         api_gc_pauses=phases[0].gc_pauses,
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    by_name = {route.path.removeprefix("/api/v1/"): route for route in ROUTES}
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.chat", description="Some chat routes beside /chat's phases."
+    )
+    parser.add_argument("--quick", action="store_true", help="10 runs × 50 tokens")
+    parser.add_argument(
+        "--routes", default=",".join(by_name), help=f"comma-separated: {', '.join(by_name)}"
+    )
+    parser.add_argument("--providers", default=",".join(PROVIDERS), help="openai, anthropic")
+    parser.add_argument("--rounds", type=int, default=None, help="default: as the full run")
+    args = parser.parse_args(argv)
+    names = [n for n in args.routes.split(",") if n]
+    providers = tuple(p for p in args.providers.split(",") if p)
+    if unknown := set(names) - set(by_name):
+        parser.error(f"unknown route(s) {sorted(unknown)}; choose from {sorted(by_name)}")
+    if unknown := set(providers) - set(PROVIDERS):
+        parser.error(f"unknown provider(s) {sorted(unknown)}; choose from {PROVIDERS}")
+    figures = run(args.quick, [by_name[n] for n in names], providers, args.rounds)
+    for f in figures:
+        extra = f.extra
+        line = f"{f.name}: p50 {f.p50:.2f} ms, p99 {f.p99:.2f} ms"
+        if "vs_chat_p99_ms" in extra:
+            each = ", ".join(f"{r['p99_ms']:+.1f}" for r in extra["vs_chat_rounds"])
+            line += (
+                f"; vs /chat p50 {extra['vs_chat_p50_ms']:+.2f} ms, p99 "
+                f"{extra['vs_chat_p99_ms']:+.2f} ms (each round's p99: {each})"
+            )
+        print(f"{line}; API CPU per event {extra.get('api_cpu_us_per_event')} µs", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -70,3 +70,31 @@ def test_bench_runs_in_quick_mode():
         )
         assert ha["kills"] >= 2 and ha["replicas"] >= 2 and ha["runs"] > 0
         assert ha["lost_events"] == ha["duplicated_events"] == ha["unfinished_streams"] == 0
+
+
+SELECTION = ["--providers", "anthropic", "--rounds", "2"]
+
+
+@pytest.mark.timeout(300)
+def test_bench_chat_runs_a_selection_of_routes():
+    """``python -m bench.chat --routes … --providers …``: only those routes, beside /chat's
+    phases on those providers, written apart from the full run's figures."""
+    started = time.time()
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.chat", "--quick", "--routes", "agents", *SELECTION],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    selected = ROOT / "bench" / "results" / "chat-selected.json"
+    assert selected.stat().st_mtime >= started
+    figures = json.loads(selected.read_text())["figures"]
+    assert [f["name"].split(":")[0] for f in figures] == [
+        "chat on the Anthropic Messages provider",
+        "chat via /api/v1/agents (Anthropic Messages provider)",
+    ]
+    route = figures[1]["extra"]
+    assert route["n"] == 2 * route["baseline_n"] and len(route["vs_chat_rounds"]) == 2
+    assert "vs /chat" in result.stdout

@@ -23,7 +23,7 @@ from sandbox_workspace.runtime.errors import BadRequest
 
 from ..chat.ag_ui import AgUiStream
 from ..chat.run import Run
-from ..chat.run_events import encode_data, translate
+from ..chat.run_events import encode_data, translated
 from ..chat.selected_files import MAX_SELECTED, parse_selected
 from ..deps import CallerDep, ServicesDep
 from ..event_stream import EventStream
@@ -164,8 +164,8 @@ def resume_answer(entry: ResumeEntry) -> Answer:
 
 
 def _respond(run: Run, translator: AgUiStream, after: int, keepalive: float):
-    frames = translate(run, after, translator, encode_data, keepalive)
-    return EventStream(frames, {**SSE_HEADERS, "X-Run-Id": run.id})
+    headers = {**SSE_HEADERS, "X-Run-Id": run.id}
+    return translated(run, after, translator, encode_data, keepalive, headers)
 
 
 @router.post(

@@ -33,7 +33,7 @@ from sandbox_workspace.runtime.workspace import Workspace
 
 from ..chat.agents_stream import EVENT_TYPES, AgentsStream, encode, failed
 from ..chat.policy import effective_policies
-from ..chat.run_events import translate
+from ..chat.run_events import translated
 from ..chat.selected_files import SelectedFileRef, selected_files_field, selected_names
 from ..chat.table_agent import make_plan, working_directory
 from ..deps import CallerDep, ServicesDep
@@ -153,8 +153,8 @@ async def agents(
         table=plan,
         write_table=write_table,
     )
-    frames = translate(run, 0, AgentsStream(), encode, settings.chat_keepalive_seconds)
-    return EventStream(frames, {**SSE_HEADERS, "X-Run-Id": run.id})
+    headers = {**SSE_HEADERS, "X-Run-Id": run.id}
+    return translated(run, 0, AgentsStream(), encode, settings.chat_keepalive_seconds, headers)
 
 
 async def _once(messages: list[dict]) -> AsyncIterator[list[bytes]]:

@@ -25,7 +25,7 @@ from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
 
 from ..chat.chat_index import ChatRun
 from ..chat.run import Run
-from ..chat.run_events import decided_approvals, encode_data, translate
+from ..chat.run_events import decided_approvals, encode_data, translated
 from ..chat.selected_files import SelectedFileRef, selected_files_field
 from ..chat.ui_stream import DONE, HEADERS, UiMessageStream
 from ..deps import CallerDep, ServicesDep
@@ -119,8 +119,8 @@ async def _remember(services, user_id: str, chat_id: str, entry: ChatRun) -> Non
 
 
 def _respond(run: Run, translator: UiMessageStream, after: int, keepalive: float):
-    frames = translate(run, after, translator, encode_data, keepalive, tail=DONE)
-    return EventStream(frames, {**HEADERS, "X-Run-Id": run.id})
+    headers = {**HEADERS, "X-Run-Id": run.id}
+    return translated(run, after, translator, encode_data, keepalive, headers, tail=DONE)
 
 
 def _metadata(run: Run) -> dict[str, str]:

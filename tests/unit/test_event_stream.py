@@ -83,3 +83,22 @@ def test_a_failed_write_closes_the_iterator_and_is_raised():
     with pytest.raises(OSError):
         asyncio.run(go())
     assert source.closed
+
+
+def test_a_transform_rewrites_each_batch_and_its_last_batch_ends_the_body():
+    """A translated stream: each batch through ``transform``, which says when its segment
+    ended — then ``tail``, the end of the body, and the run's iterator closed although
+    it would go on."""
+    source = Source([b"a", b"b"], [b"c"], [b"end"], [b"never"])
+
+    def transform(batch: list[bytes]) -> tuple[list[bytes], bool]:
+        return [frame.upper() for frame in batch], b"end" in batch
+
+    async def go():
+        response = EventStream(source(), transform=transform, tail=b"[DONE]")
+        return await _call(response, asyncio.Event())
+
+    sent = asyncio.run(go())
+    assert [m["body"] for m in sent[1:]] == [b"AB", b"C", b"END", b"[DONE]", b""]
+    assert sent[-1]["more_body"] is False
+    assert source.closed

@@ -15,6 +15,7 @@ from sandbox_workspace.api.chat.run_events import (
     parse_approval_id,
     parse_frame,
     raw_delta,
+    translation,
 )
 from sandbox_workspace.api.chat.ui_stream import UiMessageStream
 from sandbox_workspace.api.sse import encode_event
@@ -256,3 +257,54 @@ def test_the_short_way_of_text_deltas_gives_the_same_bytes(make, encode):
     # Every non-empty delta after the first (which opens the text part) went the short way.
     assert short_way == 5 if make is not AgentsStream else short_way == 6
     assert raw_delta(encode_event(3, "status", {"delta": "x"})) is None
+
+
+@pytest.mark.parametrize(
+    ("make", "encode"),
+    [
+        pytest.param(lambda: UiMessageStream(RUN, "m1"), encode_data, id="ai-sdk"),
+        pytest.param(lambda: AgUiStream("t", "r", RUN), encode_data, id="ag-ui"),
+        pytest.param(AgentsStream, encode_agents, id="agents"),
+    ],
+)
+@pytest.mark.parametrize("per_batch", [1, 3, 100], ids=["batch1", "batch3", "batch100"])
+def test_a_translated_stream_is_byte_for_byte_the_general_way(make, encode, per_batch):
+    """What the routes write (``translation``: the short way for deltas, a text part's
+    prefix built once) against every event parsed, translated and encoded: the same
+    bytes, across text parts closed by a tool step and opened again (a new part, a new
+    prefix), whatever the batches; a batch stops at the segment's end."""
+    frames = [
+        encode_event(i, kind, data)
+        for i, (kind, data) in enumerate(
+            [
+                ("run_started", {"run_id": RUN}),
+                ("status", {"stage": "thinking", "message": "m", "iteration": 1}),
+                ("text", {"delta": "one "}),
+                ("text", {"delta": 'two "quoted"'}),
+                ("text", {"delta": ""}),
+                ("tool_start", {"tool_call_id": "c1", "name": "bash", "arguments": "{}"}),
+                ("tool_end", {"tool_call_id": "c1", "name": "bash", "output": "ok", "ok": True}),
+                ("text", {"delta": "three\n"}),
+                ("text", {"delta": "four ✓"}),
+                ("result", {"answer": "one two", "files": [], "presented": [], "success": True}),
+                ("done", {}),
+            ],
+            1,
+        )
+    ]
+    general = make()
+    expected = []
+    for frame in frames:
+        expected += [encode(m) for m in general.feed(parse_frame(frame))]
+        if general.ended:
+            break
+    step = translation(make(), encode)
+    got, ended = [], False
+    for start in range(0, len(frames), per_batch):
+        out, ended = step(frames[start : start + per_batch])
+        got += out
+        if ended:  # as EventStream: the segment's last batch
+            break
+    assert ended
+    assert b"".join(got) == b"".join(expected)
+    assert got == expected
