@@ -68,6 +68,13 @@ LABEL_CLEANUP = f"{PREFIX}/cleanup-of"
 # On a warm-pool sandbox pod for its whole life: "free", then "claimed" (operator/pool).
 LABEL_POOL = f"{PREFIX}/pool"
 FINALIZER_FILES = f"{PREFIX}/files"
+# On a ConversationWorkspace while an API process writes to its store prefix (store mode
+# s3): one annotation per writer, ``writers.sandboxworkspace.io/w-{id}: {lease end, Unix
+# s}``. The finalizer does not look for the prefix to be empty while a live one is there
+# (so no object lands after it looked); one whose lease ended (its API process died) is
+# removed, and the prefix cleared after it.
+ANNOTATION_WRITER_PREFIX = f"writers.{PREFIX}/"
+WRITER_LEASE_SECONDS = 30
 COMPONENT_RUNTIME = "runtime"
 
 SizeUnit = Literal["B", "KB", "MB", "GB"]

@@ -24,9 +24,13 @@ Contract:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
+import secrets
+import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,6 +50,7 @@ from .base import (
     SessionExists,
     SessionSpec,
     SessionStatus,
+    StoreFence,
 )
 from .kube_conversations import ConversationTracker
 
@@ -353,6 +358,33 @@ class KubernetesBackend:
             await runtime.delete_conversation(conversation_id)
         raise ConversationDeleting(conversation_id)
 
+    @contextlib.asynccontextmanager
+    async def store_writing(
+        self, session: Session, conversation_id: str
+    ) -> AsyncIterator[StoreFence]:
+        """The writer announces itself on the ConversationWorkspace (an annotation with a
+        lease, ``models.ANNOTATION_WRITER_PREFIX``) and withdraws when done. The patch's
+        answer is the apiserver's current object: being deleted (or gone) → refused before
+        anything is written. The finalizer waits while a live announcement is there, so
+        every object of an announced writer has landed before it lists the prefix; a
+        writer that outlived its lease (the finalizer may have gone on) is ``late``."""
+        path = self._workspaces(self._workspace_name(session, conversation_id))
+        key = f"{models.ANNOTATION_WRITER_PREFIX}w-{secrets.token_hex(8)}"
+        lease_end = time.time() + models.WRITER_LEASE_SECONDS
+        obj = await self.kube.patch(path, _annotate(key, str(int(lease_end))))
+        fence = StoreFence()
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            if obj is not None:
+                await self.kube.patch(path, _annotate(key, None))
+            raise ConversationDeleting(conversation_id)
+        try:
+            yield fence
+        finally:
+            obj = await asyncio.shield(self.kube.patch(path, _annotate(key, None)))
+            ending = obj is None or obj["metadata"].get("deletionTimestamp")
+            # A margin for the clocks of this process and the operator's.
+            fence.late = bool(ending) and time.time() > lease_end - _LEASE_MARGIN
+
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
         if await self.conversations.delete(self._workspace_name(session, conversation_id)):
             return False  # the finalizer finishes the job; status shows progress
@@ -364,6 +396,11 @@ class KubernetesBackend:
 
 
 _CACHE_LIMIT = 10_000
+_LEASE_MARGIN = 5.0
+
+
+def _annotate(key: str, value: str | None) -> dict:
+    return {"metadata": {"annotations": {key: value}}}
 
 
 def _bounded(cache: dict) -> None:

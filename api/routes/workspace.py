@@ -154,7 +154,7 @@ async def _patch(services, caller, session_id, cid, body: WorkspaceSettings) -> 
     backend = _backend(services)
     session = await _session(services, caller, session_id)
     cid = Workspace.check_conversation_id(cid)
-    await backend.meta.set_enabled(backend.scope(session), cid, body.workspace_enabled)
+    await backend.set_enabled(session, cid, body.workspace_enabled)
     return await _info(services, caller, session_id, cid)
 
 
