@@ -50,6 +50,9 @@ LABEL_USER = f"{PREFIX}/user"  # DNS slug of the user id (label values are restr
 LABEL_CONVERSATION = f"{PREFIX}/conversation"  # DNS slug of the conversation id
 ANNOTATION_USER_ID = f"{PREFIX}/user-id"  # the user id verbatim
 ANNOTATION_CONVERSATION_ID = f"{PREFIX}/conversation-id"
+# The caller's tenant verbatim, on the sessions and workspaces of a tenant other than
+# "default" (whose sessions are one per tenant and user: naming.session_id_for).
+ANNOTATION_TENANT_ID = f"{PREFIX}/tenant-id"
 # Set (any value, conventionally an RFC 3339 time) by the API to start a Stopped session
 # again; the operator recreates the pod and removes the annotation.
 ANNOTATION_RESUME = f"{PREFIX}/resume-requested"

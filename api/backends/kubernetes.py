@@ -92,9 +92,9 @@ def session_body(
         "apiVersion": models.API_VERSION,
         "kind": models.SESSION_KIND,
         "metadata": {
-            "name": naming.session_name_for(spec.user_id),
+            "name": naming.session_name(spec.session_id),
             "labels": {models.LABEL_USER: naming.dns_name(spec.user_id)},
-            "annotations": {models.ANNOTATION_USER_ID: spec.user_id},
+            "annotations": {models.ANNOTATION_USER_ID: spec.user_id, **_tenant(spec.session_id)},
         },
         "spec": body_spec.model_dump(by_alias=True, exclude_none=True),
     }
@@ -141,8 +141,7 @@ class KubernetesBackend:
 
     @staticmethod
     def _name(session_id: str) -> str | None:
-        user = naming.user_id_from_session_id(session_id)
-        return naming.session_name_for(user) if user is not None else None
+        return naming.session_name(session_id)
 
     # -- sessions ----------------------------------------------------------------------
 
@@ -302,13 +301,13 @@ class KubernetesBackend:
 
     @staticmethod
     def _workspace_name(session: Session, conversation_id: str) -> str:
-        return naming.workspace_name(naming.session_name_for(session.spec.user_id), conversation_id)
+        return naming.workspace_name(_session_name(session), conversation_id)
 
     async def conversation_phase(self, session: Session, conversation_id: str) -> ConversationPhase:
         return await self.conversations.phase(self._workspace_name(session, conversation_id))
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
-        session_name = naming.session_name_for(session.spec.user_id)
+        session_name = _session_name(session)
         spec = models.ConversationWorkspaceSpec(
             conversation_id=conversation_id,
             session_ref=session_name,
@@ -332,6 +331,7 @@ class KubernetesBackend:
                     {
                         models.ANNOTATION_CONVERSATION_ID: conversation_id,
                         models.ANNOTATION_USER_ID: session.spec.user_id,
+                        **_tenant(session.session_id),
                     },
                     models.ANNOTATION_TRACEPARENT,
                 ),
@@ -396,6 +396,21 @@ class KubernetesBackend:
 
 
 _CACHE_LIMIT = 10_000
+
+
+def _session_name(session: Session) -> str:
+    name = naming.session_name(session.session_id)
+    assert name is not None, "sessions are made only under ids of naming's forms"
+    return name
+
+
+def _tenant(session_id: str) -> dict[str, str]:
+    """The tenant annotation of a session's resources; none in the default tenant (its
+    resources stay exactly as before tenants had sessions of their own)."""
+    tenant = naming.tenant_of(session_id)
+    return {} if tenant in (None, naming.DEFAULT_TENANT) else {models.ANNOTATION_TENANT_ID: tenant}
+
+
 _LEASE_MARGIN = 5.0
 
 

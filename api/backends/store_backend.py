@@ -49,6 +49,7 @@ from typing import Any
 
 import httpx
 
+from sandbox_workspace.operator import naming
 from sandbox_workspace.runtime.client import RuntimeRefused
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError
 from sandbox_workspace.runtime.schemas import UploadResult
@@ -120,8 +121,9 @@ class StoreBackend:
 
     @staticmethod
     def scope(session: Session | str) -> Scope:
+        """The session's keys: its tenant (read from its id) and the session."""
         sid = session if isinstance(session, str) else session.session_id
-        return Scope(DEFAULT_TENANT, sid)
+        return Scope(naming.tenant_of(sid) or DEFAULT_TENANT, sid)
 
     def _lock(self, session: Session, cid: str) -> asyncio.Lock:
         return self._locks.setdefault((session.session_id, cid), asyncio.Lock())
@@ -193,7 +195,9 @@ class StoreBackend:
 
     async def delete_session(self, session_id: str) -> bool:
         existed = await self.inner.delete_session(session_id)
-        await self.store.delete_prefix(self.layout.session(DEFAULT_TENANT, session_id))
+        await self.store.delete_prefix(
+            self.layout.session(self.scope(session_id).tenant, session_id)
+        )
         self._forget(session_id, None)
         return existed
 

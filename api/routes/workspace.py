@@ -20,7 +20,6 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from sandbox_workspace.operator.naming import session_id_for
 from sandbox_workspace.runtime.errors import NotFoundError, TooLarge, Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
@@ -86,7 +85,7 @@ def _own_tenant(caller: Caller, tenant_id: str) -> None:
 
 
 async def _session(services, caller: Caller, session_id: str | None) -> Session:
-    sid = session_id or session_id_for(caller.user_id)
+    sid = session_id or caller.session_id
     return await services.sessions.ensure_running(caller, sid)
 
 

@@ -17,7 +17,7 @@ import pytest
 from hold_proxy import HoldProxy
 from kubeenv import KubeClient, wait_until
 from kubeenv.stack import Stack
-from operator_env import TIMEOUT, cws_path, make_workspace, running_session, wait_phase
+from operator_env import TIMEOUT, cws_path, make_workspace, running_session, sbs_path, wait_phase
 
 from sandbox_workspace.operator import models, naming
 
@@ -119,3 +119,39 @@ def test_a_dead_writers_announcement_is_outwaited_and_its_object_cleared(
     assert kube_api.get(path) is not None and time.time() < lease_end, "the lease ran out"
     kube_api.wait_gone(path, timeout=TIMEOUT)
     assert seaweedfs.list_keys(s3_bucket, PREFIX) == []
+
+
+def test_a_tenants_conversation_is_cleared_from_its_own_keys(
+    kube_control_plane, kube_api: KubeClient, namespace: str, start_operator, node_agent,
+    seaweedfs, s3_bucket, tmp_path,
+):  # fmt: skip
+    """A caller of tenant acme has a session of its own (annotated with the tenant), its
+    files under the tenant's keys, and the finalizer clears those keys."""
+    start_operator(store="s3", s3=seaweedfs.settings(s3_bucket))
+    stack = Stack(
+        kube_control_plane.kubeconfig, namespace, tmp_path, api_env=seaweedfs.env(s3_bucket)
+    )
+    sid = naming.session_id_for(USER, "acme")
+    prefix = f"workspaces/acme/{sid}/c1/"
+    headers = {"X-User-Id": USER, "X-Tenant-Id": "acme"}
+    try:
+        url = stack.start_api()
+        with httpx.Client(base_url=url, headers=headers, timeout=120) as api:
+            r = api.post(
+                f"/api/v1/sessions/{sid}/files/upload", files={"file": ("in.csv", b"a,b\n")},
+                data={"conversation_id": "c1"},
+            )  # fmt: skip
+            assert r.status_code == 201, r.text
+            session = kube_api.get(f"{sbs_path(namespace)}/{naming.session_name(sid)}")
+            assert session["metadata"]["annotations"][models.ANNOTATION_TENANT_ID] == "acme"
+            assert kube_api.get_or_none(f"{sbs_path(namespace)}/{SID}") is None  # not the default's
+            assert [i.key for i in seaweedfs.list_keys(s3_bucket, prefix)] == [
+                prefix + ".sbw/files.json",
+                prefix + "uploads/temparea/in.csv",
+            ]
+            assert api.delete(f"/api/v1/sessions/{sid}/conversations/c1").status_code in (200, 202)
+            path = cws_path(namespace, naming.workspace_name(naming.session_name(sid), "c1"))
+            kube_api.wait_gone(path, timeout=TIMEOUT)
+        assert seaweedfs.list_keys(s3_bucket, prefix) == []
+    finally:
+        stack.stop_api()
