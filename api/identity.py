@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import jwt
 from starlette.datastructures import Headers
 
+from sandbox_workspace.operator.naming import session_id_for
 from sandbox_workspace.runtime.errors import ApiError, BadRequest, Unauthorized
 
 from .settings import ApiSettings
@@ -47,6 +48,12 @@ class Caller:
     # (SANDBOX_WORKSPACE_JWT_TENANT_CLAIM), else X-Tenant-Id (dev, service token), else
     # "default". Seed 003's /api/tenants/{tenant_id}/… routes answer 404 for another one.
     tenant: str = DEFAULT_TENANT
+
+    @property
+    def session_id(self) -> str:
+        """The caller's one session: ``sb-session-{user_id}`` in the default tenant, one
+        per (tenant, user) in any other (``naming.session_id_for``)."""
+        return session_id_for(self.user_id, self.tenant)
 
 
 def check_tenant(tenant: str | None) -> str:

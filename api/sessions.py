@@ -1,8 +1,10 @@
 """Session rules on top of any backend: ownership and ensure-running (seed 000 §3.2).
 
 Contract:
-- A caller owns exactly one session, ``sb-session-{user_id}``; any other id answers 404
-  exactly as a missing session does, so ids of other users cannot be probed.
+- A caller owns exactly one session, ``Caller.session_id``: ``sb-session-{user_id}`` in
+  the default tenant, one per (tenant, user) in another (where ``sb-session-{user_id}``
+  names it too, as clients build it); any other id answers 404 exactly as a missing
+  session does, so ids of other users and tenants cannot be probed.
 - ``ensure_running`` is the seed's EnsureSandboxSession: get → create when missing (a 409
   from a concurrent creator is fine) → resume when stopped or failed → wait, bounded by
   the ready timeout, until ``running``. It never returns a session that is not running.
@@ -49,9 +51,10 @@ class SessionService:
 
     @staticmethod
     def own_session_id(caller: Caller, session_id: str) -> str:
-        if session_id != session_id_for(caller.user_id):
+        own = caller.session_id
+        if session_id not in (own, session_id_for(caller.user_id)):
             raise NotFoundError(f"session '{session_id}' not found")
-        return session_id
+        return own
 
     async def get(self, caller: Caller, session_id: str) -> Session:
         session = await self.backend.get_session(self.own_session_id(caller, session_id))
@@ -61,7 +64,7 @@ class SessionService:
 
     def default_spec(self, caller: Caller) -> SessionSpec:
         return SessionSpec(
-            session_id=session_id_for(caller.user_id),
+            session_id=caller.session_id,
             user_id=caller.user_id,
             file_upload=self.default_upload,
             ttl_seconds=self.default_ttl,

@@ -50,6 +50,9 @@ LABEL_USER = f"{PREFIX}/user"  # DNS slug of the user id (label values are restr
 LABEL_CONVERSATION = f"{PREFIX}/conversation"  # DNS slug of the conversation id
 ANNOTATION_USER_ID = f"{PREFIX}/user-id"  # the user id verbatim
 ANNOTATION_CONVERSATION_ID = f"{PREFIX}/conversation-id"
+# The caller's tenant verbatim, on the sessions and workspaces of a tenant other than
+# "default" (whose sessions are one per tenant and user: naming.session_id_for).
+ANNOTATION_TENANT_ID = f"{PREFIX}/tenant-id"
 # Set (any value, conventionally an RFC 3339 time) by the API to start a Stopped session
 # again; the operator recreates the pod and removes the annotation.
 ANNOTATION_RESUME = f"{PREFIX}/resume-requested"
@@ -68,6 +71,13 @@ LABEL_CLEANUP = f"{PREFIX}/cleanup-of"
 # On a warm-pool sandbox pod for its whole life: "free", then "claimed" (operator/pool).
 LABEL_POOL = f"{PREFIX}/pool"
 FINALIZER_FILES = f"{PREFIX}/files"
+# On a ConversationWorkspace while an API process writes to its store prefix (store mode
+# s3): one annotation per writer, ``writers.sandboxworkspace.io/w-{id}: {lease end, Unix
+# s}``. The finalizer does not look for the prefix to be empty while a live one is there
+# (so no object lands after it looked); one whose lease ended (its API process died) is
+# removed, and the prefix cleared after it.
+ANNOTATION_WRITER_PREFIX = f"writers.{PREFIX}/"
+WRITER_LEASE_SECONDS = 30
 COMPONENT_RUNTIME = "runtime"
 
 SizeUnit = Literal["B", "KB", "MB", "GB"]

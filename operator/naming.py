@@ -3,6 +3,11 @@
 Contract:
 - ``session_id_for(user_id)`` is ``sb-session-{user_id}`` (seed 000 §2.1), the id clients
   see; it is fixed per user, so nothing has to be stored to find a user's session.
+- A caller of another tenant than ``default`` has a session of its own per (tenant, user):
+  ``session_id_for(user_id, tenant)`` is ``sb-tenant-{len(tenant)}-{tenant}-{user_id}``.
+  The length makes the pair readable back (``tenant_of``) and the map injective; the
+  prefix differs from ``sb-session-``, so no default-tenant id equals one. Resource
+  names are ``dns_name`` of the id (a DNS label, at most 63 characters, injective).
 - ``dns_name(value)`` is valid as an RFC 1123 label (or subdomain part) for *any* string,
   and no two different inputs share a result: whenever the slug differs from the input
   (characters replaced, case folded, truncated) an 8-hex-digit hash of the input is
@@ -15,6 +20,8 @@ import hashlib
 import re
 
 SESSION_PREFIX = "sb-session-"
+TENANT_SESSION_PREFIX = "sb-tenant-"
+DEFAULT_TENANT = "default"
 _MAX_LABEL = 63
 _INVALID = re.compile(r"[^a-z0-9-]+")
 _VALID = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -23,14 +30,42 @@ _VALID = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _HASHED = re.compile(r"-[0-9a-f]{8}$")
 
 
-def session_id_for(user_id: str) -> str:
-    return f"{SESSION_PREFIX}{user_id}"
+def session_id_for(user_id: str, tenant: str = DEFAULT_TENANT) -> str:
+    if tenant == DEFAULT_TENANT:
+        return f"{SESSION_PREFIX}{user_id}"
+    return f"{TENANT_SESSION_PREFIX}{len(tenant)}-{tenant}-{user_id}"
+
+
+def _parse(session_id: str) -> tuple[str, str] | None:
+    """(tenant, user id) of a session id of either form, or None for anything else."""
+    if session_id.startswith(SESSION_PREFIX) and len(session_id) > len(SESSION_PREFIX):
+        return DEFAULT_TENANT, session_id[len(SESSION_PREFIX) :]
+    rest = session_id.removeprefix(TENANT_SESSION_PREFIX)
+    length, _, rest = rest.partition("-") if rest != session_id else ("", "", "")
+    if not length.isdigit() or length != str(int(length)):
+        return None
+    tenant, user = rest[: int(length)], rest[int(length) + 1 :]
+    if rest[int(length) : int(length) + 1] != "-" or not tenant or not user:
+        return None
+    if tenant == DEFAULT_TENANT:
+        return None  # the default tenant's sessions have the other form only
+    return tenant, user
 
 
 def user_id_from_session_id(session_id: str) -> str | None:
-    if session_id.startswith(SESSION_PREFIX) and len(session_id) > len(SESSION_PREFIX):
-        return session_id[len(SESSION_PREFIX) :]
-    return None
+    parsed = _parse(session_id)
+    return parsed[1] if parsed else None
+
+
+def tenant_of(session_id: str) -> str | None:
+    """The tenant of a session id (``default`` for ``sb-session-…``), or None."""
+    parsed = _parse(session_id)
+    return parsed[0] if parsed else None
+
+
+def session_name(session_id: str) -> str | None:
+    """Name of the SandboxSession of a session id of either form, or None."""
+    return dns_name(session_id) if _parse(session_id) else None
 
 
 def _hash(value: str) -> str:
@@ -54,9 +89,9 @@ def dns_name(value: str, *, max_length: int = _MAX_LABEL) -> str:
 # a fixed suffix keeps them distinct per kind, and dns_name keeps them valid when long.
 
 
-def session_name_for(user_id: str) -> str:
+def session_name_for(user_id: str, tenant: str = DEFAULT_TENANT) -> str:
     """Name of the user's SandboxSession resource (the DNS slug of the session id)."""
-    return dns_name(session_id_for(user_id))
+    return dns_name(session_id_for(user_id, tenant))
 
 
 def runtime_pod_name(session_name: str) -> str:

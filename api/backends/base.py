@@ -8,6 +8,7 @@ the whole API suite run without a cluster.
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -101,6 +102,16 @@ class ConversationDeleting(Conflict):
         )
 
 
+@dataclass
+class StoreFence:
+    """One writer's hold on a conversation's store prefix (``Backend.store_writing``).
+    ``late`` is set on leaving when the deletion may have gone past this writer (its
+    hold outlived its lease while the conversation was being deleted, or the
+    conversation is gone): the writer must then remove what it wrote itself."""
+
+    late: bool = False
+
+
 class Backend(Protocol):
     async def start(self) -> None: ...
 
@@ -141,3 +152,11 @@ class Backend(Protocol):
         Still tracked → nothing; being deleted → the files are deleted (the finalizer
         may have looked already) and ``ConversationDeleting`` raised; gone → tracked
         afresh (the write counts as the first of a new conversation)."""
+
+    def store_writing(
+        self, session: Session, conversation_id: str
+    ) -> AbstractAsyncContextManager[StoreFence]:
+        """Around every write to the conversation's store prefix (store mode): entering
+        raises ``ConversationDeleting`` when the conversation is being deleted or gone;
+        while held, a deletion does not count the prefix empty — so no object can land
+        under a prefix the deletion already found empty."""

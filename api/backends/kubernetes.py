@@ -24,9 +24,13 @@ Contract:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
+import secrets
+import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,6 +50,7 @@ from .base import (
     SessionExists,
     SessionSpec,
     SessionStatus,
+    StoreFence,
 )
 from .kube_conversations import ConversationTracker
 
@@ -87,9 +92,9 @@ def session_body(
         "apiVersion": models.API_VERSION,
         "kind": models.SESSION_KIND,
         "metadata": {
-            "name": naming.session_name_for(spec.user_id),
+            "name": naming.session_name(spec.session_id),
             "labels": {models.LABEL_USER: naming.dns_name(spec.user_id)},
-            "annotations": {models.ANNOTATION_USER_ID: spec.user_id},
+            "annotations": {models.ANNOTATION_USER_ID: spec.user_id, **_tenant(spec.session_id)},
         },
         "spec": body_spec.model_dump(by_alias=True, exclude_none=True),
     }
@@ -136,8 +141,7 @@ class KubernetesBackend:
 
     @staticmethod
     def _name(session_id: str) -> str | None:
-        user = naming.user_id_from_session_id(session_id)
-        return naming.session_name_for(user) if user is not None else None
+        return naming.session_name(session_id)
 
     # -- sessions ----------------------------------------------------------------------
 
@@ -297,13 +301,13 @@ class KubernetesBackend:
 
     @staticmethod
     def _workspace_name(session: Session, conversation_id: str) -> str:
-        return naming.workspace_name(naming.session_name_for(session.spec.user_id), conversation_id)
+        return naming.workspace_name(_session_name(session), conversation_id)
 
     async def conversation_phase(self, session: Session, conversation_id: str) -> ConversationPhase:
         return await self.conversations.phase(self._workspace_name(session, conversation_id))
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
-        session_name = naming.session_name_for(session.spec.user_id)
+        session_name = _session_name(session)
         spec = models.ConversationWorkspaceSpec(
             conversation_id=conversation_id,
             session_ref=session_name,
@@ -327,6 +331,7 @@ class KubernetesBackend:
                     {
                         models.ANNOTATION_CONVERSATION_ID: conversation_id,
                         models.ANNOTATION_USER_ID: session.spec.user_id,
+                        **_tenant(session.session_id),
                     },
                     models.ANNOTATION_TRACEPARENT,
                 ),
@@ -353,6 +358,33 @@ class KubernetesBackend:
             await runtime.delete_conversation(conversation_id)
         raise ConversationDeleting(conversation_id)
 
+    @contextlib.asynccontextmanager
+    async def store_writing(
+        self, session: Session, conversation_id: str
+    ) -> AsyncIterator[StoreFence]:
+        """The writer announces itself on the ConversationWorkspace (an annotation with a
+        lease, ``models.ANNOTATION_WRITER_PREFIX``) and withdraws when done. The patch's
+        answer is the apiserver's current object: being deleted (or gone) → refused before
+        anything is written. The finalizer waits while a live announcement is there, so
+        every object of an announced writer has landed before it lists the prefix; a
+        writer that outlived its lease (the finalizer may have gone on) is ``late``."""
+        path = self._workspaces(self._workspace_name(session, conversation_id))
+        key = f"{models.ANNOTATION_WRITER_PREFIX}w-{secrets.token_hex(8)}"
+        lease_end = time.time() + models.WRITER_LEASE_SECONDS
+        obj = await self.kube.patch(path, _annotate(key, str(int(lease_end))))
+        fence = StoreFence()
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            if obj is not None:
+                await self.kube.patch(path, _annotate(key, None))
+            raise ConversationDeleting(conversation_id)
+        try:
+            yield fence
+        finally:
+            obj = await asyncio.shield(self.kube.patch(path, _annotate(key, None)))
+            ending = obj is None or obj["metadata"].get("deletionTimestamp")
+            # A margin for the clocks of this process and the operator's.
+            fence.late = bool(ending) and time.time() > lease_end - _LEASE_MARGIN
+
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
         if await self.conversations.delete(self._workspace_name(session, conversation_id)):
             return False  # the finalizer finishes the job; status shows progress
@@ -364,6 +396,26 @@ class KubernetesBackend:
 
 
 _CACHE_LIMIT = 10_000
+
+
+def _session_name(session: Session) -> str:
+    name = naming.session_name(session.session_id)
+    assert name is not None, "sessions are made only under ids of naming's forms"
+    return name
+
+
+def _tenant(session_id: str) -> dict[str, str]:
+    """The tenant annotation of a session's resources; none in the default tenant (its
+    resources stay exactly as before tenants had sessions of their own)."""
+    tenant = naming.tenant_of(session_id)
+    return {} if tenant in (None, naming.DEFAULT_TENANT) else {models.ANNOTATION_TENANT_ID: tenant}
+
+
+_LEASE_MARGIN = 5.0
+
+
+def _annotate(key: str, value: str | None) -> dict:
+    return {"metadata": {"annotations": {key: value}}}
 
 
 def _bounded(cache: dict) -> None:

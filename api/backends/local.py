@@ -29,6 +29,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,6 +49,7 @@ from .base import (
     SessionExists,
     SessionSpec,
     SessionStatus,
+    StoreFence,
 )
 from .bwrap import SANDBOX_WORKSPACE, bwrap_argv
 
@@ -255,6 +257,16 @@ class LocalBackend:
         # Deletion here is synchronous and the runtime refuses commits while it deletes:
         # a write that landed either came before (and is deleted) or starts afresh after.
         return None
+
+    @contextlib.asynccontextmanager
+    async def store_writing(
+        self, session: Session, conversation_id: str
+    ) -> AsyncIterator[StoreFence]:
+        # One process: the store backend's lock per conversation, held by its writers and
+        # by its deletion of the prefix, orders them; only a deletion under way refuses.
+        if self._deleting.is_deleting((session.session_id, conversation_id)):
+            raise ConversationDeleting(conversation_id)
+        yield StoreFence()
 
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
         assert session.endpoint is not None

@@ -22,6 +22,14 @@ hooks every route already calls around writes carry the synchronisation.
   ``is_presented``. Chat runs write back after every tool call and after the run's marks.
 - ``delete_conversation`` / ``delete_session`` delete the store prefix too, and count a
   deletion complete only when nothing is left under it.
+- Every write to a conversation's prefix (an upload's object, a write-back, a file's
+  deletion, the metadata) is *fenced* (``_fenced``, the inner backend's
+  ``store_writing``): refused once the conversation is being deleted, and while it runs
+  a deletion does not look for the prefix to be empty — on kubernetes the writer is
+  announced on the ConversationWorkspace and the operator's finalizer waits for it; on
+  the local backend this process's lock per conversation orders writers and deletion.
+  A writer whose hold outlived its lease while the conversation went (``late``) removes
+  the prefix itself and is refused: no object outlives its conversation's deletion.
 
 The runtime stays store-free: the API moves the bytes, the sandbox holds no credential.
 Not synchronised: files code writes outside ``uploads/temparea`` and ``outputs`` (the
@@ -32,6 +40,7 @@ is filled back, since a lost cache and a deleted file look the same).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -40,16 +49,17 @@ from typing import Any
 
 import httpx
 
+from sandbox_workspace.operator import naming
 from sandbox_workspace.runtime.client import RuntimeRefused
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError
 from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.store import Download, ObjectStore
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
-from sandbox_workspace.store.metadata import FileRecord, Metadata, Written, now
+from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Written, now
 
 from ..runtime_client import RuntimeClient
 from ..upload_guard import GuardedBody
-from .base import Backend, Session
+from .base import Backend, ConversationDeleting, Session
 from .store_cache import OUTPUTS, UPLOADS, Hashing, drop_cached, fill_upload
 from .store_upload import TeeUpload
 
@@ -111,11 +121,28 @@ class StoreBackend:
 
     @staticmethod
     def scope(session: Session | str) -> Scope:
+        """The session's keys: its tenant (read from its id) and the session."""
         sid = session if isinstance(session, str) else session.session_id
-        return Scope(DEFAULT_TENANT, sid)
+        return Scope(naming.tenant_of(sid) or DEFAULT_TENANT, sid)
 
     def _lock(self, session: Session, cid: str) -> asyncio.Lock:
         return self._locks.setdefault((session.session_id, cid), asyncio.Lock())
+
+    @contextlib.asynccontextmanager
+    async def _fenced(self, session: Session, cid: str) -> AsyncIterator[None]:
+        """Around a write to the conversation's prefix, with ``_lock`` held (see the
+        module docstring): refused (``ConversationDeleting``) when the conversation is
+        being deleted; a late writer removes the prefix and is refused."""
+        fence = None
+        try:
+            async with self.inner.store_writing(session, cid) as fence:
+                yield
+        finally:
+            if fence is not None and fence.late:
+                log.warning("a store write outlived its lease through a deletion: undone")
+                prefix = self.layout.conversation(self.scope(session), cid)
+                await asyncio.shield(self.store.delete_prefix(prefix))
+                raise ConversationDeleting(cid)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -157,15 +184,20 @@ class StoreBackend:
 
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
         done = await self.inner.delete_conversation(session, conversation_id)
-        left = await self.store.delete_prefix(
-            self.layout.conversation(self.scope(session), conversation_id)
-        )
         self._forget(session.session_id, conversation_id)
-        return done and left == 0
+        if not done:  # the finalizer clears the prefix once no writer holds it
+            return False
+        async with self._lock(session, conversation_id):  # after this process's writers
+            left = await self.store.delete_prefix(
+                self.layout.conversation(self.scope(session), conversation_id)
+            )
+        return left == 0
 
     async def delete_session(self, session_id: str) -> bool:
         existed = await self.inner.delete_session(session_id)
-        await self.store.delete_prefix(self.layout.session(DEFAULT_TENANT, session_id))
+        await self.store.delete_prefix(
+            self.layout.session(self.scope(session_id).tenant, session_id)
+        )
         self._forget(session_id, None)
         return existed
 
@@ -208,19 +240,23 @@ class StoreBackend:
             raise
         description = tee.description()
         async with self._lock(session, cid):
-            etag = await tee.settle(result)
-            if etag is not None:
-                path, mime = UPLOADS + result.name, result.mime_type
-                written = Written(path, result.size, tee.digest, mime, etag)
-                record = await self.meta.record_write(
-                    scope,
-                    cid,
-                    written,
-                    uploaded=True,
-                    original_name=tee.original_name(),
-                    description=description,
-                )
-                return result, record
+            try:
+                async with self._fenced(session, cid):
+                    etag = await tee.settle(result)
+                    if etag is not None:
+                        path, mime = UPLOADS + result.name, result.mime_type
+                        written = Written(path, result.size, tee.digest, mime, etag)
+                        record = await self.meta.record_write(
+                            scope,
+                            cid,
+                            written,
+                            uploaded=True,
+                            original_name=tee.original_name(),
+                            description=description,
+                        )
+                        return result, record
+            finally:
+                await asyncio.shield(tee.settle(None))  # refused: no object (else no-op)
         # No object (the form was not teed): copied from the cache, as code's files are.
         return result, await self.record_upload(session, cid, result.name, description)
 
@@ -232,8 +268,6 @@ class StoreBackend:
         """After an upload reached the cache: write it back and answer its record (with
         ``description`` when one was given)."""
         path = UPLOADS + name
-        async with self._lock(session, cid):
-            await self.write_back(session, cid)
         scope = self.scope(session)
 
         def change(m) -> FileRecord:
@@ -246,7 +280,20 @@ class StoreBackend:
                 return new
             return record
 
-        return (await self.meta.update(scope, cid, change))[1]
+        async with self._lock(session, cid):
+            await self.write_back(session, cid)
+            if description is None:
+                manifest = await self.meta.get(scope, cid)
+                return change(manifest) if manifest else change(Manifest(cid))
+            async with self._fenced(session, cid):
+                return (await self.meta.update(scope, cid, change))[1]
+
+    async def set_enabled(self, session: Session, cid: str, enabled: bool) -> None:
+        """Seed 003's ``workspace_enabled``: kept in the conversation's metadata (which
+        makes the conversation tracked, as any write does)."""
+        await self.ensure_filled(session, cid)
+        async with self._lock(session, cid), self._fenced(session, cid):
+            await self.meta.set_enabled(self.scope(session), cid, enabled)
 
     async def _record(self, session: Session, cid: str, file_id: str) -> FileRecord:
         manifest = await self.meta.get(self.scope(session), cid)
@@ -283,7 +330,7 @@ class StoreBackend:
         """Remove the file's object and its cache copy, then mark its record deleted."""
         record = await self._record(session, cid, file_id)
         scope = self.scope(session)
-        async with self._lock(session, cid):
+        async with self._lock(session, cid), self._fenced(session, cid):
             await self.store.delete(self.layout.file(scope, cid, record.file_path))
             await self._drop_cached(session, cid, record.file_path)
             gone = await self.meta.mark_deleted(scope, cid, file_id=file_id)
@@ -370,40 +417,48 @@ class StoreBackend:
         return uploads, outputs
 
     async def write_back(self, session: Session, cid: str) -> list[FileRecord]:
-        """Copy every new or changed file of the cache to the store and record it."""
+        """Copy every new or changed file of the cache to the store and record it (with
+        ``_lock`` held; fenced when there is anything to write)."""
         scope = self.scope(session)
         client = RuntimeClient(self.http, session.endpoint)
         manifest = await self.meta.get(scope, cid)
         uploads, outputs = await self._listings(client, cid)
-        recorded = []
+        copies = []  # (path, opener, mime type, uploaded, seen key and stamp)
         for name, f in uploads.items():
             path = UPLOADS + name
             old = manifest.active(path) if manifest else None
             if old is not None and not f.modified and old.checksum == f.sha256:
                 continue
-            response = await client.open_download(cid, name)
-            recorded.append(
-                await self._copy(scope, cid, path, response, f.mime_type, uploaded=not f.modified)
-            )
+            opener = partial(client.open_download, cid, name)
+            copies.append((path, opener, f.mime_type, not f.modified, None))
         for rel, f in outputs.items():
             path = OUTPUTS + rel
-            stamp = (f.size, f.modified_at.isoformat())
-            seen_key = (session.session_id, cid, path)
-            if self._seen.get(seen_key) == stamp and manifest and manifest.active(path):
+            seen = ((session.session_id, cid, path), (f.size, f.modified_at.isoformat()))
+            if self._seen.get(seen[0]) == seen[1] and manifest and manifest.active(path):
                 continue
-            response = await client.open_output(cid, rel.split("/"))
-            recorded.append(
-                await self._copy(scope, cid, path, response, f.mime_type, uploaded=False)
-            )
-            self._seen[seen_key] = stamp
+            copies.append((path, partial(client.open_output, cid, rel.split("/")), f.mime_type,
+                           False, seen))  # fmt: skip
         # present_file's marks (kept by the runtime at the end of a run) → is_presented.
         presented = [UPLOADS + n for n, f in uploads.items() if f.presented] + [
             OUTPUTS + r for r, f in outputs.items() if f.presented
         ]
-        known = {r.file_path: r for r in (manifest.files if manifest else []) if r.active}
-        known.update({r.file_path: r for r in recorded})
-        if newly := [p for p in presented if p in known and not known[p].is_presented]:
-            recorded += await self.meta.mark_presented(scope, cid, newly)
+        known = {r.file_path: r.is_presented for r in (manifest.files if manifest else [])
+                 if r.active}  # fmt: skip
+        known.update({c[0]: known.get(c[0], False) for c in copies})
+        newly = [p for p in presented if p in known and not known[p]]
+        if not copies and not newly:
+            return []
+        recorded = []
+        async with self._fenced(session, cid):
+            for path, opener, mime_type, uploaded, seen in copies:
+                response = await opener()
+                recorded.append(
+                    await self._copy(scope, cid, path, response, mime_type, uploaded=uploaded)
+                )
+                if seen is not None:
+                    self._seen[seen[0]] = seen[1]
+            if newly:
+                recorded += await self.meta.mark_presented(scope, cid, newly)
         return recorded
 
     async def _copy(

@@ -271,8 +271,8 @@ class TeeUpload:
     async def settle(self, result: UploadResult | None) -> str | None:
         """Complete the object when ``result`` is the bytes sent; answer its ETag, or None
         when there is no object (abandoned, or never started)."""
-        if self._task is None or self._settled is None:
-            return None
+        if self._task is None or self._settled is None or self._settled.done():
+            return None  # no put, or settled already
         form = self.form
         ok = (
             result is not None

@@ -27,7 +27,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.operator.naming import session_id_for
 from sandbox_workspace.runtime.errors import BadRequest, Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
@@ -123,7 +122,7 @@ async def agents(
         write_table = partial(source.put, body.table_id, headers=identity)
 
     cid = Workspace.check_conversation_id(body.conversation_id or f"agent-{uuid.uuid4().hex[:16]}")
-    session_id = session_id_for(caller.user_id)
+    session_id = caller.session_id
     existing = await services.backend.get_session(session_id)
     workspace = existing.workspace_path if existing is not None else None
     root = working_directory(body.workingDirectory, cid, workspace)

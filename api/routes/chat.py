@@ -21,7 +21,6 @@ from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.operator.naming import session_id_for
 from sandbox_workspace.runtime.errors import Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
@@ -147,7 +146,7 @@ async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
     llm = require_llm(services)
     cid = Workspace.check_conversation_id(body.conversation_id)
     policies = effective_policies(TOOL_NAMES, settings.tool_policies, body.tool_policies)
-    session_id = session_id_for(caller.user_id)
+    session_id = caller.session_id
     existing = await services.backend.get_session(session_id)
     await _refuse_deleting(services, existing, cid)
     workspace = existing.workspace_path if existing is not None else None
@@ -183,7 +182,7 @@ def launch(
     ``RunSpec`` with this server's limits and the session callbacks, registered with the
     run store (its JSON half, for another replica) and spawned."""
     settings = services.settings
-    session_id = session_id_for(caller.user_id)
+    session_id = caller.session_id
     ensure, before_tool, after_write, record_activity = _session_callbacks(
         services, caller, session_id, cid
     )

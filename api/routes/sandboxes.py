@@ -52,7 +52,6 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.operator.naming import session_id_for
 from sandbox_workspace.runtime.errors import ApiError, NotFoundError
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult
 from sandbox_workspace.runtime.workspace import Workspace
@@ -131,7 +130,7 @@ class _Sandbox:
     def __init__(self, services, caller: Caller, cid: str) -> None:
         self.services, self.caller = services, caller
         self.cid = Workspace.check_conversation_id(cid)
-        self.session_id = session_id_for(caller.user_id)
+        self.session_id = caller.session_id
         # Only the store needs the top-level files mirrored under outputs/ (see above).
         self.mirrored = services.settings.store == "s3"
 
@@ -328,7 +327,7 @@ async def sandbox_status(
             return await sandbox.status()
         except ApiError as e:
             return _failure(e)
-    session = await services.backend.get_session(session_id_for(caller.user_id))
+    session = await services.backend.get_session(caller.session_id)
     if session is None or session.status != SessionStatus.RUNNING or session.endpoint is None:
         status = "none" if session is None else str(session.status)
         return SandboxAnswer(success=True, data={"session_status": status, "sandboxes": []})

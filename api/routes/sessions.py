@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from sandbox_workspace.operator.naming import session_id_for
 from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
 
 from ..backends.base import SessionSpec
@@ -22,12 +21,15 @@ async def create_session(
     body: CreateSessionRequest, caller: CallerDep, services: ServicesDep
 ) -> SessionResponse:
     """Create the caller's session (409 when it exists); answers while it starts."""
-    own = session_id_for(caller.user_id)
+    own = caller.session_id
     if body.user_id is not None and body.user_id != caller.user_id:
         raise Forbidden(
             "user_id must be the authenticated user's id (or be left out)", code="user_mismatch"
         )
-    if body.config.session_id is not None and body.config.session_id != own:
+    if body.config.session_id is not None and body.config.session_id not in (
+        own,
+        f"sb-session-{caller.user_id}",
+    ):
         raise Forbidden(f"each user has one session; yours is '{own}'", code="invalid_session_id")
     requested = body.config.file_upload_config
     upload = requested.to_spec() if requested else services.settings.file_upload

@@ -20,7 +20,6 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from sandbox_workspace.operator.naming import session_id_for
 from sandbox_workspace.runtime.errors import NotFoundError, TooLarge, Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
@@ -86,7 +85,7 @@ def _own_tenant(caller: Caller, tenant_id: str) -> None:
 
 
 async def _session(services, caller: Caller, session_id: str | None) -> Session:
-    sid = session_id or session_id_for(caller.user_id)
+    sid = session_id or caller.session_id
     return await services.sessions.ensure_running(caller, sid)
 
 
@@ -154,7 +153,7 @@ async def _patch(services, caller, session_id, cid, body: WorkspaceSettings) -> 
     backend = _backend(services)
     session = await _session(services, caller, session_id)
     cid = Workspace.check_conversation_id(cid)
-    await backend.meta.set_enabled(backend.scope(session), cid, body.workspace_enabled)
+    await backend.set_enabled(session, cid, body.workspace_enabled)
     return await _info(services, caller, session_id, cid)
 
 

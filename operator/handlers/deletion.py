@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from datetime import datetime
 from typing import Any
 
@@ -26,6 +27,8 @@ from ..cleanup import NotReady, cleanup_runtime, remove_cleanup
 from ..context import OperatorContext
 from ..idrules import check_conversation_id
 from ..models import (
+    ANNOTATION_TENANT_ID,
+    ANNOTATION_WRITER_PREFIX,
     DNS_LABEL_PATTERN,
     LABEL_SESSION,
     SESSION_PLURAL,
@@ -123,18 +126,51 @@ async def _act(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> st
     return f"a cleanup runtime on orphaned claim {claim} confirmed the directory is gone"
 
 
-async def _clear_store(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> str:
-    """Delete the conversation's objects from the store; ``Wait`` unless none is left.
-    The scope is the API's (store/layout.py): its user's session, the default tenant."""
+def _lease_end(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        return 0.0  # not a lease: nobody can be writing under it
+
+
+async def _writers_done(ctx: OperatorContext, namespace: str, name: str) -> None:
+    """``Wait`` while an API process holds the conversation's store prefix (announced on
+    the resource, ``models.ANNOTATION_WRITER_PREFIX``, lease running): its objects may
+    not have landed yet. Read after the deletion began, so a writer not seen here was
+    refused when it announced itself. An ended lease (its API process died mid-write) is
+    removed: whatever that writer left is in the store by now, and cleared next."""
+    path = custom_path(namespace, WORKSPACE_PLURAL, name)
+    annotations = ((await ctx.api.get(path) or {}).get("metadata") or {}).get("annotations")
+    writers = {
+        k: v for k, v in (annotations or {}).items() if k.startswith(ANNOTATION_WRITER_PREFIX)
+    }
+    now_s = time.time()
+    live = [k for k, v in writers.items() if _lease_end(v) > now_s]
+    if ended := [k for k in writers if k not in live]:
+        await ctx.api.patch(path, {"metadata": {"annotations": dict.fromkeys(ended)}})
+    if live:
+        raise Wait("WritersInFlight", f"{len(live)} write(s) to the store in flight", 0.2)
+
+
+async def _clear_store(ctx: OperatorContext, namespace: str, name: str, body: dict) -> str:
+    """Delete the conversation's objects from the store once no writer holds the prefix;
+    ``Wait`` unless none is left. The scope is the API's (store/layout.py): the tenant
+    (annotated on a tenant's resources; else ``default``) and its user's session."""
     if ctx.store is None:
         return ""
+    await _writers_done(ctx, namespace, name)
+    spec = body.get("spec") or {}
     user = spec.get("userId")
+    tenant = (body["metadata"].get("annotations") or {}).get(ANNOTATION_TENANT_ID)
     if not user:  # a workspace made by hand: its session names the user, if it still exists
         session = await ctx.api.get(custom_path(namespace, SESSION_PLURAL, spec["sessionRef"]))
         user = ((session or {}).get("spec") or {}).get("userId")
+        annotations = ((session or {}).get("metadata") or {}).get("annotations") or {}
+        tenant = tenant or annotations.get(ANNOTATION_TENANT_ID)
     if not user:
         return "; no user: the API never wrote it to the store"
-    scope = Scope(DEFAULT_TENANT, naming.session_id_for(user))
+    tenant = tenant or DEFAULT_TENANT
+    scope = Scope(tenant, naming.session_id_for(user, tenant))
     prefix = Layout(ctx.settings.s3.prefix).conversation(scope, spec["conversationId"])
     try:
         left = await ctx.store.delete_prefix(prefix)
@@ -171,7 +207,7 @@ async def on_workspace_deleted(
                 {"status": ws_status(status, "Deleting", False, "Deleting", "deleting the files")},
             )
         why = await _act(ctx, namespace, spec)
-        why += await _clear_store(ctx, namespace, spec)
+        why += await _clear_store(ctx, namespace, name, raw)
     except Wait as w:
         ctx.metrics.reconciles.labels(KIND, "retry").inc()
         ctx.metrics.errors.labels(KIND, w.reason).inc()

@@ -5,12 +5,12 @@
 
 - ``prefix`` is ``SANDBOX_WORKSPACE_S3__PREFIX`` (default ``workspaces/``).
 - ``scope`` keeps two users' conversations of the same id apart: ``{tenant}/{session_id}``
-  — a tenant and the session (``sb-session-{user_id}``), each percent-encoded
-  (``scope_segment``) so that no id can add a ``/`` or equal another id's encoding. The
-  tenant is ``default`` for now: a session is one per user id whatever the tenant, so
-  the session is what isolates (docs/architecture.md, the store's limits). Seed 003 has
-  no scope because its conversation ids are global; ours are chosen by callers, so two
-  users may pick the same.
+  — the session's tenant and id, each percent-encoded (``scope_segment``) so that no id
+  can add a ``/`` or equal another id's encoding. A session is one per (tenant, user)
+  (``sb-session-{user_id}`` in the default tenant, ``sb-tenant-…`` in another:
+  operator/naming.py), so the tenant is the session's own. Seed 003 has no scope because
+  its conversation ids are global; ours are chosen by callers, so two users may pick the
+  same.
 - ``conversation_id`` is as the API checks it (no ``/``, ``\\``, control characters, no
   leading ``.``), and ``file_path`` is the file's path relative to the conversation's
   directory — the path agent code opens, e.g. ``uploads/temparea/report.pdf``.

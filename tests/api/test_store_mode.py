@@ -46,7 +46,7 @@ def test_bad_credentials_stop_the_start(tmp_path, seaweedfs, s3_bucket):
 # -- files through the store (local backend, s3 mode) ----------------------------------
 
 
-def manifest(server, bucket: str, session_id: str, cid: str) -> dict:
+def manifest(server, bucket: str, session_id: str, cid: str, tenant: str = "default") -> dict:
     """The conversation's metadata document, read straight from the bucket."""
     import asyncio
     import json
@@ -56,7 +56,7 @@ def manifest(server, bucket: str, session_id: str, cid: str) -> dict:
 
     async def read():
         store = S3Store(server.settings(bucket))
-        data, _ = await store.read(Layout().manifest(Scope("default", session_id), cid))
+        data, _ = await store.read(Layout().manifest(Scope(tenant, session_id), cid))
         return json.loads(data)
 
     return asyncio.run(read())
@@ -204,7 +204,8 @@ def test_seed_003_operations_by_file_id_and_tenant(tmp_path, start_server, seawe
 
     env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none", **seaweedfs.env(s3_bucket)}
     server = start_server("dev", "--data-dir", str(tmp_path / "data"), **env)
-    user, sid = "seed3-user", "sb-session-seed3-user"
+    user, sid = "seed3-user", "sb-session-seed3-user"  # names the caller's acme session
+    own = "sb-tenant-4-acme-seed3-user"  # that session's own id (one per tenant and user)
     seed = "/api/tenants/acme/workspace/c9"
     v1 = f"/api/v1/sessions/{sid}/workspace/c9"
     headers = {"X-User-Id": user, "X-Tenant-Id": "acme"}
@@ -265,15 +266,80 @@ def test_seed_003_operations_by_file_id_and_tenant(tmp_path, start_server, seawe
         assert api.delete(f"{seed}/files/{record['file_id']}").status_code == 404
         listing = api.get(f"/api/v1/sessions/{sid}/files", params={"conversation_id": "c9"})
         assert listing.json()["files"] == []
-    doc = manifest(seaweedfs, s3_bucket, sid, "c9")
+    doc = manifest(seaweedfs, s3_bucket, own, "c9", tenant="acme")
     assert [(f["file_id"], f["status"]) for f in doc["files"]] == [(record["file_id"], "deleted")]
-    assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/c9/") == [
-        f"workspaces/default/{sid}/c9/.sbw/files.json"
+    assert objects(seaweedfs, s3_bucket, f"workspaces/acme/{own}/c9/") == [
+        f"workspaces/acme/{own}/c9/.sbw/files.json"
     ]
     # Deleting the session deletes every object of its conversations.
     r = httpx.delete(f"{server.url}/api/v1/sessions/{sid}", headers=headers, timeout=60)
     assert r.status_code in (200, 202, 204), r.text
-    assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/") == []
+    assert objects(seaweedfs, s3_bucket, f"workspaces/acme/{own}/") == []
+
+
+def test_one_user_id_in_two_tenants_has_two_sessions_and_sees_only_its_own_files(
+    tmp_path, start_server, seaweedfs, s3_bucket
+):
+    """Callers with the same user id in the default tenant, acme and globex (X-Tenant-Id)
+    each get a session of their own: the same conversation id and file name hold each
+    one's own bytes through every route, in each one's own keys; another tenant's
+    session id is 404."""
+    import httpx
+    from api_calls import execute
+
+    env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none", **seaweedfs.env(s3_bucket)}
+    server = start_server("dev", "--data-dir", str(tmp_path / "data"), **env)
+    user, tenants = "same-user", ("default", "acme", "globex")
+    sids = {}
+
+    def client(tenant: str) -> httpx.Client:
+        headers = {"X-User-Id": user} | ({} if tenant == "default" else {"X-Tenant-Id": tenant})
+        return httpx.Client(base_url=server.url, headers=headers, timeout=60)
+
+    for tenant in tenants:  # each uploads through the id clients build: sb-session-{user}
+        with client(tenant) as api:
+            r = api.post(
+                f"/api/v1/sessions/sb-session-{user}/files/upload",
+                files={"file": ("same.txt", f"bytes of {tenant}".encode())},
+                data={"conversation_id": "c1"},
+            )
+            assert r.status_code == 201, r.text
+            sids[tenant] = api.get(f"/api/v1/sessions/sb-session-{user}").json()["session_id"]
+    assert sids == {
+        "default": f"sb-session-{user}",
+        "acme": f"sb-tenant-4-acme-{user}",
+        "globex": f"sb-tenant-6-globex-{user}",
+    }
+    for tenant in tenants:
+        mine = f"bytes of {tenant}".encode()
+        base = f"/api/v1/sessions/{sids[tenant]}"
+        with client(tenant) as api:
+            listing = api.get(f"{base}/files", params={"conversation_id": "c1"}).json()
+            assert [(f["name"], f["size"]) for f in listing["files"]] == [("same.txt", len(mine))]
+            got = api.get(f"{base}/files/same.txt", params={"conversation_id": "c1"})
+            assert got.content == mine
+            cat = execute(api, base, "cat uploads/temparea/same.txt", cid="c1", language="bash")
+            assert cat["stdout"] == mine.decode()
+            if tenant != "default":
+                info = api.get(f"/api/tenants/{tenant}/workspace/c1").json()
+                assert [f["file_size"] for f in info["files"]] == [len(mine)]
+                one = api.get(
+                    f"/api/tenants/{tenant}/workspace/c1/files/{info['files'][0]['file_id']}"
+                )
+                assert one.content == mine
+            for other in tenants:
+                if other in (tenant, "default"):  # sb-session-{user}: the caller's own
+                    own = api.get(f"/api/v1/sessions/sb-session-{user}").json()
+                    assert own["session_id"] == sids[tenant]
+                else:  # another tenant's session: not found, on every route
+                    foreign = f"/api/v1/sessions/{sids[other]}"
+                    assert api.get(foreign).status_code == 404
+                    r = api.get(f"{foreign}/files", params={"conversation_id": "c1"})
+                    assert r.status_code == 404
+                    assert api.get(f"{foreign}/workspace/c1").status_code == 404
+                    assert api.get(f"/api/tenants/{other}/workspace/c1").status_code == 404
+        key = f"workspaces/{tenant}/{sids[tenant]}/c1/uploads/temparea/same.txt"
+        assert key in objects(seaweedfs, s3_bucket, f"workspaces/{tenant}/{sids[tenant]}/")
 
 
 def test_seed_003_operations_need_the_store(api, session_url):

@@ -10,6 +10,9 @@ from sandbox_workspace.operator.naming import (
     SESSION_PREFIX,
     dns_name,
     session_id_for,
+    session_name,
+    session_name_for,
+    tenant_of,
     user_id_from_session_id,
 )
 
@@ -172,3 +175,44 @@ def test_session_id_round_trip(user_id: str) -> None:
 )
 def test_user_id_from_foreign_session_id_is_none(session_id: str) -> None:
     assert user_id_from_session_id(session_id) is None
+
+
+PAIRS = [
+    ("default", "bob"),
+    ("acme", "bob"),
+    ("acme", "bob@acme"),
+    ("acme-bob", "x"),
+    ("acme", "bob-x"),
+    ("a", "b-c"),
+    ("a-b", "c"),
+    ("Acme Corp", "数据"),
+    ("t" * 128, "u" * 128),
+]
+
+
+@pytest.mark.parametrize(("tenant", "user_id"), PAIRS)
+def test_a_tenants_session_id_reads_back_and_names_a_label(tenant: str, user_id: str) -> None:
+    session_id = session_id_for(user_id, tenant)
+    assert (tenant_of(session_id), user_id_from_session_id(session_id)) == (tenant, user_id)
+    name = session_name(session_id)
+    assert name == session_name_for(user_id, tenant)
+    assert_label(name)
+
+
+def test_the_default_tenant_keeps_sb_session_user_and_no_pair_shares_an_id() -> None:
+    assert session_id_for("bob", "default") == session_id_for("bob") == "sb-session-bob"
+    # A default-tenant user id that spells another tenant's session id stays apart.
+    tricky = [("default", session_id_for("bob", "acme")), ("default", "bob@acme")]
+    pairs = PAIRS + tricky
+    ids = {session_id_for(u, t) for t, u in pairs}
+    names = {session_name_for(u, t) for t, u in pairs}
+    assert len(ids) == len(names) == len(pairs)
+
+
+@pytest.mark.parametrize(
+    "session_id",
+    ["sb-tenant-", "sb-tenant-4-acme", "sb-tenant-4-acme-", "sb-tenant-04-acme-b",
+     "sb-tenant-9-acme-b", "sb-tenant-x-acme-b", "sb-tenant-7-default-b"],
+)  # fmt: skip
+def test_malformed_tenant_session_ids_name_nothing(session_id: str) -> None:
+    assert tenant_of(session_id) is None and session_name(session_id) is None
