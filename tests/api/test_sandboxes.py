@@ -231,6 +231,23 @@ def test_local_mode_keeps_no_mirror(api, session_url):
     assert r.json()["data"] == {"code": "sandbox_not_found"}
 
 
+# Sleepers forked up to the ceiling, and again whenever one ends, until stopped. Not a bash
+# loop: bash gives up on a fork after ~15 s of retries and exits, its sleepers are
+# killed with it and the ceiling is free again before the test looks (seen: exit 254).
+# Each child execs sleep at once: forked Python copies would count against the memory
+# limit per execution (copy-on-write pages count in both).
+HOLD_THE_CEILING = """python3 -c '
+import os, shutil, time
+sleep = shutil.which("sleep")
+while True:
+    try:
+        if os.fork() == 0:
+            os.execv(sleep, ["sleep", "120"])
+    except OSError:
+        time.sleep(0.02)
+'"""
+
+
 @pytest.mark.skipif(
     os.geteuid() == 0 and not os.access("/sys/fs/cgroup/pids", os.W_OK),
     reason="root without a writable pids cgroup: code has no process ceiling to fill here",
@@ -240,9 +257,7 @@ def test_stop_works_when_code_filled_the_process_ceiling(api):
     stop must not need one: it kills first, and the sandbox works again afterwards."""
     ok(act(api, "start"))
     with ThreadPoolExecutor(1) as pool:
-        filling = pool.submit(
-            act, api, "exec", command="for i in $(seq 2000); do sleep 120 & done 2>/dev/null; wait"
-        )
+        filling = pool.submit(act, api, "exec", command=HOLD_THE_CEILING, timeout=300)
         deadline = time.monotonic() + 60
         while act(api, "exec", command="true").json()["success"]:
             assert time.monotonic() < deadline, "the process ceiling was never reached"
