@@ -16,6 +16,8 @@ Inside (SANDBOX_NODE_NETNS=1), the fixtures:
 - ``release`` (session, ``nodeenv.release``): the chart installed as docs/operations.md says,
   with ``node_llm`` (the scripted model on the node's address) as its chat model.
 - ``session``: a fresh user's session through the API pod (tests/node/sessions.py).
+- ``second_node`` (module, only when asked for): a second kubelet + containerd, cordoned
+  until a test moves scheduling there (``nodeenv.second_node``).
 - ``s3_stack`` (session, only when asked for): store mode ``s3`` — operator and API as
   processes of the namespace on a sessions namespace of their own, the suite's
   ``seaweedfs`` on the namespace's loopback (``nodeenv.store_stack``).
@@ -41,6 +43,7 @@ from nodeenv.network import NODE_IP
 from nodeenv.node import NodeCluster
 from nodeenv.prepare import PrepareFailed, prepare, skip_reason
 from nodeenv.release import Release
+from nodeenv.second_node import SecondNode
 from nodeenv.store_stack import StoreStack, store_stack
 from scripted_llm import ScriptedLLM
 from sessions import UserSession
@@ -165,6 +168,15 @@ def release(release_result, kube: KubeClient) -> Release:
             f"helm install as docs/operations.md says failed:\n{result.stdout}\n{result.stderr}"
         )
     return release.connect(kube)
+
+
+@pytest.fixture(scope="module")
+def second_node(node_cluster: NodeCluster) -> Iterator[SecondNode]:
+    node = SecondNode(node_cluster).start(stream=sys.stderr)
+    try:
+        yield node
+    finally:
+        node.stop()
 
 
 @pytest.fixture(scope="session")

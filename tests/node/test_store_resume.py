@@ -1,8 +1,9 @@
 """Sessions without a volume per user (store mode ``s3``, issue 21 item 5) on a real
 kubelet: no claim, ``/workspace`` a node-local emptyDir on the kubelet's disk, an idle
 stop deletes the pod and that directory, and the resumed pod (a new pod) is filled from
-the store before first use — every upload and every output code wrote, byte-identical at
-the same real path, as code in the new pod sees it."""
+the store before first use — on a second node (a second kubelet and containerd, the first
+node cordoned) — every upload and every output code wrote, byte-identical at the same real
+path, as code in the new pod sees it, and on that node's disk."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from kubeenv.client import wait_until
+from nodeenv.network import NODE_NAME, SECOND_NODE_NAME
 from sessions import UserSession, empty_dir
 
 pytestmark = pytest.mark.node
@@ -82,7 +84,7 @@ def on_disk(directory: Path, cid: str) -> dict[str, list]:
 
 
 def test_an_idle_stopped_session_resumes_on_a_new_pod_with_every_file_byte_identical(
-    s3_session: UserSession, s3_stack, kube, node_cluster
+    s3_session: UserSession, s3_stack, kube, node_cluster, second_node
 ):
     s = s3_session
     uploads = {
@@ -127,13 +129,20 @@ def test_an_idle_stopped_session_resumes_on_a_new_pod_with_every_file_byte_ident
     assert not disk.exists()
     kube.patch(s.sbs_path, {"spec": {"idleTimeoutSeconds": 3600}})
 
-    # Resume through the API: a new pod, filled from the store before code runs.
-    for cid in uploads:
-        assert seen_by_code(s, cid) == want[cid]
+    # Resume through the API, on the other node: a new pod, filled from the store before
+    # code runs.
+    assert pod["spec"]["nodeName"] == NODE_NAME
+    second_node.schedule_here()
+    try:
+        for cid in uploads:
+            assert seen_by_code(s, cid) == want[cid]
+    finally:
+        second_node.restore()
     new = s.pod()
     assert new["metadata"]["uid"] != pod["metadata"]["uid"]
+    assert new["spec"]["nodeName"] == SECOND_NODE_NAME
     assert kube.list(f"/api/v1/namespaces/{s.namespace}/persistentvolumeclaims") == []
-    new_disk = empty_dir(node_cluster.kubelet_dir, new)
+    new_disk = empty_dir(second_node.kubelet_dir, new)
     for cid in uploads:
         assert on_disk(new_disk, cid) == want[cid]
     # The listing still shows the uploads only, and a download gives the bytes.
