@@ -56,10 +56,12 @@ class UserSession:
         assert r.status_code == 200, r.text
         return sorted(f["name"] for f in r.json()["files"])
 
-    def execute(self, code: str, cid: str = "c", timeout: float = 120) -> dict[str, Any]:
+    def execute(
+        self, code: str, cid: str = "c", timeout: float = 120, language: str = "python"
+    ) -> dict[str, Any]:
         r = self.api.post(
             f"{self.url}/execute",
-            json={"conversation_id": cid, "language": "python", "code": code},
+            json={"conversation_id": cid, "language": language, "code": code},
             timeout=timeout,
         )
         assert r.status_code == 200, r.text

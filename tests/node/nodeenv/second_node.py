@@ -80,6 +80,8 @@ class SecondNode:
             )
             self._cordon_and_wait_ready()
             self.timings["node ready"] = time.monotonic() - t0
+            if stream is not None:
+                stream.write(f"[second node] {self.timings}\n")
         except BaseException:
             self.stop()
             raise
