@@ -16,6 +16,11 @@ Inside (SANDBOX_NODE_NETNS=1), the fixtures:
 - ``release`` (session, ``nodeenv.release``): the chart installed as docs/operations.md says,
   with ``node_llm`` (the scripted model on the node's address) as its chat model.
 - ``session``: a fresh user's session through the API pod (tests/node/sessions.py).
+- ``second_node`` (module, only when asked for): a second kubelet + containerd, cordoned
+  until a test moves scheduling there (``nodeenv.second_node``).
+- ``s3_stack`` (session, only when asked for): store mode ``s3`` — operator and API as
+  processes of the namespace on a sessions namespace of their own, the suite's
+  ``seaweedfs`` on the namespace's loopback (``nodeenv.store_stack``).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from nodeenv.network import NODE_IP
 from nodeenv.node import NodeCluster
 from nodeenv.prepare import PrepareFailed, prepare, skip_reason
 from nodeenv.release import Release
+from nodeenv.second_node import SecondNode
+from nodeenv.store_stack import StoreStack, store_stack
 from scripted_llm import ScriptedLLM
 from sessions import UserSession
 
@@ -161,6 +168,32 @@ def release(release_result, kube: KubeClient) -> Release:
             f"helm install as docs/operations.md says failed:\n{result.stdout}\n{result.stderr}"
         )
     return release.connect(kube)
+
+
+@pytest.fixture(scope="module")
+def second_node(node_cluster: NodeCluster) -> Iterator[SecondNode]:
+    node = SecondNode(node_cluster).start(stream=sys.stderr)
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_stack(node_cluster: NodeCluster, kube: KubeClient, seaweedfs, tmp_path_factory):
+    """Operator and API in store mode s3 against a real SeaweedFS (see nodeenv.store_stack)."""
+    with store_stack(node_cluster, kube, seaweedfs, tmp_path_factory.mktemp("s3-stack")) as s:
+        yield s
+
+
+@pytest.fixture
+def s3_session(s3_stack: StoreStack, kube: KubeClient) -> Iterator[UserSession]:
+    """A fresh user's session of the s3-mode stack (created through its API), deleted after."""
+    s = UserSession(s3_stack, kube, f"s3-{uuid.uuid4().hex[:8]}", s3_stack.namespace)
+    r = s.api.post("/sessions", json={})
+    assert r.status_code in (200, 201, 202), r.text
+    yield s
+    s.delete()
 
 
 @pytest.fixture

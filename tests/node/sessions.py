@@ -13,17 +13,28 @@ from nodeenv.release import SESSIONS, Release
 from sandbox_workspace.operator import naming
 from sandbox_workspace.operator.models import API_VERSION, SESSION_PLURAL
 
-SBS = f"/apis/{API_VERSION}/namespaces/{SESSIONS}/{SESSION_PLURAL}"
+
+def sbs_path(namespace: str) -> str:
+    return f"/apis/{API_VERSION}/namespaces/{namespace}/{SESSION_PLURAL}"
+
+
+SBS = sbs_path(SESSIONS)
 
 
 class UserSession:
-    """One user's session as the platform backend sees it, plus its cluster objects."""
+    """One user's session as the platform backend sees it, plus its cluster objects.
 
-    def __init__(self, release: Release, kube: KubeClient, user: str):
-        self.kube, self.user = kube, user
+    ``release`` is what gives an API client for a user: the chart's release (sessions
+    in its namespace), or the s3-mode stack (``nodeenv.store_stack``) with its namespace.
+    """
+
+    def __init__(self, release: Release, kube: KubeClient, user: str, namespace: str = SESSIONS):
+        self.kube, self.user, self.namespace = kube, user, namespace
         self.name = naming.session_name_for(user)  # the SandboxSession's (DNS) name
+        self.session_id = naming.session_id_for(user)
         self.api = release.client(user)
-        self.url = f"/sessions/{naming.session_id_for(user)}"
+        self.url = f"/sessions/{self.session_id}"
+        self.sbs_path = f"{sbs_path(namespace)}/{self.name}"
 
     # -- through the API -------------------------------------------------------------
     def upload(self, cid: str, name: str, data: bytes) -> dict[str, Any]:
@@ -45,10 +56,12 @@ class UserSession:
         assert r.status_code == 200, r.text
         return sorted(f["name"] for f in r.json()["files"])
 
-    def execute(self, code: str, cid: str = "c", timeout: float = 120) -> dict[str, Any]:
+    def execute(
+        self, code: str, cid: str = "c", timeout: float = 120, language: str = "python"
+    ) -> dict[str, Any]:
         r = self.api.post(
             f"{self.url}/execute",
-            json={"conversation_id": cid, "language": "python", "code": code},
+            json={"conversation_id": cid, "language": language, "code": code},
             timeout=timeout,
         )
         assert r.status_code == 200, r.text
@@ -56,20 +69,20 @@ class UserSession:
 
     # -- in the cluster ------------------------------------------------------------------
     def sbs(self) -> dict[str, Any]:
-        return self.kube.get(f"{SBS}/{self.name}")
+        return self.kube.get(self.sbs_path)
 
     def phase(self) -> str | None:
-        obj = self.kube.get_or_none(f"{SBS}/{self.name}")
+        obj = self.kube.get_or_none(self.sbs_path)
         return (obj or {}).get("status", {}).get("phase")
 
     def pod(self) -> dict[str, Any] | None:
         return self.kube.get_or_none(
-            f"/api/v1/namespaces/{SESSIONS}/pods/{naming.runtime_pod_name(self.name)}"
+            f"/api/v1/namespaces/{self.namespace}/pods/{naming.runtime_pod_name(self.name)}"
         )
 
     def claim(self) -> dict[str, Any] | None:
         return self.kube.get_or_none(
-            f"/api/v1/namespaces/{SESSIONS}/persistentvolumeclaims/"
+            f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/"
             f"{naming.workspace_claim_name(self.name)}"
         )
 
@@ -82,7 +95,7 @@ class UserSession:
 
     def wait_phase(self, phase: str, timeout: float = 90) -> dict[str, Any]:
         return self.kube.wait_for(
-            f"{SBS}/{self.name}",
+            self.sbs_path,
             lambda s: s.get("status", {}).get("phase") == phase,
             timeout=timeout,
             message=f"session {self.name} to be {phase}",
@@ -100,3 +113,9 @@ def container_id(pod: dict[str, Any]) -> str:
 
 def get(url: str) -> httpx.Response:
     return httpx.get(url, timeout=5, trust_env=False)
+
+
+def empty_dir(kubelet_dir: Path, pod: dict[str, Any], volume: str = "workspace") -> Path:
+    """Where the kubelet keeps a pod's emptyDir ``volume`` on the node's disk."""
+    uid = pod["metadata"]["uid"]
+    return Path(kubelet_dir) / "pods" / uid / "volumes" / "kubernetes.io~empty-dir" / volume

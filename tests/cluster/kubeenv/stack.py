@@ -55,7 +55,7 @@ class Stack:
 
     def start_operator(self) -> None:
         assert self.operator is None or self.operator.poll() is not None
-        env = clean_env(
+        defaults = dict(
             SANDBOX_OPERATOR_KUBECONFIG=self.kubeconfig,
             SANDBOX_OPERATOR_NAMESPACES=self.namespace,
             SANDBOX_OPERATOR_IMAGE="sandbox-workspace:test",
@@ -65,8 +65,8 @@ class Stack:
             SANDBOX_OPERATOR_LIVENESS_ENDPOINT="",
             SANDBOX_OPERATOR_METRICS_PORT="",
             SANDBOX_OPERATOR_LOG_FORMAT="text",
-            **self.operator_env,
         )
+        env = clean_env(**{**defaults, **self.operator_env})  # operator_env may override
         self.operator = self._spawn(["operator"], env, "operator.log")
 
     def stop_operator(self, kill: bool = False) -> None:

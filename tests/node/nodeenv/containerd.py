@@ -58,23 +58,24 @@ oom_score = 0
 """
 
 
-def cni_conflist(ipam_dir: Path) -> str:
-    # bridge + host-local: pods on cni0 with addresses of POD_SUBNET, the bridge as their
-    # gateway; no masquerading (nothing is meant to leave the namespace).
+def cni_conflist(ipam_dir: Path, subnet: str = POD_SUBNET, bridge: str = "cni0") -> str:
+    # bridge + host-local: pods on the bridge (cni0) with addresses of the subnet
+    # (POD_SUBNET), the bridge as their gateway; no masquerading (nothing is meant to
+    # leave the namespace).
     return f"""{{
   "cniVersion": "0.4.0",
   "name": "sbw-node",
   "plugins": [
     {{
       "type": "bridge",
-      "bridge": "cni0",
+      "bridge": "{bridge}",
       "isGateway": true,
       "ipMasq": false,
       "hairpinMode": true,
       "ipam": {{
         "type": "host-local",
         "dataDir": "{ipam_dir}",
-        "ranges": [[{{"subnet": "{POD_SUBNET}"}}]],
+        "ranges": [[{{"subnet": "{subnet}"}}]],
         "routes": [{{"dst": "0.0.0.0/0"}}]
       }}
     }}
@@ -84,8 +85,9 @@ def cni_conflist(ipam_dir: Path) -> str:
 
 
 class Containerd:
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, subnet: str = POD_SUBNET, bridge: str = "cni0"):
         self.workdir = workdir
+        self.subnet, self.bridge = subnet, bridge
         self.socket = workdir / "containerd.sock"
         self.state = workdir / "containerd-state"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -115,7 +117,9 @@ class Containerd:
     def start(self, pause_ref: str) -> Containerd:
         cni_conf = self.workdir / "cni-conf"
         cni_conf.mkdir(parents=True, exist_ok=True)
-        (cni_conf / "10-sbw-node.conflist").write_text(cni_conflist(self.workdir / "cni-ipam"))
+        (cni_conf / "10-sbw-node.conflist").write_text(
+            cni_conflist(self.workdir / "cni-ipam", self.subnet, self.bridge)
+        )
         config = self.workdir / "containerd.toml"
         config.write_text(config_toml(self.root, self.state, self.socket, cni_conf, pause_ref))
         self._spawn(config)

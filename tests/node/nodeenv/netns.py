@@ -100,6 +100,7 @@ class InnerSession:
             "no:cacheprovider",
             f"--basetemp={self.workdir / 'tmp'}",
             "-v",
+            "--durations=12",  # where the tier's time goes, in the inner log
         ]
         with open(self.log, "wb") as log:
             proc = subprocess.Popen(

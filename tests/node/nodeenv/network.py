@@ -23,6 +23,12 @@ NODE_NAME = "sbw-node"
 NODE_IP = "10.250.0.1"
 NODE_PREFIX = 24
 POD_SUBNET = "10.244.0.0/24"
+# A second node (nodeenv.second_node), started only by the tests that ask for it: its
+# own address on node0, its own pod bridge and subnet.
+SECOND_NODE_NAME = "sbw-node-2"
+SECOND_NODE_IP = "10.250.0.2"
+SECOND_POD_SUBNET = "10.244.1.0/24"
+SECOND_BRIDGE = "cni1"
 # The first address of kubeenv's SERVICE_CIDR: the `kubernetes` Service's ClusterIP.
 SERVICE_IP = "10.0.0.1"
 NETNS_ENV = "SANDBOX_NODE_NETNS"
@@ -58,7 +64,9 @@ def ensure_private() -> None:
     if not inside():
         raise NotInNamespace(f"{NETNS_ENV}=1 is not set: run through nodeenv.netns")
     foreign = [
-        n for n in interfaces() if n not in ("lo", "node0", "cni0") and not n.startswith("veth")
+        n
+        for n in interfaces()
+        if n not in ("lo", "node0", "cni0", SECOND_BRIDGE) and not n.startswith("veth")
     ]
     if foreign:
         raise NotInNamespace(f"interfaces {foreign} exist: not a private network namespace")

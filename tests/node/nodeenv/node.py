@@ -26,12 +26,55 @@ from kubeenv.controlplane import BIN_DIR, ControlPlane, free_port, spawn, stop_p
 from . import network
 from .cgroups import CgroupRoot
 from .containerd import Containerd
-from .network import NODE_IP, NODE_NAME
+from .network import NODE_IP, NODE_NAME, SECOND_NODE_NAME
 from .prepare import images_from_env
 
 STORAGE_CLASS = "hostpath"
 # The gid the operator's sandbox pods get as fsGroup (operator/builders.py RUNTIME_UID).
 FS_GROUP = 10001
+
+
+def kubelet_config(socket: Path, address: str, cgroup_root: str, ca_file: str) -> dict[str, Any]:
+    """The KubeletConfiguration of a node of the tier: containerd at ``socket``, serving on
+    ``address``, pods' cgroups under ``cgroup_root``, clients verified against ``ca_file``."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # This machine: cgroup v1 (hybrid), no systemd, swap tolerated.
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        # A cgroup root of this run's own: concurrent runs never share kubepods.
+        "cgroupRoot": cgroup_root,
+        "failSwapOn": False,
+        "containerRuntimeEndpoint": f"unix://{socket}",
+        "address": address,
+        "port": 10250,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 0,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": ca_file},
+        },
+        "authorization": {"mode": "Webhook"},
+        "clusterDomain": "cluster.local",
+        "resolvConf": "",
+        # A shared, busy machine: evict only when truly out of room, never GC the
+        # imported images (nothing could pull them again).
+        "evictionHard": {
+            "memory.available": "50Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "nodeStatusUpdateFrequency": "2s",
+        "nodeStatusReportFrequency": "10s",
+        "syncFrequency": "10s",
+        "serializeImagePulls": False,
+    }
 
 
 class NodeControlPlane(ControlPlane):
@@ -52,6 +95,8 @@ class NodeControlPlane(ControlPlane):
     def __init__(self, workdir: Path, bin_dir: Path = BIN_DIR):
         super().__init__(workdir, bin_dir)
         self.kubelet_token = self.add_user(f"system:node:{NODE_NAME}", "system:nodes")
+        # The second node's kubelet (nodeenv.second_node), if a test starts one.
+        self.second_kubelet_token = self.add_user(f"system:node:{SECOND_NODE_NAME}", "system:nodes")
         self.scheduler_token = self.add_user("system:kube-scheduler")
 
     def apiserver_args(self) -> list[str]:
@@ -144,66 +189,42 @@ class NodeCluster:
         )
 
     def _kubelet_config(self) -> dict[str, Any]:
-        return {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            # This machine: cgroup v1 (hybrid), no systemd, swap tolerated.
-            "failCgroupV1": False,
-            "cgroupDriver": "cgroupfs",
-            # A cgroup root of this run's own: concurrent runs never share kubepods.
-            "cgroupRoot": f"/{self.cgroups.name}",
-            "failSwapOn": False,
-            "containerRuntimeEndpoint": f"unix://{self.containerd.socket}",  # type: ignore[union-attr]
-            "address": NODE_IP,
-            "port": 10250,
-            "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1",
-            "healthzPort": 0,
-            "authentication": {
-                "anonymous": {"enabled": False},
-                "webhook": {"enabled": True},
-                "x509": {"clientCAFile": self.plane.ca_file},
-            },
-            "authorization": {"mode": "Webhook"},
-            "clusterDomain": "cluster.local",
-            "resolvConf": "",
-            # A shared, busy machine: evict only when truly out of room, never GC the
-            # imported images (nothing could pull them again).
-            "evictionHard": {
-                "memory.available": "50Mi",
-                "nodefs.available": "1%",
-                "imagefs.available": "1%",
-                "nodefs.inodesFree": "1%",
-            },
-            "imageGCHighThresholdPercent": 100,
-            "imageGCLowThresholdPercent": 99,
-            "nodeStatusUpdateFrequency": "2s",
-            "nodeStatusReportFrequency": "10s",
-            "syncFrequency": "10s",
-            "serializeImagePulls": False,
-        }
+        return kubelet_config(
+            self.containerd.socket,  # type: ignore[union-attr]
+            NODE_IP,
+            f"/{self.cgroups.name}",
+            self.plane.ca_file,
+        )
 
     def _start_kubelet(self) -> None:
-        self.kubelet_dir.mkdir(parents=True, exist_ok=True)
-        config = self.workdir / "kubelet-config.yaml"
-        config.write_text(yaml.safe_dump(self._kubelet_config(), sort_keys=False))
-        kubeconfig = self.workdir / "kubelet.kubeconfig"
-        self.plane.write_kubeconfig(
-            kubeconfig, f"system:node:{NODE_NAME}", self.plane.kubelet_token
+        self.procs["kubelet"] = self.spawn_kubelet(
+            NODE_NAME, NODE_IP, self.plane.kubelet_token, self.kubelet_dir, self._kubelet_config()
         )
-        self.procs["kubelet"] = spawn(
+
+    def spawn_kubelet(
+        self, name: str, address: str, token: str, root_dir: Path, config: dict[str, Any]
+    ) -> subprocess.Popen[bytes]:
+        """A kubelet registering node ``name`` at ``address`` (its log: ``<name>.log``,
+        the first node's ``kubelet.log``)."""
+        root_dir.mkdir(parents=True, exist_ok=True)
+        stem = "kubelet" if name == NODE_NAME else f"kubelet-{name}"
+        config_file = self.workdir / f"{stem}-config.yaml"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        kubeconfig = self.workdir / f"{stem}.kubeconfig"
+        self.plane.write_kubeconfig(kubeconfig, f"system:node:{name}", token)
+        return spawn(
             [
                 str(self.bin_dir / "kubelet"),
-                f"--config={config}",
+                f"--config={config_file}",
                 f"--kubeconfig={kubeconfig}",
-                f"--root-dir={self.kubelet_dir}",
-                f"--node-ip={NODE_IP}",
-                f"--hostname-override={NODE_NAME}",
+                f"--root-dir={root_dir}",
+                f"--node-ip={address}",
+                f"--hostname-override={name}",
                 # SANDBOX_NODE_KUBELET_V=4 logs each pod's steps with timestamps (where
                 # the time of a pod start goes); 1 keeps the log small.
                 f"--v={os.environ.get('SANDBOX_NODE_KUBELET_V', '1')}",
             ],
-            self.log_path("kubelet"),
+            self.log_path(stem),
         )
 
     def _check_alive(self) -> None:
