@@ -22,11 +22,17 @@ node) and measures, alternating so load drifts hit both:
 
 The warm pool (issue 25, operator/pool), in the same run, with
 ``SANDBOX_BENCH_POOL_SIZE`` = N > 0: the figures above are taken with no pool (the cold
-baseline); then ``helm upgrade`` sets ``sandbox.pool.size`` = ``refillBatch`` = N, and
-with the pool full before each sample: create → Running (beside each, the floor: one
-apiserver write and its watch event), resume → Running, a burst of N concurrent
-creations, and how long the pool takes to be full of ready pods again after the burst
-(``refill_seconds``; the burst's sessions are deleted meanwhile, so memory stays bounded).
+baseline); then ``helm upgrade`` sets ``sandbox.pool.size`` = N and
+``sandbox.pool.refillBatch`` = ``SANDBOX_BENCH_POOL_REFILL_BATCH`` (10: pods starting at
+once while refilling), and with the pool full before each sample: create → Running
+(beside each, the floor: one apiserver write and its watch event), resume → Running, a
+burst of N concurrent creations (with the same split at the claim), and how long the
+pool takes to be full of ready pods again after the burst (``refill_seconds``; the
+burst's sessions are deleted meanwhile, so memory stays bounded).
+``SANDBOX_BENCH_SESSION_START_PARTS=pool`` runs the pool phase alone (no cold samples:
+the floor is its baseline) and updates only the pool's keys of the JSON, whose cold
+figures then stay those of the run named by ``when`` (the pool's run: ``pool_when``).
+The load average (1 min) is recorded when the pool phase starts and ends.
 
 Where time goes: a watcher records when each pod is first seen, scheduled, its container
 started, its runtime first answers /healthz (polled every 20 ms) and the pod is Ready
@@ -75,6 +81,8 @@ GOAL = "create → Running p50 ≤ 2 s"
 POOL_GOAL = "from the pool: create and resume → Running p50 ≤ 50 ms, p99 ≤ 250 ms"
 # 0 (the default for now): no pool phase, the chart without a pool — as before.
 POOL_SIZE = int(os.environ.get("SANDBOX_BENCH_POOL_SIZE", "0"))
+POOL_REFILL_BATCH = int(os.environ.get("SANDBOX_BENCH_POOL_REFILL_BATCH", "10"))
+POOL_ONLY = os.environ.get("SANDBOX_BENCH_SESSION_START_PARTS", "all") == "pool"
 POOL_LABEL = "sandboxworkspace.io/pool"
 BUCKET = "bench-sessions"
 S3_SECRET = "bench-s3"
@@ -106,9 +114,14 @@ def run(quick: bool) -> list[Figure]:
         raise RuntimeError(f"session_start: the run inside the namespace failed (exit {rc})")
     data = json.loads(out.read_text())
     RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(data["summary"], indent=2) + "\n")
+    summary = data["summary"]
+    if POOL_ONLY and RESULTS.exists():  # the cold figures of the run before stay
+        summary = {**json.loads(RESULTS.read_text()), **summary}
+    RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
     s = data["samples"]
     extra = data["summary"]
+    if POOL_ONLY:
+        return _pool_figures(s, extra, "one apiserver write + its watch event", s["floor"])
     figures = [
         Figure.of(
             "session create → Running (real node)",
@@ -130,30 +143,33 @@ def run(quick: bool) -> list[Figure]:
     ]
     if "pool_create" not in s:
         return figures
+    return [*figures, *_pool_figures(s, extra, "session create → Running, cold", s["create"])]
+
+
+def _pool_figures(s: dict, extra: dict, baseline: str, base: list[float]) -> list[Figure]:
     return [
-        *figures,
         Figure.of(
             "session create → Running from the warm pool (real node)",
             "ms",
             s["pool_create"],
-            "session create → Running, cold",
-            s["create"],
+            baseline,
+            base,
             goal=POOL_GOAL,
         ),
         Figure.of(
             "stopped session resume → Running from the warm pool (real node)",
             "ms",
             s["pool_resume"],
-            "stopped session resume → Running, cold",
-            s["resume"],
+            baseline if POOL_ONLY else "stopped session resume → Running, cold",
+            base if POOL_ONLY else s["resume"],
             goal=POOL_GOAL,
         ),
         Figure.of(
             f"burst of {extra['pool_burst_n']} creations from the warm pool (real node)",
             "ms",
             s["pool_burst"],
-            "session create → Running, cold",
-            s["create"],
+            "the same burst of ConfigMap creations + their watch events",
+            s["floor_burst"],
             refill_seconds=extra["refill_seconds"],
         ),
     ]
@@ -327,7 +343,9 @@ def inner(n: int = 20) -> dict:
         if installed.returncode != 0:
             raise RuntimeError(f"helm install failed:\n{installed.stdout}\n{installed.stderr}")
         with cluster.client() as kube:
-            result = _measure(cluster, kube, SESSIONS, n)
+            result = {"summary": {}, "samples": {}}
+            if not POOL_ONLY:
+                result = _measure(cluster, kube, SESSIONS, n)
             if POOL_SIZE > 0:
                 before = _pods_rss(cluster)
                 _enable_pool(release, POOL_SIZE)
@@ -345,7 +363,7 @@ def _enable_pool(release, size: int) -> None:
     """helm upgrade to a pool of ``size``, and wait for the operators to roll."""
     script = (
         f"helm upgrade {RELEASE} charts/sandbox-workspace -n {NAMESPACE} --reuse-values "
-        f"--set sandbox.pool.size={size} --set sandbox.pool.refillBatch={size}\n"
+        f"--set sandbox.pool.size={size} --set sandbox.pool.refillBatch={POOL_REFILL_BATCH}\n"
         f"kubectl -n {NAMESPACE} rollout status statefulset/{OPERATOR} --timeout=300s\n"
     )
     done = release.shell(script, timeout=400)
@@ -471,6 +489,7 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": FLOOR_NS}})
     _pool_full(kube, ns, size, timeout=600)
     rss_full = _pods_rss(cluster)
+    load_before, began = os.getloadavg()[0], time.strftime("%Y-%m-%d %H:%M:%S")
     steps = PodSteps(cluster.client, ns)
     create: list[float] = []
     floor: list[float] = []
@@ -512,10 +531,16 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
             splits.append(_claim_split(steps, status["podName"], start, end))
     finally:
         steps.stop()
-    burst, refill = _burst(cluster, kube, sbs, ns, size, sources)
+    floor_burst = _floor_burst(cluster, size)
+    burst, refill, burst_splits = _burst(cluster, kube, sbs, ns, size, sources)
     claimed = [c for c, _ in splits if c == c]
     after = [a for _, a in splits if a == a]
+    burst_claimed = [c for c, _ in burst_splits if c == c]
+    burst_after = [a for _, a in burst_splits if a == a]
     summary = {
+        "pool_when": began,
+        "pool_loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "pool_refill_batch": POOL_REFILL_BATCH,
         "pool_size": size,
         "pool_create_p50_ms": round(statistics.median(create), 1),
         "pool_create_p99_ms": round(percentile(create, 99), 1),
@@ -535,6 +560,14 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
         "pool_burst_n": size,
         "pool_burst_p50_ms": round(statistics.median(burst), 1),
         "pool_burst_p99_ms": round(percentile(burst, 99), 1),
+        # The same burst of writes + watch events without the operator (ConfigMaps).
+        "floor_burst_p50_ms": round(statistics.median(floor_burst), 1),
+        "floor_burst_p99_ms": round(percentile(floor_burst, 99), 1),
+        # The same split for the burst, p50 / p99: queueing shows in the first span.
+        "pool_burst_breakdown_ms": {
+            "request → pod claimed (watch)": _p50_p99(burst_claimed),
+            "pod claimed → Running (watch)": _p50_p99(burst_after),
+        },
         "refill_seconds": round(refill, 2),
         "pool_pod_rss_mib": round((rss_full - rss_before) / size / 2**20, 1),
         # Pool-phase starts that fell back to a cold pod (the pool ran dry or a claim lost).
@@ -547,40 +580,83 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
         "pool_resume": resume,
         "pool_burst": burst,
         "floor": floor,
+        "floor_burst": floor_burst,
     }
 
 
-def _burst(
-    cluster, kube: KubeClient, sbs: str, ns: str, size: int, sources: list[str]
-) -> tuple[list[float], float]:
-    """``size`` concurrent creations on a full pool; then the sessions are deleted (their
-    pods go: memory stays bounded) while the pool refills. (ms each, refill s)."""
-    _pool_full(kube, ns, size)
-    burst: list[float] = [0.0] * size
-    ends: list[float] = [0.0] * size
+def _p50_p99(values: list[float]) -> list[float] | None:
+    if not values:
+        return None
+    return [round(statistics.median(values), 1), round(percentile(values, 99), 1)]
+
+
+def _floor_burst(cluster, size: int) -> list[float]:
+    """The floor of a burst: ``size`` threads released together, each creating a
+    ConfigMap and watching until its event shows — the burst's client side and the
+    apiserver's, without the operator (ms each)."""
+    cms = f"/api/v1/namespaces/{FLOOR_NS}/configmaps"
+    took: list[float] = [0.0] * size
     gate = threading.Barrier(size)
 
     def one(j: int) -> None:
         with cluster.client() as own:
-            own.get(f"{sbs}?limit=1")  # the connection is open before the gate
+            own.get(f"{cms}?limit=1")  # the connection is open before the gate
             gate.wait()
             start = time.perf_counter()
-            obj = own.create(sbs, _session(f"burst-{j}"))
-            ends[j] = _watch_until(own, sbs, obj, _session_running, timeout=180)
-            burst[j] = (ends[j] - start) * 1000
-            sources.append(own.get(f"{sbs}/{obj['metadata']['name']}")["status"]["startedFrom"])
+            obj = own.create(cms, {"metadata": {"name": f"burst-{j}"}})
+            took[j] = (_watch_until(own, cms, obj, lambda _: True) - start) * 1000
 
     threads = [threading.Thread(target=one, args=(j,)) for j in range(size)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    if not all(took):
+        raise RuntimeError("a floor burst creation was not seen")
+    return took
+
+
+def _burst(
+    cluster, kube: KubeClient, sbs: str, ns: str, size: int, sources: list[str]
+) -> tuple[list[float], float, list[tuple[float, float]]]:
+    """``size`` concurrent creations on a full pool; then the sessions are deleted (their
+    pods go: memory stays bounded) while the pool refills. (ms each, refill s, each
+    creation's split at its pod's claim)."""
+    _pool_full(kube, ns, size)
+    burst: list[float] = [0.0] * size
+    ends: list[float] = [0.0] * size
+    starts: list[float] = [0.0] * size
+    pods: list[str] = [""] * size
+    gate = threading.Barrier(size)
+    steps = PodSteps(cluster.client, ns)
+
+    def one(j: int) -> None:
+        with cluster.client() as own:
+            own.get(f"{sbs}?limit=1")  # the connection is open before the gate
+            gate.wait()
+            starts[j] = start = time.perf_counter()
+            obj = own.create(sbs, _session(f"burst-{j}"))
+            ends[j] = _watch_until(own, sbs, obj, _session_running, timeout=180)
+            burst[j] = (ends[j] - start) * 1000
+            status = own.get(f"{sbs}/{obj['metadata']['name']}")["status"]
+            sources.append(status["startedFrom"])
+            pods[j] = status["podName"]
+
+    threads = [threading.Thread(target=one, args=(j,)) for j in range(size)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        steps.stop()
+    splits = [_claim_split(steps, pods[j], starts[j], ends[j]) for j in range(size) if pods[j]]
     if not all(ends):
         raise RuntimeError("a burst creation did not reach Running")
     for j in range(size):
         kube.delete(f"{sbs}/sb-session-burst-{j}")
     refill = _pool_full(kube, ns, size, timeout=600) - max(ends)
-    return burst, refill
+    return burst, refill, splits
 
 
 def _pod_name(session: dict) -> str:

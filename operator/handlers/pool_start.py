@@ -91,7 +91,8 @@ async def _start(ctx: OperatorContext, session: SandboxSession, body: dict[str, 
             return False
         raise
     ctx.children_seen.add(uid)
-    kopf.event(body, type="Normal", reason="PodClaimed", message="ready pod from the pool")
+    if session.status.phase is not None:  # as a cold start: no Event of its own when new
+        kopf.event(body, type="Normal", reason="PodClaimed", message="ready pod from the pool")
     if ctx.pool is not None:
         ctx.pool.short_starts += 1
     return True

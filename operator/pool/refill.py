@@ -20,7 +20,9 @@ Contract:
   every ``check_interval`` without news it writes anyway (a deleted resource comes back).
   Like the refiller, only on the active replica.
 - Claims have an apiserver client of their own (``PoolState.api``, ``CLAIM_CONCURRENCY``
-  requests in flight), made here and closed by ``stop``.
+  requests in flight), made here and closed by ``stop``; the refill task keeps its
+  connections open (``warm``: that many requests at once, every ``WARM_EVERY`` seconds),
+  so a burst of claims pays no TLS handshakes.
 - ``on_pool_pod_event`` keeps the hint current: a free pod enters it when its runtime is
   ready and leaves it on any other news; a claimed pod whose token this process has not
   delivered (an operator restarted between the swap and the delivery) gets it again —
@@ -70,6 +72,7 @@ REFILL_DEFER_MAX = 5.0  # seconds: the longest a steady stream of claims defers 
 # (swap, Secret, status); the operator's general limit (SANDBOX_OPERATOR_API_CONCURRENCY,
 # 8) would queue them behind each other and behind the refiller.
 CLAIM_CONCURRENCY = 32
+WARM_EVERY = 60.0  # seconds; the client keeps an idle connection 120 s (kube.Kube)
 
 
 def pool_namespaces(ctx: OperatorContext) -> tuple[str, ...]:
@@ -106,11 +109,21 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
         ctx.pool.api = None
 
 
+async def warm(api: Kube) -> None:
+    """``CLAIM_CONCURRENCY`` connections of ``api`` open (as many requests at once)."""
+    with contextlib.suppress(KubeError):
+        await asyncio.gather(*(api.get("/version") for _ in range(CLAIM_CONCURRENCY)))
+
+
 async def _refill_forever(ctx: OperatorContext) -> None:
     assert ctx.pool is not None
     pool = ctx.pool
+    warmed = 0.0
     while True:
         await settle(pool)
+        if pool.api is not None and time.monotonic() - warmed >= WARM_EVERY:
+            await warm(pool.api)
+            warmed = time.monotonic()
         pool.wake.clear()
         again = False
         for ns in pool.namespaces:
