@@ -87,6 +87,7 @@ POOL_LABEL = "sandboxworkspace.io/pool"
 BUCKET = "bench-sessions"
 S3_SECRET = "bench-s3"
 CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")
+CGROUP_CPU = Path("/sys/fs/cgroup/cpuacct")
 FLOOR_NS = "bench-floor"
 
 
@@ -536,7 +537,7 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
     finally:
         steps.stop()
     floor_burst = _floor_burst(cluster, size)
-    burst, refill, burst_splits = _burst(cluster, kube, sbs, ns, size, sources)
+    burst, refill, burst_splits, burst_cpu = _burst(cluster, kube, sbs, ns, size, sources)
     claimed = [c for c, _ in splits if c == c]
     after = [a for _, a in splits if a == a]
     burst_claimed = [c for c, _ in burst_splits if c == c]
@@ -567,6 +568,10 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
         # The same burst of writes + watch events without the operator (ConfigMaps).
         "floor_burst_p50_ms": round(statistics.median(floor_burst), 1),
         "floor_burst_p99_ms": round(percentile(floor_burst, 99), 1),
+        # From the gate until the last burst session is Running: CPU the operator used
+        # (ms per creation) and how busy the whole machine's cores were (every user's).
+        "pool_burst_operator_cpu_ms_per_start": round(burst_cpu[0] * 1000 / size, 1),
+        "pool_burst_machine_busy_percent": round(burst_cpu[1], 1),
         # The same split for the burst, p50 / p99: queueing shows in the first span.
         "pool_burst_breakdown_ms": {
             "request → pod claimed (watch)": _p50_p99(burst_claimed),
@@ -592,6 +597,27 @@ def _p50_p99(values: list[float]) -> list[float] | None:
     if not values:
         return None
     return [round(statistics.median(values), 1), round(percentile(values, 99), 1)]
+
+
+def _operator_cpu(cluster, kube: KubeClient) -> float:
+    """Seconds of CPU the operator's pods (both replicas) have used: their cgroups'
+    ``cpuacct.usage`` (the kubelet's kubepods tree of this run)."""
+    root = CGROUP_CPU / cluster.cgroups.name / "kubepods"
+    total = 0
+    for pod in kube.list(f"/api/v1/namespaces/{NAMESPACE}/pods"):
+        if pod["metadata"]["name"].startswith(OPERATOR):
+            for cgroup in root.rglob(f"pod{pod['metadata']['uid']}"):
+                total += int((cgroup / "cpuacct.usage").read_text())
+    return total / 1e9
+
+
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far (/proc/stat: every
+    engineer's work, not only this run's)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]
+    return (sum(fields) - idle) / hz, sum(fields) / hz
 
 
 def _floor_burst(cluster, size: int) -> list[float]:
@@ -624,10 +650,10 @@ def _floor_burst(cluster, size: int) -> list[float]:
 
 def _burst(
     cluster, kube: KubeClient, sbs: str, ns: str, size: int, sources: list[str]
-) -> tuple[list[float], float, list[tuple[float, float]]]:
+) -> tuple[list[float], float, list[tuple[float, float]], tuple[float, float]]:
     """``size`` concurrent creations on a full pool; then the sessions are deleted (their
     pods go: memory stays bounded) while the pool refills. (ms each, refill s, each
-    creation's split at its pod's claim)."""
+    creation's split at its pod's claim, (operator CPU s, machine busy %) meanwhile)."""
     _pool_full(kube, ns, size)
     burst: list[float] = [0.0] * size
     ends: list[float] = [0.0] * size
@@ -651,6 +677,7 @@ def _burst(
             pods[j] = status["podName"]
 
     threads = [threading.Thread(target=one, args=(j,)) for j in range(size)]
+    cpu_before, (busy_before, all_before) = _operator_cpu(cluster, kube), _machine_busy()
     try:
         for thread in threads:
             thread.start()
@@ -658,13 +685,15 @@ def _burst(
             thread.join()
     finally:
         steps.stop()
+    busy, every = (a - b for a, b in zip(_machine_busy(), (busy_before, all_before), strict=True))
+    cpu = (_operator_cpu(cluster, kube) - cpu_before, 100 * busy / every if every else 0.0)
     splits = [_claim_split(steps, pods[j], starts[j], ends[j]) for j in range(size) if pods[j]]
     if not all(ends):
         raise RuntimeError("a burst creation did not reach Running")
     for j in range(size):
         kube.delete(f"{sbs}/sb-session-burst-{j}")
     refill = _pool_full(kube, ns, size, timeout=600) - max(ends)
-    return burst, refill, splits
+    return burst, refill, splits, cpu
 
 
 def _pod_name(session: dict) -> str:
