@@ -22,11 +22,17 @@ node) and measures, alternating so load drifts hit both:
 
 The warm pool (issue 25, operator/pool), in the same run, with
 ``SANDBOX_BENCH_POOL_SIZE`` = N > 0: the figures above are taken with no pool (the cold
-baseline); then ``helm upgrade`` sets ``sandbox.pool.size`` = ``refillBatch`` = N, and
-with the pool full before each sample: create → Running (beside each, the floor: one
-apiserver write and its watch event), resume → Running, a burst of N concurrent
-creations, and how long the pool takes to be full of ready pods again after the burst
-(``refill_seconds``; the burst's sessions are deleted meanwhile, so memory stays bounded).
+baseline); then ``helm upgrade`` sets ``sandbox.pool.size`` = N and
+``sandbox.pool.refillBatch`` = ``SANDBOX_BENCH_POOL_REFILL_BATCH`` (10: pods starting at
+once while refilling), and with the pool full before each sample: create → Running
+(beside each, the floor: one apiserver write and its watch event), resume → Running, a
+burst of N concurrent creations (with the same split at the claim), and how long the
+pool takes to be full of ready pods again after the burst (``refill_seconds``; the
+burst's sessions are deleted meanwhile, so memory stays bounded).
+``SANDBOX_BENCH_SESSION_START_PARTS=pool`` runs the pool phase alone (no cold samples:
+the floor is its baseline) and updates only the pool's keys of the JSON, whose cold
+figures then stay those of the run named by ``when`` (the pool's run: ``pool_when``).
+The load average (1 min) is recorded when the pool phase starts and ends.
 
 Where time goes: a watcher records when each pod is first seen, scheduled, its container
 started, its runtime first answers /healthz (polled every 20 ms) and the pod is Ready
@@ -75,10 +81,13 @@ GOAL = "create → Running p50 ≤ 2 s"
 POOL_GOAL = "from the pool: create and resume → Running p50 ≤ 50 ms, p99 ≤ 250 ms"
 # 0 (the default for now): no pool phase, the chart without a pool — as before.
 POOL_SIZE = int(os.environ.get("SANDBOX_BENCH_POOL_SIZE", "0"))
+POOL_REFILL_BATCH = int(os.environ.get("SANDBOX_BENCH_POOL_REFILL_BATCH", "10"))
+POOL_ONLY = os.environ.get("SANDBOX_BENCH_SESSION_START_PARTS", "all") == "pool"
 POOL_LABEL = "sandboxworkspace.io/pool"
 BUCKET = "bench-sessions"
 S3_SECRET = "bench-s3"
 CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")
+CGROUP_CPU = Path("/sys/fs/cgroup/cpuacct")
 FLOOR_NS = "bench-floor"
 
 
@@ -106,9 +115,14 @@ def run(quick: bool) -> list[Figure]:
         raise RuntimeError(f"session_start: the run inside the namespace failed (exit {rc})")
     data = json.loads(out.read_text())
     RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(data["summary"], indent=2) + "\n")
+    summary = data["summary"]
+    if POOL_ONLY and RESULTS.exists():  # the cold figures of the run before stay
+        summary = {**json.loads(RESULTS.read_text()), **summary}
+    RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
     s = data["samples"]
     extra = data["summary"]
+    if POOL_ONLY:
+        return _pool_figures(s, extra, "one apiserver write + its watch event", s["floor"])
     figures = [
         Figure.of(
             "session create → Running (real node)",
@@ -130,30 +144,33 @@ def run(quick: bool) -> list[Figure]:
     ]
     if "pool_create" not in s:
         return figures
+    return [*figures, *_pool_figures(s, extra, "session create → Running, cold", s["create"])]
+
+
+def _pool_figures(s: dict, extra: dict, baseline: str, base: list[float]) -> list[Figure]:
     return [
-        *figures,
         Figure.of(
             "session create → Running from the warm pool (real node)",
             "ms",
             s["pool_create"],
-            "session create → Running, cold",
-            s["create"],
+            baseline,
+            base,
             goal=POOL_GOAL,
         ),
         Figure.of(
             "stopped session resume → Running from the warm pool (real node)",
             "ms",
             s["pool_resume"],
-            "stopped session resume → Running, cold",
-            s["resume"],
+            baseline if POOL_ONLY else "stopped session resume → Running, cold",
+            base if POOL_ONLY else s["resume"],
             goal=POOL_GOAL,
         ),
         Figure.of(
             f"burst of {extra['pool_burst_n']} creations from the warm pool (real node)",
             "ms",
             s["pool_burst"],
-            "session create → Running, cold",
-            s["create"],
+            "the same burst of ConfigMap creations + their watch events",
+            s["floor_burst"],
             refill_seconds=extra["refill_seconds"],
         ),
     ]
@@ -165,8 +182,11 @@ class PodSteps:
 
     STEPS = ("seen", "scheduled", "started", "listening", "ready")
 
-    def __init__(self, kube_factory, namespace: str):
+    def __init__(self, kube_factory, namespace: str, *, listen: bool = True):
+        """``listen``: poll each started pod's /healthz (not in a burst: 50 threads
+        polling would load the machine the burst is measured on)."""
         self.times: dict[str, dict[str, float]] = {}
+        self._listen = listen
         self._stop = threading.Event()
         self._kube, self._ns = kube_factory, namespace
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -200,7 +220,7 @@ class PodSteps:
         if running:
             seen.setdefault("started", now)
             # The IP may come in a later event than the running state: poll from then.
-            if status.get("podIP") and not seen.get("polling"):
+            if self._listen and status.get("podIP") and not seen.get("polling"):
                 seen["polling"] = now
                 threading.Thread(
                     target=self._listening, args=(seen, status["podIP"]), daemon=True
@@ -260,12 +280,13 @@ def _breakdown(samples: list[tuple[float, dict[str, float], float]], last: str) 
     return out
 
 
-def _session(user: str) -> dict:
+def _session(user: str, idle: int = 1) -> dict:
+    """A session that stops after ``idle`` seconds without use (1: resumes are measured)."""
     return {
         "apiVersion": "sandboxworkspace.io/v1alpha1",
         "kind": "SandboxSession",
         "metadata": {"name": f"sb-session-{user}"},
-        "spec": {"userId": user, "idleTimeoutSeconds": 1},
+        "spec": {"userId": user, "idleTimeoutSeconds": idle},
     }
 
 
@@ -327,7 +348,9 @@ def inner(n: int = 20) -> dict:
         if installed.returncode != 0:
             raise RuntimeError(f"helm install failed:\n{installed.stdout}\n{installed.stderr}")
         with cluster.client() as kube:
-            result = _measure(cluster, kube, SESSIONS, n)
+            result = {"summary": {}, "samples": {}}
+            if not POOL_ONLY:
+                result = _measure(cluster, kube, SESSIONS, n)
             if POOL_SIZE > 0:
                 before = _pods_rss(cluster)
                 _enable_pool(release, POOL_SIZE)
@@ -345,7 +368,7 @@ def _enable_pool(release, size: int) -> None:
     """helm upgrade to a pool of ``size``, and wait for the operators to roll."""
     script = (
         f"helm upgrade {RELEASE} charts/sandbox-workspace -n {NAMESPACE} --reuse-values "
-        f"--set sandbox.pool.size={size} --set sandbox.pool.refillBatch={size}\n"
+        f"--set sandbox.pool.size={size} --set sandbox.pool.refillBatch={POOL_REFILL_BATCH}\n"
         f"kubectl -n {NAMESPACE} rollout status statefulset/{OPERATOR} --timeout=300s\n"
     )
     done = release.shell(script, timeout=400)
@@ -471,6 +494,7 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": FLOOR_NS}})
     _pool_full(kube, ns, size, timeout=600)
     rss_full = _pods_rss(cluster)
+    load_before, began = os.getloadavg()[0], time.strftime("%Y-%m-%d %H:%M:%S")
     steps = PodSteps(cluster.client, ns)
     create: list[float] = []
     floor: list[float] = []
@@ -512,10 +536,16 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
             splits.append(_claim_split(steps, status["podName"], start, end))
     finally:
         steps.stop()
-    burst, refill = _burst(cluster, kube, sbs, ns, size, sources)
+    floor_burst = _floor_burst(cluster, size)
+    burst, refill, burst_splits, burst_cpu = _burst(cluster, kube, sbs, ns, size, sources)
     claimed = [c for c, _ in splits if c == c]
     after = [a for _, a in splits if a == a]
+    burst_claimed = [c for c, _ in burst_splits if c == c]
+    burst_after = [a for _, a in burst_splits if a == a]
     summary = {
+        "pool_when": began,
+        "pool_loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "pool_refill_batch": POOL_REFILL_BATCH,
         "pool_size": size,
         "pool_create_p50_ms": round(statistics.median(create), 1),
         "pool_create_p99_ms": round(percentile(create, 99), 1),
@@ -535,6 +565,18 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
         "pool_burst_n": size,
         "pool_burst_p50_ms": round(statistics.median(burst), 1),
         "pool_burst_p99_ms": round(percentile(burst, 99), 1),
+        # The same burst of writes + watch events without the operator (ConfigMaps).
+        "floor_burst_p50_ms": round(statistics.median(floor_burst), 1),
+        "floor_burst_p99_ms": round(percentile(floor_burst, 99), 1),
+        # From the gate until the last burst session is Running: CPU the operator used
+        # (ms per creation) and how busy the whole machine's cores were (every user's).
+        "pool_burst_operator_cpu_ms_per_start": round(burst_cpu[0] * 1000 / size, 1),
+        "pool_burst_machine_busy_percent": round(burst_cpu[1], 1),
+        # The same split for the burst, p50 / p99: queueing shows in the first span.
+        "pool_burst_breakdown_ms": {
+            "request → pod claimed (watch)": _p50_p99(burst_claimed),
+            "pod claimed → Running (watch)": _p50_p99(burst_after),
+        },
         "refill_seconds": round(refill, 2),
         "pool_pod_rss_mib": round((rss_full - rss_before) / size / 2**20, 1),
         # Pool-phase starts that fell back to a cold pod (the pool ran dry or a claim lost).
@@ -547,40 +589,111 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
         "pool_resume": resume,
         "pool_burst": burst,
         "floor": floor,
+        "floor_burst": floor_burst,
     }
 
 
-def _burst(
-    cluster, kube: KubeClient, sbs: str, ns: str, size: int, sources: list[str]
-) -> tuple[list[float], float]:
-    """``size`` concurrent creations on a full pool; then the sessions are deleted (their
-    pods go: memory stays bounded) while the pool refills. (ms each, refill s)."""
-    _pool_full(kube, ns, size)
-    burst: list[float] = [0.0] * size
-    ends: list[float] = [0.0] * size
+def _p50_p99(values: list[float]) -> list[float] | None:
+    if not values:
+        return None
+    return [round(statistics.median(values), 1), round(percentile(values, 99), 1)]
+
+
+def _operator_cpu(cluster, kube: KubeClient) -> float:
+    """Seconds of CPU the operator's pods (both replicas) have used: their cgroups'
+    ``cpuacct.usage`` (the kubelet's kubepods tree of this run)."""
+    root = CGROUP_CPU / cluster.cgroups.name / "kubepods"
+    total = 0
+    for pod in kube.list(f"/api/v1/namespaces/{NAMESPACE}/pods"):
+        if pod["metadata"]["name"].startswith(OPERATOR):
+            for cgroup in root.rglob(f"pod{pod['metadata']['uid']}"):
+                total += int((cgroup / "cpuacct.usage").read_text())
+    return total / 1e9
+
+
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far (/proc/stat: every
+    engineer's work, not only this run's)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]
+    return (sum(fields) - idle) / hz, sum(fields) / hz
+
+
+def _floor_burst(cluster, size: int) -> list[float]:
+    """The floor of a burst: ``size`` threads released together, each creating a
+    ConfigMap and watching until its event shows — the burst's client side and the
+    apiserver's, without the operator (ms each)."""
+    cms = f"/api/v1/namespaces/{FLOOR_NS}/configmaps"
+    took: list[float] = [0.0] * size
     gate = threading.Barrier(size)
 
     def one(j: int) -> None:
         with cluster.client() as own:
-            own.get(f"{sbs}?limit=1")  # the connection is open before the gate
+            # The connection is open before the gate; the watch starts before the write.
+            rv = own.get(f"{cms}?limit=1")["metadata"]["resourceVersion"]
             gate.wait()
             start = time.perf_counter()
-            obj = own.create(sbs, _session(f"burst-{j}"))
-            ends[j] = _watch_until(own, sbs, obj, _session_running, timeout=180)
-            burst[j] = (ends[j] - start) * 1000
-            sources.append(own.get(f"{sbs}/{obj['metadata']['name']}")["status"]["startedFrom"])
+            name = own.create(cms, {"metadata": {"name": f"burst-{j}"}})["metadata"]["name"]
+            before = {"metadata": {"name": name, "resourceVersion": rv}}
+            took[j] = (_watch_until(own, cms, before, lambda _: True) - start) * 1000
 
     threads = [threading.Thread(target=one, args=(j,)) for j in range(size)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    if not all(took):
+        raise RuntimeError("a floor burst creation was not seen")
+    return took
+
+
+def _burst(
+    cluster, kube: KubeClient, sbs: str, ns: str, size: int, sources: list[str]
+) -> tuple[list[float], float, list[tuple[float, float]], tuple[float, float]]:
+    """``size`` concurrent creations on a full pool; then the sessions are deleted (their
+    pods go: memory stays bounded) while the pool refills. (ms each, refill s, each
+    creation's split at its pod's claim, (operator CPU s, machine busy %) meanwhile)."""
+    _pool_full(kube, ns, size)
+    burst: list[float] = [0.0] * size
+    ends: list[float] = [0.0] * size
+    starts: list[float] = [0.0] * size
+    pods: list[str] = [""] * size
+    gate = threading.Barrier(size)
+    steps = PodSteps(cluster.client, ns, listen=False)
+
+    def one(j: int) -> None:
+        with cluster.client() as own:
+            own.get(f"{sbs}?limit=1")  # the connection is open before the gate
+            gate.wait()
+            starts[j] = start = time.perf_counter()
+            # Not stopped while the burst goes on (its first ones would be, after 1 s, and
+            # their stops load the node the last claims run on): deleted after it.
+            obj = own.create(sbs, _session(f"burst-{j}", idle=600))
+            ends[j] = _watch_until(own, sbs, obj, _session_running, timeout=180)
+            burst[j] = (ends[j] - start) * 1000
+            status = own.get(f"{sbs}/{obj['metadata']['name']}")["status"]
+            sources.append(status["startedFrom"])
+            pods[j] = status["podName"]
+
+    threads = [threading.Thread(target=one, args=(j,)) for j in range(size)]
+    cpu_before, (busy_before, all_before) = _operator_cpu(cluster, kube), _machine_busy()
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        steps.stop()
+    busy, every = (a - b for a, b in zip(_machine_busy(), (busy_before, all_before), strict=True))
+    cpu = (_operator_cpu(cluster, kube) - cpu_before, 100 * busy / every if every else 0.0)
+    splits = [_claim_split(steps, pods[j], starts[j], ends[j]) for j in range(size) if pods[j]]
     if not all(ends):
         raise RuntimeError("a burst creation did not reach Running")
     for j in range(size):
         kube.delete(f"{sbs}/sb-session-burst-{j}")
     refill = _pool_full(kube, ns, size, timeout=600) - max(ends)
-    return burst, refill
+    return burst, refill, splits, cpu
 
 
 def _pod_name(session: dict) -> str:

@@ -81,7 +81,11 @@ class OperatorSettings(BaseSettings):
         "namespace in `namespaces` (a cluster-wide operator then has no pool).",
     )
     pool_refill_batch: int = Field(
-        5, ge=1, le=100, description="Pool pods created at a time while refilling."
+        5,
+        ge=1,
+        le=100,
+        description="Pool pods starting at once while refilling (created, not ready yet): "
+        "bounds the refill's load on the node; the next ones start as these become ready.",
     )
 
     # Timings. Defaults suit a real cluster; tests shorten them.

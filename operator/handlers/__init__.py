@@ -13,7 +13,7 @@ from ..models import GROUP, SESSION_PLURAL, VERSION, WORKSPACE_PLURAL
 from ..pool import LABEL_POOL
 from ..pool import refill as pool
 from ..settings import OperatorSettings
-from . import deletion, sessions, startup, workspaces
+from . import deletion, pool_start, sessions, startup, workspaces
 from .traced import traced
 
 SESSIONS = (GROUP, VERSION, SESSION_PLURAL)
@@ -33,12 +33,15 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     on.cleanup(registry=registry)(pool.stop)
     on.event(*PODS, labels={LABEL_POOL: kopf.PRESENT}, registry=registry)(pool.on_pool_pod_event)
 
-    # Spans (handlers/traced.py): a creation continues the API's trace.
-    on_session_changed = traced("operator.reconcile", "SandboxSession")(sessions.on_session_changed)
+    # Spans (handlers/traced.py): a creation continues the API's trace. A start the warm
+    # pool can serve takes its short path (pool_start.py), the rest sessions.py's handlers.
+    on_session_changed = traced("operator.reconcile", "SandboxSession")(
+        pool_start.on_session_changed
+    )
     for decorator in (on.create, on.resume):
         decorator(*SESSIONS, registry=registry, id="reconcile")(on_session_changed)
     on.update(*SESSIONS, field="spec", registry=registry, id="reconcile")(on_session_changed)
-    on.event(*SESSIONS, registry=registry)(sessions.on_session_event)
+    on.event(*SESSIONS, registry=registry)(pool_start.on_session_event)
     on.event(*PODS, registry=registry)(sessions.on_runtime_pod_event)
     # No timer per session: deadlines (idle, TTL, rolls) live in one scheduler fed by the
     # session events above (checks.py), so an operator at rest does nothing.

@@ -51,7 +51,7 @@ from ..models import (
     SandboxSession,
     SandboxSessionStatus,
 )
-from ..pool.claim import claim_pod
+from ..pool.claim import claim_pod, claims_api
 from ..status import PodState, is_stopped, session_pod_name, session_status, set_condition
 from . import traced
 from .incarnation import OLD, ensure_children
@@ -79,14 +79,23 @@ class Reconciled:
 
 
 async def _write_status(
-    ctx: OperatorContext, body: dict, session: SandboxSession, status: SandboxSessionStatus
+    ctx: OperatorContext,
+    body: dict,
+    session: SandboxSession,
+    status: SandboxSessionStatus,
+    *,
+    guard: bool = False,
 ) -> None:
+    """``guard``: only onto the version ``body`` is (409 ``Conflict`` if it changed since;
+    the pool's short path, ``pool_start.py``, which writes from an event's object)."""
     new = status.model_dump(mode="json", by_alias=True)
     old = session.status.model_dump(mode="json", by_alias=True)
     if new != old:
-        await ctx.api.patch(
-            session_path(session.namespace, session.name) + "/status", {"status": new}
-        )
+        patch: dict[str, Any] = {"status": new}
+        if guard:
+            patch["metadata"] = {"resourceVersion": body["metadata"]["resourceVersion"]}
+        path = session_path(session.namespace, session.name) + "/status"
+        await (claims_api(ctx) if guard else ctx.api).patch(path, patch)
     ctx.metrics.session_phase(f"{session.namespace}/{session.name}", status.phase)
     ready = next(c for c in status.conditions if c.type == "Ready")
     before = next((c for c in session.status.conditions if c.type == "Ready"), None)

@@ -1,16 +1,26 @@
 """A session takes a ready pod from the warm pool (issue 25; STYLE 17).
 
 Contract: ``claim_pod`` is called where a session would create its pod (new, resumed or
-replaced). It returns the claimed pod, or None, and the caller starts the pod cold:
+replaced) — by the full reconcile, and by the short path of a new or resumed session
+(``handlers/pool_start.py``). It returns the claimed pod, or None, and the caller starts
+the pod cold:
 - None at once when the namespace has no pool or ``spec.misfits`` names a field;
-- otherwise free ready pods are tried one by one: a compare-and-swap merge patch
-  (``spec.claim_patch``, resourceVersion precondition) makes the pod the session's; on
-  409 (claimed by another session or operator, or changed) the next one is tried;
+- otherwise free ready pods are tried one by one, taken from the watch-fed hint (no
+  listing, no read): a compare-and-swap merge patch (``spec.claim_patch``,
+  resourceVersion precondition) makes the pod the session's; on 409 (claimed by another
+  session or operator, or changed) the next one is tried;
+- ``alongside``, when given, is a write the start needs anyway (the short path's token
+  Secret), made in the same round trip as the first swap; when it answers False nothing
+  is delivered, a pod already swapped is deleted and the answer is None;
 - after the swap, the session's token is delivered to the pod's runtime
   (``POST /v1/claim`` with the namespace's claim key; no restart). A pod whose runtime
   refuses or does not answer is deleted (it is the session's now, never free again) and
   the next one is tried;
 - a claimed pod never goes back: its ``pool`` label says ``claimed`` for its whole life.
+
+Claims talk to the apiserver through the pool's own client (``PoolState.api``: its own
+connections and a higher limit of requests in flight), so a burst of starts does not
+queue behind the refiller's listings and creations or the other reconciles.
 """
 
 from __future__ import annotations
@@ -19,11 +29,12 @@ import asyncio
 import base64
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 
-from sandbox_workspace.kube import Conflict, core_path
+from sandbox_workspace.kube import Conflict, Kube, core_path
 
 from ..children import uid_of
 from ..context import OperatorContext
@@ -33,7 +44,14 @@ from .spec import CLAIM_KEY, POOL_SECRET, claim_patch, misfits
 
 log = logging.getLogger("sandbox_workspace.operator.pool")
 ATTEMPTS = 5  # free pods tried per start before starting cold
-REFILL_AFTER_CLAIM_SECONDS = 0.05
+Alongside = Callable[[], Awaitable[bool]]
+
+
+def claims_api(ctx: OperatorContext) -> Kube:
+    """The client claims use: the pool's own when it has one."""
+    if ctx.pool is not None and ctx.pool.api is not None:
+        return ctx.pool.api
+    return ctx.api
 
 
 async def claim_key(ctx: OperatorContext, namespace: str) -> str | None:
@@ -73,10 +91,48 @@ async def deliver_token(ctx: OperatorContext, pod: dict[str, Any], key: str, tok
     return True
 
 
-async def claim_pod(
-    ctx: OperatorContext, session: SandboxSession, body: dict[str, Any]
+async def _swap(
+    ctx: OperatorContext, pod: dict[str, Any], session: SandboxSession, body: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """A pool pod now the session's, its token delivered; None: start cold."""
+    """The compare-and-swap of one free pod; None when someone else's now, or gone."""
+    path = core_path(session.namespace, "pods", pod["metadata"]["name"])
+    try:
+        return await claims_api(ctx).patch(path, claim_patch(pod, session, body, ctx.settings))
+    except Conflict:
+        return None  # someone else's now, or changed since we saw it
+
+
+async def _swap_beside(
+    ctx: OperatorContext,
+    pod: dict[str, Any],
+    session: SandboxSession,
+    body: dict[str, Any],
+    alongside: Alongside,
+) -> tuple[dict[str, Any] | None, bool]:
+    """The swap and ``alongside`` in one round trip: (the claimed pod, alongside's answer);
+    a pod swapped while ``alongside`` failed is deleted (it is nobody's to give now)."""
+    swapped, done = await asyncio.gather(
+        _swap(ctx, pod, session, body), alongside(), return_exceptions=True
+    )
+    if isinstance(swapped, dict) and done is not True:
+        path = core_path(session.namespace, "pods", swapped["metadata"]["name"])
+        await claims_api(ctx).delete(path, uid=uid_of(swapped))
+    for result in (swapped, done):
+        if isinstance(result, BaseException):
+            raise result
+    return swapped, done is True  # type: ignore[return-value]
+
+
+async def claim_pod(
+    ctx: OperatorContext,
+    session: SandboxSession,
+    body: dict[str, Any],
+    *,
+    token: str | None = None,
+    alongside: Alongside | None = None,
+) -> dict[str, Any] | None:
+    """A pool pod now the session's, its token delivered; None: start cold. ``token``:
+    the session's (read from its Secret when not given)."""
     pool, ns = ctx.pool, session.namespace
     if pool is None or not pool.serves(ns):
         return None
@@ -85,7 +141,7 @@ async def claim_pod(
         return None
     started = time.monotonic()
     key = await claim_key(ctx, ns)
-    token = await ctx.runtime_token(ns, session.name, session.uid)
+    token = token or await ctx.runtime_token(ns, session.name, session.uid)
     if key is None or token is None:
         pool.metrics.starts.labels(ns, "cold_nokey").inc()
         return None
@@ -94,19 +150,20 @@ async def claim_pod(
         pod = pool.take(ns)
         if pod is None:
             break
-        path = core_path(ns, "pods", pod["metadata"]["name"])
-        try:
-            claimed = await ctx.api.patch(path, claim_patch(pod, session, body, ctx.settings))
-        except Conflict:
-            outcome = "cold_conflict"
-            continue  # someone else's now, or changed since we saw it: the next one
+        if alongside is None:
+            claimed = await _swap(ctx, pod, session, body)
+        else:
+            claimed, done = await _swap_beside(ctx, pod, session, body, alongside)
+            alongside = None
+            if not done:
+                return None  # the caller's fallback starts it (and counts it)
         if claimed is None:
-            continue  # gone
+            outcome = "cold_conflict"
+            continue
         pool.note_claimed(ns, claimed["metadata"]["name"], live=True)
-        # One fewer free pod: refill — a moment later, off this start's critical path (its
-        # listing and creates would share the event loop and the API with the token's
-        # delivery and the session's status write).
-        asyncio.get_running_loop().call_later(REFILL_AFTER_CLAIM_SECONDS, pool.wake.set)
+        # The watch event of this very version needs no reconcile (the caller's own).
+        ctx.pods_seen[uid_of(claimed)] = claimed["metadata"].get("resourceVersion", "")
+        pool.wake_after_claim()  # one fewer free pod: the refiller, once the claims settle
         pool.claiming.add(uid_of(claimed))  # its own event must not deliver it again
         try:
             delivered = await deliver_token(ctx, claimed, key, token)
@@ -116,7 +173,10 @@ async def claim_pod(
             pool.metrics.claim_seconds.observe(time.monotonic() - started)
             pool.metrics.starts.labels(ns, "pool").inc()
             return claimed
-        await ctx.api.delete(path, uid=uid_of(claimed))
+        path = core_path(ns, "pods", claimed["metadata"]["name"])
+        await claims_api(ctx).delete(path, uid=uid_of(claimed))
         outcome = "cold_refused"
+    if alongside is not None:
+        return None  # no pod even swapped: the caller's fallback starts it (and counts it)
     pool.metrics.starts.labels(ns, outcome).inc()
     return None

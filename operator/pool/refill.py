@@ -4,16 +4,25 @@ Contract:
 - ``start`` (kopf startup) makes the pool state when ``pool_size`` > 0 and starts one
   refill task; ``stop`` (kopf cleanup) ends it.
 - The refill task, woken by a claim, a pool pod's event or every ``check_interval``:
-  per namespace, ensures the claim-key Secret (create-if-absent, a fresh random key),
+  first it lets the claims settle (``settle``: no claim for ``REFILL_SETTLE`` seconds, or
+  ``REFILL_DEFER_MAX`` seconds of waiting in a steady stream of them) — a burst of starts
+  must not share the node's CPU and the API with the start-ups of its refill. Then per
+  namespace it ensures the claim-key Secret (create-if-absent, a fresh random key),
   lists the pool's free pods, deletes the failed and the stale ones (built from an older
-  template: operator upgraded), and creates the missing ones, at most
-  ``pool_refill_batch`` per round. It also re-seeds the free-pod hint from the listing.
+  template: operator upgraded), and creates missing ones so that at most
+  ``pool_refill_batch`` are starting (created, not ready yet) at once: a bounded rate,
+  the next ones when those are ready (their event wakes it). It also re-seeds the
+  free-pod hint from the listing.
 - The report task (``report``) keeps each namespace's SandboxPool resource
   (``resource.py``) showing the pool's counts: woken when a count may have moved (at most
   every ``REPORT_DEBOUNCE`` seconds, so a burst of claims is one write), it patches the
   status when it differs from the last one written, creating the resource when missing;
   every ``check_interval`` without news it writes anyway (a deleted resource comes back).
   Like the refiller, only on the active replica.
+- Claims have an apiserver client of their own (``PoolState.api``, ``CLAIM_CONCURRENCY``
+  requests in flight), made here and closed by ``stop``; the refill task keeps its
+  connections open (``warm``: that many requests at once, every ``WARM_EVERY`` seconds),
+  so a burst of claims pays no TLS handshakes.
 - ``on_pool_pod_event`` keeps the hint current: a free pod enters it when its runtime is
   ready and leaves it on any other news; a claimed pod whose token this process has not
   delivered (an operator restarted between the swap and the delivery) gets it again —
@@ -26,11 +35,12 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from typing import Any
 
 import kopf
 
-from sandbox_workspace.kube import KubeError, core_path, custom_path
+from sandbox_workspace.kube import Kube, KubeError, core_path, custom_path
 
 from ..children import uid_of
 from ..context import OperatorContext
@@ -56,6 +66,13 @@ from .state import PoolMetrics, PoolState
 
 log = logging.getLogger("sandbox_workspace.operator.pool")
 REPORT_DEBOUNCE = 0.2  # seconds: the counts of a burst of claims in one status write
+REFILL_SETTLE = 0.5  # seconds without a claim before the refiller starts pods
+REFILL_DEFER_MAX = 5.0  # seconds: the longest a steady stream of claims defers a refill
+# Apiserver requests of claims in flight at once: a burst of 50 starts makes ~100 writes
+# (swap, Secret, status); the operator's general limit (SANDBOX_OPERATOR_API_CONCURRENCY,
+# 8) would queue them behind each other and behind the refiller.
+CLAIM_CONCURRENCY = 32
+WARM_EVERY = 60.0  # seconds; the client keeps an idle connection 120 s (kube.Kube)
 
 
 def pool_namespaces(ctx: OperatorContext) -> tuple[str, ...]:
@@ -72,6 +89,7 @@ async def start(memo: kopf.Memo, **_: Any) -> None:
         log.warning("pool_size is set but no namespace is named: no pool")
         return
     ctx.pool = PoolState(namespaces, ctx.settings.pool_size, PoolMetrics(ctx.metrics.registry))
+    ctx.pool.api = Kube(ctx.ensure_credentials(), concurrency=CLAIM_CONCURRENCY)
     ctx.pool.task = asyncio.create_task(_refill_forever(ctx), name="pool refill")
     ctx.pool.reporter = asyncio.create_task(_report_forever(ctx), name="pool report")
 
@@ -86,12 +104,26 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     ctx.pool.task = ctx.pool.reporter = None
+    if ctx.pool.api is not None:
+        await ctx.pool.api.aclose()
+        ctx.pool.api = None
+
+
+async def warm(api: Kube) -> None:
+    """``CLAIM_CONCURRENCY`` connections of ``api`` open (as many requests at once)."""
+    with contextlib.suppress(KubeError):
+        await asyncio.gather(*(api.get("/version") for _ in range(CLAIM_CONCURRENCY)))
 
 
 async def _refill_forever(ctx: OperatorContext) -> None:
     assert ctx.pool is not None
     pool = ctx.pool
+    warmed = 0.0
     while True:
+        await settle(pool)
+        if pool.api is not None and time.monotonic() - warmed >= WARM_EVERY:
+            await warm(pool.api)
+            warmed = time.monotonic()
         pool.wake.clear()
         again = False
         for ns in pool.namespaces:
@@ -110,6 +142,17 @@ async def _refill_forever(ctx: OperatorContext) -> None:
             continue
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(pool.wake.wait(), ctx.settings.check_interval_seconds)
+
+
+async def settle(pool: PoolState) -> None:
+    """Return once no claim came for ``REFILL_SETTLE`` s (or after ``REFILL_DEFER_MAX`` s)."""
+    began = time.monotonic()
+    while True:
+        now = time.monotonic()
+        quiet = now - pool.last_claim
+        if quiet >= REFILL_SETTLE or now - began >= REFILL_DEFER_MAX:
+            return
+        await asyncio.sleep(min(REFILL_SETTLE - quiet, REFILL_DEFER_MAX - (now - began)))
 
 
 async def _report_forever(ctx: OperatorContext) -> None:
@@ -187,9 +230,10 @@ async def refill(ctx: OperatorContext, ns: str) -> bool:
             live.append(pod)
             pool.note_free(ns, pod, ready=state.kind == "ready")
     missing = pool.size - len(live)
-    batch = min(missing, ctx.settings.pool_refill_batch)
+    starting = sum(1 for pod in live if observe_pod(pod).kind != "ready")
+    batch = min(missing, ctx.settings.pool_refill_batch - starting)
     if batch <= 0:
-        return False
+        return False  # full, or enough starting: a pod's ready event wakes us
     manifest = build_pool_pod(ns, ctx.settings)
     await asyncio.gather(*(ctx.api.create(core_path(ns, "pods"), manifest) for _ in range(batch)))
     pool.metrics.refills.labels(ns).inc(batch)
@@ -217,9 +261,9 @@ async def on_pool_pod_event(
     state = observe_pod(pod)
     template = template_hash(namespace, ctx.settings)
     ready = not gone and state.kind == "ready" and is_free(pod, template)
-    pool.note_free(namespace, pod, ready=ready)
-    if gone or state.kind in ("failed", "broken"):
-        pool.wake.set()
+    became_ready = pool.note_free(namespace, pod, ready=ready)
+    if gone or state.kind in ("failed", "broken") or became_ready:
+        pool.wake.set()  # one fewer, or one fewer starting: the next of a refill may go
 
 
 async def _redeliver(ctx: OperatorContext, namespace: str, pod: dict[str, Any]) -> None:

@@ -5,16 +5,21 @@ and by the refiller's listings (``counts`` is what the SandboxPool resource repo
 ``changed`` is set whenever they may have moved) — a hint, never the truth: a claim is
 decided by the apiserver (``spec.claim_patch``), so a stale entry costs one 409, not a shared pod.
 ``take`` hands each free pod to at most one caller of this process at a time.
+``wake_after_claim`` wakes the refiller and notes the claim's time: the refiller waits for
+the claims to settle before it starts pods (``refill.settle``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from sandbox_workspace.kube import Kube
 
 
 class PoolMetrics:
@@ -74,6 +79,9 @@ class PoolState:
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # a count moved: report
     task: asyncio.Task | None = None
     reporter: asyncio.Task | None = None
+    api: Kube | None = None  # the claims' own apiserver client (claim.claims_api)
+    short_starts: int = 0  # starts by the short path (handlers/pool_start.py)
+    last_claim: float = 0.0  # time.monotonic() of the latest claim
 
     def counts(self, namespace: str) -> tuple[int, int]:
         """(free ready pods, live claimed pods) of ``namespace``."""
@@ -82,15 +90,18 @@ class PoolState:
     def serves(self, namespace: str) -> bool:
         return self.size > 0 and namespace in self.namespaces
 
-    def note_free(self, namespace: str, pod: dict[str, Any], ready: bool) -> None:
+    def note_free(self, namespace: str, pod: dict[str, Any], ready: bool) -> bool:
+        """True when the pod has just become a free ready one."""
         name = pod["metadata"]["name"]
         pods = self.free.setdefault(namespace, {})
+        new = ready and name not in pods
         if ready:
             pods[name] = pod
         else:
             pods.pop(name, None)
         self.metrics.ready.labels(namespace).set(len(pods))
         self.changed.set()
+        return new
 
     def note_claimed(self, namespace: str, name: str, live: bool) -> None:
         names = self.claimed.setdefault(namespace, set())
@@ -99,6 +110,10 @@ class PoolState:
         self.metrics.claimed.labels(namespace).set(len(names))
         self.metrics.ready.labels(namespace).set(len(self.free.get(namespace, {})))
         self.changed.set()
+
+    def wake_after_claim(self) -> None:
+        self.last_claim = time.monotonic()
+        self.wake.set()
 
     def take(self, namespace: str) -> dict[str, Any] | None:
         """A free ready pod, removed from the hint (random: racing operators spread)."""

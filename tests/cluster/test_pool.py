@@ -104,6 +104,7 @@ def test_a_session_claims_a_ready_pod_which_refills_and_goes_with_it(
     refilled = wait_pool(kube_api, namespace, 2)
     assert status["podName"] not in {p["metadata"]["name"] for p in refilled}
     assert op.ctx.pool is not None
+    assert op.ctx.pool.short_starts == 1  # by the short path (handlers/pool_start.py)
 
     kube_api.delete(sbs_path(namespace, "sb-session-alice"))
     # By the garbage collector, as a cold pod (whose discovery of a new CRD may lag ~30 s).
@@ -160,7 +161,7 @@ def test_racing_sessions_never_share_a_pod(kube_api: KubeClient, namespace, star
 
 
 def test_a_resuming_session_claims_a_new_pod(kube_api: KubeClient, namespace, start_operator):
-    start_operator(pool_size=1)
+    op = start_operator(pool_size=1)
     wait_pool(kube_api, namespace, 1)
     make_session(kube_api, namespace, idleTimeoutSeconds=1, **EPHEMERAL)
     first = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
@@ -180,6 +181,17 @@ def test_a_resuming_session_claims_a_new_pod(kube_api: KubeClient, namespace, st
     resumed = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
     assert resumed["status"]["startedFrom"] == "pool"
     assert resumed["status"]["podName"] != first["status"]["podName"]
+    assert op.ctx.pool.short_starts == 2  # both by the short path (handlers/pool_start.py)
+    wait_until(  # the request is answered: its annotation goes
+        lambda: (
+            "sandboxworkspace.io/resume-requested"
+            not in (kube_api.get(sbs_path(namespace, "sb-session-alice"))["metadata"]).get(
+                "annotations", {}
+            )
+        ),
+        timeout=TIMEOUT,
+        message="the resume request removed",
+    )
     assert runtime_of(kube_api, namespace, resumed).request("GET", "/v1/stats").status_code == 200
 
 
