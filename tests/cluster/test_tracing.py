@@ -58,9 +58,20 @@ def test_the_operators_reconciles_of_an_uploads_resources_are_in_its_trace(
             and s.attributes.get("sandboxworkspace.trigger") == "create"
         }
 
-    spans = otlp.wait_for(
-        lambda spans: {"operator.reconcile", "operator.workspace"} <= set(operator_spans(spans))
-    )
+    def whole(spans: list[ReceivedSpan]) -> bool:
+        # Each process exports on its own clock, and the API's request span ends only after
+        # its answer was sent: the operator's spans can arrive before the API's own. Wait
+        # for every span the assertions read: the operator's two, the request, and the
+        # parents the operator's spans name.
+        mine = operator_spans(spans)
+        ids = {s.span_id for s in spans if s.trace_id == trace_id}
+        return (
+            {"operator.reconcile", "operator.workspace"} <= set(mine)
+            and any(s.trace_id == trace_id and s.name == UPLOAD for s in spans)
+            and all(s.parent_span_id in ids for s in mine.values())
+        )
+
+    spans = otlp.wait_for(whole)
     mine = operator_spans(spans)
     by_id = {s.span_id: s for s in spans if s.trace_id == trace_id}
     (request,) = [s for s in by_id.values() if s.name == UPLOAD]
