@@ -150,7 +150,7 @@ def _objects(world: World, trial: Trial) -> int:
     return len(world.store.list_keys(world.bucket, prefix))
 
 
-def _on_disk(world: World, trial: Trial) -> int:
+def _on_disk(world: World, trial: Trial) -> list[Path]:
     """Files of the conversation on disk: where the trial saw them, and — in store mode,
     where each pod has its own emptyDir — in the session's current pod too."""
     files = _files(trial.directory)
@@ -161,9 +161,16 @@ def _on_disk(world: World, trial: Trial) -> int:
     return files
 
 
-def _files(directory: Path) -> int:
+def _files(directory: Path) -> list[Path]:
     meta = directory.parent / ".runtime" / "meta" / directory.name  # runtime state of it
-    return sum(1 for d in (directory, meta) if d.exists() for p in d.rglob("*") if not p.is_dir())
+    return [p for d in (directory, meta) if d.exists() for p in d.rglob("*") if not p.is_dir()]
+
+
+def _age(path: Path, now: float) -> str:
+    try:
+        return f"{now - path.stat().st_mtime:.1f} s old"
+    except OSError:
+        return "gone since"
 
 
 def _delete(world: World, trial: Trial, deadline: float) -> None:
@@ -191,7 +198,7 @@ def _wait_gone(
             if cws is not None and cws["metadata"]["uid"] != uid:
                 return time.perf_counter(), None  # started afresh: files are tracked
             if cws is None:
-                files = _on_disk(world, trial) or _objects(world, trial)
+                files = len(_on_disk(world, trial)) or _objects(world, trial)
                 if resource_gone is None:
                     resource_gone = time.perf_counter()
                     trial.released_early = files > 0
@@ -226,7 +233,13 @@ def _run_trial(world: World, fault: Fault, trial: Trial, quick: bool) -> dict:
         _delete(world, trial, deadline)
         gone_at, _ = _wait_gone(world, trial, fresh["metadata"]["uid"], deadline)
     time.sleep(0.5 if quick else 1.0)  # a surviving writer would have written again
-    leaked = _on_disk(world, trial)
+    leaked_paths = _on_disk(world, trial)
+    leaked = len(leaked_paths)
+    if leaked_paths:  # what was left, and how old: which writer outlived the deletion
+        now = time.time()
+        trial.notes.append(
+            "left on disk: " + ", ".join(f"{p} ({_age(p, now)})" for p in leaked_paths[:12])
+        )
     leaked_objects = _objects(world, trial)
     # Started afresh: the first incarnation's files cannot be told from the new ones,
     # so its delete→gone is the time its resource went.

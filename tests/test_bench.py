@@ -46,8 +46,14 @@ def test_bench_runs_in_quick_mode():
         trials = json.loads(faults.read_text())
         assert trials["trials"] >= 2 * len(trials["faults"])
         # Store faults (store mode s3, a real SeaweedFS): nothing left in the bucket either.
-        assert trials["leaked_objects"] == 0 and trials["released_early"] == 0, trials
-        assert trials["leaked_files"] == 0 and trials["stuck"] == 0, trials
+        # The failure names each fault that left something, with what it left and when.
+        bad = [
+            f
+            for f in trials["faults"]
+            if f["leaked_files"] or f.get("leaked_objects") or f["stuck"] or f["released_early"]
+        ]
+        assert trials["leaked_objects"] == 0 and trials["released_early"] == 0, bad
+        assert trials["leaked_files"] == 0 and trials["stuck"] == 0, bad
     # The operator at scale (quick form: 30 sessions) wrote its figures.
     operator = ROOT / "bench" / "results" / "operator-quick.json"
     if "operator: skipped" not in result.stdout:
