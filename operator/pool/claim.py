@@ -130,9 +130,12 @@ async def claim_pod(
     *,
     token: str | None = None,
     alongside: Alongside | None = None,
+    marks: dict[str, float] | None = None,
 ) -> dict[str, Any] | None:
     """A pool pod now the session's, its token delivered; None: start cold. ``token``:
-    the session's (read from its Secret when not given)."""
+    the session's (read from its Secret when not given); ``marks``, when given, gets the
+    ``time.monotonic()`` of the last swap (``swapped``) and of the delivery (``delivered``)."""
+    marks = {} if marks is None else marks
     pool, ns = ctx.pool, session.namespace
     if pool is None or not pool.serves(ns):
         return None
@@ -160,6 +163,7 @@ async def claim_pod(
         if claimed is None:
             outcome = "cold_conflict"
             continue
+        marks["swapped"] = time.monotonic()
         pool.note_claimed(ns, claimed["metadata"]["name"], live=True)
         # The watch event of this very version needs no reconcile (the caller's own).
         ctx.pods_seen[uid_of(claimed)] = claimed["metadata"].get("resourceVersion", "")
@@ -170,6 +174,7 @@ async def claim_pod(
         finally:
             pool.claiming.discard(uid_of(claimed))
         if delivered:
+            marks["delivered"] = time.monotonic()
             pool.metrics.claim_seconds.observe(time.monotonic() - started)
             pool.metrics.starts.labels(ns, "pool").inc()
             return claimed
