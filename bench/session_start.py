@@ -89,6 +89,8 @@ S3_SECRET = "bench-s3"
 CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")
 CGROUP_CPU = Path("/sys/fs/cgroup/cpuacct")
 FLOOR_NS = "bench-floor"
+# A directory: py-spy profiles of the operator during the burst (``_profile``).
+PROFILE_ENV = "SANDBOX_BENCH_PROFILE"
 
 
 def run(quick: bool) -> list[Figure]:
@@ -497,6 +499,9 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
     load_before, began = os.getloadavg()[0], time.strftime("%Y-%m-%d %H:%M:%S")
     steps = PodSteps(cluster.client, ns)
     create: list[float] = []
+    # (request, Running seen) on the monotonic clock the operator's "started from the
+    # pool" log lines share (its handler's start, ``begun``): the span before the operator.
+    create_marks: list[tuple[float, float]] = []
     floor: list[float] = []
     splits: list[tuple[float, float]] = []
     pods: dict[str, str] = {}
@@ -513,6 +518,7 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
             sources.append(status.get("startedFrom") or "")
             if i:
                 create.append((end - start) * 1000)
+                create_marks.append((start, end))
                 floor.append(sample)
                 splits.append(_claim_split(steps, status["podName"], start, end))
         for name in pods:
@@ -537,7 +543,11 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
     finally:
         steps.stop()
     floor_burst = _floor_burst(cluster, size)
-    burst, refill, burst_splits, burst_cpu = _burst(cluster, kube, sbs, ns, size, sources)
+    burst_marks: list[tuple[float, float]] = []
+    burst_requests: dict[str, float] = {}
+    burst, refill, burst_splits, burst_cpu = _burst(
+        cluster, kube, sbs, ns, size, sources, burst_marks, burst_requests
+    )
     claimed = [c for c, _ in splits if c == c]
     after = [a for _, a in splits if a == a]
     burst_claimed = [c for c, _ in burst_splits if c == c]
@@ -577,6 +587,9 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
             "request → pod claimed (watch)": _p50_p99(burst_claimed),
             "pod claimed → Running (watch)": _p50_p99(burst_after),
         },
+        # The apiserver's requests per burst creation (every client's, the bench's own
+        # create and watch included), from the gate until the last one is Running.
+        "pool_burst_requests_per_start": burst_requests,
         "refill_seconds": round(refill, 2),
         "pool_pod_rss_mib": round((rss_full - rss_before) / size / 2**20, 1),
         # Pool-phase starts that fell back to a cold pod (the pool ran dry or a claim lost).
@@ -586,6 +599,8 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
     return {
         "summary": summary,
         "pool_create": create,
+        "pool_create_marks": create_marks,
+        "pool_burst_marks": burst_marks,
         "pool_resume": resume,
         "pool_burst": burst,
         "floor": floor,
@@ -609,6 +624,58 @@ def _operator_cpu(cluster, kube: KubeClient) -> float:
             for cgroup in root.rglob(f"pod{pod['metadata']['uid']}"):
                 total += int((cgroup / "cpuacct.usage").read_text())
     return total / 1e9
+
+
+def _operator_pids(cluster, kube: KubeClient) -> list[int]:
+    """Host pids of the operator pods' processes (their cgroups' ``cgroup.procs``)."""
+    root = CGROUP_CPU / cluster.cgroups.name / "kubepods"
+    pids: list[int] = []
+    for pod in kube.list(f"/api/v1/namespaces/{NAMESPACE}/pods"):
+        if pod["metadata"]["name"].startswith(OPERATOR):
+            for cgroup in root.rglob(f"pod{pod['metadata']['uid']}"):
+                for procs in cgroup.rglob("cgroup.procs"):
+                    pids += [int(p) for p in procs.read_text().split()]
+    return sorted(set(pids))
+
+
+def _profile(cluster, kube: KubeClient, seconds: int) -> list[subprocess.Popen]:
+    """With ``SANDBOX_BENCH_PROFILE`` = a directory: py-spy records every operator process
+    for ``seconds`` (a burst's; nonblocking: the operator is never paused) into
+    ``operator-<pid>.txt`` (collapsed stacks). Nothing without it or without py-spy."""
+    out = os.environ.get(PROFILE_ENV)
+    spy = Path(sys.executable).parent / "py-spy"
+    if not out or not spy.exists():
+        return []
+    Path(out).mkdir(parents=True, exist_ok=True)
+    return [
+        subprocess.Popen(
+            [
+                *(str(spy), "record", "--nonblocking", "--format", "raw", "--rate", "200"),
+                *("--duration", str(seconds), "--pid", str(pid)),
+                *("--output", f"{out}/operator-{pid}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for pid in _operator_pids(cluster, kube)
+        if Path(f"/proc/{pid}/cmdline").read_bytes().find(b"operator") >= 0
+    ]
+
+
+def _requests(kube: KubeClient) -> dict[str, float]:
+    """The apiserver's own count of requests served so far, by ``VERB resource``
+    (``apiserver_request_total``: every client's — the bench's, the operator's, the
+    kubelet's, kopf's Events)."""
+    counts: dict[str, float] = {}
+    for line in str(kube.get("/metrics")).splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels, _, value = line.partition("} ")
+        pairs = labels.removeprefix("apiserver_request_total{").split(",")
+        fields = {k: v.strip('"') for k, _, v in (p.partition("=") for p in pairs)}
+        key = f"{fields.get('verb', '')} {fields.get('resource', '')}"
+        counts[key] = counts.get(key, 0.0) + float(value)
+    return counts
 
 
 def _machine_busy() -> tuple[float, float]:
@@ -649,7 +716,14 @@ def _floor_burst(cluster, size: int) -> list[float]:
 
 
 def _burst(
-    cluster, kube: KubeClient, sbs: str, ns: str, size: int, sources: list[str]
+    cluster,
+    kube: KubeClient,
+    sbs: str,
+    ns: str,
+    size: int,
+    sources: list[str],
+    marks: list[tuple[float, float]],
+    requests: dict[str, float],
 ) -> tuple[list[float], float, list[tuple[float, float]], tuple[float, float]]:
     """``size`` concurrent creations on a full pool; then the sessions are deleted (their
     pods go: memory stays bounded) while the pool refills. (ms each, refill s, each
@@ -677,6 +751,8 @@ def _burst(
             pods[j] = status["podName"]
 
     threads = [threading.Thread(target=one, args=(j,)) for j in range(size)]
+    spies = _profile(cluster, kube, 8)
+    requests_before = _requests(kube)
     cpu_before, (busy_before, all_before) = _operator_cpu(cluster, kube), _machine_busy()
     try:
         for thread in threads:
@@ -688,6 +764,13 @@ def _burst(
     busy, every = (a - b for a, b in zip(_machine_busy(), (busy_before, all_before), strict=True))
     cpu = (_operator_cpu(cluster, kube) - cpu_before, 100 * busy / every if every else 0.0)
     splits = [_claim_split(steps, pods[j], starts[j], ends[j]) for j in range(size) if pods[j]]
+    served = _requests(kube)
+    for key, count in requests_before.items():
+        served[key] = served.get(key, 0.0) - count
+    requests.update({k: round(v / size, 2) for k, v in sorted(served.items()) if v / size >= 0.05})
+    for spy in spies:
+        spy.wait()
+    marks.extend(zip(starts, ends, strict=True))
     if not all(ends):
         raise RuntimeError("a burst creation did not reach Running")
     for j in range(size):

@@ -394,7 +394,12 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     @app.post("/v1/claim")
     async def claim(body: ClaimRequest, authorization: ClaimHeader = None) -> Claimed:
         """A pooled runtime's one claim (runtime/claim.py): sets its bearer token."""
-        return state.claim.claim(authorization, body.token)
+        claimed = state.claim.claim(authorization, body.token)
+        # The session's life starts here, not when the pod started to wait in the pool:
+        # else its idle deadline counted the pool's wait, and a session on a pod pooled for
+        # longer than its idleTimeoutSeconds was stopped at the operator's first look.
+        state.activity.touch()
+        return claimed
 
     app.include_router(router)
     return app

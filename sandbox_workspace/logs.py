@@ -11,7 +11,9 @@ import logging
 import os
 from datetime import UTC, datetime
 
-_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+# Not fields of a line: the record's own attributes, and the settings object kopf's object
+# loggers attach to every record (its repr, ~1.7 KB, was in every kopf line).
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "settings"}
 
 
 class JsonFormatter(logging.Formatter):

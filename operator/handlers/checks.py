@@ -39,6 +39,7 @@ from sandbox_workspace.runtime.schemas import RuntimeStats
 from ..activity import after_stats, idle_for, last_activity, start_marker
 from ..context import OperatorContext
 from ..models import ANNOTATION_RESUME, SandboxSession
+from ..pool.refill import settle
 from ..status import (
     condition,
     confined_condition,
@@ -172,6 +173,11 @@ async def _roll(ctx: OperatorContext, session: SandboxSession, body: dict) -> No
 async def on_deadline(ctx: OperatorContext, key: tuple[str, str]) -> None:
     """A session's deadline came: look at it, and schedule its next look."""
     namespace, name = key
+    if ctx.pool is not None:
+        # Claims from the warm pool are flowing (a burst of starts): this look (a first
+        # look asks the runtime and writes the status) waits until they settle — 50 of
+        # them took a fifth of the operator's CPU in the middle of a burst of 50 claims.
+        await settle(ctx.pool)
     if ctx.activity is not None and not await ctx.activity.active(namespace):
         # A standby now (kopf paused our handlers): the active replica acts on it. Dropped:
         # when this one is active again kopf lists every session anew, which feeds it.

@@ -281,6 +281,8 @@ async def on_runtime_pod_event(
     session_name = labels.get(LABEL_SESSION)
     meta = event["object"].get("metadata", {})
     uid, version = meta.get("uid", ""), meta.get("resourceVersion")
+    if ctx.pool is not None:  # a pooled pod being claimed: the claim's swap version first
+        await ctx.pool.claim_settled(uid)
     if event["type"] == "DELETED":
         ctx.answers.forget(uid)
         ctx.pods_seen.pop(uid, None)

@@ -130,9 +130,12 @@ async def claim_pod(
     *,
     token: str | None = None,
     alongside: Alongside | None = None,
+    marks: dict[str, float] | None = None,
 ) -> dict[str, Any] | None:
     """A pool pod now the session's, its token delivered; None: start cold. ``token``:
-    the session's (read from its Secret when not given)."""
+    the session's (read from its Secret when not given); ``marks``, when given, gets the
+    ``time.monotonic()`` of the last swap (``swapped``) and of the delivery (``delivered``)."""
+    marks = {} if marks is None else marks
     pool, ns = ctx.pool, session.namespace
     if pool is None or not pool.serves(ns):
         return None
@@ -150,26 +153,30 @@ async def claim_pod(
         pod = pool.take(ns)
         if pod is None:
             break
-        if alongside is None:
-            claimed = await _swap(ctx, pod, session, body)
-        else:
-            claimed, done = await _swap_beside(ctx, pod, session, body, alongside)
-            alongside = None
-            if not done:
-                return None  # the caller's fallback starts it (and counts it)
-        if claimed is None:
-            outcome = "cold_conflict"
-            continue
-        pool.note_claimed(ns, claimed["metadata"]["name"], live=True)
-        # The watch event of this very version needs no reconcile (the caller's own).
-        ctx.pods_seen[uid_of(claimed)] = claimed["metadata"].get("resourceVersion", "")
-        pool.wake_after_claim()  # one fewer free pod: the refiller, once the claims settle
-        pool.claiming.add(uid_of(claimed))  # its own event must not deliver it again
+        # From before the swap (its watch event may come before its answer) until the
+        # token is delivered, the pod's events wait for this claim (claim_settled).
+        pool.begin_claim(uid_of(pod))
         try:
+            if alongside is None:
+                claimed = await _swap(ctx, pod, session, body)
+            else:
+                claimed, done = await _swap_beside(ctx, pod, session, body, alongside)
+                alongside = None
+                if not done:
+                    return None  # the caller's fallback starts it (and counts it)
+            if claimed is None:
+                outcome = "cold_conflict"
+                continue
+            marks["swapped"] = time.monotonic()
+            pool.note_claimed(ns, claimed["metadata"]["name"], live=True)
+            # The watch event of this very version needs no reconcile (the caller's own).
+            ctx.pods_seen[uid_of(claimed)] = claimed["metadata"].get("resourceVersion", "")
+            pool.wake_after_claim()  # one fewer free pod: the refiller, once claims settle
             delivered = await deliver_token(ctx, claimed, key, token)
         finally:
-            pool.claiming.discard(uid_of(claimed))
+            pool.end_claim(uid_of(pod))
         if delivered:
+            marks["delivered"] = time.monotonic()
             pool.metrics.claim_seconds.observe(time.monotonic() - started)
             pool.metrics.starts.labels(ns, "pool").inc()
             return claimed

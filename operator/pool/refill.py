@@ -6,13 +6,18 @@ Contract:
 - The refill task, woken by a claim, a pool pod's event or every ``check_interval``:
   first it lets the claims settle (``settle``: no claim for ``REFILL_SETTLE`` seconds, or
   ``REFILL_DEFER_MAX`` seconds of waiting in a steady stream of them) — a burst of starts
-  must not share the node's CPU and the API with the start-ups of its refill. Then per
-  namespace it ensures the claim-key Secret (create-if-absent, a fresh random key),
-  lists the pool's free pods, deletes the failed and the stale ones (built from an older
-  template: operator upgraded), and creates missing ones so that at most
-  ``pool_refill_batch`` are starting (created, not ready yet) at once: a bounded rate,
-  the next ones when those are ready (their event wakes it). It also re-seeds the
-  free-pod hint from the listing.
+  must not share the node's CPU and the API with the start-ups of its refill (the
+  sessions' deadlines wait for ``settle`` too: ``handlers/checks.on_deadline``). Then per
+  namespace it ensures the claim-key Secret (create-if-absent, a fresh random key) and
+  creates missing pods so that at most ``pool_refill_batch`` are starting (created, not
+  ready yet) at once: a bounded rate, the next ones when those are ready (their event
+  wakes it). It counts from the watch-fed state (``PoolState``: ready and starting pods),
+  not from a listing: listing every pool pod (~10 KB each) on every pod's ready event
+  cost the operator and the apiserver CPU just when the pool was full again and the next
+  claim came (measured: docs/performance.md). A round lists the pool's pods only when
+  ``PoolState.relist`` asks (the first round, after a failed or outdated pod's event) or
+  every ``RELIST_EVERY`` seconds (a resync): it deletes the failed and the stale ones
+  (built from an older template: operator upgraded) and re-seeds the state.
 - The report task (``report``) keeps each namespace's SandboxPool resource
   (``resource.py``) showing the pool's counts: woken when a count may have moved (at most
   every ``REPORT_DEBOUNCE`` seconds, so a burst of claims is one write), it patches the
@@ -68,11 +73,16 @@ log = logging.getLogger("sandbox_workspace.operator.pool")
 REPORT_DEBOUNCE = 0.2  # seconds: the counts of a burst of claims in one status write
 REFILL_SETTLE = 0.5  # seconds without a claim before the refiller starts pods
 REFILL_DEFER_MAX = 5.0  # seconds: the longest a steady stream of claims defers a refill
-# Apiserver requests of claims in flight at once: a burst of 50 starts makes ~100 writes
-# (swap, Secret, status); the operator's general limit (SANDBOX_OPERATOR_API_CONCURRENCY,
-# 8) would queue them behind each other and behind the refiller.
-CLAIM_CONCURRENCY = 32
+# Apiserver requests of claims in flight at once (their own client: the operator's general
+# one would queue them behind the refiller and the reconciles). Not more: httpcore checks
+# every pooled connection (a poll of its socket) each time it assigns a request, so 32
+# kept-open connections cost ~10% of the operator's CPU in a burst of 50 claims (py-spy);
+# 8 in flight are more than two cores' apiserver serves at once anyway.
+CLAIM_CONCURRENCY = 8
 WARM_EVERY = 60.0  # seconds; the client keeps an idle connection 120 s (kube.Kube)
+# Seconds between the refiller's resyncs by listing (else it counts from the watch): a
+# missed watch event costs at most this long a wrong count.
+RELIST_EVERY = 60.0
 
 
 def pool_namespaces(ctx: OperatorContext) -> tuple[str, ...]:
@@ -118,13 +128,17 @@ async def warm(api: Kube) -> None:
 async def _refill_forever(ctx: OperatorContext) -> None:
     assert ctx.pool is not None
     pool = ctx.pool
-    warmed = 0.0
+    warmed = listed = 0.0
     while True:
         await settle(pool)
         if pool.api is not None and time.monotonic() - warmed >= WARM_EVERY:
             await warm(pool.api)
             warmed = time.monotonic()
         pool.wake.clear()
+        relist = pool.relist or time.monotonic() - listed >= RELIST_EVERY
+        pool.relist = False
+        if relist:
+            listed = time.monotonic()
         again = False
         for ns in pool.namespaces:
             try:
@@ -132,11 +146,13 @@ async def _refill_forever(ctx: OperatorContext) -> None:
                 # peered operators would each fill the pool to its size.
                 if ctx.activity is not None and not await ctx.activity.active(ns):
                     continue
-                again |= await refill(ctx, ns)
+                again |= await refill(ctx, ns, relist=relist)
             except KubeError as e:
+                pool.relist = True  # the next round starts from the truth
                 ctx.metrics.errors.labels("SandboxPool", e.reason or str(e.status)).inc()
                 log.warning("pool refill failed", extra={"namespace": ns, "error": str(e)})
             except Exception:
+                pool.relist = True
                 log.exception("pool refill failed")
         if again:
             continue
@@ -207,14 +223,38 @@ async def ensure_secret(ctx: OperatorContext, ns: str) -> None:
         await claim_key(ctx, ns)
 
 
-async def refill(ctx: OperatorContext, ns: str) -> bool:
-    """One round for ``ns``; True when more pods are still missing."""
+async def refill(ctx: OperatorContext, ns: str, *, relist: bool = True) -> bool:
+    """One round for ``ns``; True when more pods are still missing. ``relist``: from a
+    listing of the pool's pods, else from what the watch told ``PoolState``."""
     assert ctx.pool is not None
     pool = ctx.pool
     await ensure_secret(ctx, ns)
+    if relist:
+        await _relist(ctx, ns)
+    ready, _ = pool.counts(ns)
+    starting = len(pool.starting.get(ns, ()))
+    missing = pool.size - ready - starting
+    batch = min(missing, ctx.settings.pool_refill_batch - starting)
+    if batch <= 0:
+        return False  # full, or enough starting: a pod's ready event wakes us
+    manifest = build_pool_pod(ns, ctx.settings)
+    made = await asyncio.gather(
+        *(ctx.api.create(core_path(ns, "pods"), manifest) for _ in range(batch))
+    )
+    for pod in made:  # counted as starting before their first watch event comes
+        if pod is not None and pod["metadata"]["name"] not in pool.free.get(ns, {}):
+            pool.note_starting(ns, pod["metadata"]["name"], True)
+    pool.metrics.refills.labels(ns).inc(batch)
+    return missing > batch
+
+
+async def _relist(ctx: OperatorContext, ns: str) -> None:
+    """The pool's pods as listed: failed and stale free ones deleted, the state re-seeded."""
+    assert ctx.pool is not None
+    pool = ctx.pool
     template = template_hash(ns, ctx.settings)
     pods = await ctx.api.list(core_path(ns, "pods"), label_selector=f"{LABEL_POOL}")
-    live = []
+    pool.starting[ns] = set()
     for pod in pods:
         name = pod["metadata"]["name"]
         if pod["metadata"]["labels"].get(LABEL_POOL) == CLAIMED:
@@ -227,17 +267,8 @@ async def refill(ctx: OperatorContext, ns: str) -> bool:
             pool.note_free(ns, pod, ready=False)
             await ctx.api.delete(core_path(ns, "pods", name), uid=uid_of(pod))
         else:
-            live.append(pod)
             pool.note_free(ns, pod, ready=state.kind == "ready")
-    missing = pool.size - len(live)
-    starting = sum(1 for pod in live if observe_pod(pod).kind != "ready")
-    batch = min(missing, ctx.settings.pool_refill_batch - starting)
-    if batch <= 0:
-        return False  # full, or enough starting: a pod's ready event wakes us
-    manifest = build_pool_pod(ns, ctx.settings)
-    await asyncio.gather(*(ctx.api.create(core_path(ns, "pods"), manifest) for _ in range(batch)))
-    pool.metrics.refills.labels(ns).inc(batch)
-    return missing > batch
+            pool.note_starting(ns, name, state.kind != "ready")
 
 
 async def on_pool_pod_event(
@@ -260,9 +291,14 @@ async def on_pool_pod_event(
         return
     state = observe_pod(pod)
     template = template_hash(namespace, ctx.settings)
-    ready = not gone and state.kind == "ready" and is_free(pod, template)
+    current = is_free(pod, template)
+    ready = not gone and state.kind == "ready" and current
+    failed = state.kind in ("failed", "broken")
     became_ready = pool.note_free(namespace, pod, ready=ready)
-    if gone or state.kind in ("failed", "broken") or became_ready:
+    pool.note_starting(namespace, meta["name"], not (gone or ready or failed) and current)
+    if not gone and (failed or not current):
+        pool.relist = True  # the next round lists: it deletes this one
+    if gone or failed or not current or became_ready:
         pool.wake.set()  # one fewer, or one fewer starting: the next of a refill may go
 
 
@@ -272,8 +308,8 @@ async def _redeliver(ctx: OperatorContext, namespace: str, pod: dict[str, Any]) 
     meta = pod["metadata"]
     owners = meta.get("ownerReferences") or []
     session = (meta.get("labels") or {}).get(LABEL_SESSION)
-    in_flight = ctx.pool.delivered | ctx.pool.claiming
-    if meta.get("uid") in in_flight or not owners or not session:
+    await ctx.pool.claim_settled(meta.get("uid", ""))  # our own claim's delivery first
+    if meta.get("uid") in ctx.pool.delivered or not owners or not session:
         return
     if observe_pod(pod).kind != "ready":
         return

@@ -4,7 +4,12 @@ Contract: in memory only, fed by the pool pods' watch events (``refill.on_pool_p
 and by the refiller's listings (``counts`` is what the SandboxPool resource reports;
 ``changed`` is set whenever they may have moved) — a hint, never the truth: a claim is
 decided by the apiserver (``spec.claim_patch``), so a stale entry costs one 409, not a shared pod.
-``take`` hands each free pod to at most one caller of this process at a time.
+``take`` hands each free pod to at most one caller of this process at a time;
+``claim_settled`` waits for that caller's claim of it (swap and token delivery) to end.
+``starting`` counts the free pods created or seen that are not ready yet (the refiller's
+own creations from their answers, the rest from the watch), so a refill round needs no
+listing; ``relist`` asks the next round for one (at start, after a failed or outdated
+pod, and as the refiller's periodic resync).
 ``wake_after_claim`` wakes the refiller and notes the claim's time: the refiller waits for
 the claims to settle before it starts pods (``refill.settle``).
 """
@@ -72,9 +77,12 @@ class PoolState:
     metrics: PoolMetrics
     free: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     claimed: dict[str, set[str]] = field(default_factory=dict)
+    starting: dict[str, set[str]] = field(default_factory=dict)  # free, not ready yet
+    relist: bool = True  # the next refill round lists the pool's pods
     keys: dict[str, str] = field(default_factory=dict)  # namespace → claim key
     delivered: set[str] = field(default_factory=set)  # pod uids whose claim answered 200
-    claiming: set[str] = field(default_factory=set)  # pod uids swapped, token on its way
+    # Pod uid → set when this process's claim of it ends (swap sent, token on its way).
+    claiming: dict[str, asyncio.Event] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # a count moved: report
     task: asyncio.Task | None = None
@@ -90,9 +98,15 @@ class PoolState:
     def serves(self, namespace: str) -> bool:
         return self.size > 0 and namespace in self.namespaces
 
+    def note_starting(self, namespace: str, name: str, starting: bool) -> None:
+        names = self.starting.setdefault(namespace, set())
+        (names.add if starting else names.discard)(name)
+
     def note_free(self, namespace: str, pod: dict[str, Any], ready: bool) -> bool:
         """True when the pod has just become a free ready one."""
         name = pod["metadata"]["name"]
+        if ready:
+            self.note_starting(namespace, name, False)
         pods = self.free.setdefault(namespace, {})
         new = ready and name not in pods
         if ready:
@@ -107,6 +121,7 @@ class PoolState:
         names = self.claimed.setdefault(namespace, set())
         (names.add if live else names.discard)(name)
         self.free.get(namespace, {}).pop(name, None)
+        self.note_starting(namespace, name, False)
         self.metrics.claimed.labels(namespace).set(len(names))
         self.metrics.ready.labels(namespace).set(len(self.free.get(namespace, {})))
         self.changed.set()
@@ -114,6 +129,23 @@ class PoolState:
     def wake_after_claim(self) -> None:
         self.last_claim = time.monotonic()
         self.wake.set()
+
+    def begin_claim(self, uid: str) -> None:
+        self.claiming[uid] = asyncio.Event()
+
+    def end_claim(self, uid: str) -> None:
+        done = self.claiming.pop(uid, None)
+        if done is not None:
+            done.set()
+
+    async def claim_settled(self, uid: str) -> None:
+        """Return once no claim of pod ``uid`` is in flight in this process: a pod's watch
+        event waits for it, then finds the swap's version known (nothing to reconcile) and
+        the token delivered (nothing to deliver again) — otherwise, in a burst, the event
+        often overtook the swap's answer and did both a second time."""
+        done = self.claiming.get(uid)
+        if done is not None:
+            await done.wait()
 
     def take(self, namespace: str) -> dict[str, Any] | None:
         """A free ready pod, removed from the hint (random: racing operators spread)."""

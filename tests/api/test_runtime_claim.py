@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -54,6 +55,17 @@ def test_one_claim_then_only_its_token(runtime):
     assert runtime.upload("c1", "a.csv", b"1").status_code == 401  # the fixture's token
     r = httpx.put(url + "/v1/conversations/c1", headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 200
+
+
+def test_a_claim_is_activity_the_pools_wait_is_not(runtime):
+    """The idle deadline of a session on a pooled pod counts from the claim (a pod may
+    wait in the pool longer than the session's idle timeout)."""
+    url, token = runtime.server.url, secrets.token_urlsafe(32)
+    before = datetime.now(UTC)
+    assert _claim(url, token).status_code == 200
+    stats = httpx.get(url + "/v1/stats", headers={"Authorization": f"Bearer {token}"}).json()
+    assert datetime.fromisoformat(stats["started_at"]) < before  # the pod waited...
+    assert datetime.fromisoformat(stats["last_activity_at"]) >= before  # ...not the session
 
 
 def test_racing_claims_have_one_winner(runtime):
