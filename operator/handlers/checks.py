@@ -79,7 +79,7 @@ async def stop_session(
         if written is not None:
             # Before the pod's deletion: its events then find the session stopped and
             # need no reconcile (``sessions.on_runtime_pod_event``).
-            ctx.sessions_seen[(session.namespace, session.name)] = written
+            ctx.see_session(written)
         pod_path = core_path(session.namespace, "pods", session_pod_name(current))
         await ctx.api.delete(pod_path)
 

@@ -314,7 +314,7 @@ async def on_session_event(
         ctx.metrics.session_phase(f"{namespace}/{name}", None)
         ctx.forget(namespace, name, event["object"].get("metadata", {}).get("uid"))
         return
-    ctx.sessions_seen[(namespace, name)] = event["object"]  # first: what follows reads it
+    ctx.see_session(event["object"])  # first: what follows reads it
     annotations = event["object"].get("metadata", {}).get("annotations") or {}
     if ANNOTATION_RESUME in annotations:
         trigger = "resume-requested"  # the API's request: its trace goes on (traced.py)
@@ -365,7 +365,7 @@ def feed(ctx: OperatorContext, body: dict[str, Any]) -> None:
     """A session's event: its deadline follows what the object now says."""
     meta = body.get("metadata") or {}
     key = (meta.get("namespace", ""), meta.get("name", ""))
-    ctx.sessions_seen[key] = body
+    ctx.see_session(body)
     deadlines = ctx.deadlines
     if deadlines is None:
         return

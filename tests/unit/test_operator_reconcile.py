@@ -440,3 +440,11 @@ async def test_a_pod_event_stands_for_a_read_of_the_pod(world) -> None:
     ready = kube.objects[SESSION_PATH]["status"]["conditions"][0]
     assert ready["reason"] == "RuntimeReady"  # the event's Running pod, not PodPending
     assert kube.reads == [SESSION_PATH]  # the session read, its pod taken from the event
+
+
+def test_a_seen_session_is_kept_without_its_managed_fields(world) -> None:
+    ctx, _, _ = world
+    body = {"metadata": {"namespace": NS, "name": NAME, "managedFields": [{"manager": "x"}]}}
+    ctx.see_session(body)
+    assert ctx.sessions_seen[(NS, NAME)] == {"metadata": {"namespace": NS, "name": NAME}}
+    assert body["metadata"]["managedFields"]  # the event's own object is left as it was
