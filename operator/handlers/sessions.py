@@ -168,8 +168,8 @@ async def _reconcile(
             await _invalid(ctx, body, e)
             return None
         stopped = is_stopped(session)
-        pod_path = core_path(namespace, "pods", session_pod_name(session))
         pod_name = session_pod_name(session)
+        pod_path = core_path(namespace, "pods", pod_name)
         if seen:
             pod = None
         elif pod_seen is not None and (pod_seen.get("metadata") or {}).get("name") == pod_name:
