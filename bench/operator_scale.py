@@ -523,6 +523,13 @@ async def scale(
             # From Running to Stopped: the bench's own pod status patch (1 each) included.
             idle_requests = _per(counted, await _requests(client), idle)
             lags = [watcher.first[n]["Stopped"] - due for n in names]
+            # When each showed Running (its status after the pod's Ready), from the moment
+            # the bench began marking the pods Ready: the work before the deadlines.
+            to_running = [
+                watcher.first[n]["Running"] - runtime.since
+                for n in names
+                if "Running" in watcher.first[n]
+            ]
             running = sum(1 for n in names if "Running" in watcher.first[n])
         finally:
             await runtime.aclose()
@@ -617,6 +624,8 @@ async def scale(
         "burst_floor_requests_per_session": floor_requests,
         "burst_operator_peak_sockets": peak[0],
         "idle_requests_per_session": idle_requests,
+        "idle_running_p50_s": round(percentile(to_running, 50), 2) if to_running else None,
+        "idle_running_p99_s": round(percentile(to_running, 99), 2) if to_running else None,
         "idle_cpu_seconds": idle_cpu_s,
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "rest_cpu_percent_by_process": rest_cpu,
