@@ -31,11 +31,15 @@ Writes ``bench/results/operator.json`` (``operator-quick.json`` with --quick).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
+import signal
 import socket
 import ssl
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -307,6 +311,79 @@ class Sampler:
         return {n: round(cpu_seconds(p) - self.cpu[n], 2) for n, p in self.pids.items()}
 
 
+async def _requests(client: Client) -> dict[str, float]:
+    """The apiserver's own count of requests served so far, by ``VERB resource`` (its
+    ``apiserver_request_total``; WATCH and the apiserver's own lease traffic included)."""
+    r = await client.call("GET", "/metrics")
+    counts: dict[str, float] = {}
+    for line in r.text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels, _, value = line.partition("} ")
+        pairs = labels.removeprefix("apiserver_request_total{").split(",")
+        fields = dict(part.split("=", 1) for part in pairs)
+        verb = fields.get("verb", "").strip('"')
+        resource = fields.get("resource", "").strip('"')
+        sub = fields.get("subresource", "").strip('"')
+        key = f"{verb} {resource}{'/' + sub if sub else ''}"
+        counts[key] = counts.get(key, 0.0) + float(value)
+    return counts
+
+
+def _per(before: dict[str, float], after: dict[str, float], count: int) -> dict[str, float]:
+    """Requests per item (session) between two ``_requests`` counts, busiest first."""
+    diff = {k: (after.get(k, 0.0) - before.get(k, 0.0)) / count for k in after}
+    kept = {k: round(v, 2) for k, v in diff.items() if v >= 0.01}
+    return dict(sorted(kept.items(), key=lambda kv: -kv[1]))
+
+
+class Profile:
+    """``py-spy record`` of a process over one phase, when ``SANDBOX_BENCH_PROFILE`` names
+    a directory (raw collapsed stacks, one file per phase); nothing otherwise."""
+
+    def __init__(self, pid: int, phase: str):
+        self.proc: subprocess.Popen | None = None
+        where = os.environ.get("SANDBOX_BENCH_PROFILE")
+        if where:
+            Path(where).mkdir(parents=True, exist_ok=True)
+            out = str(Path(where) / f"{phase}.txt")
+            spy = Path(sys.executable).parent / "py-spy"  # the venv's, else on PATH
+            cmd = [
+                str(spy) if spy.exists() else "py-spy",
+                "record",
+                "-p",
+                str(pid),
+                "-o",
+                out,
+                "--format",
+                "raw",
+                "-r",
+                "50",
+            ]
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            self.proc.wait(timeout=30)
+
+
+def _sockets(pid: int) -> int:
+    """Open sockets of a process (its connections, mostly to the apiserver)."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            count += os.readlink(fd).startswith("socket:")
+    return count
+
+
+async def _peak_sockets(pid: int, into: list[int]) -> None:
+    """Keep the most sockets ``pid`` held at once in ``into[0]`` (sampled every 0.2 s)."""
+    while True:
+        into[0] = max(into[0], _sockets(pid))
+        await asyncio.sleep(0.2)
+
+
 async def _rest(pids: dict[str, int], seconds: float) -> dict[str, float]:
     sampler = Sampler(pids)
     await asyncio.sleep(seconds)
@@ -396,6 +473,10 @@ async def scale(
         # Burst: `burst` more at once.
         extra = [f"sb-session-b{i}" for i in range(burst)]
         sampler = Sampler(pids)
+        counted = await _requests(client)
+        profile = Profile(op.proc.pid, "burst")
+        peak = [0]
+        peaks = asyncio.create_task(_peak_sockets(op.proc.pid, peak))
         started = time.time()
         await _create_sessions(client, ns, extra)
         created = time.time()
@@ -403,9 +484,15 @@ async def scale(
         done = max(watcher.first[n]["Pending"] for n in extra if "Pending" in watcher.first[n])
         burst_rate = burst / (done - started)
         burst_cpu = sampler.seconds()
+        profile.stop()
+        peaks.cancel()
+        await asyncio.sleep(1.0)  # the last Events and kopf's own patches land
+        after_burst = await _requests(client)
+        burst_requests = _per(counted, after_burst, burst)
         sampler = Sampler(pids)
         floor_rate, _ = await _floor_writes(client, floor_ns, burst)
         floor_cpu = sampler.seconds()
+        floor_requests = _per(after_burst, await _requests(client), burst)
 
         # Idle stop: `idle` sessions made Running (stand-in kubelet + runtime).
         runtime = StandInRuntime()
@@ -414,6 +501,9 @@ async def scale(
             names = [f"sb-session-i{i}" for i in range(idle)]
             await _create_sessions(client, ns, names, idleTimeoutSeconds=timeout)
             await watcher.until(names, None, timeout=60 + idle)
+            counted = await _requests(client)
+            idle_sampler = Sampler(pids)
+            profile = Profile(op.proc.pid, "idle")
             runtime.since = time.time()
             at = _stamp(runtime.since)
             await client.each(
@@ -427,7 +517,19 @@ async def scale(
             )
             due = runtime.since + timeout
             await watcher.until(names, "Stopped", timeout=timeout + 120 + idle * 0.2)
+            idle_cpu_s = idle_sampler.seconds()
+            profile.stop()
+            await asyncio.sleep(1.0)  # the last pod deletions' events are handled
+            # From Running to Stopped: the bench's own pod status patch (1 each) included.
+            idle_requests = _per(counted, await _requests(client), idle)
             lags = [watcher.first[n]["Stopped"] - due for n in names]
+            # When each showed Running (its status after the pod's Ready), from the moment
+            # the bench began marking the pods Ready: the work before the deadlines.
+            to_running = [
+                watcher.first[n]["Running"] - runtime.since
+                for n in names
+                if "Running" in watcher.first[n]
+            ]
             running = sum(1 for n in names if "Running" in watcher.first[n])
         finally:
             await runtime.aclose()
@@ -514,6 +616,18 @@ async def scale(
         "idle_stop_lag_p50_s": round(percentile(lags, 50), 2),
         "idle_stop_lag_p99_s": round(percentile(lags, 99), 2),
         "idle_stop_floor_p99_s": round(percentile(floor_lags, 99), 2),
+        "idle_stop_floor_p50_s": round(percentile(floor_lags, 50), 2),
+        # The apiserver's own counts (apiserver_request_total), per session: the burst's
+        # (the bench's create included) beside its floor's, and those of an idle session
+        # from Running to Stopped (the bench's pod status patch included).
+        "burst_requests_per_session": burst_requests,
+        "burst_floor_requests_per_session": floor_requests,
+        "burst_operator_peak_sockets": peak[0],
+        "idle_requests_per_session": idle_requests,
+        "idle_running_p50_s": round(percentile(to_running, 50), 2) if to_running else None,
+        "idle_running_p99_s": round(percentile(to_running, 99), 2) if to_running else None,
+        "idle_cpu_seconds": idle_cpu_s,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "rest_cpu_percent_by_process": rest_cpu,
         "idle_cpu_percent_by_process": idle_cpu,
         "machine_cpus": os.cpu_count(),

@@ -59,6 +59,11 @@ class OperatorContext:
     # Pod uid → the resourceVersion the last reconcile acted on: a watch event of that
     # very version (the ADDED of our own create) changes nothing and is skipped.
     pods_seen: dict[str, str] = field(default_factory=dict)
+    # (namespace, name) → the session's latest body from its watch events (and from this
+    # process's own status writes): a due deadline is looked at from it, without reading
+    # the session again; writes from it carry its resourceVersion (409 → a fresh look).
+    # One body per session, without its managedFields (``see_session``).
+    sessions_seen: dict[tuple[str, str], dict] = field(default_factory=dict)
 
     def ensure_credentials(self) -> Credentials:
         if self.credentials is None:
@@ -100,12 +105,23 @@ class OperatorContext:
 
     def forget(self, namespace: str, name: str, uid: str | None = None) -> None:
         self._locks.pop((namespace, name), None)
+        self.sessions_seen.pop((namespace, name), None)
         if self.deadlines is not None:
             self.deadlines.cancel((namespace, name))
         if uid:
             self._tokens.pop(uid, None)
             self.children_seen.discard(uid)
             self.checked_starts.pop(uid, None)
+
+    def see_session(self, body: dict) -> None:
+        """Keep ``body`` as the session's latest (``sessions_seen``), without its
+        managedFields: nothing here reads them, and they are a large part of each body (an
+        entry per writer: the API, kopf, the operator). With whole bodies the RSS at rest
+        with 1,000 sessions went 122 → 144 MB."""
+        meta = body.get("metadata") or {}
+        if "managedFields" in meta:
+            body = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+        self.sessions_seen[(meta.get("namespace", ""), meta.get("name", ""))] = body
 
     def remember_token(self, uid: str | None, token: str) -> None:
         """The token of the Secret this process just created for incarnation ``uid``."""

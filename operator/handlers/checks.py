@@ -9,7 +9,10 @@ its pod started (Confined, activity) and again only at a deadline: the idle dead
 moves with the activity the runtime reports then and with each ``last-activity``
 annotation the API writes (each one an event).
 
-Contract (each look, after a full reconcile as a safety net):
+Contract (each look, from the session's last watch event — no read: one stop is a
+status patch and a pod deletion, the floor of its writes. Every write from that view
+carries its resourceVersion; when the session changed since (409), or no event was
+seen, the look is made afresh after a full reconcile):
 - TTL: once ``creationTimestamp + ttlSeconds`` has passed, the Expired condition is set
   and the session deleted; owner references delete pod, Secret, PVC and workspaces.
 - The runtime is asked for its stats (``GET /v1/stats``). Its confinement report sets
@@ -31,8 +34,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import kopf
+from pydantic import ValidationError
 
-from sandbox_workspace.kube import KubeError, core_path
+from sandbox_workspace.kube import Conflict, KubeError, core_path
 from sandbox_workspace.runtime.client import RuntimeClientError
 from sandbox_workspace.runtime.schemas import RuntimeStats
 
@@ -55,17 +59,28 @@ from .sessions import KIND, _write_status, now, reconcile_session, session_path
 log = logging.getLogger("sandbox_workspace.operator.checks")
 
 
-async def stop_session(ctx: OperatorContext, session: SandboxSession, body: dict, why: str) -> None:
-    """Idle stop: status Stopped first (so the pod's deletion is not undone), then the pod."""
+async def stop_session(
+    ctx: OperatorContext, session: SandboxSession, body: dict, why: str, *, seen: bool = False
+) -> None:
+    """Idle stop: status Stopped first (so the pod's deletion is not undone), then the pod.
+    ``seen``: ``body`` is the session's last watch event — the status is written only onto
+    that version (``Conflict`` if it changed since); else the session is read afresh."""
     async with ctx.lock(session.namespace, session.name):
-        fresh = await ctx.api.get(session_path(session.namespace, session.name))
+        if seen:
+            fresh: dict | None = body
+        else:
+            fresh = await ctx.api.get(session_path(session.namespace, session.name))
         if fresh is None or ANNOTATION_RESUME in (fresh["metadata"].get("annotations") or {}):
             return  # gone, or someone wants it right now
         current = SandboxSession.from_body(fresh)
         status = session_status(
             current, observe_pod(None), now(), stopped=True, stop_reason=("IdleTimeout", why)
         )
-        await _write_status(ctx, fresh, current, status)
+        written = await _write_status(ctx, fresh, current, status, guard=seen, api=ctx.api)
+        if written is not None:
+            # Before the pod's deletion: its events then find the session stopped and
+            # need no reconcile (``sessions.on_runtime_pod_event``).
+            ctx.see_session(written)
         pod_path = core_path(session.namespace, "pods", session_pod_name(current))
         await ctx.api.delete(pod_path)
 
@@ -88,15 +103,42 @@ async def _expire(ctx: OperatorContext, session: SandboxSession, body: dict) -> 
     await ctx.api.delete(path)
 
 
+def _seen(ctx: OperatorContext, namespace: str, name: str) -> SandboxSession | None:
+    """The session as its last watch event showed it, when that is one to act on."""
+    body = ctx.sessions_seen.get((namespace, name))
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    try:
+        return SandboxSession.from_body(body)
+    except ValidationError:
+        return None  # the reconciler reports it
+
+
 async def check_session(
     ctx: OperatorContext, namespace: str, name: str, logger: Any
 ) -> datetime | None:
     """One look at a session whose deadline came (see the module contract); the time of
-    the next look, or None (until its next event)."""
+    the next look, or None (until its next event). Looked at from its last watch event
+    (no read); when the session changed since (a write from it refused), afresh."""
+    session = _seen(ctx, namespace, name)
+    if session is not None:
+        try:
+            return await _look(ctx, session, ctx.sessions_seen[(namespace, name)], logger)
+        except Conflict:
+            logger.info("changed since its last event: looking again afresh")
     reconciled = await reconcile_session(ctx, namespace, name)
     if reconciled is None:
         return None
-    session, body = reconciled.session, reconciled.body
+    return await _look(ctx, reconciled.session, reconciled.body, logger, seen=False)
+
+
+async def _look(
+    ctx: OperatorContext, session: SandboxSession, body: dict, logger: Any, *, seen: bool = True
+) -> datetime | None:
+    """``check_session`` on one view of the session: ``seen``, its last watch event
+    (every write carries its resourceVersion: ``Conflict`` when it changed since), else
+    just reconciled from a fresh read."""
+    namespace, name = session.namespace, session.name
     expiry = expires_at(session)
     if expiry is not None and expiry <= now():
         await _expire(ctx, session, body)
@@ -124,12 +166,17 @@ async def check_session(
     if confined is not None:
         patch["conditions"] = confined
     if patch:
-        await ctx.api.patch(session_path(namespace, name) + "/status", {"status": patch})
+        body_patch: dict[str, Any] = {"status": patch}
+        if seen:  # its conditions are written whole: only onto the version they came from
+            body_patch["metadata"] = {"resourceVersion": body["metadata"]["resourceVersion"]}
+        written = await ctx.api.patch(session_path(namespace, name) + "/status", body_patch)
+        if written is not None:  # what follows writes onto this version
+            body, session = written, SandboxSession.from_body(written)
     timeout = session.spec.idle_timeout_seconds
     idle = idle_for(stats, session.annotations, timeout, now())
     if idle is not None:
         logger.info(f"idle for {idle:.0f}s (idleTimeoutSeconds={timeout}): stopping")
-        await stop_session(ctx, session, body, f"no activity for {int(idle)}s")
+        await stop_session(ctx, session, body, f"no activity for {int(idle)}s", seen=seen)
         return expiry
     restart = condition(status, "RestartRequired")
     quiet = idle_for(stats, session.annotations, max(1, int(interval)), now())

@@ -37,7 +37,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from sandbox_workspace.kube import KubeError, core_path, custom_path
+from sandbox_workspace.kube import Kube, KubeError, core_path, custom_path
 
 from ..activity import next_due, start_marker
 from ..builders import build_sandbox_pod
@@ -85,17 +85,21 @@ async def _write_status(
     status: SandboxSessionStatus,
     *,
     guard: bool = False,
-) -> None:
+    api: Kube | None = None,
+) -> dict | None:
     """``guard``: only onto the version ``body`` is (409 ``Conflict`` if it changed since;
-    the pool's short path, ``pool_start.py``, which writes from an event's object)."""
+    writes from an event's object: the pool's short path, ``pool_start.py``, with the
+    pool's client, and an idle stop, ``checks.py``, with ``api``). The session as written,
+    or None when nothing needed writing."""
     new = status.model_dump(mode="json", by_alias=True)
     old = session.status.model_dump(mode="json", by_alias=True)
+    written = None
     if new != old:
         patch: dict[str, Any] = {"status": new}
         if guard:
             patch["metadata"] = {"resourceVersion": body["metadata"]["resourceVersion"]}
         path = session_path(session.namespace, session.name) + "/status"
-        await (claims_api(ctx) if guard else ctx.api).patch(path, patch)
+        written = await (api or (claims_api(ctx) if guard else ctx.api)).patch(path, patch)
     ctx.metrics.session_phase(f"{session.namespace}/{session.name}", status.phase)
     ready = next(c for c in status.conditions if c.type == "Ready")
     before = next((c for c in session.status.conditions if c.type == "Ready"), None)
@@ -104,6 +108,7 @@ async def _write_status(
         kind = "Warning" if status.phase == "Error" or ready.reason in _WARN else "Normal"
         reason = "Stopped" if status.phase == "Stopped" else ready.reason
         kopf.event(body, type=kind, reason=reason, message=f"{status.phase}: {ready.message}")
+    return written
 
 
 async def _invalid(ctx: OperatorContext, body: dict, error: ValidationError) -> None:
@@ -121,11 +126,39 @@ async def _invalid(ctx: OperatorContext, body: dict, error: ValidationError) -> 
         kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
 
 
-async def reconcile_session(ctx: OperatorContext, namespace: str, name: str) -> Reconciled | None:
+class _Taken(Exception):
+    """A new session's pod, created without a read, found its name taken."""
+
+
+async def reconcile_session(
+    ctx: OperatorContext,
+    namespace: str,
+    name: str,
+    *,
+    seen: dict | None = None,
+    pod_seen: dict | None = None,
+) -> Reconciled | None:
     """Bring the session's children and status in line; see the module contract.
-    None when the session is gone, being deleted or invalid."""
+    None when the session is gone, being deleted or invalid. ``seen``: the body of the
+    event that asked for this; a session never reconciled yet (no status) is reconciled
+    from it without a read of itself or its pod (most likely absent, created outright:
+    a name taken means the reconcile is made again from fresh reads) — the reads a burst
+    of new sessions need not make. ``pod_seen``: the pod of the pod event that asked for
+    this, taken for the session's pod (not read again) when it is that pod; a later
+    change of it is an event of its own."""
+    if seen is not None and not seen.get("status"):
+        try:
+            return await _reconcile(ctx, namespace, name, seen, None)
+        except _Taken:
+            pass
+    return await _reconcile(ctx, namespace, name, None, pod_seen)
+
+
+async def _reconcile(
+    ctx: OperatorContext, namespace: str, name: str, seen: dict | None, pod_seen: dict | None
+) -> Reconciled | None:
     async with ctx.lock(namespace, name):
-        body = await ctx.api.get(session_path(namespace, name))
+        body = seen or await ctx.api.get(session_path(namespace, name))
         if body is None or body["metadata"].get("deletionTimestamp"):
             ctx.metrics.session_phase(f"{namespace}/{name}", None)
             return None
@@ -135,13 +168,19 @@ async def reconcile_session(ctx: OperatorContext, namespace: str, name: str) -> 
             await _invalid(ctx, body, e)
             return None
         stopped = is_stopped(session)
-        pod_path = core_path(namespace, "pods", session_pod_name(session))
-        pod = await ctx.api.get(pod_path)
+        pod_name = session_pod_name(session)
+        pod_path = core_path(namespace, "pods", pod_name)
+        if seen:
+            pod = None
+        elif pod_seen is not None and (pod_seen.get("metadata") or {}).get("name") == pod_name:
+            pod = pod_seen
+        else:
+            pod = await ctx.api.get(pod_path)
         serving = judge(pod, session.uid) == "ours" and ctx.answers.observe(pod).kind == "ready"
         blocked = await ensure_children(ctx, session, body, trust_cache=serving)
         desired = build_sandbox_pod(session, ctx.settings)
         pod, state, outdated = await _converge_pod(
-            ctx, session, body, pod, desired, stopped=stopped, blocked=blocked
+            ctx, session, body, pod, desired, stopped=stopped, blocked=blocked, unread=bool(seen)
         )
         if pod is not None:  # its watch event of this version needs no second look
             ctx.pods_seen[uid_of(pod)] = pod["metadata"].get("resourceVersion", "")
@@ -172,8 +211,10 @@ async def _converge_pod(
     *,
     stopped: bool,
     blocked: PodState | None,
+    unread: bool = False,
 ) -> tuple[dict | None, PodState, bool]:
-    """Delete, await or create the pod; its observed state; whether it is outdated."""
+    """Delete, await or create the pod; its observed state; whether it is outdated.
+    ``unread``: ``pod`` None was not read, only presumed (``_Taken`` if the name is)."""
     # A pod claimed from the warm pool keeps its own name (``session_pod_name``).
     name = (pod or desired)["metadata"]["name"]
     ns, path = session.namespace, core_path(session.namespace, "pods", name)
@@ -212,6 +253,8 @@ async def _converge_pod(
             return claimed, ctx.answers.observe(claimed), False
         kopf.adopt(desired, owner=body)
         pod = await ctx.api.create(core_path(ns, "pods"), desired)
+        if pod is None and unread:
+            raise _Taken  # whose is it? judged by the reconcile from fresh reads
         if pod is None:  # created meanwhile by another trigger: read it
             pod = await ctx.api.get(path)
         if session.status.phase is not None:
@@ -238,12 +281,18 @@ async def request_resume(ctx: OperatorContext, namespace: str, name: str) -> Non
 
 
 async def on_session_changed(
-    name: str, namespace: str, memo: kopf.Memo, retry: int, **_: Any
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    retry: int,
+    body: kopf.Body | None = None,
+    **_: Any,
 ) -> None:
     """create / resume / spec update: reconcile, retrying with backoff on API errors."""
     ctx: OperatorContext = memo.ctx
+    seen = dict(body) if body is not None and not retry else None  # a retry reads afresh
     try:
-        reconciled = await reconcile_session(ctx, namespace, name)
+        reconciled = await reconcile_session(ctx, namespace, name, seen=seen)
     except KubeError as e:
         ctx.metrics.reconciles.labels(KIND, "retry").inc()
         ctx.metrics.errors.labels(KIND, e.reason or str(e.status)).inc()
@@ -265,6 +314,7 @@ async def on_session_event(
         ctx.metrics.session_phase(f"{namespace}/{name}", None)
         ctx.forget(namespace, name, event["object"].get("metadata", {}).get("uid"))
         return
+    ctx.see_session(event["object"])  # first: what follows reads it
     annotations = event["object"].get("metadata", {}).get("annotations") or {}
     if ANNOTATION_RESUME in annotations:
         trigger = "resume-requested"  # the API's request: its trace goes on (traced.py)
@@ -288,19 +338,40 @@ async def on_runtime_pod_event(
         ctx.pods_seen.pop(uid, None)
     elif version and ctx.pods_seen.get(uid) == version:
         return  # the version the last reconcile acted on (e.g. the ADDED of our create)
+    gone = event["type"] == "DELETED" or meta.get("deletionTimestamp")
+    if session_name and gone and _stopped(ctx.sessions_seen.get((namespace, session_name))):
+        # A stopped session's pod going away (the idle stop's own deletion): the reconcile
+        # would read both and change nothing — a stopped session's status names no pod.
+        # A resume request makes the session not stopped (its event is seen first or
+        # its own reconcile reads the pod afresh), so a resume never waits on this.
+        return
     if session_name:
+        # The event's pod stands for a read of it, unless it is gone (then read: absent,
+        # or the session's next pod).
+        seen = None if event["type"] == "DELETED" else event["object"]
         with traced.span("operator.reconcile", KIND, namespace, session_name, "pod-event"):
-            await reconcile_session(ctx, namespace, session_name)
+            await reconcile_session(ctx, namespace, session_name, pod_seen=seen)
+
+
+def _stopped(body: dict[str, Any] | None) -> bool:
+    """``status.is_stopped`` of a raw body (no model: this runs on every pod event)."""
+    if body is None:
+        return False
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    return (body.get("status") or {}).get("phase") == "Stopped" and (
+        ANNOTATION_RESUME not in annotations
+    )
 
 
 def feed(ctx: OperatorContext, body: dict[str, Any]) -> None:
     """A session's event: its deadline follows what the object now says."""
+    meta = body.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    ctx.see_session(body)
     deadlines = ctx.deadlines
     if deadlines is None:
         return
     deadlines.start()  # once; here, so its tasks inherit kopf's context (Events)
-    meta = body.get("metadata") or {}
-    key = (meta.get("namespace", ""), meta.get("name", ""))
     try:
         session = SandboxSession.from_body(body)
     except ValidationError:

@@ -3,10 +3,12 @@
 It keeps objects by API path and speaks the verbs the handlers use with the apiserver's
 semantics that matter to them: create-if-absent (None on a name taken), merge patch
 (``None`` removes a key; ``…/status`` patches the status), delete with a uid
-precondition, and *graceful* deletion for the kinds that have it in a real cluster
-(pods, claims: a deletionTimestamp first; ``finish`` removes them). Every mutating call
-is recorded in ``calls``. Injected through ``OperatorContext(kube=FakeKube())`` — the
-seam the operator already has (STYLE 12), no monkey-patching.
+precondition, a new resourceVersion on every write (a patch naming another one is
+refused: 409 ``Conflict``), and *graceful* deletion for the kinds that have it in a real
+cluster (pods, claims: a deletionTimestamp first; ``finish`` removes them). Every
+mutating call is recorded in ``calls``, every read in ``reads``. Injected through
+``OperatorContext(kube=FakeKube())`` — the seam the operator already has (STYLE 12), no
+monkey-patching.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import copy
 import itertools
 from typing import Any
+
+from sandbox_workspace.kube import Conflict
 
 GRACEFUL = ("/pods/", "/persistentvolumeclaims/")
 _uids = itertools.count(1)
@@ -33,6 +37,12 @@ class FakeKube:
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
         self.calls: list[tuple[str, str]] = []
+        self.reads: list[str] = []  # paths read with ``get``, in order
+        self._versions = itertools.count(1)
+
+    def _bump(self, obj: dict[str, Any]) -> None:
+        # Every write makes a new resourceVersion, as the apiserver does.
+        obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
 
     # -- test helpers ---------------------------------------------------------------
     def put(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -44,6 +54,7 @@ class FakeKube:
         parts = path.split("/")
         if "namespaces" in parts:
             meta.setdefault("namespace", parts[parts.index("namespaces") + 1])
+        self._bump(obj)
         self.objects[path] = obj
         return obj
 
@@ -56,6 +67,7 @@ class FakeKube:
 
     # -- the Kube interface -----------------------------------------------------------
     async def get(self, path: str) -> dict[str, Any] | None:
+        self.reads.append(path)
         obj = self.objects.get(path)
         return copy.deepcopy(obj) if obj is not None else None
 
@@ -88,10 +100,14 @@ class FakeKube:
         obj = self.objects.get(target_path)
         if obj is None:
             return None
+        wanted = (body.get("metadata") or {}).get("resourceVersion")
+        if wanted is not None and wanted != obj["metadata"].get("resourceVersion"):
+            raise Conflict(409, f"{path}: the object has been modified", "Conflict")
         if path.endswith("/status"):
             _merge(obj, {"status": body.get("status", {})})
         else:
             _merge(obj, {k: v for k, v in body.items() if k != "status"})
+        self._bump(obj)
         return copy.deepcopy(obj)
 
     async def delete(self, path: str, uid: str | None = None) -> bool:

@@ -1,10 +1,14 @@
 """The session reconciler's and periodic check's decisions against a fake Kubernetes
 client (``OperatorContext(kube=FakeKube())``): session incarnations judged by owner
-uid, pods that cannot start, outdated pods, the Confined condition."""
+uid, pods that cannot start, outdated pods, the Confined condition; a due session looked
+at from its last watch event (an idle stop reads nothing and writes only onto the version
+the event showed; a session changed since is looked at afresh) and the pod events of a
+stopped session's departing pod (no reconcile)."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -20,8 +24,12 @@ from sandbox_workspace.kube import core_path, custom_path
 from sandbox_workspace.operator.builders import build_sandbox_pod
 from sandbox_workspace.operator.context import OperatorContext
 from sandbox_workspace.operator.handlers.checks import check_session
-from sandbox_workspace.operator.handlers.sessions import reconcile_session
-from sandbox_workspace.operator.models import SandboxSession
+from sandbox_workspace.operator.handlers.sessions import on_runtime_pod_event, reconcile_session
+from sandbox_workspace.operator.models import (
+    ANNOTATION_LAST_ACTIVITY,
+    ANNOTATION_RESUME,
+    SandboxSession,
+)
 from sandbox_workspace.operator.settings import OperatorSettings
 
 NS, NAME = "ns", "sb-session-alice"
@@ -317,3 +325,126 @@ async def test_a_lost_claim_is_reported_not_replaced(world, events) -> None:
     assert "delete the session" in ready["message"]
     assert "ClaimLost" in events.reasons()
     assert kube.objects[CLAIM]["metadata"]["uid"] == claim_uid  # a data decision: not ours
+
+
+# -- a due session looked at from its last watch event (issue 23: the idle stop's requests)
+
+LOG = logging.getLogger("t")
+
+
+@pytest.fixture
+async def running(world) -> tuple[OperatorContext, FakeKube]:
+    """A session Running, idle for 600 s with idleTimeoutSeconds 60, its runtime asked
+    once (lastActivityTime written), and its last event seen by the operator
+    (``OperatorContext.sessions_seen``: a due session is looked at from it)."""
+    ctx, kube, stats = world
+    put_session(kube, idleTimeoutSeconds=60)
+    await reconcile_session(ctx, NS, NAME)
+    mark_running(kube)
+    await reconcile_session(ctx, NS, NAME)
+    status = kube.objects[SESSION_PATH]["status"]
+    assert status["phase"] == "Running"
+    status["lastActivityTime"] = stats.handle(None).json()["last_activity_at"]  # type: ignore[arg-type]
+    ctx.sessions_seen[(NS, NAME)] = copy.deepcopy(kube.objects[SESSION_PATH])
+    kube.reads.clear()
+    kube.calls.clear()
+    return ctx, kube
+
+
+async def test_an_idle_stop_from_the_last_event_reads_nothing(running) -> None:
+    ctx, kube = running
+    await check_session(ctx, NS, NAME, LOG)
+    assert kube.objects[SESSION_PATH]["status"]["phase"] == "Stopped"
+    assert kube.objects[POD]["metadata"].get("deletionTimestamp")
+    assert kube.reads == []  # no read of the session, its pod or its Secret
+    assert kube.verbs("patch") == [f"{SESSION_PATH}/status"]  # one write, then the deletion
+    # The stop's own write is what the operator now knows of the session.
+    assert ctx.sessions_seen[(NS, NAME)]["status"]["phase"] == "Stopped"
+
+
+async def test_a_session_changed_since_its_event_is_looked_at_afresh(running) -> None:
+    ctx, kube = running
+    # Activity the runtime cannot see, after the event the operator holds: its stop from
+    # that event is refused (409) and the fresh look finds the session active.
+    stamp = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    await kube.patch(SESSION_PATH, {"metadata": {"annotations": {ANNOTATION_LAST_ACTIVITY: stamp}}})
+    due = await check_session(ctx, NS, NAME, LOG)
+    assert kube.objects[SESSION_PATH]["status"]["phase"] == "Running"
+    assert not kube.objects[POD]["metadata"].get("deletionTimestamp")
+    assert SESSION_PATH in kube.reads  # read afresh
+    assert due is not None and due > datetime.now(UTC)  # the idle deadline moved on
+
+
+def _deleted(kube: FakeKube) -> kopf.RawEvent:
+    pod = copy.deepcopy(kube.objects[POD])
+    kube.finish(POD)
+    return {"type": "DELETED", "object": pod}  # type: ignore[typeddict-item]
+
+
+async def test_a_stopped_sessions_departing_pod_needs_no_reconcile(running) -> None:
+    ctx, kube = running
+    await check_session(ctx, NS, NAME, LOG)
+    event = _deleted(kube)
+    labels = event["object"]["metadata"]["labels"]
+    await on_runtime_pod_event(event=event, namespace=NS, labels=labels, memo=kopf.Memo(ctx=ctx))
+    assert kube.reads == []
+    assert POD not in kube.objects  # and nothing recreated it
+
+
+async def test_a_resumed_sessions_departing_pod_is_reconciled(running) -> None:
+    ctx, kube = running
+    await check_session(ctx, NS, NAME, LOG)
+    await kube.patch(SESSION_PATH, {"metadata": {"annotations": {ANNOTATION_RESUME: "now"}}})
+    ctx.sessions_seen[(NS, NAME)] = copy.deepcopy(kube.objects[SESSION_PATH])
+    event = _deleted(kube)
+    labels = event["object"]["metadata"]["labels"]
+    await on_runtime_pod_event(event=event, namespace=NS, labels=labels, memo=kopf.Memo(ctx=ctx))
+    assert kube.objects[SESSION_PATH]["status"]["phase"] == "Pending"
+    assert POD in kube.objects  # the resume's new pod
+
+
+async def test_a_new_session_is_reconciled_from_its_event_without_reads(world) -> None:
+    ctx, kube, _ = world
+    body = put_session(kube)
+    result = await reconcile_session(ctx, NS, NAME, seen=copy.deepcopy(body))
+    assert result is not None and not result.waiting
+    assert kube.reads == []  # neither the session nor its children read: created outright
+    for path in (SECRET, CLAIM, POD):
+        assert owner(kube.objects[path]) == [body["metadata"]["uid"]], path
+    assert kube.objects[SESSION_PATH]["status"]["phase"] == "Pending"
+
+
+async def test_a_new_sessions_taken_pod_name_is_judged_from_fresh_reads(world) -> None:
+    ctx, kube, _ = world
+    old = kube.put(POD, {"metadata": {"ownerReferences": [{"uid": "old"}]}})
+    body = put_session(kube)
+    result = await reconcile_session(ctx, NS, NAME, seen=copy.deepcopy(body))
+    assert result is not None and result.waiting  # the old incarnation's pod goes first
+    assert kube.objects[POD]["metadata"]["uid"] == old["metadata"]["uid"]
+    assert kube.objects[POD]["metadata"].get("deletionTimestamp")  # deleted, never reused
+    assert kube.objects[SESSION_PATH]["status"]["conditions"][0]["reason"] == "OldIncarnation"
+
+
+async def test_a_pod_event_stands_for_a_read_of_the_pod(world) -> None:
+    ctx, kube, _ = world
+    put_session(kube)
+    await reconcile_session(ctx, NS, NAME)
+    before = copy.deepcopy(kube.objects[POD])
+    mark_running(kube)
+    event = {"type": "MODIFIED", "object": copy.deepcopy(kube.objects[POD])}
+    event["object"]["metadata"]["resourceVersion"] = "newer"  # the kubelet's write
+    kube.objects[POD] = before  # the apiserver still answers the older version: unread
+    kube.reads.clear()
+    labels = event["object"]["metadata"]["labels"]
+    await on_runtime_pod_event(event=event, namespace=NS, labels=labels, memo=kopf.Memo(ctx=ctx))
+    ready = kube.objects[SESSION_PATH]["status"]["conditions"][0]
+    assert ready["reason"] == "RuntimeReady"  # the event's Running pod, not PodPending
+    assert kube.reads == [SESSION_PATH]  # the session read, its pod taken from the event
+
+
+def test_a_seen_session_is_kept_without_its_managed_fields(world) -> None:
+    ctx, _, _ = world
+    body = {"metadata": {"namespace": NS, "name": NAME, "managedFields": [{"manager": "x"}]}}
+    ctx.see_session(body)
+    assert ctx.sessions_seen[(NS, NAME)] == {"metadata": {"namespace": NS, "name": NAME}}
+    assert body["metadata"]["managedFields"]  # the event's own object is left as it was
