@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -79,33 +80,48 @@ async def _read_all(result) -> int:
     return sum([len(c) async for c in result.stream(min_chunk_size=CHUNK)])
 
 
+def _cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _downloads(
-    store: S3Store, api: HTTPStore, path: str, size: int, rounds: int
-) -> tuple[list, list]:
+    store: S3Store, api: HTTPStore, path: str, size: int, rounds: int, pids: dict[str, int]
+) -> tuple[list, list, dict]:
     """``rounds`` downloads of the API's ``path`` and of the plain object ``plain/0.bin``
-    (the same bytes), alternating, with the same client and chunking on both sides."""
+    (the same bytes), alternating, with the same client and chunking on both sides. Also
+    the CPU seconds each process spent per download (p50): on a shared 2-core machine the
+    API's own CPU is what the path through it costs on top of the store's and the client's.
+    """
+    cpu: dict[str, dict[str, list[float]]] = {"warm": {}, "via_api": {}, "plain": {}}
 
-    async def api_get() -> float:
+    async def timed(side: str, source, key: str) -> float:
+        before = {name: _cpu(pid) for name, pid in pids.items()}
         start = time.perf_counter()
-        got = await _read_all(await obstore.get_async(api, path))
+        got = await _read_all(await obstore.get_async(source, key))
+        seconds = time.perf_counter() - start
         assert got == size, got
-        return _mb_per_s(size, time.perf_counter() - start)
-
-    async def plain_get() -> float:
-        start = time.perf_counter()
-        got = await _read_all(await obstore.get_async(store._store, "plain/0.bin"))
-        assert got == size, got
-        return _mb_per_s(size, time.perf_counter() - start)
+        for name, pid in pids.items():
+            cpu[side].setdefault(name, []).append(_cpu(pid) - before[name])
+        return _mb_per_s(size, seconds)
 
     async def measure():
-        await api_get(), await plain_get()  # warm-up: connections, first reads
+        # Warm-up: connections, first reads.
+        await timed("warm", api, path), await timed("warm", store._store, "plain/0.bin")
         through, plain = [], []
         for _ in range(rounds):
-            through.append(await api_get())
-            plain.append(await plain_get())
+            through.append(await timed("via_api", api, path))
+            plain.append(await timed("plain", store._store, "plain/0.bin"))
         return through, plain
 
-    return asyncio.run(measure())
+    through, plain = asyncio.run(measure())
+    medians = {
+        f"cpu_s_{side}": {name: round(statistics.median(v), 3) for name, v in per.items()}
+        for side, per in cpu.items()
+        if side != "warm"
+    }
+    return through, plain, medians
 
 
 def _httpx_downloads(
@@ -193,7 +209,8 @@ def run(quick: bool) -> list[Figure]:
                     "timeout": timedelta(minutes=10),
                 },
             )
-            downloads, gets = _downloads(store, rust_api, path.lstrip("/"), size, rounds)
+            pids = {"api": api_server.pid, "store": server.proc.pid, "client": os.getpid()}
+            downloads, gets, cpu = _downloads(store, rust_api, path.lstrip("/"), size, rounds, pids)
             slow, slow_plain = _httpx_downloads(api, path, signed, size, max(1, rounds // 3))
         label = f"{size // CHUNK} MB"
         figures.append(
@@ -215,6 +232,7 @@ def run(quick: bool) -> list[Figure]:
                 gets,
                 goal="ratio ≥ 0.8",
                 client="obstore (Rust) both ways, alternating rounds",
+                **cpu,
                 ratio_per_round=sorted(
                     round(a / b, 3) for a, b in zip(downloads, gets, strict=True)
                 ),
