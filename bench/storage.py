@@ -3,7 +3,14 @@
 Figures, each beside a baseline measured in the same run on the same server:
 - upload and download throughput through the API (upload: until the answer, which comes
   after the file is in the store; download: by file_id, from the store) against a plain
-  S3 client (obstore) moving the same bytes to the same bucket — goal ratio ≥ 0.8;
+  S3 client (obstore) moving the same bytes to the same bucket — goal ratio ≥ 0.8.
+  The download is read the same way on both sides, so the ratio is the API's cost and
+  not the clients': obstore's Rust HTTP client (``HTTPStore`` on the API's URL, the
+  ``S3Store`` on the bucket), 1 MiB chunks, one warm-up each, then alternating rounds
+  (API, plain, API, …) so the machine's load swings hit both alike; the CPU each process
+  spent per download is kept beside it. A Python client (httpx, 64 KiB reads) is
+  measured too, both ways (the API and a presigned GET on the store), as a second view:
+  under load it reads slower than either server sends, on a quiet machine it does not;
 - resume of a conversation of 100 files / 100 MB after the cache is lost (a new API with
   an empty data directory, the same bucket) until the first execution sees them all,
   against a cold first execution in an empty conversation;
@@ -18,12 +25,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
+import obstore
+from obstore.store import HTTPStore
 
 from .harness import Figure, dev_server
 
@@ -47,7 +58,7 @@ def _mb_per_s(size: int, seconds: float) -> float:
     return size / CHUNK / seconds
 
 
-def _plain_client(store: S3Store, source: Path, size: int, repeat: int) -> tuple[list, list]:
+def _plain_client(store: S3Store, source: Path, size: int, repeat: int) -> list[float]:
     async def chunks():
         f = await asyncio.to_thread(open, source, "rb")
         with f:
@@ -56,19 +67,84 @@ def _plain_client(store: S3Store, source: Path, size: int, repeat: int) -> tuple
 
     async def measure():
         await store.put("plain/warm-up", chunks())  # the server's first write allocates
-        puts, gets = [], []
+        puts = []
         for n in range(repeat):
             start = time.perf_counter()
             await store.put(f"plain/{n}.bin", chunks())
             puts.append(_mb_per_s(size, time.perf_counter() - start))
-            start = time.perf_counter()
-            download = await store.get(f"plain/{n}.bin")
-            got = sum([len(c) async for c in download])
-            gets.append(_mb_per_s(size, time.perf_counter() - start))
-            assert got == size
-        return puts, gets
+        return puts
 
     return asyncio.run(measure())
+
+
+async def _read_all(result) -> int:
+    return sum([len(c) async for c in result.stream(min_chunk_size=CHUNK)])
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _downloads(
+    store: S3Store, api: HTTPStore, path: str, size: int, rounds: int, pids: dict[str, int]
+) -> tuple[list, list, dict]:
+    """``rounds`` downloads of the API's ``path`` and of the plain object ``plain/0.bin``
+    (the same bytes), alternating, with the same client and chunking on both sides. Also
+    the CPU seconds each process spent per download (p50): on a shared 2-core machine the
+    API's own CPU is what the path through it costs on top of the store's and the client's.
+    """
+    cpu: dict[str, dict[str, list[float]]] = {"warm": {}, "via_api": {}, "plain": {}}
+
+    async def timed(side: str, source, key: str) -> float:
+        before = {name: _cpu(pid) for name, pid in pids.items()}
+        start = time.perf_counter()
+        got = await _read_all(await obstore.get_async(source, key))
+        seconds = time.perf_counter() - start
+        assert got == size, got
+        for name, pid in pids.items():
+            cpu[side].setdefault(name, []).append(_cpu(pid) - before[name])
+        return _mb_per_s(size, seconds)
+
+    async def measure():
+        # Warm-up: connections, first reads.
+        await timed("warm", api, path), await timed("warm", store._store, "plain/0.bin")
+        through, plain = [], []
+        for _ in range(rounds):
+            through.append(await timed("via_api", api, path))
+            plain.append(await timed("plain", store._store, "plain/0.bin"))
+        return through, plain
+
+    through, plain = asyncio.run(measure())
+    medians = {
+        f"cpu_s_{side}": {name: round(statistics.median(v), 3) for name, v in per.items()}
+        for side, per in cpu.items()
+        if side != "warm"
+    }
+    return through, plain, medians
+
+
+def _httpx_downloads(
+    api: httpx.Client, path: str, signed: str, size: int, rounds: int
+) -> tuple[list, list]:
+    """The same comparison with a Python client (httpx; its transport reads 64 KiB per
+    call): the API against a presigned GET of the plain object straight from the store."""
+
+    def one(client: httpx.Client, url: str) -> float:
+        start = time.perf_counter()
+        with client.stream("GET", url) as got:
+            received = sum(len(c) for c in got.iter_raw(CHUNK))
+        assert received == size, received
+        return _mb_per_s(size, time.perf_counter() - start)
+
+    with httpx.Client(timeout=600) as plain_client:
+        one(api, path), one(plain_client, signed)  # warm-up
+        through, plain = [], []
+        for _ in range(rounds):
+            through.append(one(api, path))
+            plain.append(one(plain_client, signed))
+    return through, plain
 
 
 def _session(api: httpx.Client, user: str) -> str:
@@ -90,7 +166,8 @@ def run(quick: bool) -> list[Figure]:
         print(f"storage: skipped — {reason}", flush=True)
         return []
     size = (16 if quick else 256) * CHUNK
-    repeat = 1 if quick else 3
+    repeat = 2 if quick else 3  # two in quick mode too: the delete between rounds runs
+    rounds = 2 if quick else 9
     files, resumes = (20, 2) if quick else (100, 5)
     figures: list[Figure] = []
     work = Path(tempfile.mkdtemp(prefix="sbw-bench-storage-"))
@@ -102,9 +179,13 @@ def run(quick: bool) -> list[Figure]:
         with open(source, "wb") as f:
             for i in range(size // CHUNK):
                 f.write(os.urandom(CHUNK) if i == 0 else bytes([i % 256]) * CHUNK)
-        puts, gets = _plain_client(S3Store(server.settings("bench")), source, size, repeat)
+        store = S3Store(server.settings("bench"))
+        puts = _plain_client(store, source, size, repeat)
+        # The obstore client under S3Store: the plain side reads as the API's side does
+        # (no S3Store wrapper, no copy of each chunk), and it signs the httpx client's GET.
+        signed = obstore.sign(store._store, "GET", "plain/0.bin", timedelta(hours=1))
 
-        uploads, downloads = [], []
+        uploads = []
         with (
             dev_server(**env) as api_server,
             httpx.Client(base_url=api_server.url, headers={"X-User-Id": "b"}, timeout=600) as api,
@@ -112,7 +193,12 @@ def run(quick: bool) -> list[Figure]:
             url = _session(api, "b")
             seed = url + "/workspace/t"
             api.get(seed)  # running
+            r = None
             for n in range(repeat):
+                if r is not None:
+                    # The conversation's quota (512 MiB) holds two such files, not three.
+                    gone = api.delete(f"{seed}/files/{r.json()['file_id']}")
+                    assert gone.status_code == 200, gone.text
                 with open(source, "rb") as f:
                     start = time.perf_counter()
                     # A new name each time: the same bytes again under one name would
@@ -120,11 +206,18 @@ def run(quick: bool) -> list[Figure]:
                     r = api.post(f"{seed}/files", files={"file": (f"big-{n}.bin", f)})
                     uploads.append(_mb_per_s(size, time.perf_counter() - start))
                 assert r.status_code == 201, r.text
-                start = time.perf_counter()
-                with api.stream("GET", f"{seed}/files/{r.json()['file_id']}") as got:
-                    received = sum(len(c) for c in got.iter_raw(CHUNK))
-                downloads.append(_mb_per_s(size, time.perf_counter() - start))
-                assert received == size
+            path = f"{seed}/files/{r.json()['file_id']}"
+            rust_api = HTTPStore.from_url(
+                api_server.url,
+                client_options={
+                    "allow_http": True,
+                    "default_headers": {"X-User-Id": "b"},
+                    "timeout": timedelta(minutes=10),
+                },
+            )
+            pids = {"api": api_server.pid, "store": server.proc.pid, "client": os.getpid()}
+            downloads, gets, cpu = _downloads(store, rust_api, path.lstrip("/"), size, rounds, pids)
+            slow, slow_plain = _httpx_downloads(api, path, signed, size, max(1, rounds // 3))
         label = f"{size // CHUNK} MB"
         figures.append(
             Figure.of(
@@ -144,6 +237,21 @@ def run(quick: bool) -> list[Figure]:
                 "plain S3 GET (obstore)",
                 gets,
                 goal="ratio ≥ 0.8",
+                client="obstore (Rust) both ways, alternating rounds",
+                **cpu,
+                ratio_per_round=sorted(
+                    round(a / b, 3) for a, b in zip(downloads, gets, strict=True)
+                ),
+            )
+        )
+        figures.append(
+            Figure.of(
+                f"download {label} by file_id, httpx client (MB/s)",
+                "MB/s",
+                slow,
+                "presigned S3 GET, same httpx client",
+                slow_plain,
+                client="httpx (Python) both ways, alternating rounds",
             )
         )
 
