@@ -92,6 +92,9 @@ class Operator:
         self.health = f"http://127.0.0.1:{free_port()}/healthz"
         env = {
             **base_env(),
+            # An experiment's settings reach the operator: SANDBOX_OPERATOR_* of the bench's
+            # own environment (say SANDBOX_OPERATOR_API_CONCURRENCY=32), under the bench's own.
+            **{k: v for k, v in os.environ.items() if k.startswith("SANDBOX_OPERATOR_")},
             "SANDBOX_OPERATOR_KUBECONFIG": str(kubeconfig),
             "SANDBOX_OPERATOR_NAMESPACES": namespace,
             "SANDBOX_OPERATOR_IMAGE": "sandbox-workspace:bench",
