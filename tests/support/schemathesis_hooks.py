@@ -14,6 +14,7 @@ import re
 
 import schemathesis
 from hypothesis import strategies as st
+from schemathesis.core.failures import AcceptedNegativeData
 from schemathesis.openapi.checks import RejectedPositiveData
 
 from sandbox_workspace.api.chat.run_events import parse_approval_id
@@ -90,9 +91,48 @@ _BREAKS_RULE = {
 }
 
 
+# A multipart form's fields are text on the wire. Schemathesis (4.32) can put a number in a
+# `type: string` form field as a "schema-violating" case, but what it sends is the number's
+# decimal text ("-12149"): a string, and a schema-valid one when it meets the field's own
+# pattern and lengths — so the server rightly accepts it (seen once in CI: seed 003's
+# upload `path` "-12149", a valid file name). "Schema-violating request accepted" is
+# dropped for exactly that: a type change of one form field to a number whose text the
+# field's schema allows; any other violation in the case is still reported.
+_FORM_TYPE_CHANGE = re.compile(
+    r"Invalid component: in body - violates `type` at /properties/([^/ ]+) "
+    r"\(was string, became (?:integer|number)\)$"
+)
+
+
+def _form_number_is_valid_text(failure, case) -> bool:
+    found = _FORM_TYPE_CHANGE.search(failure.message)
+    media = (case.media_type or "").split(";")[0].strip()
+    if not found or media != "multipart/form-data" or not isinstance(case.body, dict):
+        return False
+    name = found.group(1)
+    value = case.body.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    body = case.operation.definition.raw.get("requestBody", {})
+    field = body.get("content", {}).get(media, {}).get("schema", {}).get("properties", {})
+    schema = field.get(name)
+    if not isinstance(schema, dict):
+        return False
+    text = str(value)
+    pattern = schema.get("pattern")
+    return (
+        schema.get("minLength", 0) <= len(text) <= schema.get("maxLength", len(text))
+        and (pattern is None or re.search(pattern, text) is not None)
+        and (schema.get("format") != NAME_FORMAT or _accepted(text))
+    )
+
+
 @schemathesis.hook
 def filter_failure(context, failure, case, response) -> bool:
-    """Keep every failure but a documented last-message 400 of a body that breaks it."""
+    """Keep every failure but a documented last-message 400 of a body that breaks it, and
+    a number sent as a form field's text that the field's schema allows."""
+    if isinstance(failure, AcceptedNegativeData) and _form_number_is_valid_text(failure, case):
+        return False
     key = (case.operation.method.upper(), case.operation.path)
     if not isinstance(failure, RejectedPositiveData) or key not in _RULE_CODES:
         return True
