@@ -7,12 +7,15 @@ import hashlib
 import json
 import os
 import threading
+import time
 
 import pytest
 from kubeenv.client import wait_until
+from nodeenv.release import SESSIONS
 from scripted_llm import Reply, text_reply, tool_reply, tool_results
 from sessions import SBS, container_id, get
 
+from sandbox_workspace.operator import naming
 from sandbox_workspace.operator.answers import ANSWERS
 from sandbox_workspace.operator.models import API_VERSION
 
@@ -147,27 +150,54 @@ def test_a_killed_sandbox_container_is_replaced_and_nothing_is_lost(session, nod
 def test_running_is_reported_when_the_runtime_answers_not_a_probe_period_later(release, kube):
     """The operator polls a starting pod's /healthz itself (operator/answers.py): the
     session is Running the moment its runtime answers — before the kubelet's readiness
-    probe (every 2 s) marks the pod Ready — and Running still means it answers."""
-    names = [f"sb-session-early-{i}" for i in range(3)]
-    by = []
+    probe (every 2 s) marks the pod Ready — and Running still means it answers.
+
+    The operator can only be first when the kubelet reports the pod's address before its
+    Ready: on a loaded node it may report both together (seen in CI: all three sessions
+    of a run reported by the probe, each polled by the operator for ~20 ms, i.e. from an
+    address that came with the runtime already up). So the test watches each pod too and
+    holds the operator to it where the kubelet gave it a window (the address seen ≥ 1 s
+    before Ready); sessions are made until three told (at most eight)."""
+    windows: list[str] = []  # the Ready message of each session that tells
+    names: list[str] = []
     try:
-        for name in names:
+        while len(windows) < 3 and len(names) < 8:
+            name = f"sb-session-early-{len(names)}"
+            names.append(name)
             body = {"apiVersion": API_VERSION, "kind": "SandboxSession",
                     "metadata": {"name": name}, "spec": {"userId": name}}  # fmt: skip
             kube.create(SBS, body)
-            running = wait_until(
-                lambda n=name: _if_running(kube.get(f"{SBS}/{n}")),
-                timeout=120,
-                interval=0.02,
-                message=f"session {name} to be Running",
+            pod_path = f"/api/v1/namespaces/{SESSIONS}/pods/{naming.runtime_pod_name(name)}"
+            seen: dict[str, float] = {}
+
+            def running(n: str = name, pod_path: str = pod_path, seen=seen) -> dict | None:
+                pod = kube.get_or_none(pod_path) or {}
+                status = pod.get("status", {})
+                ready = any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in status.get("conditions", [])
+                )
+                if status.get("podIP") and not ready:
+                    seen.setdefault("address", time.monotonic())
+                if ready:
+                    seen.setdefault("ready", time.monotonic())
+                return _if_running(kube.get(f"{SBS}/{n}"))
+
+            session = wait_until(
+                running, timeout=120, interval=0.02, message=f"session {name} to be Running"
             )
-            endpoint = running["status"]["endpoint"]
+            endpoint = session["status"]["endpoint"]
             assert get(f"{endpoint}/healthz").status_code == 200  # Running = answers
-            ready = next(c for c in running["status"]["conditions"] if c["type"] == "Ready")
-            by.append(ready["message"])
-        # Each is reported by the operator's check unless, in a rare race, the kubelet
-        # probes the instant the runtime is up: one of three is enough.
-        assert ANSWERS in by, by
+            ready = next(c for c in session["status"]["conditions"] if c["type"] == "Ready")
+            # Reported by the operator's check, or by the probe although the kubelet gave
+            # the operator its window: either tells. The probe with no window tells nothing.
+            window = seen.get("ready", time.monotonic()) - seen.get("address", time.monotonic())
+            if ready["message"] == ANSWERS or window >= 1.0:
+                windows.append(ready["message"])
+        assert windows, f"the kubelet reported no pod's address before its Ready ({names})"
+        # With a window, the operator's check comes first — one of three is enough, as a
+        # probe can still land the instant the runtime is up.
+        assert ANSWERS in windows, windows
     finally:
         for name in names:
             kube.delete(f"{SBS}/{name}")
