@@ -54,7 +54,7 @@ from ..status import (
     set_condition,
 )
 from . import traced
-from .sessions import KIND, _write_status, now, reconcile_session, session_path
+from .sessions import KIND, _write_status, now, reconcile_session, session_path, status_patch
 
 log = logging.getLogger("sandbox_workspace.operator.checks")
 
@@ -166,9 +166,8 @@ async def _look(
     if confined is not None:
         patch["conditions"] = confined
     if patch:
-        body_patch: dict[str, Any] = {"status": patch}
-        if seen:  # its conditions are written whole: only onto the version they came from
-            body_patch["metadata"] = {"resourceVersion": body["metadata"]["resourceVersion"]}
+        # Its conditions are written whole: from a watch event, only onto that version.
+        body_patch = status_patch(patch, body, guard=seen)
         written = await ctx.api.patch(session_path(namespace, name) + "/status", body_patch)
         if written is not None:  # what follows writes onto this version
             body, session = written, SandboxSession.from_body(written)

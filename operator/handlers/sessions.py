@@ -78,6 +78,15 @@ class Reconciled:
     waiting: bool  # an old incarnation's child must go first: retry soon
 
 
+def status_patch(status: dict[str, Any], body: dict, *, guard: bool) -> dict[str, Any]:
+    """A patch of the status subresource; ``guard``: only onto the version ``body`` is
+    (the apiserver answers 409 ``Conflict`` if the session changed since)."""
+    patch: dict[str, Any] = {"status": status}
+    if guard:
+        patch["metadata"] = {"resourceVersion": body["metadata"]["resourceVersion"]}
+    return patch
+
+
 async def _write_status(
     ctx: OperatorContext,
     body: dict,
@@ -95,10 +104,8 @@ async def _write_status(
     old = session.status.model_dump(mode="json", by_alias=True)
     written = None
     if new != old:
-        patch: dict[str, Any] = {"status": new}
-        if guard:
-            patch["metadata"] = {"resourceVersion": body["metadata"]["resourceVersion"]}
         path = session_path(session.namespace, session.name) + "/status"
+        patch = status_patch(new, body, guard=guard)
         written = await (api or (claims_api(ctx) if guard else ctx.api)).patch(path, patch)
     ctx.metrics.session_phase(f"{session.namespace}/{session.name}", status.phase)
     ready = next(c for c in status.conditions if c.type == "Ready")
