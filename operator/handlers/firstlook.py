@@ -14,10 +14,10 @@ Contract:
   start whose runtime was not asked yet, asks ``GET /v1/stats`` (at most
   ``FIRST_LOOK_SECONDS``) and returns the status with the runtime's activity time and
   ``Confined``, the start marked as asked (``OperatorContext.checked_starts``). Anything
-  else — another phase, a start already asked, no runtime client, no token, no answer —
-  returns the status as it was (unasked: the session's first deadline is then "now", the
-  look of ``checks.py`` asks). Nothing is stopped here: an idle session's deadline is
-  past, and the look at it stops it.
+  else — another phase, a start already asked, no runtime client, no token or an error
+  reading it, no answer — returns the status as it was (unasked: the session's first
+  deadline is then "now", the look of ``checks.py`` asks). Nothing is stopped here: an
+  idle session's deadline is past, and the look at it stops it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 
 import kopf
 
+from sandbox_workspace.kube import KubeError
 from sandbox_workspace.runtime.client import RuntimeClientError
 from sandbox_workspace.runtime.schemas import RuntimeStats
 
@@ -72,13 +73,16 @@ async def fold_first_stats(
     marker = start_marker(after)
     if ctx.checked_starts.get(session.uid) == marker:
         return status
-    client = await ctx.runtime(session.namespace, session.name, status.endpoint, session.uid)
-    if client is None:
-        return status
     try:
         async with asyncio.timeout(FIRST_LOOK_SECONDS):
+            # The token: this process's own (it made the Secret), else one read of it.
+            client = await ctx.runtime(
+                session.namespace, session.name, status.endpoint, session.uid
+            )
+            if client is None:
+                return status
             stats = await client.stats()
-    except (RuntimeClientError, TimeoutError):
+    except (KubeError, RuntimeClientError, TimeoutError):
         return status
     ctx.checked_starts[session.uid] = marker
     update: dict = {}
