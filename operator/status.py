@@ -218,7 +218,7 @@ def session_status(
         pod_name=None if stopped else pod.name,
         pod_ip=None if stopped else pod.ip,
         endpoint=f"http://{pod.ip}:{RUNTIME_PORT}" if running and pod.ip else None,
-        conditions=_ordered(conds),
+        conditions=ordered(conds),
         last_activity_time=prev.last_activity_time,
         started_at=None if stopped else (pod.started_at or None),
         started_from=None if stopped else pod.started_from,
@@ -245,5 +245,7 @@ def confined_condition(report: Mapping[str, Any] | None) -> tuple[bool, str, str
 _ORDER = {"Ready": 0, "Stopped": 1, "Expired": 2, "Confined": 3, "RestartRequired": 4}
 
 
-def _ordered(conds: list[Condition]) -> list[Condition]:
+def ordered(conds: list[Condition]) -> list[Condition]:
+    """Conditions in their fixed order (Ready, Stopped, Expired, Confined, …): a status
+    written in this order is not rewritten for its order alone."""
     return sorted(conds, key=lambda c: (_ORDER.get(c.type, 9), c.type))

@@ -4,10 +4,10 @@ outdated pods.
 No timer per session: each session's next deadline (``operator/activity.py``) is kept in
 one scheduler (``operator/deadlines.py``), fed by the session's events
 (``sessions.feed``) and by each look (``check_session`` answers when to look next), so
-an operator at rest does nothing. The runtime's stats are asked at the first look after
-its pod started (Confined, activity) and again only at a deadline: the idle deadline
-moves with the activity the runtime reports then and with each ``last-activity``
-annotation the API writes (each one an event).
+an operator at rest does nothing. The runtime's stats are asked once per pod start — by
+the reconcile that writes Running (``firstlook.py``), else by a look due at once — and
+again only at a deadline: the idle deadline moves with the activity the runtime reports
+then and with each ``last-activity`` annotation the API writes (each one an event).
 
 Contract (each look, from the session's last watch event — no read: one stop is a
 status patch and a pod deletion, the floor of its writes. Every write from that view
@@ -38,7 +38,6 @@ from pydantic import ValidationError
 
 from sandbox_workspace.kube import Conflict, KubeError, core_path
 from sandbox_workspace.runtime.client import RuntimeClientError
-from sandbox_workspace.runtime.schemas import RuntimeStats
 
 from ..activity import after_stats, idle_for, last_activity, start_marker
 from ..context import OperatorContext
@@ -46,7 +45,6 @@ from ..models import ANNOTATION_RESUME, SandboxSession
 from ..pool.refill import settle
 from ..status import (
     condition,
-    confined_condition,
     expires_at,
     observe_pod,
     session_pod_name,
@@ -54,6 +52,7 @@ from ..status import (
     set_condition,
 )
 from . import traced
+from .firstlook import confined_conditions
 from .sessions import KIND, _write_status, now, reconcile_session, session_path, status_patch
 
 log = logging.getLogger("sandbox_workspace.operator.checks")
@@ -162,9 +161,9 @@ async def _look(
         seconds=1
     ):
         patch["lastActivityTime"] = last.isoformat().replace("+00:00", "Z")
-    confined = _confined(session, body, stats)
+    confined = confined_conditions(session, body, stats, now())
     if confined is not None:
-        patch["conditions"] = confined
+        patch["conditions"] = [c.model_dump(mode="json", by_alias=True) for c in confined]
     if patch:
         # Its conditions are written whole: from a watch event, only onto that version.
         body_patch = status_patch(patch, body, guard=seen)
@@ -183,27 +182,6 @@ async def _look(
         await _roll(ctx, session, body)
         return expiry
     return after_stats(session, stats, now(), interval)
-
-
-def _confined(session: SandboxSession, body: dict, stats: RuntimeStats) -> list[dict] | None:
-    """The conditions with ``Confined`` updated from the runtime's report, when it
-    changed (an Event says so); None when unchanged or not reported."""
-    report = stats.model_dump(mode="json").get("confinement")
-    wanted = confined_condition(report)
-    if wanted is None:
-        return None
-    value, reason, message = wanted
-    old = condition(session.status, "Confined")
-    flag = "True" if value else "False"
-    if old is not None and (old.status, old.reason, old.message) == (flag, reason, message):
-        return None
-    if old is None or (old.status, old.reason) != (flag, reason):
-        kind = "Normal" if value else "Warning"
-        kopf.event(body, type=kind, reason=reason, message=f"Confined={flag}: {message}")
-    conds = set_condition(
-        list(session.status.conditions), "Confined", value, reason, message, now()
-    )
-    return [c.model_dump(mode="json", by_alias=True) for c in conds]
 
 
 async def _roll(ctx: OperatorContext, session: SandboxSession, body: dict) -> None:

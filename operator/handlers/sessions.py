@@ -5,9 +5,12 @@ Contract:
   creates what is missing (create-if-absent, 409 tolerated; children adopted so the
   session's deletion garbage-collects them), replaces a pod that failed or vanished
   (unless the session is Stopped), writes the whole status and posts an Event when the
-  phase or the reason changes. Every trigger calls it: the session's create/resume/update
-  handlers, every event of its pod, a resume request, and the look at a due deadline
-  (``handlers/checks.py``: idle stop, TTL, confinement, rolling an outdated pod).
+  phase or the reason changes. The write that turns a session Running carries its
+  runtime's first stats of that pod start (``firstlook.py``: ``lastActivityTime``,
+  ``Confined``) — one write, not a second one from a look of its own. Every trigger
+  calls it: the session's create/resume/update handlers, every event of its pod, a
+  resume request, and the look at a due deadline (``handlers/checks.py``: idle stop,
+  TTL, confinement, rolling an outdated pod).
 - Session incarnations: children are found by name but judged by owner uid
   (``children.judge``). A child of an earlier incarnation is never reused: a terminating
   one is awaited, an old pod or Secret is deleted (uid precondition) and awaited, an old
@@ -54,6 +57,7 @@ from ..models import (
 from ..pool.claim import claim_pod, claims_api
 from ..status import PodState, is_stopped, session_pod_name, session_status, set_condition
 from . import traced
+from .firstlook import fold_first_stats
 from .incarnation import OLD, ensure_children
 
 KIND = "SandboxSession"
@@ -196,6 +200,8 @@ async def _reconcile(
             answered = partial(_after_answer, ctx, namespace, name)
             ctx.answers.watch(ctx.http, pod, state, answered)
         status = session_status(session, state, now(), stopped=stopped, restart_required=outdated)
+        # Turning Running: the runtime's first stats go into this same write (firstlook.py).
+        status = await fold_first_stats(ctx, session, body, status, now())
         await _write_status(ctx, body, session, status)
         if ANNOTATION_RESUME in session.annotations:
             # Only after the status says "not stopped": a crash in between resumes again.

@@ -21,6 +21,7 @@ from fake_kube import FakeKube
 from kopf._core.engines import posting
 
 from sandbox_workspace.kube import core_path, custom_path
+from sandbox_workspace.operator.activity import start_marker
 from sandbox_workspace.operator.builders import build_sandbox_pod
 from sandbox_workspace.operator.context import OperatorContext
 from sandbox_workspace.operator.handlers.checks import check_session
@@ -310,6 +311,31 @@ async def test_confined_condition_follows_the_runtime(world, events, report, sta
     assert events.reasons().count(reason) == 1
     await check_session(ctx, NS, NAME, logging.getLogger("t"))
     assert events.reasons().count(reason) == 1  # an Event on change only
+
+
+async def test_turning_running_carries_the_runtimes_first_stats_in_that_write(world, events):
+    """Issue 23: the reconcile that turns a session Running asks its runtime then — one
+    status write with ``lastActivityTime`` and ``Confined``, the start marked as asked
+    (no look of its own due at once)."""
+    ctx, kube, stats = world
+    put_session(kube)
+    await reconcile_session(ctx, NS, NAME)
+    mark_running(kube)
+    stats.confinement = confinement(mode="auto", confined=True, landlock_abi=7)
+    kube.calls.clear()
+    await reconcile_session(ctx, NS, NAME)
+    status = kube.objects[SESSION_PATH]["status"]
+    assert status["phase"] == "Running"
+    last = datetime.fromisoformat(status["lastActivityTime"].replace("Z", "+00:00"))
+    assert abs((datetime.now(UTC) - last).total_seconds() - stats.idle_seconds) < 5
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert (conds["Confined"]["status"], conds["Confined"]["reason"]) == ("True", "Landlock")
+    assert kube.verbs("patch") == [f"{SESSION_PATH}/status"]  # one write
+    assert events.reasons().count("Landlock") == 1
+    session = SandboxSession.from_body(kube.objects[SESSION_PATH])
+    assert ctx.checked_starts[session.uid] == start_marker(session)
+    await check_session(ctx, NS, NAME, logging.getLogger("t"))  # a later look: no new Event
+    assert events.reasons().count("Landlock") == 1
 
 
 async def test_a_lost_claim_is_reported_not_replaced(world, events) -> None:

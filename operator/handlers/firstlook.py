@@ -1,0 +1,96 @@
+"""The runtime's stats folded into a session's status: ``Confined`` and ``lastActivityTime``.
+
+Why: the runtime is asked for its stats once per pod start (``activity.start_marker``).
+Asked by a look of its own after Running was written, that look costs a second status
+write, its watch event and a deadline per start — with 1,000 sessions turning Running
+at once, 1,000 writes queued before the idle stops due 20 s later (issue 23). Asked by
+the reconcile that turns a session Running, the answer goes into that same write.
+
+Contract:
+- ``confined_conditions``: the conditions with ``Confined`` set from the runtime's
+  report when it changed (an Event says so when its status or reason changed); None when
+  unchanged or not reported.
+- ``fold_first_stats``: for a status about to say Running (with an endpoint) for a pod
+  start whose runtime was not asked yet, asks ``GET /v1/stats`` (at most
+  ``FIRST_LOOK_SECONDS``) and returns the status with the runtime's activity time and
+  ``Confined``, the start marked as asked (``OperatorContext.checked_starts``). Anything
+  else — another phase, a start already asked, no runtime client, no token or an error
+  reading it, no answer — returns the status as it was (unasked: the session's first
+  deadline is then "now", the look of ``checks.py`` asks). Nothing is stopped here: an
+  idle session's deadline is past, and the look at it stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+
+import kopf
+
+from sandbox_workspace.kube import KubeError
+from sandbox_workspace.runtime.client import RuntimeClientError
+from sandbox_workspace.runtime.schemas import RuntimeStats
+
+from ..activity import last_activity, start_marker
+from ..context import OperatorContext
+from ..models import Condition, SandboxSession, SandboxSessionStatus
+from ..status import condition, confined_condition, ordered, set_condition
+
+# A runtime that just answered its probe answers at once; a slower one is asked by the
+# look (``checks.py``) rather than hold the session's reconcile (and its lock).
+FIRST_LOOK_SECONDS = 2.0
+
+
+def confined_conditions(
+    session: SandboxSession, body: dict, stats: RuntimeStats, at: datetime
+) -> list[Condition] | None:
+    """``session``'s conditions with ``Confined`` from ``stats`` (see the contract)."""
+    wanted = confined_condition(stats.model_dump(mode="json").get("confinement"))
+    if wanted is None:
+        return None
+    value, reason, message = wanted
+    old = condition(session.status, "Confined")
+    flag = "True" if value else "False"
+    if old is not None and (old.status, old.reason, old.message) == (flag, reason, message):
+        return None
+    if old is None or (old.status, old.reason) != (flag, reason):
+        kind = "Normal" if value else "Warning"
+        kopf.event(body, type=kind, reason=reason, message=f"Confined={flag}: {message}")
+    return set_condition(list(session.status.conditions), "Confined", value, reason, message, at)
+
+
+async def fold_first_stats(
+    ctx: OperatorContext,
+    session: SandboxSession,
+    body: dict,
+    status: SandboxSessionStatus,
+    at: datetime,
+) -> SandboxSessionStatus:
+    """``status`` with the runtime's first stats of this pod start (see the contract)."""
+    if status.phase != "Running" or not status.endpoint or ctx.http is None:
+        return status
+    after = session.model_copy(update={"status": status})
+    marker = start_marker(after)
+    if ctx.checked_starts.get(session.uid) == marker:
+        return status
+    try:
+        async with asyncio.timeout(FIRST_LOOK_SECONDS):
+            # The token: this process's own (it made the Secret), else one read of it.
+            client = await ctx.runtime(
+                session.namespace, session.name, status.endpoint, session.uid
+            )
+            if client is None:
+                return status
+            stats = await client.stats()
+    except (KubeError, RuntimeClientError, TimeoutError):
+        return status
+    ctx.checked_starts[session.uid] = marker
+    update: dict = {}
+    last = last_activity(stats.last_activity_at, session.annotations)
+    known = status.last_activity_time
+    if known is None or abs(known - last) > timedelta(seconds=1):
+        update["last_activity_time"] = last
+    conds = confined_conditions(after, body, stats, at)
+    if conds is not None:
+        update["conditions"] = ordered(conds)
+    return status.model_copy(update=update) if update else status
