@@ -99,7 +99,8 @@ class OperatorSettings(BaseSettings):
     # 32 and 50, not 8 and 20: 1,000 idle stops at once went p99 40.4 s -> 13.1 s past
     # their deadline (a plain client's floor 9-10 s) — with 8 in flight at ~120 ms each
     # under load, the operator waited on its own semaphore (bench operator --sessions
-    # 1000, 2026-11-27 02:12 and 02:20 UTC).
+    # 1000, 2026-11-27 02:12 and 02:20 UTC). Those two runs also differ in py-spy being
+    # attached (02:12) and in load, so the step is not concurrency's alone.
     api_concurrency: int = Field(
         32,
         ge=1,
