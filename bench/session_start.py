@@ -46,6 +46,7 @@ node costs minutes; the node tier's tests cover the path).
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import json
 import os
@@ -678,6 +679,29 @@ def _requests(kube: KubeClient) -> dict[str, float]:
     return counts
 
 
+def _event_sources(kube: KubeClient, since: float) -> dict[str, float]:
+    """Who wrote the Events the apiserver counts (``POST events``, and ``PATCH events``:
+    a repeated Event's count raised by its reporter), from ``since`` (wall clock): per
+    ``events by <component> <reason> <kind>``, the Events made and their repeats (the
+    caller divides them per start, as the request counts)."""
+    out: dict[str, float] = {}
+    for event in kube.list("/api/v1/events"):
+        last = event.get("lastTimestamp") or event.get("eventTime") or ""
+        try:
+            stamp = calendar.timegm(time.strptime(last[:19], "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:
+            continue
+        if stamp < int(since):
+            continue
+        source = event.get("reportingComponent") or (event.get("source") or {}).get("component")
+        kind = (event.get("involvedObject") or {}).get("kind", "")
+        key = f"events by {source} {event.get('reason')} {kind}"
+        made, repeats = out.get(f"{key}: made", 0.0), out.get(f"{key}: repeats", 0.0)
+        out[f"{key}: made"] = made + 1
+        out[f"{key}: repeats"] = repeats + max(0, (event.get("count") or 1) - 1)
+    return {k: v for k, v in sorted(out.items()) if v}
+
+
 def _machine_busy() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine so far (/proc/stat: every
     engineer's work, not only this run's)."""
@@ -752,6 +776,7 @@ def _burst(
 
     threads = [threading.Thread(target=one, args=(j,)) for j in range(size)]
     spies = _profile(cluster, kube, 8)
+    wall_start = time.time()
     requests_before = _requests(kube)
     cpu_before, (busy_before, all_before) = _operator_cpu(cluster, kube), _machine_busy()
     try:
@@ -768,6 +793,8 @@ def _burst(
     for key, count in requests_before.items():
         served[key] = served.get(key, 0.0) - count
     requests.update({k: round(v / size, 2) for k, v in sorted(served.items()) if v / size >= 0.05})
+    events = _event_sources(kube, wall_start)
+    requests.update({k: round(v / size, 2) for k, v in events.items()})
     for spy in spies:
         spy.wait()
     marks.extend(zip(starts, ends, strict=True))

@@ -1,0 +1,52 @@
+"""kopf's diff base (the last-handled configuration) of our resources, in an annotation
+under our prefix — except for a new session the warm pool's short path started.
+
+Contract: as ``kopf.AnnotationsDiffBaseStorage``, plus, for SandboxSessions only:
+
+- ``store`` writes nothing for a session whose uid ``skip(uid)`` answers True for (asked
+  once per store): a new session started by the short path (``handlers/pool_start.py``),
+  whose one status write already says it was handled at its spec. kopf's own write of the
+  annotation would be a second write and a second watch event per start, the apiserver's
+  and the operator's work a burst of claims waits behind (issue 25).
+- ``fetch`` of a session with no annotation whose ``status.observedGeneration`` equals
+  its ``metadata.generation`` answers the session's own essence: it was handled at this
+  spec, so kopf sees no change (its events are no creation; an operator restart resumes
+  it as any other). A session with no annotation and a newer generation has no diff base:
+  kopf calls its creation handler, whose reconcile handles it as the spec update it is
+  (only a session without a status takes the short path), and then stores the annotation.
+
+Our handlers read only ``spec`` (field ``spec`` for updates), so an essence taken from the
+session itself loses nothing: a change of labels or annotations calls no handler either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import kopf
+
+from .models import SESSION_KIND
+
+KEY = "last-handled-configuration"
+
+
+class SessionDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """``kopf.AnnotationsDiffBaseStorage(prefix=…, key=KEY)`` with the module's two rules."""
+
+    def __init__(self, *, prefix: str, skip: Callable[[str], bool]) -> None:
+        super().__init__(prefix=prefix, key=KEY)
+        self._skip = skip
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        stored = super().fetch(body=body)
+        if stored is not None or body.get("kind") != SESSION_KIND:
+            return stored
+        generation = body.metadata.get("generation")
+        if generation is not None and body.status.get("observedGeneration") == generation:
+            return self.build(body=body)
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        if body.get("kind") == SESSION_KIND and self._skip(body.metadata.uid or ""):
+            return
+        super().store(body=body, patch=patch, essence=essence)

@@ -1,0 +1,139 @@
+"""What a start from the warm pool leaves to kopf and to later writes (issue 25's burst):
+kopf writes no diff base for a new session the short path started, and still sees no
+change in its later events; the start's Events wait until the claims settle; a claim
+counts as settled from its status write."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import kopf
+import pytest
+from kopf._cogs.structs import diffs
+from kopf._core.intents import causes
+from prometheus_client import CollectorRegistry
+
+from sandbox_workspace.operator.context import OperatorContext
+from sandbox_workspace.operator.diffbase import KEY, SessionDiffBaseStorage
+from sandbox_workspace.operator.handlers import pool_start
+from sandbox_workspace.operator.models import PREFIX
+from sandbox_workspace.operator.pool import PoolMetrics, PoolState
+from sandbox_workspace.operator.pool.refill import REFILL_SETTLE, settle
+from sandbox_workspace.operator.settings import OperatorSettings
+
+ANNOTATION = f"{PREFIX}/{KEY}"
+
+
+def session(uid: str = "u-1", generation: int = 1, **status: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "sandboxworkspace.io/v1alpha1",
+        "kind": "SandboxSession",
+        "metadata": {"name": "sb-a", "namespace": "s", "uid": uid, "generation": generation},
+        "spec": {"userId": "a"},
+        **({"status": status} if status else {}),
+    }
+
+
+def pool() -> PoolState:
+    return PoolState(("s",), 3, PoolMetrics(CollectorRegistry()))
+
+
+def storage(state: PoolState) -> SessionDiffBaseStorage:
+    return SessionDiffBaseStorage(prefix=PREFIX, skip=state.unrecorded)
+
+
+def stored(store: SessionDiffBaseStorage, body: dict[str, Any]) -> dict[str, Any]:
+    kbody = kopf.Body(body)
+    patch = kopf.Patch()
+    store.store(body=kbody, patch=patch, essence=store.build(body=kbody))
+    return dict(patch)
+
+
+def test_no_diff_base_is_written_for_a_session_the_short_path_started() -> None:
+    state = pool()
+    state.started_new.add("u-1")
+    store = storage(state)
+    assert stored(store, session("u-1")) == {}
+    # Once: a later store of the same session (a spec update) writes it as kopf does.
+    assert ANNOTATION in stored(store, session("u-1"))["metadata"]["annotations"]
+    assert ANNOTATION in stored(store, session("u-2"))["metadata"]["annotations"]
+
+
+def test_a_workspace_always_gets_its_diff_base() -> None:
+    state = pool()
+    state.started_new.add("u-1")
+    workspace = {**session("u-1"), "kind": "ConversationWorkspace"}
+    assert ANNOTATION in stored(storage(state), workspace)["metadata"]["annotations"]
+
+
+def cause_of(store: SessionDiffBaseStorage, body: dict[str, Any]) -> causes.Reason:
+    """The change kopf detects in ``body`` (as kopf's processing computes it)."""
+    kbody = kopf.Body(body)
+    old, new = store.fetch(body=kbody), store.build(body=kbody)
+    diff = diffs.diff(old, new)
+    raw = {"type": "MODIFIED", "object": body}
+    context = {"logger": None, "indices": None, "memo": None, "resource": None, "patch": None}
+    return causes.detect_changing_cause(
+        finalizer="f", raw_event=raw, body=kbody, old=old, new=new, diff=diff, **context
+    ).reason
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        pytest.param(session(), causes.Reason.CREATE, id="new"),
+        pytest.param(
+            session(phase="Running", observedGeneration=1), causes.Reason.NOOP, id="handled"
+        ),
+        pytest.param(
+            session(generation=2, phase="Running", observedGeneration=1),
+            causes.Reason.CREATE,
+            id="spec-changed-since",
+        ),
+    ],
+)
+def test_a_session_without_a_diff_base_is_judged_by_its_status(
+    body: dict[str, Any], reason: causes.Reason
+) -> None:
+    assert cause_of(storage(pool()), body) == reason
+
+
+def test_a_stored_diff_base_wins() -> None:
+    store = storage(pool())
+    body = session(phase="Running", observedGeneration=1)
+    old = {"spec": {"userId": "someone else"}}
+    body["metadata"]["annotations"] = {ANNOTATION: json.dumps(old)}
+    assert cause_of(store, body) == causes.Reason.UPDATE
+
+
+async def test_a_written_status_counts_as_a_claim_for_settling() -> None:
+    state = pool()
+    state.note_written()
+    began = time.monotonic()
+    await asyncio.wait_for(settle(state), 5)
+    assert time.monotonic() - began >= REFILL_SETTLE * 0.9
+
+
+async def test_a_starts_events_wait_until_the_claims_settle(monkeypatch) -> None:
+    posted: list[tuple[float, str]] = []
+    monkeypatch.setattr(
+        kopf, "event", lambda *_, reason, **__: posted.append((time.monotonic(), reason))
+    )
+    ctx = OperatorContext(OperatorSettings(_env_file=None))
+    ctx.pool = pool()
+    ctx.pool.note_written()
+    began = time.monotonic()
+    pool_start._post_when_settled(ctx)(session(), type="Normal", reason="RuntimeReady", message="")
+    assert posted == []
+    await asyncio.wait_for(asyncio.gather(*ctx.pool.posting), 5)
+    assert [r for _, r in posted] == ["RuntimeReady"]
+    assert posted[0][0] - began >= REFILL_SETTLE * 0.9
+    assert not ctx.pool.posting
+
+
+def test_without_a_pool_events_are_posted_at_once() -> None:
+    ctx = OperatorContext(OperatorSettings(_env_file=None))
+    assert pool_start._post_when_settled(ctx) is kopf.event
