@@ -9,11 +9,13 @@ Contract: as ``kopf.AnnotationsDiffBaseStorage``, plus, for SandboxSessions only
   annotation would be a second write and a second watch event per start, the apiserver's
   and the operator's work a burst of claims waits behind (issue 25).
 - ``fetch`` of a session with no annotation whose ``status.observedGeneration`` equals
-  its ``metadata.generation`` answers the session's own essence: it was handled at this
-  spec, so kopf sees no change (its events are no creation; an operator restart resumes
-  it as any other). A session with no annotation and a newer generation has no diff base:
-  kopf calls its creation handler, whose reconcile handles it as the spec update it is
-  (only a session without a status takes the short path), and then stores the annotation.
+  its ``metadata.generation``, and with no handler of ``RECONCILE`` in flight (no kopf
+  progress record: a retry after a status write is kopf's to finish), answers the
+  session's own essence: it was handled at this spec, so kopf sees no change (its events
+  are no creation; an operator restart resumes it as any other). A session with no
+  annotation and a newer generation has no diff base: kopf calls its creation handler,
+  whose reconcile handles it as the spec update it is (only a session without a status
+  takes the short path), and then stores the annotation.
 
 Our handlers read only ``spec`` (field ``spec`` for updates), so an essence taken from the
 session itself loses nothing: a change of labels or annotations calls no handler either way.
@@ -28,23 +30,33 @@ import kopf
 from .models import SESSION_KIND
 
 KEY = "last-handled-configuration"
+# The sessions' change handlers (handlers/__init__.py): create and resume, and update of
+# the spec (kopf suffixes the field).
+RECONCILE = "reconcile"
+_HANDLERS = (kopf.HandlerId(RECONCILE), kopf.HandlerId(f"{RECONCILE}/spec"))
 
 
 class SessionDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
-    """``kopf.AnnotationsDiffBaseStorage(prefix=…, key=KEY)`` with the module's two rules."""
+    """``kopf.AnnotationsDiffBaseStorage(prefix=…, key=KEY)`` with the module's two rules;
+    ``progress``: the storage of kopf's handler progress (what says one is in flight)."""
 
-    def __init__(self, *, prefix: str, skip: Callable[[str], bool]) -> None:
+    def __init__(
+        self, *, prefix: str, skip: Callable[[str], bool], progress: kopf.ProgressStorage
+    ) -> None:
         super().__init__(prefix=prefix, key=KEY)
         self._skip = skip
+        self._progress = progress
 
     def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
         stored = super().fetch(body=body)
         if stored is not None or body.get("kind") != SESSION_KIND:
             return stored
         generation = body.metadata.get("generation")
-        if generation is not None and body.status.get("observedGeneration") == generation:
-            return self.build(body=body)
-        return None
+        if generation is None or body.status.get("observedGeneration") != generation:
+            return None
+        if any(self._progress.fetch(key=h, body=body) is not None for h in _HANDLERS):
+            return None
+        return self.build(body=body)
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
         if body.get("kind") == SESSION_KIND and self._skip(body.metadata.uid or ""):

@@ -34,9 +34,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # kopf's bookkeeping in annotations under our prefix, never in our status (which the
     # CRD schema defines and the API reads) — and none for a new session the warm pool's
     # short path started (its status says it was handled: diffbase.py).
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    progress = settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=PREFIX
+    )
     settings.persistence.diffbase_storage = SessionDiffBaseStorage(
-        prefix=PREFIX, skip=lambda uid: ctx.pool is not None and ctx.pool.unrecorded(uid)
+        prefix=PREFIX,
+        skip=lambda uid: ctx.pool is not None and ctx.pool.unrecorded(uid),
+        progress=progress,
     )
     # Watches end server-side after this and reconnect, so a silently dead connection
     # (load balancer, apiserver restart) cannot leave the operator deaf for long.

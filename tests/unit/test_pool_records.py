@@ -41,8 +41,11 @@ def pool() -> PoolState:
     return PoolState(("s",), 3, PoolMetrics(CollectorRegistry()))
 
 
+PROGRESS = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+
+
 def storage(state: PoolState) -> SessionDiffBaseStorage:
-    return SessionDiffBaseStorage(prefix=PREFIX, skip=state.unrecorded)
+    return SessionDiffBaseStorage(prefix=PREFIX, skip=state.unrecorded, progress=PROGRESS)
 
 
 def stored(store: SessionDiffBaseStorage, body: dict[str, Any]) -> dict[str, Any]:
@@ -99,6 +102,18 @@ def test_a_session_without_a_diff_base_is_judged_by_its_status(
     body: dict[str, Any], reason: causes.Reason
 ) -> None:
     assert cause_of(storage(pool()), body) == reason
+
+
+@pytest.mark.parametrize("handler", ["reconcile", "reconcile/spec"])
+def test_a_handler_in_flight_is_kopfs_to_finish(handler: str) -> None:
+    """A reconcile that wrote the status, then asked for a retry (an old incarnation's
+    child to wait for): its next events must still call it."""
+    body = session(phase="Pending", observedGeneration=1)
+    patch = kopf.Patch()
+    record = {"started": "2026-11-27T00:00:00Z", "retries": 1, "success": False}
+    PROGRESS.store(key=kopf.HandlerId(handler), record=record, body=kopf.Body(body), patch=patch)
+    body["metadata"]["annotations"] = dict(patch["metadata"]["annotations"])
+    assert cause_of(storage(pool()), body) == causes.Reason.CREATE
 
 
 def test_a_stored_diff_base_wins() -> None:
