@@ -546,8 +546,9 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
     floor_burst = _floor_burst(cluster, size)
     burst_marks: list[tuple[float, float]] = []
     burst_requests: dict[str, float] = {}
+    burst_cpu_split: dict[str, float] = {}
     burst, refill, burst_splits, burst_cpu = _burst(
-        cluster, kube, sbs, ns, size, sources, burst_marks, burst_requests
+        cluster, kube, sbs, ns, size, sources, burst_marks, burst_requests, burst_cpu_split
     )
     claimed = [c for c, _ in splits if c == c]
     after = [a for _, a in splits if a == a]
@@ -583,6 +584,12 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
         # (ms per creation) and how busy the whole machine's cores were (every user's).
         "pool_burst_operator_cpu_ms_per_start": round(burst_cpu[0] * 1000 / size, 1),
         "pool_burst_machine_busy_percent": round(burst_cpu[1], 1),
+        # The same span's CPU seconds by component (the run's own processes by name, and
+        # the machine's busy time outside the run: the other engineers' work).
+        "pool_burst_cpu_seconds": burst_cpu_split,
+        "pool_burst_seconds": round(
+            max(e for _, e in burst_marks) - min(s for s, _ in burst_marks), 2
+        ),
         # The same split for the burst, p50 / p99: queueing shows in the first span.
         "pool_burst_breakdown_ms": {
             "request → pod claimed (watch)": _p50_p99(burst_claimed),
@@ -702,6 +709,44 @@ def _event_sources(kube: KubeClient, since: float) -> dict[str, float]:
     return {k: v for k, v in sorted(out.items()) if v}
 
 
+def _process_cpu() -> dict[int, tuple[str, float]]:
+    """pid → (component, CPU seconds so far) of every process this run's namespace sees
+    (its own PID namespace: the control plane, node, pods and the bench): the operator,
+    the pods' runtimes and the bench by their command line, kernel workers as one, the
+    rest by name."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (proc / "stat").read_text()
+            line = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        comm, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        if "sandbox-workspace" in line or "sandbox_workspace" in line:
+            comm = next((r for r in ("operator", "runtime", "api") if f" {r}" in line), comm)
+        elif "bench" in line:
+            comm = "bench (this run's client threads)"
+        elif comm.startswith("kworker"):
+            comm = "kernel workers"
+        out[int(proc.name)] = (comm, (int(fields[11]) + int(fields[12])) / hz)
+    return out
+
+
+def _cpu_split(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], busy: float
+) -> dict[str, float]:
+    """CPU seconds per component between two ``_process_cpu`` readings (a process born
+    in between: all of its time), the largest first; ``outside this run`` is the
+    machine's busy time the namespace cannot see."""
+    spent: dict[str, float] = {}
+    for pid, (comm, seconds) in after.items():
+        spent[comm] = spent.get(comm, 0.0) + seconds - before.get(pid, (comm, 0.0))[1]
+    top = {k: round(v, 2) for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v >= 0.01}
+    top["outside this run"] = round(max(0.0, busy - sum(spent.values())), 2)
+    return top
+
+
 def _machine_busy() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine so far (/proc/stat: every
     engineer's work, not only this run's)."""
@@ -748,10 +793,12 @@ def _burst(
     sources: list[str],
     marks: list[tuple[float, float]],
     requests: dict[str, float],
+    split: dict[str, float],
 ) -> tuple[list[float], float, list[tuple[float, float]], tuple[float, float]]:
     """``size`` concurrent creations on a full pool; then the sessions are deleted (their
     pods go: memory stays bounded) while the pool refills. (ms each, refill s, each
-    creation's split at its pod's claim, (operator CPU s, machine busy %) meanwhile)."""
+    creation's split at its pod's claim, (operator CPU s, machine busy %) meanwhile);
+    ``split`` gets the CPU seconds each component used meanwhile (``_cpu_split``)."""
     _pool_full(kube, ns, size)
     burst: list[float] = [0.0] * size
     ends: list[float] = [0.0] * size
@@ -779,6 +826,7 @@ def _burst(
     wall_start = time.time()
     requests_before = _requests(kube)
     cpu_before, (busy_before, all_before) = _operator_cpu(cluster, kube), _machine_busy()
+    procs_before = _process_cpu()
     try:
         for thread in threads:
             thread.start()
@@ -786,7 +834,9 @@ def _burst(
             thread.join()
     finally:
         steps.stop()
+    procs_after = _process_cpu()
     busy, every = (a - b for a, b in zip(_machine_busy(), (busy_before, all_before), strict=True))
+    split.update(_cpu_split(procs_before, procs_after, busy))
     cpu = (_operator_cpu(cluster, kube) - cpu_before, 100 * busy / every if every else 0.0)
     splits = [_claim_split(steps, pods[j], starts[j], ends[j]) for j in range(size) if pods[j]]
     served = _requests(kube)

@@ -6,6 +6,7 @@ counts as settled from its status write."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 from typing import Any
@@ -152,3 +153,47 @@ async def test_a_starts_events_wait_until_the_claims_settle(monkeypatch) -> None
 def test_without_a_pool_events_are_posted_at_once() -> None:
     ctx = OperatorContext(OperatorSettings(_env_file=None))
     assert pool_start._post_when_settled(ctx) is kopf.event
+
+
+def pod() -> dict[str, Any]:
+    """A sandbox pod as a watch event carries it: owners, managed fields, a status."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "sbx-pool-1",
+            "namespace": "s",
+            "uid": "p-1",
+            "resourceVersion": "9",
+            "labels": {"sandboxworkspace.io/pool": "claimed"},
+            "annotations": {f"{PREFIX}/kopf-managed": "yes", "x/y": "1", ANNOTATION: "{}"},
+            "ownerReferences": [{"kind": "SandboxSession", "name": "sb-a", "uid": "u-1"}],
+            "managedFields": [{"manager": "operator", "fieldsV1": {"f:metadata": {}}}],
+        },
+        "spec": {"containers": [{"name": "runtime", "image": "i"}], "nodeName": "n"},
+        "status": {"phase": "Running", "podIP": "10.0.0.2"},
+    }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(pod(), id="pod"),
+        pytest.param(session(phase="Running", observedGeneration=1), id="session"),
+        pytest.param(session(), id="new-session"),
+    ],
+)
+def test_the_essence_is_kopfs_own(body: dict[str, Any]) -> None:
+    kopfs = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX, key=KEY)
+    assert storage(pool()).build(body=kopf.Body(body)) == kopfs.build(body=kopf.Body(body))
+    fields = ["status.phase"]
+    ours = storage(pool()).build(body=kopf.Body(body), extra_fields=fields)
+    assert ours == kopfs.build(body=kopf.Body(body), extra_fields=fields)
+
+
+def test_the_essence_copies_no_managed_fields(monkeypatch) -> None:
+    copied: list[Any] = []
+    real = copy.deepcopy
+    monkeypatch.setattr(copy, "deepcopy", lambda x, *a: copied.append(x) or real(x, *a))
+    storage(pool()).build(body=kopf.Body(pod()))
+    assert not any("managedFields" in str(x) or "podIP" in str(x) for x in copied)
