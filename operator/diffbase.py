@@ -7,7 +7,10 @@ Contract: as ``kopf.AnnotationsDiffBaseStorage``, plus, for SandboxSessions only
   once per store): a new session started by the short path (``handlers/pool_start.py``),
   whose one status write already says it was handled at its spec. kopf's own write of the
   annotation would be a second write and a second watch event per start, the apiserver's
-  and the operator's work a burst of claims waits behind (issue 25).
+  and the operator's work a burst of claims waits behind (issue 25). Its handler's
+  progress is not stored either (``SessionProgressStorage``, asking ``started(uid)``,
+  which does not consume the answer): kopf stores a success record, then purges it, but
+  the storage's ``kopf-managed`` marker it adds on the way would be that write again.
 - ``fetch`` of a session with no annotation whose ``status.observedGeneration`` equals
   its ``metadata.generation``, and with no handler of ``RECONCILE`` in flight (no kopf
   progress record: a retry after a status write is kopf's to finish), answers the
@@ -83,3 +86,24 @@ class SessionDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         if body.get("kind") == SESSION_KIND and self._skip(body.metadata.uid or ""):
             return
         super().store(body=body, patch=patch, essence=essence)
+
+
+class SessionProgressStorage(kopf.AnnotationsProgressStorage):
+    """``kopf.AnnotationsProgressStorage(prefix=…)`` that stores nothing for a session
+    ``started(uid)`` names (the module contract: its one handler succeeded)."""
+
+    def __init__(self, *, prefix: str, started: Callable[[str], bool]) -> None:
+        super().__init__(prefix=prefix)
+        self._started = started
+
+    def store(
+        self,
+        *,
+        key: kopf.HandlerId,
+        record: kopf.ProgressRecord,
+        body: kopf.Body,
+        patch: kopf.Patch,
+    ) -> None:
+        if body.get("kind") == SESSION_KIND and self._started(body.metadata.uid or ""):
+            return
+        super().store(key=key, record=record, body=body, patch=patch)

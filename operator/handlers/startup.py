@@ -19,7 +19,7 @@ import kopf
 
 from ..context import OperatorContext
 from ..deadlines import Deadlines
-from ..diffbase import SessionDiffBaseStorage
+from ..diffbase import SessionDiffBaseStorage, SessionProgressStorage
 from ..models import COMPONENT_RUNTIME, FINALIZER_FILES, LABEL_COMPONENT, PREFIX
 from ..peering import Activity
 from . import checks
@@ -34,8 +34,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # kopf's bookkeeping in annotations under our prefix, never in our status (which the
     # CRD schema defines and the API reads) — and none for a new session the warm pool's
     # short path started (its status says it was handled: diffbase.py).
-    progress = settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix=PREFIX
+    progress = settings.persistence.progress_storage = SessionProgressStorage(
+        prefix=PREFIX, started=lambda uid: ctx.pool is not None and ctx.pool.started(uid)
     )
     settings.persistence.diffbase_storage = SessionDiffBaseStorage(
         prefix=PREFIX,

@@ -130,6 +130,10 @@ class PoolState:
         self.metrics.ready.labels(namespace).set(len(self.free.get(namespace, {})))
         self.changed.set()
 
+    def started(self, uid: str) -> bool:
+        """Whether ``uid`` is a new session the short path started (``started_new``)."""
+        return uid in self.started_new
+
     def unrecorded(self, uid: str) -> bool:
         """True once for a new session the short path started (``started_new``): its kopf
         creation handler's diff base is not written (``operator/diffbase.py``)."""

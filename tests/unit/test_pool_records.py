@@ -18,7 +18,11 @@ from kopf._core.intents import causes
 from prometheus_client import CollectorRegistry
 
 from sandbox_workspace.operator.context import OperatorContext
-from sandbox_workspace.operator.diffbase import KEY, SessionDiffBaseStorage
+from sandbox_workspace.operator.diffbase import (
+    KEY,
+    SessionDiffBaseStorage,
+    SessionProgressStorage,
+)
 from sandbox_workspace.operator.handlers import pool_start
 from sandbox_workspace.operator.models import PREFIX
 from sandbox_workspace.operator.pool import PoolMetrics, PoolState
@@ -64,6 +68,27 @@ def test_no_diff_base_is_written_for_a_session_the_short_path_started() -> None:
     # Once: a later store of the same session (a spec update) writes it as kopf does.
     assert ANNOTATION in stored(store, session("u-1"))["metadata"]["annotations"]
     assert ANNOTATION in stored(store, session("u-2"))["metadata"]["annotations"]
+
+
+def handled(state: PoolState, body: dict[str, Any]) -> dict[str, Any]:
+    """kopf's writes after a creation handler succeeded at once (process_changing_cause:
+    the handler's progress stored, then purged, then the diff base stored)."""
+    progress = SessionProgressStorage(prefix=PREFIX, started=state.started)
+    store = SessionDiffBaseStorage(prefix=PREFIX, skip=state.unrecorded, progress=progress)
+    kbody, patch, key = kopf.Body(body), kopf.Patch(), kopf.HandlerId("reconcile")
+    record = {"started": "2026-11-27T00:00:00Z", "success": True, "retries": 1}
+    progress.store(key=key, record=record, body=kbody, patch=patch)
+    progress.purge(key=key, body=kbody, patch=patch)
+    store.store(body=kbody, patch=patch, essence=store.build(body=kbody))
+    return dict(patch)
+
+
+def test_kopf_writes_nothing_after_a_short_path_start() -> None:
+    state = pool()
+    state.started_new.add("u-1")
+    assert handled(state, session("u-1")) == {}  # no PATCH at all
+    annotations = handled(state, session("u-2"))["metadata"]["annotations"]
+    assert set(annotations) == {ANNOTATION, f"{PREFIX}/kopf-managed"}
 
 
 def test_a_workspace_always_gets_its_diff_base() -> None:
