@@ -725,7 +725,7 @@ def _process_cpu() -> dict[int, tuple[str, float]]:
         comm, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
         if "sandbox-workspace" in line or "sandbox_workspace" in line:
             comm = next((r for r in ("operator", "runtime", "api") if f" {r}" in line), comm)
-        elif "bench" in line:
+        elif "-m bench" in line:  # not "bench" alone: the control plane's paths have it
             comm = "bench (this run's client threads)"
         elif comm.startswith("kworker"):
             comm = "kernel workers"
