@@ -46,6 +46,7 @@ node costs minutes; the node tier's tests cover the path).
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import json
 import os
@@ -545,8 +546,9 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
     floor_burst = _floor_burst(cluster, size)
     burst_marks: list[tuple[float, float]] = []
     burst_requests: dict[str, float] = {}
+    burst_cpu_split: dict[str, float] = {}
     burst, refill, burst_splits, burst_cpu = _burst(
-        cluster, kube, sbs, ns, size, sources, burst_marks, burst_requests
+        cluster, kube, sbs, ns, size, sources, burst_marks, burst_requests, burst_cpu_split
     )
     claimed = [c for c, _ in splits if c == c]
     after = [a for _, a in splits if a == a]
@@ -582,6 +584,12 @@ def _measure_pool(cluster, kube: KubeClient, ns: str, n: int, size: int, rss_bef
         # (ms per creation) and how busy the whole machine's cores were (every user's).
         "pool_burst_operator_cpu_ms_per_start": round(burst_cpu[0] * 1000 / size, 1),
         "pool_burst_machine_busy_percent": round(burst_cpu[1], 1),
+        # The same span's CPU seconds by component (the run's own processes by name, and
+        # the machine's busy time outside the run: the other engineers' work).
+        "pool_burst_cpu_seconds": burst_cpu_split,
+        "pool_burst_seconds": round(
+            max(e for _, e in burst_marks) - min(s for s, _ in burst_marks), 2
+        ),
         # The same split for the burst, p50 / p99: queueing shows in the first span.
         "pool_burst_breakdown_ms": {
             "request → pod claimed (watch)": _p50_p99(burst_claimed),
@@ -678,6 +686,67 @@ def _requests(kube: KubeClient) -> dict[str, float]:
     return counts
 
 
+def _event_sources(kube: KubeClient, since: float) -> dict[str, float]:
+    """Who wrote the Events the apiserver counts (``POST events``, and ``PATCH events``:
+    a repeated Event's count raised by its reporter), from ``since`` (wall clock): per
+    ``events by <component> <reason> <kind>``, the Events made and their repeats (the
+    caller divides them per start, as the request counts)."""
+    out: dict[str, float] = {}
+    for event in kube.list("/api/v1/events"):
+        last = event.get("lastTimestamp") or event.get("eventTime") or ""
+        try:
+            stamp = calendar.timegm(time.strptime(last[:19], "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:
+            continue
+        if stamp < int(since):
+            continue
+        source = event.get("reportingComponent") or (event.get("source") or {}).get("component")
+        kind = (event.get("involvedObject") or {}).get("kind", "")
+        key = f"events by {source} {event.get('reason')} {kind}"
+        made, repeats = out.get(f"{key}: made", 0.0), out.get(f"{key}: repeats", 0.0)
+        out[f"{key}: made"] = made + 1
+        out[f"{key}: repeats"] = repeats + max(0, (event.get("count") or 1) - 1)
+    return {k: v for k, v in sorted(out.items()) if v}
+
+
+def _process_cpu() -> dict[int, tuple[str, float]]:
+    """pid → (component, CPU seconds so far) of every process this run's namespace sees
+    (its own PID namespace: the control plane, node, pods and the bench): the operator,
+    the pods' runtimes and the bench by their command line, kernel workers as one, the
+    rest by name."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (proc / "stat").read_text()
+            line = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        comm, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        if "sandbox-workspace" in line or "sandbox_workspace" in line:
+            comm = next((r for r in ("operator", "runtime", "api") if f" {r}" in line), comm)
+        elif "-m bench" in line:  # not "bench" alone: the control plane's paths have it
+            comm = "bench (this run's client threads)"
+        elif comm.startswith("kworker"):
+            comm = "kernel workers"
+        out[int(proc.name)] = (comm, (int(fields[11]) + int(fields[12])) / hz)
+    return out
+
+
+def _cpu_split(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], busy: float
+) -> dict[str, float]:
+    """CPU seconds per component between two ``_process_cpu`` readings (a process born
+    in between: all of its time), the largest first; ``outside this run`` is the
+    machine's busy time the namespace cannot see."""
+    spent: dict[str, float] = {}
+    for pid, (comm, seconds) in after.items():
+        spent[comm] = spent.get(comm, 0.0) + seconds - before.get(pid, (comm, 0.0))[1]
+    top = {k: round(v, 2) for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v >= 0.01}
+    top["outside this run"] = round(max(0.0, busy - sum(spent.values())), 2)
+    return top
+
+
 def _machine_busy() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine so far (/proc/stat: every
     engineer's work, not only this run's)."""
@@ -724,10 +793,12 @@ def _burst(
     sources: list[str],
     marks: list[tuple[float, float]],
     requests: dict[str, float],
+    split: dict[str, float],
 ) -> tuple[list[float], float, list[tuple[float, float]], tuple[float, float]]:
     """``size`` concurrent creations on a full pool; then the sessions are deleted (their
     pods go: memory stays bounded) while the pool refills. (ms each, refill s, each
-    creation's split at its pod's claim, (operator CPU s, machine busy %) meanwhile)."""
+    creation's split at its pod's claim, (operator CPU s, machine busy %) meanwhile);
+    ``split`` gets the CPU seconds each component used meanwhile (``_cpu_split``)."""
     _pool_full(kube, ns, size)
     burst: list[float] = [0.0] * size
     ends: list[float] = [0.0] * size
@@ -752,8 +823,10 @@ def _burst(
 
     threads = [threading.Thread(target=one, args=(j,)) for j in range(size)]
     spies = _profile(cluster, kube, 8)
+    wall_start = time.time()
     requests_before = _requests(kube)
     cpu_before, (busy_before, all_before) = _operator_cpu(cluster, kube), _machine_busy()
+    procs_before = _process_cpu()
     try:
         for thread in threads:
             thread.start()
@@ -761,13 +834,17 @@ def _burst(
             thread.join()
     finally:
         steps.stop()
+    procs_after = _process_cpu()
     busy, every = (a - b for a, b in zip(_machine_busy(), (busy_before, all_before), strict=True))
+    split.update(_cpu_split(procs_before, procs_after, busy))
     cpu = (_operator_cpu(cluster, kube) - cpu_before, 100 * busy / every if every else 0.0)
     splits = [_claim_split(steps, pods[j], starts[j], ends[j]) for j in range(size) if pods[j]]
     served = _requests(kube)
     for key, count in requests_before.items():
         served[key] = served.get(key, 0.0) - count
     requests.update({k: round(v / size, 2) for k, v in sorted(served.items()) if v / size >= 0.05})
+    events = _event_sources(kube, wall_start)
+    requests.update({k: round(v / size, 2) for k, v in events.items()})
     for spy in spies:
         spy.wait()
     marks.extend(zip(starts, ends, strict=True))

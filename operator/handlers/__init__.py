@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import kopf
 
+from ..diffbase import RECONCILE
 from ..models import GROUP, SESSION_PLURAL, VERSION, WORKSPACE_PLURAL
 from ..pool import LABEL_POOL
 from ..pool import refill as pool
@@ -39,8 +40,8 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         pool_start.on_session_changed
     )
     for decorator in (on.create, on.resume):
-        decorator(*SESSIONS, registry=registry, id="reconcile")(on_session_changed)
-    on.update(*SESSIONS, field="spec", registry=registry, id="reconcile")(on_session_changed)
+        decorator(*SESSIONS, registry=registry, id=RECONCILE)(on_session_changed)
+    on.update(*SESSIONS, field="spec", registry=registry, id=RECONCILE)(on_session_changed)
     on.event(*SESSIONS, registry=registry)(pool_start.on_session_event)
     on.event(*PODS, registry=registry)(sessions.on_runtime_pod_event)
     # No timer per session: deadlines (idle, TTL, rolls) live in one scheduler fed by the

@@ -16,6 +16,11 @@ the short path, under the session's lock, from the object the event carried (no 
    refused (409), the claimed pod deleted, and the full reconcile decides.
 
 A resume request's annotation is removed after the status (as the full reconcile does).
+A claim counts as settled for the refiller and the deadlines (``refill.settle``) when its
+status is written. The start's Events (``Running``, ``PodClaimed``, ``Resumed``) are
+posted once the claims settle, not on the way: each is a write the next claims of a burst
+would wait behind. kopf writes no diff base for a new session this path started (its
+status is the record: ``operator/diffbase.py``).
 Anything else — no pool, no free pod, a misfit, a Secret already there (an earlier
 incarnation's), a refused write, an API error — falls through to the full reconcile, which
 tries the pool again and starts cold otherwise; a pod claimed on the way is deleted first
@@ -24,9 +29,11 @@ tries the pool again and starts cold otherwise; a pod claimed on the way is dele
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -40,6 +47,7 @@ from ..context import OperatorContext
 from ..models import ANNOTATION_RESUME, SandboxSession
 from ..pool import misfits
 from ..pool.claim import claim_pod, claims_api
+from ..pool.refill import settle
 from ..status import session_status
 from . import sessions, traced
 
@@ -87,8 +95,9 @@ async def _start(ctx: OperatorContext, session: SandboxSession, body: dict[str, 
     if claimed is None:
         return False
     status = session_status(session, ctx.answers.observe(claimed), sessions.now())
+    post = _post_when_settled(ctx)
     try:
-        await sessions._write_status(ctx, body, session, status, guard=True)
+        await sessions._write_status(ctx, body, session, status, guard=True, post=post)
     except BaseException as e:
         # Changed since the event (409), or the write failed: the pod is nobody's to
         # serve now — deleted; the full reconcile decides from what the session is.
@@ -101,10 +110,30 @@ async def _start(ctx: OperatorContext, session: SandboxSession, body: dict[str, 
     _log_steps(session, marks)
     ctx.children_seen.add(uid)
     if session.status.phase is not None:  # as a cold start: no Event of its own when new
-        kopf.event(body, type="Normal", reason="PodClaimed", message="ready pod from the pool")
+        post(body, type="Normal", reason="PodClaimed", message="ready pod from the pool")
     if ctx.pool is not None:
         ctx.pool.short_starts += 1
+        ctx.pool.note_written()
     return True
+
+
+def _post_when_settled(ctx: OperatorContext) -> Callable[..., None]:
+    """``kopf.event``, posted once the pool's claims settle (``refill.settle``); at once
+    without a pool. The task inherits kopf's context (its Event queue)."""
+    pool = ctx.pool
+    if pool is None:
+        return kopf.event
+
+    def post(*args: Any, **kwargs: Any) -> None:
+        async def later() -> None:
+            await settle(pool)
+            kopf.event(*args, **kwargs)
+
+        task = asyncio.create_task(later(), name="pool start event")
+        pool.posting.add(task)  # held until done (the loop keeps only weak references)
+        task.add_done_callback(pool.posting.discard)
+
+    return post
 
 
 def _log_steps(session: SandboxSession, marks: dict[str, float]) -> None:
@@ -135,7 +164,7 @@ async def start_from_pool(ctx: OperatorContext, body: dict[str, Any], *, resume:
     if started and resume:
         path = sessions.session_path(session.namespace, session.name)
         await ctx.api.patch(path, {"metadata": {"annotations": {ANNOTATION_RESUME: None}}})
-        kopf.event(body, type="Normal", reason="Resumed", message="resume requested")
+        _post_when_settled(ctx)(body, type="Normal", reason="Resumed", message="resume requested")
     return started
 
 
@@ -149,6 +178,8 @@ async def on_session_changed(
     ctx: OperatorContext = memo.ctx
     if reason == "create" and not retry and await start_from_pool(ctx, dict(body), resume=False):
         ctx.metrics.reconciles.labels(sessions.KIND, "ok").inc()
+        if ctx.pool is not None:  # its status write is the record: kopf writes none
+            ctx.pool.started_new.add(body.get("metadata", {}).get("uid", ""))
         return
     await sessions.on_session_changed(memo=memo, retry=retry, reason=reason, body=body, **kwargs)
 

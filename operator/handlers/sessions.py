@@ -32,6 +32,7 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -99,11 +100,13 @@ async def _write_status(
     *,
     guard: bool = False,
     api: Kube | None = None,
+    post: Callable[..., None] | None = None,
 ) -> dict | None:
     """``guard``: only onto the version ``body`` is (409 ``Conflict`` if it changed since;
     writes from an event's object: the pool's short path, ``pool_start.py``, with the
-    pool's client, and an idle stop, ``checks.py``, with ``api``). The session as written,
-    or None when nothing needed writing."""
+    pool's client, and an idle stop, ``checks.py``, with ``api``). ``post``: how the
+    transition's Event is posted (``kopf.event``'s signature; the short path defers it).
+    The session as written, or None when nothing needed writing."""
     new = status.model_dump(mode="json", by_alias=True)
     old = session.status.model_dump(mode="json", by_alias=True)
     written = None
@@ -118,7 +121,9 @@ async def _write_status(
     if status.phase != session.status.phase or (changed_reason and ready.reason not in _ROUTINE):
         kind = "Warning" if status.phase == "Error" or ready.reason in _WARN else "Normal"
         reason = "Stopped" if status.phase == "Stopped" else ready.reason
-        kopf.event(body, type=kind, reason=reason, message=f"{status.phase}: {ready.message}")
+        (post or kopf.event)(
+            body, type=kind, reason=reason, message=f"{status.phase}: {ready.message}"
+        )
     return written
 
 

@@ -19,6 +19,7 @@ import kopf
 
 from ..context import OperatorContext
 from ..deadlines import Deadlines
+from ..diffbase import SessionDiffBaseStorage, SessionProgressStorage
 from ..models import COMPONENT_RUNTIME, FINALIZER_FILES, LABEL_COMPONENT, PREFIX
 from ..peering import Activity
 from . import checks
@@ -31,10 +32,15 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # no deletion handler, timer or daemon, so kopf puts none on them).
     settings.persistence.finalizer = FINALIZER_FILES
     # kopf's bookkeeping in annotations under our prefix, never in our status (which the
-    # CRD schema defines and the API reads).
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PREFIX, key="last-handled-configuration"
+    # CRD schema defines and the API reads) — and none for a new session the warm pool's
+    # short path started (its status says it was handled: diffbase.py).
+    progress = settings.persistence.progress_storage = SessionProgressStorage(
+        prefix=PREFIX, started=lambda uid: ctx.pool is not None and ctx.pool.started(uid)
+    )
+    settings.persistence.diffbase_storage = SessionDiffBaseStorage(
+        prefix=PREFIX,
+        skip=lambda uid: ctx.pool is not None and ctx.pool.unrecorded(uid),
+        progress=progress,
     )
     # Watches end server-side after this and reconnect, so a silently dead connection
     # (load balancer, apiserver restart) cannot leave the operator deaf for long.

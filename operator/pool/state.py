@@ -89,7 +89,11 @@ class PoolState:
     reporter: asyncio.Task | None = None
     api: Kube | None = None  # the claims' own apiserver client (claim.claims_api)
     short_starts: int = 0  # starts by the short path (handlers/pool_start.py)
-    last_claim: float = 0.0  # time.monotonic() of the latest claim
+    # New sessions the short path started whose kopf creation handler has not returned
+    # yet: kopf stores no diff base for them (``operator/diffbase.py``, ``unrecorded``).
+    started_new: set[str] = field(default_factory=set)
+    posting: set[asyncio.Task] = field(default_factory=set)  # Events waiting for settle
+    last_claim: float = 0.0  # time.monotonic() of the latest swap or status written
 
     def counts(self, namespace: str) -> tuple[int, int]:
         """(free ready pods, live claimed pods) of ``namespace``."""
@@ -125,6 +129,22 @@ class PoolState:
         self.metrics.claimed.labels(namespace).set(len(names))
         self.metrics.ready.labels(namespace).set(len(self.free.get(namespace, {})))
         self.changed.set()
+
+    def started(self, uid: str) -> bool:
+        """Whether ``uid`` is a new session the short path started (``started_new``)."""
+        return uid in self.started_new
+
+    def unrecorded(self, uid: str) -> bool:
+        """True once for a new session the short path started (``started_new``): its kopf
+        creation handler's diff base is not written (``operator/diffbase.py``)."""
+        if uid in self.started_new:
+            self.started_new.discard(uid)
+            return True
+        return False
+
+    def note_written(self) -> None:
+        """A start's status is written: its claim has settled from then (``last_claim``)."""
+        self.last_claim = time.monotonic()
 
     def wake_after_claim(self) -> None:
         self.last_claim = time.monotonic()
