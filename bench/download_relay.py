@@ -50,7 +50,6 @@ MODES = ("rw", "splice", "obstore_rw", "uv_raw", "uv_sock", "uv_obstore")
 SIZE = 256 << 20
 CHUNK = 1 << 20
 KEY = "relay/0.bin"
-_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in the fcntl module only from 3.10 on Linux
 
 
 def _cpu(pid: int) -> float:
@@ -112,7 +111,7 @@ def _serve_blocking(mode: str, port: int, signed: str) -> None:
                 left -= n
         else:
             r, w = os.pipe()
-            fcntl.fcntl(w, _F_SETPIPE_SZ, CHUNK)
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, CHUNK)  # 64 KiB by default
             flags = os.SPLICE_F_MOVE | os.SPLICE_F_MORE
             while left:
                 n = os.splice(store.fileno(), w, min(left, CHUNK), flags=flags)
