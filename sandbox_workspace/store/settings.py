@@ -33,6 +33,11 @@ class S3Settings(BaseModel):
     max_concurrency: int = Field(
         4, ge=1, le=32, description="Parts of one upload in flight (memory: × 8 MiB)."
     )
+    plain_get: bool = Field(
+        True,
+        description="Downloads from an http:// endpoint read the socket directly (a "
+        "presigned GET; less CPU than the S3 client); false: through the S3 client.",
+    )
 
     @field_validator("prefix")
     @classmethod
