@@ -4,6 +4,8 @@ Figures, each beside a baseline measured in the same run on the same server:
 - upload and download throughput through the API (upload: until the answer, which comes
   after the file is in the store; download: by file_id, from the store) against a plain
   S3 client (obstore) moving the same bytes to the same bucket — goal ratio ≥ 0.8.
+  The upload is also set beside a presigned PUT by its own client (httpx, the API's
+  uploads alternating with the PUTs), so that ratio is the API's cost, not the clients'.
   The download is read the same way on both sides, so the ratio is the API's cost and
   not the clients': obstore's Rust HTTP client (``HTTPStore`` on the API's URL, the
   ``S3Store`` on the bucket), 1 MiB chunks, one warm-up each, then alternating rounds
@@ -58,7 +60,10 @@ def _mb_per_s(size: int, seconds: float) -> float:
     return size / CHUNK / seconds
 
 
-def _plain_client(store: S3Store, source: Path, size: int, repeat: int) -> list[float]:
+def _plain_put(store: S3Store, source: Path, size: int, key: str) -> float:
+    """One PUT of ``source`` by the plain S3 client (obstore, 1 MiB reads of the file as
+    the body's chunks; multipart as the API's store write is) (MB/s)."""
+
     async def chunks():
         f = await asyncio.to_thread(open, source, "rb")
         with f:
@@ -66,13 +71,9 @@ def _plain_client(store: S3Store, source: Path, size: int, repeat: int) -> list[
                 yield chunk
 
     async def measure():
-        await store.put("plain/warm-up", chunks())  # the server's first write allocates
-        puts = []
-        for n in range(repeat):
-            start = time.perf_counter()
-            await store.put(f"plain/{n}.bin", chunks())
-            puts.append(_mb_per_s(size, time.perf_counter() - start))
-        return puts
+        start = time.perf_counter()
+        await store.put(key, chunks())
+        return _mb_per_s(size, time.perf_counter() - start)
 
     return asyncio.run(measure())
 
@@ -125,6 +126,20 @@ def _downloads(
     return through, plain, medians
 
 
+def _httpx_plain_put(store: S3Store, source: Path, size: int, n: int) -> float:
+    """A PUT of ``source`` straight to the store by the client the API's uploads are
+    measured with (httpx, streaming the file in its own 64 KiB reads; a presigned URL):
+    the same client both ways, as the downloads are compared (MB/s)."""
+    key = f"plain/httpx-{n}.bin"
+    signed = obstore.sign(store._store, "PUT", key, timedelta(hours=1))
+    with open(source, "rb") as f, httpx.Client(timeout=600) as client:
+        start = time.perf_counter()
+        r = client.put(signed, content=f, headers={"Content-Length": str(size)})
+        seconds = time.perf_counter() - start
+    assert r.status_code == 200, r.text[:300]
+    return _mb_per_s(size, seconds)
+
+
 def _httpx_downloads(
     api: httpx.Client, path: str, signed: str, size: int, rounds: int
 ) -> tuple[list, list]:
@@ -166,7 +181,7 @@ def run(quick: bool) -> list[Figure]:
         print(f"storage: skipped — {reason}", flush=True)
         return []
     size = (16 if quick else 256) * CHUNK
-    repeat = 2 if quick else 3  # two in quick mode too: the delete between rounds runs
+    repeat = 2 if quick else 5  # two in quick mode too: the delete between rounds runs
     rounds = 2 if quick else 9
     files, resumes = (20, 2) if quick else (100, 5)
     figures: list[Figure] = []
@@ -180,12 +195,13 @@ def run(quick: bool) -> list[Figure]:
             for i in range(size // CHUNK):
                 f.write(os.urandom(CHUNK) if i == 0 else bytes([i % 256]) * CHUNK)
         store = S3Store(server.settings("bench"))
-        puts = _plain_client(store, source, size, repeat)
+        _plain_put(store, source, size, "plain/warm-up")  # the server's first write allocates
+        puts: list[float] = []
         # The obstore client under S3Store: the plain side reads as the API's side does
         # (no S3Store wrapper, no copy of each chunk), and it signs the httpx client's GET.
         signed = obstore.sign(store._store, "GET", "plain/0.bin", timedelta(hours=1))
 
-        uploads = []
+        uploads, httpx_puts = [], []
         with (
             dev_server(**env) as api_server,
             httpx.Client(base_url=api_server.url, headers={"X-User-Id": "b"}, timeout=600) as api,
@@ -206,6 +222,9 @@ def run(quick: bool) -> list[Figure]:
                     r = api.post(f"{seed}/files", files={"file": (f"big-{n}.bin", f)})
                     uploads.append(_mb_per_s(size, time.perf_counter() - start))
                 assert r.status_code == 201, r.text
+                # The plain PUTs right after, each round: the machine's swings hit both.
+                puts.append(_plain_put(store, source, size, f"plain/{n}.bin"))
+                httpx_puts.append(_httpx_plain_put(store, source, size, n))
             path = f"{seed}/files/{r.json()['file_id']}"
             rust_api = HTTPStore.from_url(
                 api_server.url,
@@ -227,6 +246,19 @@ def run(quick: bool) -> list[Figure]:
                 "plain S3 PUT (obstore)",
                 puts,
                 goal="ratio ≥ 0.8",
+                client="httpx to the API, obstore to the store; alternating rounds",
+                ratio_per_round=[round(a / b, 3) for a, b in zip(uploads, puts, strict=True)],
+            )
+        )
+        figures.append(
+            Figure.of(
+                f"upload {label} via API, httpx client (MB/s)",
+                "MB/s",
+                uploads,
+                "presigned S3 PUT, same httpx client",
+                httpx_puts,
+                client="httpx (Python) both ways, alternating rounds",
+                ratio_per_round=[round(a / b, 3) for a, b in zip(uploads, httpx_puts, strict=True)],
             )
         )
         figures.append(
