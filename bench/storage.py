@@ -88,6 +88,33 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live descendants (the API and the sandbox runtime it
+    started; a descendant that exits in between is not counted)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, frontier = {pid}, [pid]
+    while frontier:  # iteratively: no recursion over a process tree
+        parent = frontier.pop()
+        children = [p for p, pp in parents.items() if pp == parent and p not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    total = 0.0
+    for member in tree:
+        try:
+            total += _cpu(member)
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
 def _downloads(
     store: S3Store, api: HTTPStore, path: str, size: int, rounds: int, pids: dict[str, int]
 ) -> tuple[list, list, dict]:
@@ -210,20 +237,38 @@ def run(quick: bool) -> list[Figure]:
             seed = url + "/workspace/t"
             api.get(seed)  # running
             r = None
+            cpu_of = {
+                "api_and_runtime": lambda: _tree_cpu(api_server.pid),
+                "store": lambda: _cpu(server.proc.pid),
+                "client": lambda: _cpu(os.getpid()),
+            }
+            upload_cpu: dict[str, dict[str, list[float]]] = {"via_api": {}, "plain": {}}
+
+            def cpu_now() -> dict[str, float]:
+                return {name: read() for name, read in cpu_of.items()}
+
+            def cpu_since(side: str, before: dict[str, float]) -> None:
+                for name, spent in cpu_now().items():
+                    upload_cpu[side].setdefault(name, []).append(spent - before[name])
+
             for n in range(repeat):
                 if r is not None:
                     # The conversation's quota (512 MiB) holds two such files, not three.
                     gone = api.delete(f"{seed}/files/{r.json()['file_id']}")
                     assert gone.status_code == 200, gone.text
                 with open(source, "rb") as f:
+                    before = cpu_now()
                     start = time.perf_counter()
                     # A new name each time: the same bytes again under one name would
                     # be recognised as unchanged and not copied to the store again.
                     r = api.post(f"{seed}/files", files={"file": (f"big-{n}.bin", f)})
                     uploads.append(_mb_per_s(size, time.perf_counter() - start))
+                    cpu_since("via_api", before)
                 assert r.status_code == 201, r.text
                 # The plain PUTs right after, each round: the machine's swings hit both.
+                before = cpu_now()
                 puts.append(_plain_put(store, source, size, f"plain/{n}.bin"))
+                cpu_since("plain", before)
                 httpx_puts.append(_httpx_plain_put(store, source, size, n))
             path = f"{seed}/files/{r.json()['file_id']}"
             rust_api = HTTPStore.from_url(
@@ -247,6 +292,10 @@ def run(quick: bool) -> list[Figure]:
                 puts,
                 goal="ratio ≥ 0.8",
                 client="httpx to the API, obstore to the store; alternating rounds",
+                **{
+                    f"cpu_s_{side}": {k: round(statistics.median(v), 3) for k, v in per.items()}
+                    for side, per in upload_cpu.items()
+                },
                 ratio_per_round=[round(a / b, 3) for a, b in zip(uploads, puts, strict=True)],
             )
         )
