@@ -44,17 +44,14 @@ from urllib.parse import urlsplit
 import obstore
 from obstore.store import HTTPStore
 
+from .harness import cpu_seconds
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "download_relay.json"
 MODES = ("rw", "splice", "obstore_rw", "uv_raw", "uv_sock", "uv_obstore")
 SIZE = 256 << 20
 CHUNK = 1 << 20
 KEY = "relay/0.bin"
-
-
-def _cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _length(head: bytes) -> int:
@@ -254,7 +251,7 @@ def measure(modes: list[str], rounds: int, size: int = SIZE) -> dict:
 
         async def one(source, key: str, relay_pid: int | None) -> dict:
             procs = {**pids, "relay": relay_pid} if relay_pid else pids
-            before = {name: _cpu(pid) for name, pid in procs.items()}
+            before = {name: cpu_seconds(pid) for name, pid in procs.items()}
             start = time.perf_counter()
             result = await obstore.get_async(source, key)
             got = sum([len(c) async for c in result.stream(min_chunk_size=CHUNK)])
@@ -262,7 +259,7 @@ def measure(modes: list[str], rounds: int, size: int = SIZE) -> dict:
             assert got == size, got
             return {
                 "mb_s": size / CHUNK / seconds,
-                **{f"cpu_{name}": _cpu(pid) - before[name] for name, pid in procs.items()},
+                **{f"cpu_{name}": cpu_seconds(pid) - before[name] for name, pid in procs.items()},
             }
 
         async def run() -> dict:

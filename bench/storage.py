@@ -38,7 +38,7 @@ import httpx
 import obstore
 from obstore.store import HTTPStore
 
-from .harness import Figure, dev_server
+from .harness import Figure, cpu_seconds, dev_server, runtime_pid
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests" / "support")]
@@ -82,39 +82,6 @@ async def _read_all(result) -> int:
     return sum([len(c) async for c in result.stream(min_chunk_size=CHUNK)])
 
 
-def _cpu(pid: int) -> float:
-    """CPU seconds (user + system, every thread) a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _tree_cpu(pid: int) -> float:
-    """CPU seconds of ``pid`` and its live descendants (the API and the sandbox runtime it
-    started; a descendant that exits in between is not counted)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int(
-                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                )
-            except (OSError, IndexError, ValueError):
-                continue
-    tree, frontier = {pid}, [pid]
-    while frontier:  # iteratively: no recursion over a process tree
-        parent = frontier.pop()
-        children = [p for p, pp in parents.items() if pp == parent and p not in tree]
-        tree.update(children)
-        frontier.extend(children)
-    total = 0.0
-    for member in tree:
-        try:
-            total += _cpu(member)
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
-
-
 def _downloads(
     store: S3Store, api: HTTPStore, path: str, size: int, rounds: int, pids: dict[str, int]
 ) -> tuple[list, list, dict]:
@@ -126,13 +93,13 @@ def _downloads(
     cpu: dict[str, dict[str, list[float]]] = {"warm": {}, "via_api": {}, "plain": {}}
 
     async def timed(side: str, source, key: str) -> float:
-        before = {name: _cpu(pid) for name, pid in pids.items()}
+        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         start = time.perf_counter()
         got = await _read_all(await obstore.get_async(source, key))
         seconds = time.perf_counter() - start
         assert got == size, got
         for name, pid in pids.items():
-            cpu[side].setdefault(name, []).append(_cpu(pid) - before[name])
+            cpu[side].setdefault(name, []).append(cpu_seconds(pid) - before[name])
         return _mb_per_s(size, seconds)
 
     async def measure():
@@ -237,10 +204,11 @@ def run(quick: bool) -> list[Figure]:
             seed = url + "/workspace/t"
             api.get(seed)  # running
             r = None
+            runtime = runtime_pid(api_server.data_dir)  # the session's, started by the API
             cpu_of = {
-                "api_and_runtime": lambda: _tree_cpu(api_server.pid),
-                "store": lambda: _cpu(server.proc.pid),
-                "client": lambda: _cpu(os.getpid()),
+                "api_and_runtime": lambda: cpu_seconds(api_server.pid) + cpu_seconds(runtime),
+                "store": lambda: cpu_seconds(server.proc.pid),
+                "client": lambda: cpu_seconds(os.getpid()),
             }
             upload_cpu: dict[str, dict[str, list[float]]] = {"via_api": {}, "plain": {}}
 

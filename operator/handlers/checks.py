@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from sandbox_workspace.kube import Conflict, KubeError, core_path
 from sandbox_workspace.runtime.client import RuntimeClientError
 
-from ..activity import after_stats, idle_for, last_activity, start_marker
+from ..activity import after_stats, idle_for, start_marker
 from ..context import OperatorContext
 from ..models import ANNOTATION_RESUME, SandboxSession
 from ..pool.refill import settle
@@ -52,7 +52,7 @@ from ..status import (
     set_condition,
 )
 from . import traced
-from .firstlook import confined_conditions
+from .firstlook import stats_changes
 from .sessions import KIND, _write_status, now, reconcile_session, session_path, status_patch
 
 log = logging.getLogger("sandbox_workspace.operator.checks")
@@ -155,13 +155,10 @@ async def _look(
         logger.info(f"runtime stats unavailable: {e}")  # pod events report real failures
         return now() + timedelta(seconds=interval)
     ctx.checked_starts[session.uid] = start_marker(session)
-    last = last_activity(stats.last_activity_at, session.annotations)
+    last, confined = stats_changes(session, body, stats, status.last_activity_time, now())
     patch: dict[str, Any] = {}
-    if status.last_activity_time is None or abs(status.last_activity_time - last) > timedelta(
-        seconds=1
-    ):
+    if last is not None:
         patch["lastActivityTime"] = last.isoformat().replace("+00:00", "Z")
-    confined = confined_conditions(session, body, stats, now())
     if confined is not None:
         patch["conditions"] = [c.model_dump(mode="json", by_alias=True) for c in confined]
     if patch:

@@ -10,6 +10,9 @@ Contract:
 - ``confined_conditions``: the conditions with ``Confined`` set from the runtime's
   report when it changed (an Event says so when its status or reason changed); None when
   unchanged or not reported.
+- ``stats_changes``: what a report changes in a status — the activity time when it moved
+  by more than a second, and ``confined_conditions`` — for this module and the look of
+  ``checks.py`` alike.
 - ``fold_first_stats``: for a status about to say Running (with an endpoint) for a pod
   start whose runtime was not asked yet, asks ``GET /v1/stats`` (at most
   ``FIRST_LOOK_SECONDS``) and returns the status with the runtime's activity time and
@@ -59,6 +62,17 @@ def confined_conditions(
     return set_condition(list(session.status.conditions), "Confined", value, reason, message, at)
 
 
+def stats_changes(
+    session: SandboxSession, body: dict, stats: RuntimeStats, known: datetime | None, at: datetime
+) -> tuple[datetime | None, list[Condition] | None]:
+    """What the runtime's ``stats`` change in ``session``'s status, whose activity time is
+    ``known``: the new activity time when it moved by more than a second (else None), and
+    the conditions with ``Confined`` (``confined_conditions``)."""
+    last = last_activity(stats.last_activity_at, session.annotations)
+    moved = known is None or abs(known - last) > timedelta(seconds=1)
+    return (last if moved else None), confined_conditions(session, body, stats, at)
+
+
 async def fold_first_stats(
     ctx: OperatorContext,
     session: SandboxSession,
@@ -86,11 +100,9 @@ async def fold_first_stats(
         return status
     ctx.checked_starts[session.uid] = marker
     update: dict = {}
-    last = last_activity(stats.last_activity_at, session.annotations)
-    known = status.last_activity_time
-    if known is None or abs(known - last) > timedelta(seconds=1):
+    last, conds = stats_changes(after, body, stats, status.last_activity_time, at)
+    if last is not None:
         update["last_activity_time"] = last
-    conds = confined_conditions(after, body, stats, at)
     if conds is not None:
         update["conditions"] = ordered(conds)
     return status.model_copy(update=update) if update else status

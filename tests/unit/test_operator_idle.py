@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sandbox_workspace.operator.handlers.checks import idle_for, last_activity
+from sandbox_workspace.operator.activity import idle_for, last_activity
 from sandbox_workspace.runtime.schemas import RuntimeStats
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
