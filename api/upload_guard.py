@@ -42,6 +42,8 @@ class FormField:
         self.name, self.limit = name, limit
         self.value: bytearray | None = None
         self.invalid = False
+        self.malformed = False  # the parser refused the body
+        self.complete = False  # the closing boundary came
         self._header = b""
         self._headers: dict[bytes, bytes] = {}
         self._in_field = False
@@ -58,6 +60,7 @@ class FormField:
                     "on_headers_finished": self._headers_done,
                     "on_part_data": self._data,
                     "on_part_end": self._end,
+                    "on_end": self._complete,
                 },
             )
             if mime == b"multipart/form-data" and boundary
@@ -72,7 +75,7 @@ class FormField:
         try:
             self.parser.write(chunk)
         except Exception:  # malformed: the runtime refuses it, with its own message
-            self.invalid = True
+            self.invalid = self.malformed = True
 
     def _begin(self) -> None:
         self._headers, self._in_field = {}, False
@@ -101,6 +104,9 @@ class FormField:
 
     def _end(self) -> None:
         self._in_field = False
+
+    def _complete(self) -> None:
+        self.complete = True
 
     def text(self) -> str | None:
         if self.value is None or self.invalid:

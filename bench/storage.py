@@ -6,6 +6,9 @@ Figures, each beside a baseline measured in the same run on the same server:
   S3 client (obstore) moving the same bytes to the same bucket — goal ratio ≥ 0.8.
   The upload is also set beside a presigned PUT by its own client (httpx, the API's
   uploads alternating with the PUTs), so that ratio is the API's cost, not the clients'.
+  The uploads run twice: with the store's default signing (an http:// endpoint: every
+  body's SHA-256 in the signature, on both sides) and with the payload unsigned on both
+  sides (``SANDBOX_WORKSPACE_S3__SIGN_PAYLOAD=false``, a trusted in-cluster network).
   The download is read the same way on both sides, so the ratio is the API's cost and
   not the clients': obstore's Rust HTTP client (``HTTPStore`` on the API's URL, the
   ``S3Store`` on the bucket), 1 MiB chunks, one warm-up each, then alternating rounds
@@ -134,6 +137,85 @@ def _httpx_plain_put(store: S3Store, source: Path, size: int, n: int) -> float:
     return _mb_per_s(size, seconds)
 
 
+def _uploads(api_server, api, seed, server, store, source, size, repeat) -> tuple:
+    """``repeat`` uploads of ``source`` through the API's ``seed`` conversation, each
+    followed by a plain PUT of the same bytes with ``store``'s client and a presigned PUT
+    with httpx (the machine's swings hit all alike); the CPU each process spent on the
+    API's and on the plain PUTs. Answers (API MB/s, plain MB/s, httpx MB/s, CPU, the
+    last upload's answer)."""
+    puts: list[float] = []
+    uploads, httpx_puts = [], []
+    r = None
+    runtime = runtime_pid(api_server.data_dir)  # the session's, started by the API
+    cpu_of = {
+        "api_and_runtime": lambda: cpu_seconds(api_server.pid) + cpu_seconds(runtime),
+        "store": lambda: cpu_seconds(server.proc.pid),
+        "client": lambda: cpu_seconds(os.getpid()),
+    }
+    upload_cpu: dict[str, dict[str, list[float]]] = {"via_api": {}, "plain": {}}
+
+    def cpu_now() -> dict[str, float]:
+        return {name: read() for name, read in cpu_of.items()}
+
+    def cpu_since(side: str, before: dict[str, float]) -> None:
+        for name, spent in cpu_now().items():
+            upload_cpu[side].setdefault(name, []).append(spent - before[name])
+
+    for n in range(repeat):
+        if r is not None:
+            # The conversation's quota (512 MiB) holds two such files, not three.
+            gone = api.delete(f"{seed}/files/{r.json()['file_id']}")
+            assert gone.status_code == 200, gone.text
+        with open(source, "rb") as f:
+            before = cpu_now()
+            start = time.perf_counter()
+            # A new name each time: the same bytes again under one name would
+            # be recognised as unchanged and not copied to the store again.
+            r = api.post(f"{seed}/files", files={"file": (f"big-{n}.bin", f)})
+            uploads.append(_mb_per_s(size, time.perf_counter() - start))
+            cpu_since("via_api", before)
+        assert r.status_code == 201, r.text
+        # The plain PUTs right after, each round: the machine's swings hit both.
+        before = cpu_now()
+        puts.append(_plain_put(store, source, size, f"plain/{n}.bin"))
+        cpu_since("plain", before)
+        httpx_puts.append(_httpx_plain_put(store, source, size, n))
+    return uploads, puts, httpx_puts, upload_cpu, r
+
+
+def _upload_figures(
+    label, variant, uploads, puts, httpx_puts, upload_cpu, *, signing
+) -> list[Figure]:
+    """The upload against the plain PUT by the store's client (with the same signing)
+    and against a presigned PUT by the API's own client (httpx)."""
+    signs = "signed" if signing.signs_payload() else "unsigned"
+    return [
+        Figure.of(
+            f"upload {label} via API, s3 mode{variant} (MB/s)",
+            "MB/s",
+            uploads,
+            f"plain S3 PUT (obstore, payload {signs})",
+            puts,
+            goal="ratio ≥ 0.8",
+            client="httpx to the API, obstore to the store; alternating rounds",
+            **{
+                f"cpu_s_{side}": {k: round(statistics.median(v), 3) for k, v in per.items()}
+                for side, per in upload_cpu.items()
+            },
+            ratio_per_round=[round(a / b, 3) for a, b in zip(uploads, puts, strict=True)],
+        ),
+        Figure.of(
+            f"upload {label} via API{variant}, httpx client (MB/s)",
+            "MB/s",
+            uploads,
+            "presigned S3 PUT, same httpx client",
+            httpx_puts,
+            client="httpx (Python) both ways, alternating rounds",
+            ratio_per_round=[round(a / b, 3) for a, b in zip(uploads, httpx_puts, strict=True)],
+        ),
+    ]
+
+
 def _httpx_downloads(
     api: httpx.Client, path: str, signed: str, size: int, rounds: int
 ) -> tuple[list, list]:
@@ -190,12 +272,10 @@ def run(quick: bool) -> list[Figure]:
                 f.write(os.urandom(CHUNK) if i == 0 else bytes([i % 256]) * CHUNK)
         store = S3Store(server.settings("bench"))
         _plain_put(store, source, size, "plain/warm-up")  # the server's first write allocates
-        puts: list[float] = []
         # The obstore client under S3Store: the plain side reads as the API's side does
         # (no S3Store wrapper, no copy of each chunk), and it signs the httpx client's GET.
         signed = obstore.sign(store._store, "GET", "plain/0.bin", timedelta(hours=1))
 
-        uploads, httpx_puts = [], []
         with (
             dev_server(**env) as api_server,
             httpx.Client(base_url=api_server.url, headers={"X-User-Id": "b"}, timeout=600) as api,
@@ -203,41 +283,9 @@ def run(quick: bool) -> list[Figure]:
             url = _session(api, "b")
             seed = url + "/workspace/t"
             api.get(seed)  # running
-            r = None
-            runtime = runtime_pid(api_server.data_dir)  # the session's, started by the API
-            cpu_of = {
-                "api_and_runtime": lambda: cpu_seconds(api_server.pid) + cpu_seconds(runtime),
-                "store": lambda: cpu_seconds(server.proc.pid),
-                "client": lambda: cpu_seconds(os.getpid()),
-            }
-            upload_cpu: dict[str, dict[str, list[float]]] = {"via_api": {}, "plain": {}}
-
-            def cpu_now() -> dict[str, float]:
-                return {name: read() for name, read in cpu_of.items()}
-
-            def cpu_since(side: str, before: dict[str, float]) -> None:
-                for name, spent in cpu_now().items():
-                    upload_cpu[side].setdefault(name, []).append(spent - before[name])
-
-            for n in range(repeat):
-                if r is not None:
-                    # The conversation's quota (512 MiB) holds two such files, not three.
-                    gone = api.delete(f"{seed}/files/{r.json()['file_id']}")
-                    assert gone.status_code == 200, gone.text
-                with open(source, "rb") as f:
-                    before = cpu_now()
-                    start = time.perf_counter()
-                    # A new name each time: the same bytes again under one name would
-                    # be recognised as unchanged and not copied to the store again.
-                    r = api.post(f"{seed}/files", files={"file": (f"big-{n}.bin", f)})
-                    uploads.append(_mb_per_s(size, time.perf_counter() - start))
-                    cpu_since("via_api", before)
-                assert r.status_code == 201, r.text
-                # The plain PUTs right after, each round: the machine's swings hit both.
-                before = cpu_now()
-                puts.append(_plain_put(store, source, size, f"plain/{n}.bin"))
-                cpu_since("plain", before)
-                httpx_puts.append(_httpx_plain_put(store, source, size, n))
+            uploads, puts, httpx_puts, upload_cpu, r = _uploads(
+                api_server, api, seed, server, store, source, size, repeat
+            )
             path = f"{seed}/files/{r.json()['file_id']}"
             rust_api = HTTPStore.from_url(
                 api_server.url,
@@ -251,32 +299,24 @@ def run(quick: bool) -> list[Figure]:
             downloads, gets, cpu = _downloads(store, rust_api, path.lstrip("/"), size, rounds, pids)
             slow, slow_plain = _httpx_downloads(api, path, signed, size, max(1, rounds // 3))
         label = f"{size // CHUNK} MB"
-        figures.append(
-            Figure.of(
-                f"upload {label} via API, s3 mode (MB/s)",
-                "MB/s",
-                uploads,
-                "plain S3 PUT (obstore)",
-                puts,
-                goal="ratio ≥ 0.8",
-                client="httpx to the API, obstore to the store; alternating rounds",
-                **{
-                    f"cpu_s_{side}": {k: round(statistics.median(v), 3) for k, v in per.items()}
-                    for side, per in upload_cpu.items()
-                },
-                ratio_per_round=[round(a / b, 3) for a, b in zip(uploads, puts, strict=True)],
-            )
+        figures += _upload_figures(
+            label, "", uploads, puts, httpx_puts, upload_cpu, signing=store.settings
         )
-        figures.append(
-            Figure.of(
-                f"upload {label} via API, httpx client (MB/s)",
-                "MB/s",
-                uploads,
-                "presigned S3 PUT, same httpx client",
-                httpx_puts,
-                client="httpx (Python) both ways, alternating rounds",
-                ratio_per_round=[round(a / b, 3) for a, b in zip(uploads, httpx_puts, strict=True)],
+        # The same with the payload unsigned on both sides (store.s3.signPayload=false:
+        # a trusted in-cluster network), fewer rounds: what the signing's SHA-256 costs.
+        unsigned = {**env, "SANDBOX_WORKSPACE_S3__SIGN_PAYLOAD": "false"}
+        plain_unsigned = S3Store(server.settings("bench", sign_payload=False))
+        with (
+            dev_server(**unsigned) as api_server,
+            httpx.Client(base_url=api_server.url, headers={"X-User-Id": "u"}, timeout=600) as api,
+        ):
+            seed = _session(api, "u") + "/workspace/t"
+            api.get(seed)  # running
+            measured = _uploads(
+                api_server, api, seed, server, plain_unsigned, source, size, max(2, repeat - 2)
             )
+        figures += _upload_figures(
+            label, ", payload unsigned", *measured[:4], signing=plain_unsigned.settings
         )
         figures.append(
             Figure.of(

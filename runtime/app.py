@@ -27,6 +27,7 @@ from .confinement import Confinement
 from .errors import ApiError, Unauthorized, install_error_handlers
 from .executor import Executor
 from .outputs import delete_output, list_outputs, open_output, write_output
+from .raw_upload import receive_raw_upload
 from .schemas import (
     ConversationDeleted,
     ConversationIds,
@@ -196,6 +197,31 @@ async def upload(
             state.workspace,
             state.limits,
             state.locks,
+            conversation_id=conversation_id,
+            subdir=subdir,
+            quota=state.quota,
+            name=name,
+        )
+
+
+@router.post("/uploads/raw", status_code=201)
+async def upload_raw(
+    request: Request,
+    state: State,
+    filename: Annotated[str | None, Query()] = None,
+    conversation_id: Annotated[str | None, Query()] = None,
+    subdir: Annotated[str | None, Query()] = None,
+    name: Annotated[str | None, Query()] = None,
+) -> UploadResult:
+    """Stream a raw upload (the file's bytes, then the form's fields and the file's digest
+    in a trailer: ``raw_upload``) into temparea — the API's way once it parsed the form."""
+    with state.activity.track():
+        return await receive_raw_upload(
+            request.stream(),
+            state.workspace,
+            state.limits,
+            state.locks,
+            filename=filename,
             conversation_id=conversation_id,
             subdir=subdir,
             quota=state.quota,

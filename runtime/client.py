@@ -202,6 +202,18 @@ class RuntimeClient:
         )
         return _parse(UploadResult, r)
 
+    async def upload_raw(self, body: AsyncIterator[bytes], params: dict[str, str]) -> UploadResult:
+        """Forward a raw upload (the file's bytes and a trailer: ``raw_upload``) as it is
+        made; ``params`` carry ``filename`` and what the form said before the file."""
+        r = await self._request(
+            "POST",
+            "/v1/uploads/raw",
+            content=body,
+            params=params,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        return _parse(UploadResult, r)
+
     async def execute(self, cid: str, request: ExecuteRequest) -> ExecutionResult:
         return ExecutionResult.model_validate_json(await self.execute_raw(cid, request))
 

@@ -258,46 +258,81 @@ async def receive_upload(
         staged = receiver.staged
         if staged is None or receiver.file_name is None:
             raise BadRequest("the form has no 'file' field")
-        cid = _pick("conversation_id", receiver.fields.get("conversation_id"), conversation_id)
-        if cid is None:
-            raise BadRequest("conversation_id is required (form field or query parameter)")
-        cid = workspace.check_conversation_id(cid)
-        workspace.check_subdir(_pick("subdir", receiver.fields.get("subdir"), subdir))
-        if (path := receiver.fields.get("path")) is not None:  # seed 003's name for it
-            named = workspace.check_file_name(path)
-            if name is not None and named != name:
-                raise BadRequest("path in the form and the name parameter disagree")
-            limits.check_type(named)
-            receiver.file_name = named
-        await anyio.to_thread.run_sync(os.fsync, staged.fd)
-        async with locks.get(cid):
-            # Checked again in commit_upload, synchronously with the rename: a deletion
-            # that starts while we waited for the lock still wins.
-            workspace.refuse_if_deleting(cid)
-            name = receiver.file_name
-            if quota is not None:
-                room = await quota.room(workspace, cid, name)
-                if staged.size > room:
-                    raise quota.refuse(staged.size, room)
-            replaced = workspace.has_upload(cid, name)
-            if not replaced and workspace.count_uploads(cid) >= limits.max_file_count:
-                raise Conflict(
-                    f"conversation '{cid}' already has {limits.max_file_count} files, the "
-                    "limit; delete one first",
-                    code="file_count_exceeded",
-                )
-            info = workspace.commit_upload(
-                staged.name, staged.fd, cid, name, staged.size, staged.digest.hexdigest()
-            )
-            receiver.discard()  # closes our descriptor; the name has moved already
-            return UploadResult(**info.model_dump(), replaced=replaced)
+        result = await commit_staged(
+            staged.name,
+            staged.fd,
+            receiver.file_name,
+            staged.size,
+            staged.digest.hexdigest(),
+            receiver.fields,
+            workspace,
+            limits,
+            locks,
+            conversation_id=conversation_id,
+            subdir=subdir,
+            quota=quota,
+            name=name,
+        )
+        receiver.discard()  # closes our descriptor; the name has moved already
+        return result
     except ApiError:
         receiver.discard()
-        await _drain(iterator)
+        await drain(iterator)
         raise
     except BaseException:
         receiver.discard()
         raise
+
+
+async def commit_staged(
+    staged_name: str,
+    fd: int,
+    file_name: str,
+    size: int,
+    sha256: str,
+    fields: dict[str, str],
+    workspace: Workspace,
+    limits: UploadLimits,
+    locks: ConversationLocks,
+    *,
+    conversation_id: str | None,
+    subdir: str | None,
+    quota: ConversationQuota | None,
+    name: str | None,
+) -> UploadResult:
+    """Move a complete staged file (``fd`` open on it) into its conversation's temparea,
+    applying the form's ``fields`` (``conversation_id``, ``subdir``, ``path``) against the
+    query's values and every limit under the conversation's lock. The caller discards the
+    staged file afterwards (a no-op once it moved) and on any error."""
+    cid = _pick("conversation_id", fields.get("conversation_id"), conversation_id)
+    if cid is None:
+        raise BadRequest("conversation_id is required (form field or query parameter)")
+    cid = workspace.check_conversation_id(cid)
+    workspace.check_subdir(_pick("subdir", fields.get("subdir"), subdir))
+    if (path := fields.get("path")) is not None:  # seed 003's name for it
+        named = workspace.check_file_name(path)
+        if name is not None and named != name:
+            raise BadRequest("path in the form and the name parameter disagree")
+        limits.check_type(named)
+        file_name = named
+    await anyio.to_thread.run_sync(os.fsync, fd)
+    async with locks.get(cid):
+        # Checked again in commit_upload, synchronously with the rename: a deletion
+        # that starts while we waited for the lock still wins.
+        workspace.refuse_if_deleting(cid)
+        if quota is not None:
+            room = await quota.room(workspace, cid, file_name)
+            if size > room:
+                raise quota.refuse(size, room)
+        replaced = workspace.has_upload(cid, file_name)
+        if not replaced and workspace.count_uploads(cid) >= limits.max_file_count:
+            raise Conflict(
+                f"conversation '{cid}' already has {limits.max_file_count} files, the "
+                "limit; delete one first",
+                code="file_count_exceeded",
+            )
+        info = workspace.commit_upload(staged_name, fd, cid, file_name, size, sha256)
+        return UploadResult(**info.model_dump(), replaced=replaced)
 
 
 async def _check_room(
@@ -329,7 +364,7 @@ def _pick(what: str, from_form: str | None, from_query: str | None) -> str | Non
     return from_form if from_form is not None else from_query
 
 
-async def _drain(iterator: AsyncIterator[bytes]) -> None:
+async def drain(iterator: AsyncIterator[bytes]) -> None:
     drained = 0
     try:
         async for chunk in iterator:

@@ -224,18 +224,23 @@ class StoreBackend:
             content_type,
             conversation_id,
         )
-        guarded = GuardedBody(
-            tee.body(), content_type, conversation_id, partial(self.conversation_opened, session)
-        )
+        guarded: GuardedBody | None = None
         try:
             params = {**params, **await tee.open()}
+            # In raw mode the body is no form: the guard is told the conversation.
+            given = tee.conversation if tee.raw else conversation_id
+            opened = partial(self.conversation_opened, session)
+            guarded = GuardedBody(tee.body(), content_type, given, opened)
             client = RuntimeClient(self.http, session.endpoint)
-            result = await client.upload(aiter(guarded), content_type, params)
+            if tee.raw:
+                result = await client.upload_raw(aiter(guarded), params)
+            else:
+                result = await client.upload(aiter(guarded), content_type, params)
             cid = result.conversation_id
             await self.inner.conversation_written(session, cid)
         except BaseException:
             await asyncio.shield(tee.settle(None))
-            if (error := guarded.error or tee.error) is not None:
+            if (error := (guarded and guarded.error) or tee.error) is not None:
                 raise error from None
             raise
         description = tee.description()

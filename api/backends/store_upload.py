@@ -7,16 +7,25 @@ Contract (``TeeUpload``):
   name is known (the ``path`` form field — checked by ``check_upload_path`` — else the
   part's filename) and so is its conversation (given by the caller, else a
   ``conversation_id`` field before the file): a store put of the file's key starts.
-- ``body()`` is the client's body, unchanged, for the runtime (its upload route applies
-  every limit; a ``path`` goes to it as the ``name`` parameter). On the way the file part's
-  bytes are hashed and handed, in 1 MiB chunks through a queue of ``_QUEUE`` chunks, to the
-  put: the slower side sets the pace; memory is the queue plus the put's parts in flight.
+- When the put starts, the upload goes to the runtime raw (``runtime.raw_upload``): the
+  file part's bytes are hashed and handed, in 1 MiB chunks, both to the put (through a
+  queue of ``_QUEUE`` chunks: the slower side sets the pace; memory is the queue plus the
+  put's parts in flight) and to the runtime, and after them the trailer: the fields the
+  runtime applies (``conversation_id``, ``subdir``, ``path``), the size and the digest. So
+  the runtime neither parses the form nor hashes the bytes again. What the runtime would
+  refuse in a form (a second file, a malformed body, no closing boundary, a field that is
+  not UTF-8) is refused here with its words, and the runtime sees an incomplete body.
+  The ``conversation_id`` the put's key used goes with it: a later field that names
+  another makes the runtime refuse the upload.
+- Without a put, ``body()`` is the client's body, unchanged, for the runtime's form route
+  (which applies every limit; a ``path`` goes to it as the ``name`` parameter).
 - The put's body ends only when ``settle`` is called. With the runtime's answer, when its
   size and SHA-256 are the ones computed here, the object is completed and its ETag
-  answered; otherwise (the runtime refused, the body failed, the digests disagree, the
-  form was not understood) the put's body raises, the multipart upload is abandoned and
-  the key keeps what it held. ``settle`` answers None then: the caller copies the file
-  from the cache afterwards (write-back), as it does for every file code writes.
+  answered; otherwise (the runtime refused, the body failed, the sizes, digests or
+  conversations disagree, the form was not understood) the put's body raises, the
+  multipart upload is abandoned and the key keeps what it held. ``settle`` answers None
+  then: the caller copies the file from the cache afterwards (write-back), as it does for
+  every file code writes.
 - Without a conversation before the file (its field after it) no put starts (``key`` is
   None): the same write-back copies the file once the runtime has it.
 - A ``path`` field after the file (the runtime names the file by it; the bytes sent went
@@ -36,6 +45,7 @@ from python_multipart.multipart import parse_options_header
 
 from sandbox_workspace.runtime import pathsafe
 from sandbox_workspace.runtime.errors import ApiError, BadRequest
+from sandbox_workspace.runtime.raw_upload import Trailer, encode_trailer
 from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.runtime.uploads import html5_unescape
 from sandbox_workspace.runtime.workspace import Workspace
@@ -49,6 +59,7 @@ _CHUNK = 1024 * 1024
 _QUEUE = 4
 _MAX_PREFIX = 256 * 1024
 _MAX_FIELD = 4096  # the runtime's limit of a form field
+_RUNTIME_FIELDS = (b"conversation_id", b"subdir", b"path")  # what a raw trailer carries
 
 
 def check_upload_path(path: str) -> str:
@@ -88,7 +99,7 @@ class _Form(FormField):
         self.filename: bytes | None = None
         self.field_name = b""
         self.too_long: bytes | None = None  # a field longer than the runtime takes
-        self.in_file = self.file_seen = self.file_done = False
+        self.in_file = self.file_seen = self.file_done = self.second_file = False
         self.data: list[bytes] = []  # the file's bytes not yet handed on
         self.pending = 0
         self.digest = hashlib.sha256()
@@ -101,7 +112,7 @@ class _Form(FormField):
         self._in_field = not self.in_file
         if self.in_file:
             if self.file_seen:
-                self.invalid = True  # the runtime refuses a second file
+                self.invalid = self.second_file = True  # the runtime refuses a second file
             self.file_seen = True
             self.filename = params.get(b"filename")
         else:
@@ -153,6 +164,8 @@ class TeeUpload:
         self.prefix: list[bytes] = []
         self.key: str | None = None
         self.name: str | None = None
+        self.conversation: str | None = None
+        self.raw = False  # the runtime gets the file's bytes and a trailer, not the form
         self.error: ApiError | None = None
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE)
         self._ended = False
@@ -183,28 +196,41 @@ class TeeUpload:
                     raw = (self.form.filename or b"").decode()
                     self.name = Workspace.check_file_name(html5_unescape(raw))
                 self.key = self.key_for(cid, self.name)
+                self.conversation = cid
             except (ApiError, UnicodeDecodeError, ValueError):
                 self.key = None  # the runtime refuses it, with its own message
         if self.key is not None:
             self._settled = asyncio.get_running_loop().create_future()
             self._task = asyncio.create_task(self.store.put(self.key, self._put_body()))
+            # Everything the runtime needs before the file's first byte is known.
+            self.raw = True
+            assert self.conversation is not None and self.form.filename is not None
+            params["conversation_id"] = self.conversation
+            params["filename"] = html5_unescape(self.form.filename.decode())
         return params
 
     # -- the runtime's body -------------------------------------------------------------
 
     async def body(self) -> AsyncIterator[bytes]:
-        for chunk in self.prefix:
-            await self._forward()
-            yield chunk
+        """The runtime's body: the client's, unchanged; in raw mode the file's bytes (the
+        chunks the store gets) and then the trailer (``runtime.raw_upload``)."""
+        for chunk in self.prefix:  # fed to the form by open()
+            if out := await self._forward(chunk):
+                yield out
         self.prefix = []
         async for chunk in self.source:
             if chunk:
                 self.form.feed(chunk)
-                await self._forward()
-            yield chunk
-        await self._forward(final=True)
+                if out := await self._forward(chunk):
+                    yield out
+        if out := await self._forward(b"", final=True):
+            yield out
+        if self.raw:
+            yield self._trailer()
 
-    async def _forward(self, *, final: bool = False) -> None:
+    async def _forward(self, chunk: bytes, *, final: bool = False) -> bytes:
+        """Check the form so far, hand the file's bytes to the put; answer what goes on to
+        the runtime (in raw mode the file's bytes, by the ``_CHUNK``)."""
         form = self.form
         if self.error is None and form.too_long is not None:
             name = form.too_long.decode(errors="replace")
@@ -212,6 +238,8 @@ class TeeUpload:
             self.error = BadRequest(
                 f"form field '{name}' must be at most {_MAX_FIELD} bytes", code=code
             )
+        if self.error is None and self.raw:
+            self.error = self._raw_error(final)
         if b"path" in form.after_file and not self._late_path:
             # The key is the file's name: the bytes already sent went to another one.
             self._late_path = True
@@ -223,17 +251,46 @@ class TeeUpload:
                 self.error = e
         if self.error is not None:
             raise self.error
-        if self._task is None or self._ended:
+        if not self.raw:  # no put: the client's body goes on as it is
             form.data.clear()
             form.pending = 0
-            return
+            return chunk
+        out = b""
         if form.pending >= _CHUNK or (form.data and (form.file_done or final)):
-            chunk = b"".join(form.data)
+            piece = b"".join(form.data)
             form.data.clear()
             form.pending = 0
-            await self._push(chunk)
+            if not self._ended:
+                await self._push(piece)
+            out = piece
         if form.file_done or final or form.invalid:
             await self._end_put()
+        return out
+
+    def _raw_error(self, final: bool) -> ApiError | None:
+        """What the runtime would have refused in the form, found here in raw mode (the
+        runtime does not see the form): said as the runtime says it."""
+        form = self.form
+        if form.second_file:
+            return BadRequest("send one file per request in the 'file' field")
+        if form.malformed:
+            return BadRequest("malformed multipart body")
+        if final and not form.complete:
+            return BadRequest("multipart body ended before its closing boundary")
+        return None
+
+    def _trailer(self) -> bytes:
+        """The form's fields the runtime applies, the file's size and digest."""
+        fields = {}
+        for name in _RUNTIME_FIELDS:
+            if name in self.form.fields:
+                value = self.form.field(name)
+                if value is None:
+                    self.error = BadRequest(f"form field '{name.decode()}' must be UTF-8 text")
+                    raise self.error
+                fields[name.decode()] = value
+        trailer = Trailer(fields=fields, size=self.form.size, sha256=self.digest)
+        return encode_trailer(trailer)
 
     async def _end_put(self) -> None:
         if self._task is not None and not self._ended:
@@ -281,6 +338,7 @@ class TeeUpload:
             and not form.invalid
             and not self._late_path
             and result.name == self.name
+            and result.conversation_id == self.conversation
             and result.size == form.size
             and result.sha256 == form.digest.hexdigest()
         )

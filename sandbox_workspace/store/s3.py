@@ -84,6 +84,7 @@ class S3Store:
             "region": settings.region,
             "conditional_put": "etag",
             "virtual_hosted_style_request": settings.virtual_hosted_style,
+            "unsigned_payload": not settings.signs_payload(),
         }
         if settings.endpoint_url:
             config["endpoint"] = settings.endpoint_url

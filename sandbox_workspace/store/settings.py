@@ -39,6 +39,19 @@ class S3Settings(BaseModel):
         "presigned GET; less CPU than the S3 client); false: through the S3 client.",
     )
 
+    sign_payload: bool | None = Field(
+        None,
+        description="Sign each request's body (SigV4's payload hash: a SHA-256 of every "
+        "byte, by the API and again by the store). Unset: signed over http://, not over "
+        "https:// where TLS protects the body, as the AWS SDKs do. False on a trusted "
+        "in-cluster network saves ~0.2 s of the API's CPU per 256 MB uploaded.",
+    )
+
+    def signs_payload(self) -> bool:
+        if self.sign_payload is not None:
+            return self.sign_payload
+        return not (self.endpoint_url or "https://").startswith("https://")
+
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:

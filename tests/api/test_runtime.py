@@ -21,6 +21,7 @@ import pytest
         ("GET", "/v1/conversations/c"),
         ("DELETE", "/v1/conversations/c"),
         ("POST", "/v1/uploads"),
+        ("POST", "/v1/uploads/raw"),
         ("GET", "/v1/conversations/c/uploads"),
         ("GET", "/v1/conversations/c/uploads/a.csv"),
         ("DELETE", "/v1/conversations/c/uploads/a.csv"),

@@ -189,3 +189,52 @@ def test_deleting_by_file_id_removes_the_cache_copy_of_an_output(api, store_serv
         f"{url}/execute", json={"conversation_id": "outs", "language": "python", "code": check}
     )
     assert r.json()["stdout"].split() == ["False", "k"], r.text
+
+
+@pytest.mark.parametrize(
+    ("after_file", "says"),
+    [
+        pytest.param(
+            'Content-Disposition: form-data; name="file"; filename="b.txt"\r\n\r\nb\r\n',
+            "one file per request",
+            id="second-file",
+        ),
+        pytest.param("Content-Disposition form-data\r\n\r\nx\r\n", "malformed", id="malformed"),
+        pytest.param(None, "closing boundary", id="no-closing-boundary"),
+        pytest.param(
+            'Content-Disposition: form-data; name="conversation_id"\r\n\r\nelsewhere\r\n',
+            "disagree",
+            id="another-conversation",
+        ),
+        pytest.param(
+            'Content-Disposition: form-data; name="subdir"\r\n\r\n\udcff\r\n',
+            "UTF-8",
+            id="field-not-utf8",
+        ),
+    ],
+)
+def test_what_the_runtime_refuses_in_a_form_is_refused_when_sent_raw(
+    api, store_server, seaweedfs, after_file, says
+):
+    """The teed upload reaches the runtime as the file's bytes and a trailer, not as the
+    form: what the runtime would have refused in the form is refused on the way, in its
+    words, and neither the cache nor the store keeps anything."""
+    _, bucket = store_server
+    cid = "raw-refused"
+    boundary = "b0undary"
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.txt"'
+        f"\r\n\r\n{'a' * 300_000}\r\n--{boundary}"
+    )
+    if after_file is not None:
+        body += f"\r\n{after_file}--{boundary}--\r\n"
+    r = api.post(
+        f"/api/v1/sessions/{SID}/workspace/{cid}/files",
+        content=body.encode("utf-8", "surrogateescape"),
+        headers={"content-type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert r.status_code == 400, r.text
+    assert says in r.json()["error"]["message"], r.text
+    listing = api.get(f"/api/v1/sessions/{SID}/files", params={"conversation_id": cid})
+    assert listing.json()["files"] == []
+    assert objects(seaweedfs, bucket, f"workspaces/default/{SID}/{cid}/uploads/") == []

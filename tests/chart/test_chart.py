@@ -564,3 +564,18 @@ def test_notes_tell_how_to_reach_and_try_the_api(tools: Tools, tmp_path: Path) -
     assert f"port-forward service/{RELEASE}-sandbox-workspace-api 8000:80" in text
     assert "X-User-Id: alice" in text and "/files/upload" in text and "/execute" in text
     assert "kubectl -n sandbox-sessions get sbs,cws,pods" in text
+
+
+def test_the_payload_signing_is_the_stores_default_unless_set(tools: Tools) -> None:
+    """``store.s3.signPayload`` null sets nothing (the store decides by its scheme: signed
+    over http://); true or false reach both processes as the setting."""
+    base = {"store.mode": "s3", "store.s3.bucket": "b", "store.s3.endpointUrl": "http://s:8333"}
+    for given, expected in ((None, None), ("false", "false"), ("true", "true")):
+        extra = {} if given is None else {"store.s3.signPayload": given}
+        docs = render(tools, set_values={**base, **extra})
+        for workload in workloads(docs):
+            env = env_of(workload["spec"]["template"]["spec"]["containers"][0])
+            prefix = (
+                "SANDBOX_WORKSPACE_" if "SANDBOX_WORKSPACE_STORE" in env else "SANDBOX_OPERATOR_"
+            )
+            assert env.get(prefix + "S3__SIGN_PAYLOAD") == expected, (given, env)

@@ -83,6 +83,10 @@ pods' AWS credential chain. Call with (dict "prefix" "…" "store" .Values.store
   value: {{ $s.s3.region | quote }}
 - name: {{ $p }}S3__VIRTUAL_HOSTED_STYLE
   value: {{ $s.s3.virtualHostedStyle | quote }}
+{{- if not (kindIs "invalid" $s.s3.signPayload) }}
+- name: {{ $p }}S3__SIGN_PAYLOAD
+  value: {{ $s.s3.signPayload | quote }}
+{{- end }}
 {{- with $s.s3.endpointUrl }}
 - name: {{ $p }}S3__ENDPOINT_URL
   value: {{ . | quote }}
