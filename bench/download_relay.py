@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 import obstore
 from obstore.store import HTTPStore
 
-from .harness import cpu_seconds
+from .harness import cpu_seconds, record_run
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "download_relay.json"
@@ -311,19 +311,13 @@ def main(argv: list[str] | None = None) -> int:
         mode, port, url = args.serve
         serve(mode, int(port), url)
         return 0
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    load = os.getloadavg()
-    summary = measure(args.modes or list(MODES), args.rounds, args.size_mb * CHUNK)
-    record = {
-        "started": started,
-        "load_at_start": [round(x, 2) for x in load],
-        "size_mb": args.size_mb,
-        "rounds": args.rounds,
-        "medians": summary,
-    }
-    print(json.dumps(record, indent=2))
-    if args.size_mb == SIZE // CHUNK:  # a smaller object is a smoke test, not the figure
-        RESULTS.write_text(json.dumps(record, indent=2) + "\n")
+    record_run(
+        RESULTS,
+        args.size_mb == SIZE // CHUNK,  # a smaller object is a smoke test, not the figure
+        lambda: measure(args.modes or list(MODES), args.rounds, args.size_mb * CHUNK),
+        size_mb=args.size_mb,
+        rounds=args.rounds,
+    )
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +142,27 @@ def cpu_seconds(pid: int) -> float:
     """CPU time (user + system) a process has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def record_run(results: Path, keep: bool, measure: Callable[[], dict], **fields) -> dict:
+    """A floor bench's run: ``measure()``'s medians beside ``fields``, the start (UTC) and
+    the load average at start and end (the machine is shared), printed, and written to
+    ``results`` when ``keep`` (a smoke-sized run is not the figure)."""
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    load = os.getloadavg()
+    medians = measure()
+    record = {
+        "started": started,
+        "load_at_start": [round(x, 2) for x in load],
+        "load_at_end": [round(x, 2) for x in os.getloadavg()],
+        "machine_cpus": os.cpu_count(),
+        **fields,
+        "medians": medians,
+    }
+    print(json.dumps(record, indent=2))
+    if keep:
+        results.write_text(json.dumps(record, indent=2) + "\n")
+    return record
 
 
 def peak_rss_mb(pid: int) -> float:
