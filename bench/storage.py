@@ -9,6 +9,10 @@ Figures, each beside a baseline measured in the same run on the same server:
   The uploads run twice: with the store's default signing (an http:// endpoint: every
   body's SHA-256 in the signature, on both sides) and with the payload unsigned on both
   sides (``SANDBOX_WORKSPACE_S3__SIGN_PAYLOAD=false``, a trusted in-cluster network).
+  Uploads and downloads are also measured with the store pinned to one core and the API,
+  its runtime and the client to the other (``_pinned``): the shape of a cluster, where
+  the store does not share the API's CPU — the shared-core figures are the API's cost
+  on a machine where every process competes for two cores.
   The download is read the same way on both sides, so the ratio is the API's cost and
   not the clients': obstore's Rust HTTP client (``HTTPStore`` on the API's URL, the
   ``S3Store`` on the bucket), 1 MiB chunks, one warm-up each, then alternating rounds
@@ -28,12 +32,14 @@ Results: ``bench/results/storage.json`` (``storage-quick.json`` in quick mode).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -137,7 +143,7 @@ def _httpx_plain_put(store: S3Store, source: Path, size: int, n: int) -> float:
     return _mb_per_s(size, seconds)
 
 
-def _uploads(api_server, api, seed, server, store, source, size, repeat) -> tuple:
+def _uploads(api_server, api, seed, server, store, source, size, repeat, tag="") -> tuple:
     """``repeat`` uploads of ``source`` through the API's ``seed`` conversation, each
     followed by a plain PUT of the same bytes with ``store``'s client and a presigned PUT
     with httpx (the machine's swings hit all alike); the CPU each process spent on the
@@ -171,16 +177,40 @@ def _uploads(api_server, api, seed, server, store, source, size, repeat) -> tupl
             start = time.perf_counter()
             # A new name each time: the same bytes again under one name would
             # be recognised as unchanged and not copied to the store again.
-            r = api.post(f"{seed}/files", files={"file": (f"big-{n}.bin", f)})
+            r = api.post(f"{seed}/files", files={"file": (f"big{tag}-{n}.bin", f)})
             uploads.append(_mb_per_s(size, time.perf_counter() - start))
             cpu_since("via_api", before)
         assert r.status_code == 201, r.text
         # The plain PUTs right after, each round: the machine's swings hit both.
         before = cpu_now()
-        puts.append(_plain_put(store, source, size, f"plain/{n}.bin"))
+        puts.append(_plain_put(store, source, size, f"plain/{tag}{n}.bin"))
         cpu_since("plain", before)
         httpx_puts.append(_httpx_plain_put(store, source, size, n))
     return uploads, puts, httpx_puts, upload_cpu, r
+
+
+@contextlib.contextmanager
+def _pinned(store_pids: set[int], api_pids: set[int]) -> Iterator[None]:
+    """CPU 0 for ``store_pids``, CPU 1 for ``api_pids`` and this process (every thread of
+    each; threads made later inherit their maker's); all CPUs again afterwards."""
+    everything = os.sched_getaffinity(0)
+    if len(everything) < 2:
+        yield  # one core: nothing to separate
+        return
+    first, second = sorted(everything)[:2]
+
+    def pin(pids: set[int], cpus: set[int]) -> None:
+        for pid in pids:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.sched_setaffinity(int(tid), cpus)
+
+    pin(store_pids, {first})
+    pin(api_pids | {os.getpid()}, {second})
+    try:
+        yield
+    finally:
+        pin(store_pids | api_pids | {os.getpid()}, everything)
 
 
 def _upload_figures(
@@ -298,9 +328,37 @@ def run(quick: bool) -> list[Figure]:
             pids = {"api": api_server.pid, "store": server.proc.pid, "client": os.getpid()}
             downloads, gets, cpu = _downloads(store, rust_api, path.lstrip("/"), size, rounds, pids)
             slow, slow_plain = _httpx_downloads(api, path, signed, size, max(1, rounds // 3))
+            # Again with the store on a core of its own, the API, its runtime and the
+            # client on the other — the shape of a cluster, where the store runs on other
+            # nodes than the API: does the API slow a transfer when it has its own CPU?
+            with _pinned({server.proc.pid}, {api_server.pid, runtime_pid(api_server.data_dir)}):
+                pinned_up = _uploads(
+                    api_server, api, seed, server, store, source, size, max(2, repeat - 2), "-p"
+                )
+                pinned_down = _downloads(
+                    store, rust_api, path.lstrip("/"), size, max(3, rounds // 2), pids
+                )
         label = f"{size // CHUNK} MB"
         figures += _upload_figures(
             label, "", uploads, puts, httpx_puts, upload_cpu, signing=store.settings
+        )
+        pinned = ", store on its own core"
+        figures += _upload_figures(label, pinned, *pinned_up[:4], signing=store.settings)[:1]
+        through, plain, pinned_cpu = pinned_down
+        figures.append(
+            Figure.of(
+                f"download {label} by file_id, s3 mode{pinned} (MB/s)",
+                "MB/s",
+                through,
+                "plain S3 GET (obstore)",
+                plain,
+                goal="ratio ≥ 0.8",
+                client="obstore (Rust) both ways, alternating rounds",
+                **pinned_cpu,
+                ratio_per_round=sorted(
+                    round(a / b, 3) for a, b in zip(through, plain, strict=True)
+                ),
+            )
         )
         # The same with the payload unsigned on both sides (store.s3.signPayload=false:
         # a trusted in-cluster network), fewer rounds: what the signing's SHA-256 costs.
