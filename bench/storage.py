@@ -9,10 +9,10 @@ Figures, each beside a baseline measured in the same run on the same server:
   The uploads run twice: with the store's default signing (an http:// endpoint: every
   body's SHA-256 in the signature, on both sides) and with the payload unsigned on both
   sides (``SANDBOX_WORKSPACE_S3__SIGN_PAYLOAD=false``, a trusted in-cluster network).
-  Uploads and downloads are also measured with the store pinned to one core and the API,
-  its runtime and the client to the other (``_pinned``): the shape of a cluster, where
-  the store does not share the API's CPU — the shared-core figures are the API's cost
-  on a machine where every process competes for two cores.
+  Uploads and downloads are also measured with the API and its runtime pinned to one
+  core and the store and the client to the other (``_pinned``): the shape of a cluster,
+  where the API's pod has CPU of its own — the shared-core figures are the API's cost on
+  a machine where every process competes for two cores.
   The download is read the same way on both sides, so the ratio is the API's cost and
   not the clients': obstore's Rust HTTP client (``HTTPStore`` on the API's URL, the
   ``S3Store`` on the bucket), 1 MiB chunks, one warm-up each, then alternating rounds
@@ -190,9 +190,10 @@ def _uploads(api_server, api, seed, server, store, source, size, repeat, tag="")
 
 
 @contextlib.contextmanager
-def _pinned(store_pids: set[int], api_pids: set[int]) -> Iterator[None]:
-    """CPU 0 for ``store_pids``, CPU 1 for ``api_pids`` and this process (every thread of
-    each; threads made later inherit their maker's); all CPUs again afterwards."""
+def _pinned(api_pids: set[int], other_pids: set[int]) -> Iterator[None]:
+    """CPU 1 for ``api_pids``; CPU 0 for ``other_pids`` and this process (the client);
+    every thread of each (threads made later inherit their maker's); all CPUs again
+    afterwards."""
     everything = os.sched_getaffinity(0)
     if len(everything) < 2:
         yield  # one core: nothing to separate
@@ -205,12 +206,12 @@ def _pinned(store_pids: set[int], api_pids: set[int]) -> Iterator[None]:
                 with contextlib.suppress(ProcessLookupError):
                     os.sched_setaffinity(int(tid), cpus)
 
-    pin(store_pids, {first})
-    pin(api_pids | {os.getpid()}, {second})
+    pin(other_pids | {os.getpid()}, {first})
+    pin(api_pids, {second})
     try:
         yield
     finally:
-        pin(store_pids | api_pids | {os.getpid()}, everything)
+        pin(api_pids | other_pids | {os.getpid()}, everything)
 
 
 def _upload_figures(
@@ -328,21 +329,23 @@ def run(quick: bool) -> list[Figure]:
             pids = {"api": api_server.pid, "store": server.proc.pid, "client": os.getpid()}
             downloads, gets, cpu = _downloads(store, rust_api, path.lstrip("/"), size, rounds, pids)
             slow, slow_plain = _httpx_downloads(api, path, signed, size, max(1, rounds // 3))
-            # Again with the store on a core of its own, the API, its runtime and the
-            # client on the other — the shape of a cluster, where the store runs on other
-            # nodes than the API: does the API slow a transfer when it has its own CPU?
-            with _pinned({server.proc.pid}, {api_server.pid, runtime_pid(api_server.data_dir)}):
-                pinned_up = _uploads(
-                    api_server, api, seed, server, store, source, size, max(2, repeat - 2), "-p"
-                )
+            # Again with the API and its runtime on a core of their own, the store and the
+            # client on the other — the shape of a cluster, where the API's pod (and the
+            # sandbox's) has CPU of its own: does the API slow a transfer then?
+            with _pinned({api_server.pid, runtime_pid(api_server.data_dir)}, {server.proc.pid}):
                 pinned_down = _downloads(
                     store, rust_api, path.lstrip("/"), size, max(3, rounds // 2), pids
+                )
+                # The quota (512 MiB) holds one such file beside the one being uploaded.
+                assert api.delete(path).status_code == 200
+                pinned_up = _uploads(
+                    api_server, api, seed, server, store, source, size, max(2, repeat - 2), "-p"
                 )
         label = f"{size // CHUNK} MB"
         figures += _upload_figures(
             label, "", uploads, puts, httpx_puts, upload_cpu, signing=store.settings
         )
-        pinned = ", store on its own core"
+        pinned = ", API on its own core"
         figures += _upload_figures(label, pinned, *pinned_up[:4], signing=store.settings)[:1]
         through, plain, pinned_cpu = pinned_down
         figures.append(
