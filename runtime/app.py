@@ -27,6 +27,7 @@ from .confinement import Confinement
 from .errors import ApiError, Unauthorized, install_error_handlers
 from .executor import Executor
 from .outputs import delete_output, list_outputs, open_output, write_output
+from .raw_upload import FEATURE as RAW_UPLOAD
 from .raw_upload import receive_raw_upload
 from .schemas import (
     ConversationDeleted,
@@ -414,8 +415,8 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
 
     @app.get("/healthz")
     async def healthz() -> Health:
-        """Unauthenticated liveness/readiness probe."""
-        return Health()
+        """Unauthenticated liveness/readiness probe; names the release's features."""
+        return Health(features=[RAW_UPLOAD])
 
     @app.post("/v1/claim")
     async def claim(body: ClaimRequest, authorization: ClaimHeader = None) -> Claimed:

@@ -32,6 +32,7 @@ from .schemas import (
     ConversationInfo,
     ExecuteRequest,
     ExecutionResult,
+    Health,
     KernelRestarted,
     Marks,
     MarksReport,
@@ -162,6 +163,20 @@ class RuntimeClient:
         except httpx.TransportError:
             return False
         return response.status_code == 200
+
+    async def features(self) -> frozenset[str] | None:
+        """The runtime's features (``Health.features``; none from an older release), or
+        None when it did not answer."""
+        try:
+            response = await self.http.get(self.base + "/healthz", timeout=2.0)
+        except httpx.TransportError:
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            return frozenset(Health.model_validate_json(response.content).features)
+        except ValidationError:
+            return None
 
     async def stats(self) -> RuntimeStats:
         return _parse(RuntimeStats, await self._request("GET", "/v1/stats"))

@@ -32,6 +32,7 @@ from .schemas import UploadResult
 from .uploads import ConversationLocks, ConversationQuota, UploadLimits, commit_staged, drain
 from .workspace import Workspace
 
+FEATURE = "raw_upload"  # in the runtime's /healthz features
 MAX_TRAILER = 64 * 1024
 LENGTH_BYTES = 8
 _SLACK = MAX_TRAILER + LENGTH_BYTES

@@ -91,6 +91,9 @@ class RuntimeStats(BaseModel):
 
 class Health(BaseModel):
     status: str = "ok"
+    # What this runtime's release takes beyond the first release's routes (an API asks
+    # before using one: runtimes of an older release run on through an upgrade).
+    features: list[str] = Field(default_factory=list)
 
 
 # -- code execution -------------------------------------------------------------------

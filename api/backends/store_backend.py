@@ -52,6 +52,7 @@ import httpx
 from sandbox_workspace.operator import naming
 from sandbox_workspace.runtime.client import RuntimeRefused
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError
+from sandbox_workspace.runtime.raw_upload import FEATURE as RAW_UPLOAD
 from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.store import Download, ObjectStore
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
@@ -80,6 +81,7 @@ class WorkspaceDisabled(Conflict):
 
 
 _FILL_CONCURRENCY = 8
+_MAX_RUNTIMES_KNOWN = 10_000  # runtimes whose raw-upload answer is kept
 _NAMING_HEADERS = ("content-disposition", "x-sandbox-path")
 
 
@@ -115,6 +117,7 @@ class StoreBackend:
         self._filled: set[tuple[str, str, str]] = set()
         self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._takes_raw: dict[tuple[str, str], bool] = {}  # runtime → takes raw uploads
 
     def __getattr__(self, name: str) -> Any:  # everything else is the inner backend's
         return getattr(self.inner, name)
@@ -217,12 +220,14 @@ class StoreBackend:
         is completed only after the runtime committed the file and the conversation is
         still tracked, and recorded (with the form's ``description``) after that."""
         scope = self.scope(session)
+        client = RuntimeClient(self.http, session.endpoint)
         tee = TeeUpload(
             self.store,
             lambda cid, name: self.layout.file(scope, cid, UPLOADS + name),
             source,
             content_type,
             conversation_id,
+            raw=await self._takes_raw_uploads(client, session.endpoint.incarnation),
         )
         guarded: GuardedBody | None = None
         try:
@@ -231,7 +236,6 @@ class StoreBackend:
             given = tee.conversation if tee.raw else conversation_id
             opened = partial(self.conversation_opened, session)
             guarded = GuardedBody(tee.body(), content_type, given, opened)
-            client = RuntimeClient(self.http, session.endpoint)
             if tee.raw:
                 result = await client.upload_raw(aiter(guarded), params)
             else:
@@ -264,6 +268,22 @@ class StoreBackend:
                 await asyncio.shield(tee.settle(None))  # refused: no object (else no-op)
         # No object (the form was not teed): copied from the cache, as code's files are.
         return result, await self.record_upload(session, cid, result.name, description)
+
+    async def _takes_raw_uploads(self, client: RuntimeClient, incarnation: str) -> bool:
+        """Whether the runtime takes raw uploads — not one of an older release, running
+        on through an upgrade (its uploads go as forms; the store gets the file by the
+        write-back). Asked once per runtime (its address and incarnation: a new pod may
+        reuse an address); one that does not answer is asked again next time."""
+        key = (client.base, incarnation)
+        known = self._takes_raw.get(key)
+        if known is None:
+            features = await client.features()
+            if features is None:
+                return False
+            if len(self._takes_raw) >= _MAX_RUNTIMES_KNOWN:
+                self._takes_raw.clear()
+            known = self._takes_raw[key] = RAW_UPLOAD in features
+        return known
 
     # -- seed 003's file operations --------------------------------------------------------
 

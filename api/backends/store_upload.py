@@ -27,7 +27,9 @@ Contract (``TeeUpload``):
   then: the caller copies the file from the cache afterwards (write-back), as it does for
   every file code writes.
 - Without a conversation before the file (its field after it) no put starts (``key`` is
-  None): the same write-back copies the file once the runtime has it.
+  None): the same write-back copies the file once the runtime has it. So it goes too
+  when the runtime does not take raw uploads (``raw=False``: a runtime of an older
+  release, running on through an upgrade).
 - A ``path`` field after the file (the runtime names the file by it; the bytes sent went
   to another key) abandons the put: the write-back copies the file. A bad ``path``, a
   form field too long, or a store failure while the body streams is raised out of
@@ -155,8 +157,11 @@ class TeeUpload:
         source: AsyncIterator[bytes],
         content_type: str,
         conversation_id: str | None,
+        *,
+        raw: bool = True,
     ) -> None:
         self.store = store
+        self.raw_ok = raw  # the runtime takes raw uploads (else: no put, the form as is)
         self.key_for = key_for
         self.source = aiter(source)
         self.form = _Form(content_type)
@@ -189,7 +194,7 @@ class TeeUpload:
         if (path := self.form.field(b"path")) is not None:
             self.name = params["name"] = check_upload_path(path)
         cid = self.given or self.form.field(b"conversation_id")
-        if self.form.file_seen and not self.form.invalid and cid is not None:
+        if self.raw_ok and self.form.file_seen and not self.form.invalid and cid is not None:
             try:
                 cid = Workspace.check_conversation_id(cid)
                 if self.name is None:

@@ -150,3 +150,19 @@ def test_a_raw_upload_cut_off_by_its_client_is_discarded(runtime):
     r = _raw(runtime, _body(b"after"), conversation_id="cut", filename="after.txt")
     assert r.status_code == 201, r.text  # the runtime served on; the cut one never landed
     assert _listed(runtime, "cut") == ["after.txt"]
+
+
+def test_the_runtime_names_raw_uploads_among_its_features(runtime):
+    """The API asks /healthz before sending a runtime a raw upload."""
+    import asyncio
+
+    import httpx
+
+    from sandbox_workspace.runtime.client import RuntimeClient
+    from sandbox_workspace.runtime.raw_upload import FEATURE
+
+    async def ask():
+        async with httpx.AsyncClient() as http:
+            return await RuntimeClient(http, runtime.server.url, runtime.token).features()
+
+    assert FEATURE in asyncio.run(ask())

@@ -93,3 +93,73 @@ def test_without_a_put_the_form_goes_on_as_it_came(tmp_path):
 async def _read(store, key: str) -> bytes:
     download = await store.get(key)
     return b"".join([chunk async for chunk in download])
+
+
+def test_a_runtime_that_takes_no_raw_uploads_gets_the_form_and_no_put(tmp_path):
+    form = _form(b"x" * 1000, before=_field("conversation_id", "c4"))
+
+    async def go():
+        store = DirStore(tmp_path)
+        await store.check()
+        tee = TeeUpload(
+            store, lambda cid, name: f"{cid}/{name}", _source(form),
+            f"multipart/form-data; boundary={BOUNDARY}", None, raw=False,
+        )  # fmt: skip
+        params = await tee.open()
+        return tee, params, [chunk async for chunk in tee.body()]
+
+    tee, params, sent = asyncio.run(go())
+    assert not tee.raw and tee.key is None and params == {}
+    assert b"".join(sent) == b"".join(form)
+
+
+class _Health:
+    """A loopback HTTP server answering /healthz with ``body`` (or not at all)."""
+
+    def __init__(self) -> None:
+        self.body: bytes | None = b'{"status": "ok"}'  # a runtime of the first release
+        self.asked = 0
+
+    async def serve(self):
+        async def answer(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            self.asked += 1
+            if self.body is None:
+                writer.close()
+                return
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(self.body)}\r\n"
+            writer.write(head.encode() + b"Content-Type: application/json\r\n\r\n" + self.body)
+            await writer.drain()
+            writer.close()
+
+        return await asyncio.start_server(answer, "127.0.0.1", 0)
+
+
+def test_the_api_asks_each_runtime_once_whether_it_takes_raw_uploads(tmp_path):
+    import httpx
+
+    from sandbox_workspace.api.backends.base import RuntimeEndpoint
+    from sandbox_workspace.api.backends.store_backend import StoreBackend
+    from sandbox_workspace.api.runtime_client import RuntimeClient
+    from sandbox_workspace.store.layout import Layout
+
+    async def go():
+        health = _Health()
+        server = await health.serve()
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        async with server, httpx.AsyncClient() as http:
+            backend = StoreBackend(None, http, DirStore(tmp_path), Layout("w/"))
+            client = RuntimeClient(http, RuntimeEndpoint(url=url, token="t"))
+            health.body = None  # no answer: not raw, and asked again next time
+            assert await backend._takes_raw_uploads(client, "") is False
+            health.body = b'{"status": "ok"}'  # an older release: forms
+            assert await backend._takes_raw_uploads(client, "") is False
+            assert await backend._takes_raw_uploads(client, "") is False
+            assert health.asked == 2  # the answer is kept
+            # A new pod at the same address, of this release: asked, and raw.
+            health.body = b'{"status": "ok", "features": ["raw_upload"]}'
+            assert await backend._takes_raw_uploads(client, "pod-2") is True
+            assert await backend._takes_raw_uploads(client, "pod-2") is True
+            assert health.asked == 3
+
+    asyncio.run(go())
