@@ -7,8 +7,9 @@ two kubelets cannot share one containerd.
 ``SecondNode(cluster).start()`` returns once the node is Ready and the not-ready taint is
 gone; the node is *cordoned* from its registration on (patched before the not-ready taint
 leaves, so nothing lands there unasked); ``schedule_here()`` uncordons it and cordons the
-first node, ``restore()`` undoes that. ``stop()`` deletes the Node object, stops the
-kubelet, removes its containers, stops containerd and removes its cgroups and mounts.
+first node, ``restore()`` undoes that. ``stop()`` deletes the pods bound to the node and
+waits until its kubelet has let them go (``drain``), then deletes the Node object, stops
+the kubelet, removes its containers, stops containerd and removes its cgroups and mounts.
 """
 
 from __future__ import annotations
@@ -127,10 +128,31 @@ class SecondNode:
         with self.cluster.client() as api:
             api.patch(f"{NODES}/{name}", {"spec": {"unschedulable": value}})
 
+    def drain(self, timeout: float = 90.0) -> None:
+        """Delete every pod bound to this node and wait until they are gone: a pod's
+        deletion completes only when its kubelet confirms it, so one left behind when the
+        kubelet stops stays Terminating — and with it whatever waits for it (a
+        ConversationWorkspace's finalizer waits for its session's pod and emptyDir)."""
+        if self.kubelet is None:
+            return
+        bound = {"fieldSelector": f"spec.nodeName={SECOND_NODE_NAME}"}
+        with self.cluster.client() as api:
+            for pod in api.list("/api/v1/pods", **bound):
+                meta = pod["metadata"]
+                api.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
+            wait_until(
+                lambda: not api.list("/api/v1/pods", **bound),
+                timeout=timeout,
+                message=f"the pods bound to {SECOND_NODE_NAME} to be gone",
+            )
+
     def stop(self) -> None:
         if self.kubelet is not None:
-            stop_process(self.kubelet)
-            self.kubelet = None
+            try:
+                self.drain()
+            finally:
+                stop_process(self.kubelet)
+                self.kubelet = None
         with contextlib.suppress(Exception), self.cluster.client() as api:
             api.delete(f"{NODES}/{SECOND_NODE_NAME}")  # after the kubelet: it would re-register
         if self.containerd is not None:
