@@ -143,11 +143,13 @@ def _httpx_plain_put(store: S3Store, source: Path, size: int, n: int) -> float:
     return _mb_per_s(size, seconds)
 
 
-def _uploads(api_server, api, seed, server, store, source, size, repeat, tag="") -> tuple:
+def _uploads(
+    api_server, api, seed, server, store, source, size, repeat, tag="", same_client=True
+) -> tuple:
     """``repeat`` uploads of ``source`` through the API's ``seed`` conversation, each
-    followed by a plain PUT of the same bytes with ``store``'s client and a presigned PUT
-    with httpx (the machine's swings hit all alike); the CPU each process spent on the
-    API's and on the plain PUTs. Answers (API MB/s, plain MB/s, httpx MB/s, CPU, the
+    followed by a plain PUT of the same bytes with ``store``'s client and (``same_client``)
+    a presigned PUT with httpx (the machine's swings hit all alike); the CPU each process
+    spent on the API's and on the plain PUTs. Answers (API MB/s, plain MB/s, httpx MB/s, CPU, the
     last upload's answer)."""
     puts: list[float] = []
     uploads, httpx_puts = [], []
@@ -185,7 +187,8 @@ def _uploads(api_server, api, seed, server, store, source, size, repeat, tag="")
         before = cpu_now()
         puts.append(_plain_put(store, source, size, f"plain/{tag}{n}.bin"))
         cpu_since("plain", before)
-        httpx_puts.append(_httpx_plain_put(store, source, size, n))
+        if same_client:
+            httpx_puts.append(_httpx_plain_put(store, source, size, n))
     return uploads, puts, httpx_puts, upload_cpu, r
 
 
@@ -218,9 +221,9 @@ def _upload_figures(
     label, variant, uploads, puts, httpx_puts, upload_cpu, *, signing
 ) -> list[Figure]:
     """The upload against the plain PUT by the store's client (with the same signing)
-    and against a presigned PUT by the API's own client (httpx)."""
+    and, when measured, against a presigned PUT by the API's own client (httpx)."""
     signs = "signed" if signing.signs_payload() else "unsigned"
-    return [
+    figures = [
         Figure.of(
             f"upload {label} via API, s3 mode{variant} (MB/s)",
             "MB/s",
@@ -234,17 +237,21 @@ def _upload_figures(
                 for side, per in upload_cpu.items()
             },
             ratio_per_round=[round(a / b, 3) for a, b in zip(uploads, puts, strict=True)],
-        ),
-        Figure.of(
-            f"upload {label} via API{variant}, httpx client (MB/s)",
-            "MB/s",
-            uploads,
-            "presigned S3 PUT, same httpx client",
-            httpx_puts,
-            client="httpx (Python) both ways, alternating rounds",
-            ratio_per_round=[round(a / b, 3) for a, b in zip(uploads, httpx_puts, strict=True)],
-        ),
+        )
     ]
+    if httpx_puts:  # measured beside them
+        figures.append(
+            Figure.of(
+                f"upload {label} via API{variant}, httpx client (MB/s)",
+                "MB/s",
+                uploads,
+                "presigned S3 PUT, same httpx client",
+                httpx_puts,
+                client="httpx (Python) both ways, alternating rounds",
+                ratio_per_round=[round(a / b, 3) for a, b in zip(uploads, httpx_puts, strict=True)],
+            )
+        )
+    return figures
 
 
 def _httpx_downloads(
@@ -339,14 +346,16 @@ def run(quick: bool) -> list[Figure]:
                 # The quota (512 MiB) holds one such file beside the one being uploaded.
                 assert api.delete(path).status_code == 200
                 pinned_up = _uploads(
-                    api_server, api, seed, server, store, source, size, max(2, repeat - 2), "-p"
+                    *(api_server, api, seed, server, store, source, size, max(2, repeat - 2)),
+                    tag="-p",
+                    same_client=False,
                 )
         label = f"{size // CHUNK} MB"
         figures += _upload_figures(
             label, "", uploads, puts, httpx_puts, upload_cpu, signing=store.settings
         )
         pinned = ", API on its own core"
-        figures += _upload_figures(label, pinned, *pinned_up[:4], signing=store.settings)[:1]
+        figures += _upload_figures(label, pinned, *pinned_up[:4], signing=store.settings)
         through, plain, pinned_cpu = pinned_down
         figures.append(
             Figure.of(

@@ -157,21 +157,22 @@ class RuntimeClient:
     def _conversation(cid: str, *parts: str) -> str:
         return "/".join((f"/v1/conversations/{segment(cid)}", *map(segment, parts)))
 
-    async def health(self) -> bool:
+    async def _healthz(self) -> httpx.Response | None:
+        """``GET /healthz`` (unauthenticated, 2 s); None when the runtime did not answer."""
         try:
-            response = await self.http.get(self.base + "/healthz", timeout=2.0)
+            return await self.http.get(self.base + "/healthz", timeout=2.0)
         except httpx.TransportError:
-            return False
-        return response.status_code == 200
+            return None
+
+    async def health(self) -> bool:
+        response = await self._healthz()
+        return response is not None and response.status_code == 200
 
     async def features(self) -> frozenset[str] | None:
         """The runtime's features (``Health.features``; none from an older release), or
         None when it did not answer."""
-        try:
-            response = await self.http.get(self.base + "/healthz", timeout=2.0)
-        except httpx.TransportError:
-            return None
-        if response.status_code != 200:
+        response = await self._healthz()
+        if response is None or response.status_code != 200:
             return None
         try:
             return frozenset(Health.model_validate_json(response.content).features)

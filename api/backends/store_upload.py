@@ -170,7 +170,6 @@ class TeeUpload:
         self.key: str | None = None
         self.name: str | None = None
         self.conversation: str | None = None
-        self.raw = False  # the runtime gets the file's bytes and a trailer, not the form
         self.error: ApiError | None = None
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE)
         self._ended = False
@@ -208,11 +207,16 @@ class TeeUpload:
             self._settled = asyncio.get_running_loop().create_future()
             self._task = asyncio.create_task(self.store.put(self.key, self._put_body()))
             # Everything the runtime needs before the file's first byte is known.
-            self.raw = True
             assert self.conversation is not None and self.form.filename is not None
             params["conversation_id"] = self.conversation
             params["filename"] = html5_unescape(self.form.filename.decode())
         return params
+
+    @property
+    def raw(self) -> bool:
+        """The runtime gets the file's bytes and a trailer, not the form: exactly when the
+        put started (``open``)."""
+        return self._task is not None
 
     # -- the runtime's body -------------------------------------------------------------
 
