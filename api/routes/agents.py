@@ -42,7 +42,7 @@ from ..openapi import errors, sse
 from ..schemas import json_int
 from ..sse import SSE_HEADERS
 from ..table_source import TableSourceFailed, from_settings, identity_headers
-from .chat import HistoryMessage, _refuse_deleting, launch, require_llm
+from .chat import HistoryMessage, _refuse_deleting, launch, refuse_unknown_selected, require_llm
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])
 MAX_ITERATIONS = 15  # seed 002: maxIterations = 15
@@ -139,6 +139,7 @@ async def agents(
         plan["identity"] = "authorization" if authorization else "user_id"
     await _refuse_deleting(services, existing, cid)
     names = selected_names(cid, workspace, body.selected_files)
+    await refuse_unknown_selected(services, existing, cid, names)
     run = launch(
         services,
         caller,
