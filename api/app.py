@@ -12,14 +12,13 @@ from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__, tracing
 from sandbox_workspace.runtime.errors import install_error_handlers
 from sandbox_workspace.runtime.quantity import parse_bytes
 
-from . import garbage, openapi
+from . import cors, garbage, openapi
 from .backends.base import Backend
 from .chat.anthropic_messages import DEFAULT_BASE_URL as DEFAULT_ANTHROPIC_URL
 from .chat.anthropic_messages import AnthropicClient
@@ -193,16 +192,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         install_kube_error_handler(app)
     install_metrics(app, services.runs)
     if settings.cors_allow_origins:
-        # Outermost, so preflights are answered before routing and error answers carry
-        # the CORS headers too (else a browser shows a CORS failure instead of the 4xx).
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.cors_allow_origins,
-            allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=openapi.CORS_REQUEST_HEADERS,
-            expose_headers=openapi.CORS_EXPOSED_HEADERS,
-            max_age=600,
-        )
+        cors.install(app, settings.cors_allow_origins)  # outermost: see api/cors.py
     app.include_router(health.router)
     api_modules = (
         sessions,

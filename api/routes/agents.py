@@ -27,7 +27,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.runtime.errors import BadRequest, Unavailable
+from sandbox_workspace.runtime.errors import BadRequest, NotConfigured
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..chat.agents_stream import EVENT_TYPES, AgentsStream, encode, failed
@@ -106,7 +106,7 @@ async def agents(
         raise BadRequest("send table_id or tableData, not both", code="invalid_table")
     if body.table_id is not None:
         if not settings.table_source_url:  # this server's configuration, not the request
-            raise Unavailable(
+            raise NotConfigured(
                 "table_id needs a table source (SANDBOX_WORKSPACE_TABLE_SOURCE_URL); send "
                 "tableData instead",
                 code="table_source_not_configured",

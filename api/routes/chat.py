@@ -21,7 +21,7 @@ from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.runtime.errors import NotFoundError, Unavailable
+from sandbox_workspace.runtime.errors import NotConfigured, NotFoundError
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import ConversationDeleting, ConversationPhase, Session, SessionStatus
@@ -149,7 +149,7 @@ async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> E
 def require_llm(services):
     """The configured model, or 503 naming the settings to set."""
     if services.llm is None:
-        raise Unavailable(
+        raise NotConfigured(
             "chat needs a model: set SANDBOX_WORKSPACE_LLM_MODEL and "
             "SANDBOX_WORKSPACE_LLM_BASE_URL (SANDBOX_WORKSPACE_LLM_PROVIDER=anthropic: "
             "the base URL defaults to Anthropic's), and SANDBOX_WORKSPACE_LLM_API_KEY if "

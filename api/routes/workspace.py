@@ -20,7 +20,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from sandbox_workspace.runtime.errors import NotFoundError, TooLarge, Unavailable
+from sandbox_workspace.runtime.errors import NotConfigured, NotFoundError, TooLarge
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session
@@ -71,7 +71,7 @@ _UPLOAD_BODY = {
 def _backend(services) -> StoreBackend:
     backend = services.backend
     if not isinstance(backend, StoreBackend):
-        raise Unavailable(
+        raise NotConfigured(
             "the workspace API needs the object store: set SANDBOX_WORKSPACE_STORE=s3 "
             "and SANDBOX_WORKSPACE_S3__BUCKET",
             code="store_not_configured",

@@ -345,3 +345,4 @@ def test_one_user_id_in_two_tenants_has_two_sessions_and_sees_only_its_own_files
 def test_seed_003_operations_need_the_store(api, session_url):
     r = api.get(f"{session_url}/workspace/c1")
     assert r.status_code == 503 and r.json()["error"]["code"] == "store_not_configured"
+    assert "retry-after" not in r.headers  # only a new configuration cures it
