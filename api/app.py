@@ -12,10 +12,11 @@ from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__, tracing
-from sandbox_workspace.runtime.errors import install_error_handlers
+from sandbox_workspace.runtime.errors import JSONLineResponse, install_error_handlers
 from sandbox_workspace.runtime.quantity import parse_bytes
 
 from . import cors, garbage, openapi
@@ -169,7 +170,10 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
             if services.llm is not None:
                 await services.llm.aclose()
 
-    app = FastAPI(
+    # /docs and /redoc with Swagger UI's and ReDoc's files from the fastapi-offline
+    # package, served by the API itself: the pages work offline and air-gapped.
+    app = FastAPIOffline(
+        default_response_class=JSONLineResponse,
         title="Sandbox Workspace API",
         version=__version__,
         description=openapi.DESCRIPTION,

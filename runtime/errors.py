@@ -117,12 +117,20 @@ class BadGateway(ApiError):
     status, code = 502, "bad_gateway"
 
 
+class JSONLineResponse(JSONResponse):
+    """JSON that ends with a newline, so answers do not run together in a terminal
+    (``curl`` prints the body as is); parsers ignore the trailing whitespace."""
+
+    def render(self, content: Any) -> bytes:
+        return super().render(content) + b"\n"
+
+
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, **extra}}
 
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None):
-    return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+    return JSONLineResponse(error_body(code, message), status_code=status, headers=headers)
 
 
 def _describe_validation(exc: RequestValidationError) -> str:

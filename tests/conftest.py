@@ -109,7 +109,7 @@ def _base_env(**extra: str) -> dict[str, str]:
         # OTEL_*: a developer's own collector never receives the tests' spans.
         if not k.startswith(("SANDBOX_WORKSPACE_", "SANDBOX_RUNTIME_", "OTEL_"))
     }
-    env.update(SANDBOX_WORKSPACE_LOG_FORMAT="text", **extra)
+    env.update({"SANDBOX_WORKSPACE_LOG_FORMAT": "text", **extra})
     return env
 
 

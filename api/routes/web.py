@@ -1,8 +1,9 @@
 """/ui/ — a web page to try everything (plain ES modules from api/web, no build step).
 
-Served when ``web_ui`` is on (default: on in ``dev`` auth mode, off otherwise). The page
-is static; it calls the public API like any client, so it needs no route of its own
-beyond ``/ui/config.json`` (which identity the page should ask for).
+Served when ``web_ui`` is on (default: on in ``dev`` auth mode, off otherwise); ``/``
+leads to it then, else to the API docs (``/docs``). The page is static; it calls the
+public API like any client, so it needs no route of its own beyond ``/ui/config.json``
+(which identity the page should ask for).
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ def enabled(settings: ApiSettings) -> bool:
 
 
 def install(app: FastAPI, settings: ApiSettings) -> None:
+    home = "/ui/" if enabled(settings) else "/docs"
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        """Somewhere to land for whoever opens the server's address."""
+        return RedirectResponse(home)
+
     if not enabled(settings):
         return
     router = APIRouter(tags=["web"], include_in_schema=False)

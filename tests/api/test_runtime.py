@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from polling import wait_for
 
 
 @pytest.mark.parametrize(
@@ -123,11 +124,7 @@ def _kernel_pids(root) -> list[int]:
 
 
 def _wait(predicate, what: str, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-    return value
+    return wait_for(predicate, what, timeout)
 
 
 def test_running_execution_counts_as_activity(runtime):
