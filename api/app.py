@@ -189,6 +189,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         settings.max_upload_bytes,
         allowed_policies(TOOL_NAMES, settings.tool_policies),
         settings.file_upload.allowed_file_types,
+        settings.auth_mode,
     )
     if settings.backend != "local":
         from .backends.kube_errors import install_kube_error_handler

@@ -28,6 +28,7 @@ from starlette.routing import BaseRoute, Match
 from sandbox_workspace.runtime.errors import _STATUS_CODES, error_response
 
 from .openapi_deployment import document_deployment
+from .openapi_security import document_security
 
 # Seconds a client should wait before retrying: a session that is starting is usually
 # running within a few seconds; a busy runtime frees an execution slot about as fast.
@@ -224,9 +225,11 @@ def install(
     upload_ceiling: int,
     tool_policies: dict[str, list[str]],
     allowed_types: list[str] | None = None,
+    auth_mode: str = "dev",
 ) -> None:
     """Error handlers that keep the document's promises (after ``install_error_handlers``),
-    and the document itself with what only this deployment knows (its upload ceiling)."""
+    and the document itself with what only this deployment knows (its upload ceiling,
+    how its callers authenticate)."""
 
     def document() -> dict:
         if app.openapi_schema is None:
@@ -238,6 +241,7 @@ def install(
                 tags=app.openapi_tags,
             )
             document_deployment(schema, upload_ceiling, tool_policies, allowed_types)
+            document_security(schema, auth_mode)
             app.openapi_schema = schema
         return app.openapi_schema
 

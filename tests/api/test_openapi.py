@@ -210,3 +210,14 @@ def test_readme_api_table_matches_the_document(document):
         (method, path, op["operationId"]) for path, method, op in api_operations(document)
     }
     assert in_readme == in_document
+
+
+def test_the_document_says_how_callers_authenticate(document):
+    """Generated clients take their auth parameters from the security schemes: dev mode's
+    optional X-User-Id here; required mode's in tests/unit/test_openapi_security.py."""
+    schemes = document["components"]["securitySchemes"]
+    assert schemes["bearer"] == {**schemes["bearer"], "type": "http", "scheme": "bearer"}
+    assert (schemes["userId"]["in"], schemes["userId"]["name"]) == ("header", "X-User-Id")
+    assert document["security"] == [{"userId": []}, {}]
+    assert document["paths"]["/healthz"]["get"]["security"] == []
+    assert all("security" not in op for _, _, op in api_operations(document))  # the default
