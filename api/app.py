@@ -23,6 +23,7 @@ from . import cors, garbage, openapi
 from .backends.base import Backend
 from .chat.anthropic_messages import DEFAULT_BASE_URL as DEFAULT_ANTHROPIC_URL
 from .chat.anthropic_messages import AnthropicClient
+from .chat.demo_model import DemoModel
 from .chat.llm import LlmClient, LlmConfig
 from .chat.openai_chat import OpenAiClient
 from .chat.policy import allowed_policies
@@ -85,13 +86,14 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
     )
 
 
-def build_llm(settings: ApiSettings) -> LlmClient | None:
+def build_llm(settings: ApiSettings) -> LlmClient | DemoModel | None:
     """The model client the settings choose, or None (chat answers 503 naming the
     settings to set)."""
     anthropic = settings.llm_provider == "anthropic"
     base_url = settings.llm_base_url or (DEFAULT_ANTHROPIC_URL if anthropic else None)
     if not (base_url and settings.llm_model):
-        return None
+        # Dev mode only (the settings refuse it elsewhere): chat to try with no service.
+        return DemoModel() if settings.demo_model else None
     key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
     config = LlmConfig(
         base_url=base_url,

@@ -94,6 +94,8 @@ def _cmd_api(args: argparse.Namespace, *, dev: bool = False) -> int:
     if dev:
         overrides.update(backend="local", auth_mode="dev", data_dir=args.data_dir or Path("./data"))
         overrides.setdefault("host", "127.0.0.1")
+        if f"{ENV_PREFIX}DEMO_MODEL" not in os.environ:  # chat to try with no model service
+            overrides["demo_model"] = True
         for line in startup.dev_notices(os.environ, ENV_PREFIX):
             print(line, file=sys.stderr, flush=True)
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -40,9 +40,12 @@ def install(app: FastAPI, settings: ApiSettings) -> None:
         return RedirectResponse("/ui/")
 
     @router.get("/ui/config.json")
-    async def ui_config() -> dict:
-        """What the page asks for: a user id (dev) or a bearer token."""
-        return {"auth_mode": settings.auth_mode}
+    async def ui_config(request: Request) -> dict:
+        """What the page asks for (a user id in dev, or a bearer token), and which model
+        answers chat (None: none is configured)."""
+        llm = request.app.state.services.llm
+        model = getattr(llm, "model", None) or (llm.config.model if llm else None)
+        return {"auth_mode": settings.auth_mode, "model": model}
 
     app.include_router(router)
     app.mount("/ui", StaticFiles(directory=WEB_DIR, html=True), name="web")
