@@ -221,3 +221,12 @@ def test_the_document_says_how_callers_authenticate(document):
     assert document["security"] == [{"userId": []}, {}]
     assert document["paths"]["/healthz"]["get"]["security"] == []
     assert all("security" not in op for _, _, op in api_operations(document))  # the default
+
+
+def test_no_parameter_is_a_const(document):
+    """Client generators refuse a `const` header (openapi-python-client 0.29 dropped
+    list_files, download_file and delete_file over `subdir`): one value is an `enum`."""
+    params = [p for _, _, op in api_operations(document) for p in op.get("parameters", [])]
+    assert not [p["name"] for p in params if "const" in p["schema"]]
+    subdir = [p for p in params if p["name"] == "subdir"]
+    assert subdir and all(p["schema"]["enum"] == ["temparea"] for p in subdir)
