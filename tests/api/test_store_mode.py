@@ -149,7 +149,7 @@ def test_files_live_in_the_store_and_come_back_after_the_cache_is_lost(
             "made by code",
         ]
         listing = api.get(f"{url}/files", params={"conversation_id": "c1"}).json()
-        assert [f["name"] for f in listing["files"]] == ["in.csv"]
+        assert listing["files"] == ["in.csv"]
         # An output deleted by file_id leaves the store and the cache.
         r = api.delete(f"{url}/workspace/c1/files/{report['file_id']}")
         assert r.status_code == 200 and r.json()["status"] == "deleted"
@@ -315,7 +315,7 @@ def test_one_user_id_in_two_tenants_has_two_sessions_and_sees_only_its_own_files
         base = f"/api/v1/sessions/{sids[tenant]}"
         with client(tenant) as api:
             listing = api.get(f"{base}/files", params={"conversation_id": "c1"}).json()
-            assert [(f["name"], f["size"]) for f in listing["files"]] == [("same.txt", len(mine))]
+            assert [(f["name"], f["size"]) for f in listing["items"]] == [("same.txt", len(mine))]
             got = api.get(f"{base}/files/same.txt", params={"conversation_id": "c1"})
             assert got.content == mine
             cat = execute(api, base, "cat uploads/temparea/same.txt", cid="c1", language="bash")
