@@ -161,6 +161,67 @@ def test_files_live_in_the_store_and_come_back_after_the_cache_is_lost(
     assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/c1/") == []
 
 
+def test_a_file_deleted_through_the_v1_route_never_comes_back(
+    tmp_path, start_server, seaweedfs, s3_bucket
+):
+    """Issue 33 item 2 (review H2): ``DELETE …/files/{name}`` — the web page's Delete —
+    removes the object and marks the record deleted, not just the cache's copy. Then a
+    refill (the API restarts with its data directory gone, so the cache is rebuilt from the
+    store, as on a resume or another replica) brings back the file kept and never the one
+    deleted, on any route."""
+    import shutil
+
+    import httpx
+    from api_calls import execute
+
+    data = tmp_path / "data"
+    env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none", **seaweedfs.env(s3_bucket)}
+    server = start_server("dev", "--data-dir", str(data), **env)
+    user, cid = "gone-user", "c1"
+    sid = f"sb-session-{user}"
+    url = f"/api/v1/sessions/{sid}"
+    prefix = f"workspaces/default/{sid}/{cid}/"
+    listed = "import os; print(sorted(os.listdir('uploads/temparea')))"
+
+    def check_only_kept(api: httpx.Client) -> None:
+        listing = api.get(f"{url}/files", params={"conversation_id": cid}).json()
+        assert listing["files"] == ["keep.csv"], listing
+        assert api.get(f"{url}/files", params={}).json()["files"] == ["keep.csv"]
+        r = api.get(f"{url}/files/gone.csv", params={"conversation_id": cid})
+        assert r.status_code == 404, r.text
+        info = api.get(f"{url}/workspace/{cid}").json()
+        assert [f["file_path"] for f in info["files"]] == ["uploads/temparea/keep.csv"]
+
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api:
+        for name in ("keep.csv", "gone.csv"):
+            r = api.post(
+                f"{url}/files/upload",
+                files={"file": (name, f"bytes of {name}".encode())},
+                data={"conversation_id": cid},
+            )
+            assert r.status_code == 201, r.text
+        r = api.delete(f"{url}/files/gone.csv", params={"conversation_id": cid})
+        assert r.status_code == 200 and r.json()["deleted"] is True, r.text
+        check_only_kept(api)
+        assert execute(api, url, listed, cid=cid)["stdout"].strip() == "['keep.csv']"
+    doc = manifest(seaweedfs, s3_bucket, sid, cid)
+    states = {f["file_path"]: f["status"] for f in doc["files"]}
+    assert states == {"uploads/temparea/keep.csv": "active", "uploads/temparea/gone.csv": "deleted"}
+    assert objects(seaweedfs, s3_bucket, prefix) == [
+        f"{prefix}.sbw/files.json",
+        f"{prefix}uploads/temparea/keep.csv",
+    ]
+
+    server.stop()
+    shutil.rmtree(data)  # the cache is lost: the first use refills it from the store
+    server = start_server("dev", "--data-dir", str(data), **env)
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api:
+        assert execute(api, url, listed, cid=cid)["stdout"].strip() == "['keep.csv']"
+        check_only_kept(api)
+        got = api.get(f"{url}/files/keep.csv", params={"conversation_id": cid})
+        assert got.content == b"bytes of keep.csv"
+
+
 def test_a_chat_run_writes_back_after_its_tools_and_marks_presented_files(
     tmp_path, start_server, seaweedfs, s3_bucket, scripted_llm
 ):
