@@ -138,6 +138,14 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         store = S3Store(settings.s3)
         backend = StoreBackend(backend, http, store, Layout(settings.s3.prefix))
         file_service = StoredFiles(backend, http)
+    elif settings.backend == "local":  # the embedded default: seed 003's records beside it
+        from sandbox_workspace.store import DirStore
+
+        from .backends.cache_records import RecordsBackend
+
+        records = RecordsBackend(backend, http, DirStore(settings.data_dir / "records"))
+        backend = records
+        file_service = CacheFiles(backend, http, records)
     services = Services(
         settings=settings,
         backend=backend,

@@ -258,13 +258,12 @@ def test_a_chat_run_writes_back_after_its_tools_and_marks_presented_files(
     assert record["outputs/r.txt"]["is_presented"] is True
 
 
-def test_seed_003_operations_by_file_id_and_tenant(tmp_path, start_server, seaweedfs, s3_bucket):
-    """Seed 003's routes: upload with a description, workspace information, download and
-    delete by file_id — in the caller's tenant only; a disabled workspace refuses writes."""
+def seed_003_contract(server) -> tuple[str, dict]:
+    """Seed 003's routes as a client uses them: upload with a description, workspace
+    information, download and delete by file_id — in the caller's tenant only; a disabled
+    workspace refuses writes. Answers the session's own id and the file's record."""
     import httpx
 
-    env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none", **seaweedfs.env(s3_bucket)}
-    server = start_server("dev", "--data-dir", str(tmp_path / "data"), **env)
     user, sid = "seed3-user", "sb-session-seed3-user"  # names the caller's acme session
     own = "sb-tenant-4-acme-seed3-user"  # that session's own id (one per tenant and user)
     seed = "/api/tenants/acme/workspace/c9"
@@ -327,6 +326,30 @@ def test_seed_003_operations_by_file_id_and_tenant(tmp_path, start_server, seawe
         assert api.delete(f"{seed}/files/{record['file_id']}").status_code == 404
         listing = api.get(f"/api/v1/sessions/{sid}/files", params={"conversation_id": "c9"})
         assert listing.json()["files"] == []
+    return own, record
+
+
+@pytest.mark.parametrize("mode", ["s3", "local"])
+def test_seed_003_operations_by_file_id_and_tenant(tmp_path, start_server, request, mode):
+    """The same contract in both store modes (issue 36 item 8): with the object store,
+    the records and objects are the bucket's; on the embedded default, the records are
+    kept beside the sessions and the files are the workspace's."""
+    import httpx
+
+    env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none"}
+    if mode == "s3":
+        seaweedfs, s3_bucket = (request.getfixturevalue(f) for f in ("seaweedfs", "s3_bucket"))
+        env |= seaweedfs.env(s3_bucket)
+    server = start_server("dev", "--data-dir", str(tmp_path / "data"), **env)
+    own, record = seed_003_contract(server)
+    sid, headers = "sb-session-seed3-user", {"X-User-Id": "seed3-user", "X-Tenant-Id": "acme"}
+    if mode == "local":
+        records = tmp_path / "data" / "records" / "objects" / "workspaces" / "acme"
+        assert [p.name for p in records.iterdir()] == [own]
+        r = httpx.delete(f"{server.url}/api/v1/sessions/{sid}", headers=headers, timeout=60)
+        assert r.status_code in (200, 202, 204), r.text
+        assert list(records.iterdir()) == []  # the session's records went with it
+        return
     doc = manifest(seaweedfs, s3_bucket, own, "c9", tenant="acme")
     assert [(f["file_id"], f["status"]) for f in doc["files"]] == [(record["file_id"], "deleted")]
     assert objects(seaweedfs, s3_bucket, f"workspaces/acme/{own}/c9/") == [
@@ -401,8 +424,3 @@ def test_one_user_id_in_two_tenants_has_two_sessions_and_sees_only_its_own_files
                     assert api.get(f"/api/tenants/{other}/workspace/c1").status_code == 404
         key = f"workspaces/{tenant}/{sids[tenant]}/c1/uploads/temparea/same.txt"
         assert key in objects(seaweedfs, s3_bucket, f"workspaces/{tenant}/{sids[tenant]}/")
-
-
-def test_seed_003_operations_need_the_store(api, session_url):
-    r = api.get(f"{session_url}/workspace/c1")
-    assert r.status_code == 503 and r.json()["error"]["code"] == "store_not_configured"
