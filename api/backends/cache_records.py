@@ -26,22 +26,20 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from functools import partial
-from typing import Any
 
 import httpx
 
-from sandbox_workspace.runtime.client import RuntimeRefused
 from sandbox_workspace.store import ObjectStore
 from sandbox_workspace.store.layout import Layout, Scope
 from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Written
 
 from ..runtime_client import RuntimeClient
 from .base import Backend, Session
-from .store_backend import StoreBackend, WorkspaceDisabled
-from .store_cache import OUTPUTS, UPLOADS, Hashing
+from .store_backend import MetadataDecorator
+from .store_cache import OUTPUTS, UPLOADS, Hashing, listings
 
 
-class RecordsBackend:
+class RecordsBackend(MetadataDecorator):
     def __init__(self, inner: Backend, http: httpx.AsyncClient, store: ObjectStore) -> None:
         self.inner = inner
         self.http = http
@@ -51,29 +49,14 @@ class RecordsBackend:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime
 
-    def __getattr__(self, name: str) -> Any:  # everything else is the inner backend's
-        return getattr(self.inner, name)
-
-    scope = staticmethod(StoreBackend.scope)
-
     def _lock(self, session: Session, cid: str) -> asyncio.Lock:
         return self._locks.setdefault((session.session_id, cid), asyncio.Lock())
-
-    async def start(self) -> None:
-        await self.store.check()
-        await self.inner.start()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-        await self.store.aclose()
 
     # -- the hooks ------------------------------------------------------------------
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
         await self.inner.conversation_opened(session, conversation_id)
-        manifest = await self.meta.get(self.scope(session), conversation_id)
-        if manifest is not None and not manifest.workspace_enabled:
-            raise WorkspaceDisabled(conversation_id)
+        await self.refuse_disabled(session, conversation_id)
 
     async def conversation_written(self, session: Session, conversation_id: str) -> None:
         await self.inner.conversation_written(session, conversation_id)
@@ -112,7 +95,7 @@ class RecordsBackend:
         client = RuntimeClient(self.http, session.endpoint)
         async with self._lock(session, cid):
             manifest = await self.meta.get(scope, cid) or Manifest(cid)
-            uploads, outputs = await _listings(client, cid)
+            uploads, outputs = await listings(client, cid)
             for name, f in uploads.items():
                 path, old = UPLOADS + name, manifest.active(UPLOADS + name)
                 if f.modified:  # changed by code: its bytes now, hashed
@@ -196,14 +179,3 @@ class RecordsBackend:
         await self.inner.conversation_opened(session, cid)
         async with self._lock(session, cid):
             await self.meta.set_enabled(self.scope(session), cid, enabled)
-
-
-async def _listings(client: RuntimeClient, cid: str) -> tuple[dict, dict]:
-    try:
-        uploads = {f.name: f for f in (await client.list_uploads(cid)).files}
-        outputs = {f.relative_path: f for f in (await client.list_outputs(cid)).files}
-    except RuntimeRefused as e:
-        if e.status != 404:
-            raise
-        return {}, {}
-    return uploads, outputs
