@@ -7,9 +7,10 @@ caller's own and ``tenant_id`` must be the caller's tenant (a JWT claim or
 ``X-Tenant-Id``) — any other answers 404, as a foreign session does. The two differ only
 in how the place is named (``v1_place``, ``seed_place``) and in the operations' names.
 
-The files and their records are the file service's (``api/files``): seed 003's records
-(file ids, versions, descriptions) are the object store's metadata, so without a store
-(``SANDBOX_WORKSPACE_STORE=local``) these routes answer 503 ``store_not_configured``.
+The files and their records are the file service's (``api/files``), with one contract in
+both store modes: the object store's metadata in ``s3`` mode; on the embedded default (the
+local backend) the same records kept beside the sessions (``cache_records``). Only the
+kubernetes backend without a store has nowhere to keep them: 503 ``store_not_configured``.
 ``workspace_enabled=false`` (``PATCH``) makes uploads, executions and chat tool calls in
 the conversation answer 409 ``workspace_disabled``.
 """

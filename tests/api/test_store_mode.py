@@ -343,7 +343,34 @@ def test_seed_003_operations_by_file_id_and_tenant(tmp_path, start_server, reque
     server = start_server("dev", "--data-dir", str(tmp_path / "data"), **env)
     own, record = seed_003_contract(server)
     sid, headers = "sb-session-seed3-user", {"X-User-Id": "seed3-user", "X-Tenant-Id": "acme"}
-    if mode == "local":
+    if mode == "local":  # the records follow the workspace: code's writes, v1's deletes
+        import hashlib
+
+        from api_calls import execute
+
+        v1 = f"/api/v1/sessions/{sid}"
+        with httpx.Client(base_url=server.url, headers=headers, timeout=60) as api:
+            r = api.post(
+                f"{v1}/files/upload",
+                files={"file": ("v1.txt", b"by v1")},
+                data={"conversation_id": "c9"},
+            )
+            assert r.status_code == 201, r.text
+            execute(api, v1, "printf hi > outputs/made.txt", cid="c9", language="bash")
+            files = {f["file_path"]: f for f in api.get(f"{v1}/workspace/c9").json()["files"]}
+            assert set(files) == {"uploads/temparea/v1.txt", "outputs/made.txt"}
+            made = files["outputs/made.txt"]
+            assert (made["source"], made["checksum"]) == (
+                "ai_created",
+                hashlib.sha256(b"hi").hexdigest(),
+            )
+            got = api.get(f"/api/tenants/acme/workspace/c9/files/{made['file_id']}")
+            assert got.content == b"hi" and got.headers["x-file-version"] == "1"
+            assert api.delete(f"{v1}/files/v1.txt", params={"conversation_id": "c9"}).is_success
+            execute(api, v1, "rm outputs/made.txt", cid="c9", language="bash")
+            assert api.get(f"{v1}/workspace/c9").json()["files"] == []
+            r = api.get(f"/api/tenants/acme/workspace/c9/files/{made['file_id']}")
+            assert r.status_code == 404
         records = tmp_path / "data" / "records" / "objects" / "workspaces" / "acme"
         assert [p.name for p in records.iterdir()] == [own]
         r = httpx.delete(f"{server.url}/api/v1/sessions/{sid}", headers=headers, timeout=60)
