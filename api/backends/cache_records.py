@@ -36,7 +36,7 @@ from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Wri
 from ..runtime_client import RuntimeClient
 from .base import Backend, Session
 from .store_backend import MetadataDecorator
-from .store_cache import OUTPUTS, UPLOADS, Hashing, listings
+from .store_cache import OUTPUTS, UPLOADS, Hashing, drop_cached, listings
 
 
 class RecordsBackend(MetadataDecorator):
@@ -171,9 +171,13 @@ class RecordsBackend(MetadataDecorator):
         record = manifest.by_id(file_id)
         return record if record is not None and record.active else None
 
-    async def mark_deleted(self, session: Session, cid: str, file_id: str) -> FileRecord | None:
+    async def delete(self, session: Session, cid: str, record: FileRecord) -> FileRecord | None:
+        """Remove the file from the workspace and mark its record deleted, together (a
+        sync in between would find it gone first); None when it was deleted meanwhile."""
         async with self._lock(session, cid):
-            return await self.meta.mark_deleted(self.scope(session), cid, file_id=file_id)
+            await drop_cached(RuntimeClient(self.http, session.endpoint), cid, record.file_path)
+            self._seen.pop((session.session_id, cid, record.file_path), None)
+            return await self.meta.mark_deleted(self.scope(session), cid, file_id=record.file_id)
 
     async def set_enabled(self, session: Session, cid: str, enabled: bool) -> None:
         await self.inner.conversation_opened(session, cid)

@@ -32,6 +32,7 @@ import httpx
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError, TooLarge, Unavailable
 from sandbox_workspace.runtime.schemas import UploadedFile, UploadList, UploadResult
 from sandbox_workspace.runtime.workspace import Workspace
+from sandbox_workspace.store import Download
 from sandbox_workspace.store.metadata import FileRecord
 
 from ..backends.base import Backend, Session
@@ -105,7 +106,9 @@ class FileService(Protocol):
 
     async def records(self, session: Session, cid: str) -> Records: ...
 
-    async def open_record(self, session: Session, cid: str, file_id: str) -> tuple: ...
+    async def open_record(
+        self, session: Session, cid: str, file_id: str
+    ) -> tuple[FileRecord, Download]: ...
 
     async def delete_record(self, session: Session, cid: str, file_id: str) -> FileRecord: ...
 

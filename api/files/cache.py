@@ -23,7 +23,7 @@ from sandbox_workspace.store.metadata import FileRecord
 
 from ..backends.base import Backend, Session
 from ..backends.cache_records import RecordsBackend
-from ..backends.store_cache import OUTPUTS, UPLOADS, drop_cached
+from ..backends.store_cache import OUTPUTS, UPLOADS
 from ..backends.store_upload import TeeUpload
 from ..file_refs import FileRef
 from ..upload_guard import GuardedBody
@@ -123,10 +123,8 @@ class CacheFiles(RuntimeFiles):
         return record, _Body(response)
 
     async def delete_record(self, session: Session, cid: str, file_id: str) -> FileRecord:
-        records = self.records_kept()
         record = await self._record(session, cid, file_id)
-        await drop_cached(self.client(session), cid, record.file_path)
-        gone = await records.mark_deleted(session, cid, file_id)
+        gone = await self.records_kept().delete(session, cid, record)
         if gone is None:  # deleted meanwhile by another request
             raise NotFoundError(f"no file '{file_id}' in conversation '{cid}'")
         return gone

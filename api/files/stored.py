@@ -34,10 +34,7 @@ def _path(ref: FileRef) -> str:
 
 class StoredFiles(RuntimeFiles):
     top_level_kept = False  # the store keeps uploads/temparea and outputs/ only
-    backend: StoreBackend
-
-    def __init__(self, backend: StoreBackend, http) -> None:
-        super().__init__(backend, http)
+    backend: StoreBackend  # (given by app.create_app)
 
     async def upload(self, session: Session, upload: Upload) -> UploadResult:
         given = await self.precheck(session, upload)
