@@ -176,18 +176,34 @@ class StoreBackend(MetadataDecorator):
         await self.ensure_filled(session, conversation_id)
         await self.refuse_disabled(session, conversation_id)
 
+    def _fill_key(self, session: Session, conversation_id: str) -> tuple[str, str, str] | None:
+        ep = session.endpoint
+        if ep is None:
+            return None
+        return (session.session_id, f"{ep.url} {ep.token} {ep.incarnation}", conversation_id)
+
     async def ensure_filled(self, session: Session, conversation_id: str) -> None:
         await self.inner.conversation_opened(session, conversation_id)
-        if session.endpoint is None:
-            return
-        ep = session.endpoint
-        key = (session.session_id, f"{ep.url} {ep.token} {ep.incarnation}", conversation_id)
-        if key in self._filled:
+        key = self._fill_key(session, conversation_id)
+        if key is None or key in self._filled:
             return
         async with self._lock(session, conversation_id):
             if key not in self._filled:
                 await self.fill(session, conversation_id)
                 self._filled.add(key)
+
+    async def filled_for_reading(self, session: Session, conversation_id: str) -> None:
+        """Before a read of the cache (a listing, a download): a conversation the store
+        holds is filled first, so a read never misses a file the store has (a new
+        runtime, an API restart); one the store does not know, or one being deleted, is
+        read as the cache has it — a read creates nothing."""
+        key = self._fill_key(session, conversation_id)
+        if key is None or key in self._filled:
+            return
+        if await self.meta.get(self.scope(session), conversation_id) is None:
+            return
+        with contextlib.suppress(ConversationDeleting):
+            await self.ensure_filled(session, conversation_id)
 
     async def conversation_written(self, session: Session, conversation_id: str) -> None:
         await self.inner.conversation_written(session, conversation_id)

@@ -3,8 +3,10 @@
 
 Contract (see ``files.base``; the synchronisation itself is ``StoreBackend``'s):
 - an upload goes to the cache and the store in one pass, and is recorded;
-- a download serves the cache's copy only when its digest is the one recorded, else the
-  recorded version from the store — never bytes the store does not hold;
+- a listing or a download of a conversation the store holds fills the cache first (once
+  per runtime), so a read never misses a file the store has; a download serves the
+  cache's copy only when its digest is the one recorded, else the recorded version from
+  the store — never bytes the store does not hold;
 - a deletion, by name or path (v1) or by ``file_id`` (seed 003), removes the object and
   the cache's copy and marks the record deleted, under the conversation's fence; a fill
   writes back only active records, so a deleted file never comes back, on any route,
@@ -16,7 +18,7 @@ Contract (see ``files.base``; the synchronisation itself is ``StoreBackend``'s):
 
 from __future__ import annotations
 
-from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR, UploadResult
+from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR, UploadList, UploadResult
 from sandbox_workspace.store.metadata import FileRecord
 
 from ..backends.base import Session
@@ -52,7 +54,12 @@ class StoredFiles(RuntimeFiles):
         )
         return record
 
+    async def listing(self, session: Session, cid: str) -> UploadList:
+        await self.backend.filled_for_reading(session, cid)
+        return await super().listing(session, cid)
+
     async def open(self, session: Session, ref: FileRef) -> Opened:
+        await self.backend.filled_for_reading(session, ref.conversation_id)
         cached = await self.open_cached(session, ref)
         return await self.backend.verified(session, ref.conversation_id, _path(ref), cached)
 

@@ -216,10 +216,11 @@ def test_a_file_deleted_through_the_v1_route_never_comes_back(
     shutil.rmtree(data)  # the cache is lost: the first use refills it from the store
     server = start_server("dev", "--data-dir", str(data), **env)
     with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api:
-        assert execute(api, url, listed, cid=cid)["stdout"].strip() == "['keep.csv']"
-        check_only_kept(api)
+        # The first read refills the new cache from the store: the file kept, not the other.
         got = api.get(f"{url}/files/keep.csv", params={"conversation_id": cid})
         assert got.content == b"bytes of keep.csv"
+        check_only_kept(api)
+        assert execute(api, url, listed, cid=cid)["stdout"].strip() == "['keep.csv']"
 
 
 def test_a_chat_run_writes_back_after_its_tools_and_marks_presented_files(
