@@ -89,7 +89,7 @@ def test_killed_runtime_pod_is_recreated(
 
     session = wait_until(replaced, timeout=TIMEOUT, message="a new pod, Running")
     files = runtime_of(kube_api, namespace, session).request("GET", "/v1/conversations/c1/uploads")
-    assert files.json()["files"] == ["keep.csv"]  # the PVC kept them
+    assert [f["name"] for f in files.json()["files"]] == ["keep.csv"]  # the PVC kept them
 
 
 def test_invalid_specs_are_rejected_by_the_apiserver(kube_api: KubeClient, namespace: str):

@@ -134,7 +134,7 @@ def test_orphaned_claim_keeps_the_finalizer_until_a_runtime_deleted_the_files(
     assert owners(kube_api.get(claim_path(namespace))) == [uid]
     assert owners(kube_api.get(pod_path(namespace))) == [uid]
     r = runtime_of(kube_api, namespace, again).request("GET", "/v1/conversations/c2/uploads")
-    assert r.json()["files"] == ["data.csv"]
+    assert [f["name"] for f in r.json()["files"]] == ["data.csv"]
     assert session["metadata"]["uid"] != uid
 
 
