@@ -7,6 +7,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from sandbox_workspace.api.files.base import StoreNotConfigured
 from sandbox_workspace.runtime.errors import (
     ApiError,
     ConversationDeleting,
@@ -24,6 +25,7 @@ from sandbox_workspace.runtime.executor import TooBusy
         pytest.param(TooBusy("busy"), "2", id="too-busy"),
         pytest.param(ConversationDeleting("c"), "1", id="own-value"),
         pytest.param(NotConfigured("no model", code="llm_not_configured"), None, id="config"),
+        pytest.param(StoreNotConfigured("no store"), None, id="no-store"),
     ],
 )
 def test_retry_after_only_when_waiting_helps(error: ApiError, retry_after: str | None):
