@@ -82,13 +82,14 @@ def serve_upstream(cert: str, key: str, port_file: str) -> None:
                     head += data
                 path = head.split(b" ", 2)[1]
                 mib = int(path.split(b"?")[1]) if path.startswith(b"/big") else 0
-                length = mib << 20 if mib else 2
+                small = head.split(b"\r\n\r\n")[0] if path == b"/echo" else b"ok"
+                length = mib << 20 if mib else len(small)
                 tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % length)
                 if mib:
                     for _ in range(mib):
                         tls.sendall(CHUNK)
                 else:
-                    tls.sendall(b"ok")
+                    tls.sendall(small)
         except (OSError, ssl.SSLError):
             pass
 
