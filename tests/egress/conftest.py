@@ -77,6 +77,14 @@ class Loop:
     def run(self, coro, timeout: float = 30):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
+    def close(self, server: asyncio.Server) -> None:
+        """Close ``server`` on its own loop (asyncio objects are not thread-safe)."""
+
+        async def close() -> None:
+            server.close()
+
+        self.run(close())
+
     def stop(self) -> None:
         async def cancel_others() -> None:
             me = asyncio.current_task()
@@ -140,7 +148,7 @@ def upstreams(loop_thread, tmp_path_factory) -> Iterator[Upstreams]:
         tls.sockets[0].getsockname()[1], plain.sockets[0].getsockname()[1], cert, received
     )
     for server in (tls, plain):
-        server.close()
+        loop_thread.close(server)
 
 
 async def table_resolve(host: str, port: int):
@@ -167,4 +175,4 @@ def egress_proxy(loop_thread) -> Iterator[RunningProxy]:
     proxy = EgressProxy(policies.get, resolve=table_resolve, config=config)
     server = loop_thread.run(proxy.serve_tcp("127.0.0.1", 0, lambda peer: "s1"))
     yield RunningProxy(server.sockets[0].getsockname()[1], policies, proxy)
-    server.close()
+    loop_thread.close(server)

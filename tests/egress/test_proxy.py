@@ -181,4 +181,4 @@ def test_each_unix_socket_is_its_own_session(upstreams, tmp_path, loop_thread: L
         b" policy (allowed: nothing)",
     }
     for server in servers.values():
-        server.close()
+        loop_thread.close(server)
