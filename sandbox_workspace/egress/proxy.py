@@ -10,7 +10,10 @@ Contract:
   that same host, or the tunnel is closed with a TLS ``unrecognized_name`` alert. The
   proxy never terminates TLS here: bytes pass through untouched.
 - ``METHOD http://host[:port]/path`` forwards that one request (scheme ``http``) with its
-  ``Host`` set from the URL and ``Connection: close``; the answer is relayed as is.
+  ``Host`` set from the URL, one ``Content-Length`` and ``Connection: close``; the answer
+  is relayed as is. A head an upstream could read differently from the proxy (bare CR or
+  LF, folded or spaced header names, two lengths, chunked bodies) is refused, so no
+  second request or ``Host`` rides past the checks.
 - The proxy resolves names itself and connects to the address it checked; a name with any
   address in a forbidden network is refused (DNS rebinding), as is any IP literal.
 - A refusal is an HTTP answer whose status line and body say why (``403 Egress refused:
@@ -24,6 +27,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import re
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -59,7 +63,10 @@ _HOP_BY_HOP = {
     b"upgrade",
     b"host",
 }
+_LENGTH = {b"content-length"}
 _CHUNK = 256 * 1024
+# RFC 9110 token characters: a header name is exactly this, no spaces around it.
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 async def system_resolve(host: str, port: int) -> list[IPAddress]:
@@ -93,6 +100,20 @@ def refusal_response(status: int, reason: str) -> bytes:
         "X-Sandbox-Egress: refused\r\n"
         "Connection: close\r\n\r\n"
     ).encode() + body
+
+
+def parse_headers(lines: list[bytes]) -> list[tuple[bytes, bytes]]:
+    """(lower-case name, value) pairs; Refused(400) for anything an upstream could read
+    differently from us: a name that is not a token (spaces, obs-fold continuation
+    lines), a bare CR or LF or a NUL in a value (a second header or request smuggled
+    past the checks)."""
+    headers = []
+    for line in lines:
+        name, sep, value = line.partition(b":")
+        if not sep or not _TOKEN.fullmatch(name) or any(c in value for c in b"\r\n\0"):
+            raise Refused(400, "malformed header line")
+        headers.append((name.lower(), value.strip(b" \t")))
+    return headers
 
 
 def parse_authority(authority: str, default_port: int | None) -> tuple[str, int]:
@@ -170,9 +191,7 @@ class EgressProxy:
             method, target, version = request_line.decode("ascii").split(" ")
         except (UnicodeDecodeError, ValueError):
             raise Refused(400, "malformed request line") from None
-        headers = [tuple(line.split(b":", 1)) for line in header_lines]
-        if any(len(h) != 2 for h in headers):
-            raise Refused(400, "malformed header line")
+        headers = parse_headers(header_lines)
         policy = self.policies(session_id) if session_id is not None else None
         if method == "CONNECT":
             host, port = parse_authority(target, None)
@@ -258,26 +277,26 @@ class EgressProxy:
         method: str,
         target: str,
         version: str,
-        headers: list[tuple[bytes, ...]],
+        headers: list[tuple[bytes, bytes]],
     ) -> None:
         url = urlsplit(target)
         if url.username or url.password:
             raise Refused(400, "credentials in the URL are not forwarded")
         host, port = parse_authority(url.netloc, DEFAULT_PORTS["http"])
-        names = {h[0].strip().lower() for h in headers}
-        if b"transfer-encoding" in names:
+        if any(name == b"transfer-encoding" for name, _ in headers):
             raise Refused(411, "chunked request bodies are not forwarded: send Content-Length")
-        length = 0
-        for key, value in headers:
-            if key.strip().lower() == b"content-length":
-                if not value.strip().isdigit():
-                    raise Refused(400, "bad Content-Length")
-                length = int(value.strip())
+        lengths = {value for name, value in headers if name == b"content-length"}
+        if len(lengths) > 1 or not all(v.isdigit() for v in lengths):
+            # Two lengths could make the upstream read a second, unchecked request.
+            raise Refused(400, "one numeric Content-Length, please")
+        length = int(next(iter(lengths), b"0"))
         _, up_reader, up_writer = await self._open(policy, "http", host, port)
         try:
             path = (url.path or "/") + (f"?{url.query}" if url.query else "")
             out = [f"{method} {path} {version}".encode(), b"Host: " + url.netloc.encode()]
-            out += [k + b":" + v for k, v in headers if k.strip().lower() not in _HOP_BY_HOP]
+            out += [k + b": " + v for k, v in headers if k not in _HOP_BY_HOP | _LENGTH]
+            if lengths:
+                out.append(b"Content-Length: %d" % length)
             out.append(b"Connection: close")
             up_writer.write(b"\r\n".join(out) + b"\r\n\r\n")
             while length > 0:

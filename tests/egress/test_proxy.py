@@ -182,3 +182,46 @@ def test_each_unix_socket_is_its_own_session(upstreams, tmp_path, loop_thread: L
     }
     for server in servers.values():
         loop_thread.close(server)
+
+
+def raw_request(proxy_port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", proxy_port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize(
+    "smuggled",
+    [
+        b"X-A: a\nHost: evil.test",  # a bare LF: a second header to a lenient upstream
+        b"X-A: a\r\n Host: evil.test",  # an obs-fold continuation line
+        b"Host : evil.test",  # whitespace before the colon
+        b"Content-Length: 0\r\nContent-Length: 60",  # two lengths: a second request
+        b"Content-Length: 1e3",
+    ],
+)
+def test_heads_an_upstream_could_read_differently_are_refused(egress_proxy, upstreams, smuggled):
+    allow(egress_proxy, Rule.make("plain.test", ports=[upstreams.http_port], schemes=["http"]))
+    seen = len(upstreams.received)
+    url = f"http://plain.test:{upstreams.http_port}/"
+    answer = raw_request(
+        egress_proxy.port, b"POST %s HTTP/1.1\r\n%s\r\n\r\n" % (url.encode(), smuggled)
+    )
+    assert answer.startswith(b"HTTP/1.1 400 Egress refused: ")
+    assert len(upstreams.received) == seen
+
+
+def test_a_body_is_forwarded_with_one_length(egress_proxy, upstreams):
+    allow(egress_proxy, Rule.make("plain.test", ports=[upstreams.http_port], schemes=["http"]))
+    url = f"http://plain.test:{upstreams.http_port}/upload"
+    answer = raw_request(
+        egress_proxy.port,
+        b"POST %s HTTP/1.1\r\nContent-Length: 3\r\nX-Tool: t\r\n\r\nabc" % url.encode(),
+    )
+    assert answer.startswith(b"HTTP/1.1 200 OK")
+    head = upstreams.received[-1].lower()
+    assert head.count(b"content-length:") == 1 and b"content-length: 3" in head
+    assert b"x-tool: t" in head
