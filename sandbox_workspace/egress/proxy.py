@@ -12,8 +12,9 @@ Contract:
 - ``METHOD http://host[:port]/path`` forwards that one request (scheme ``http``) with its
   ``Host`` set from the URL, one ``Content-Length`` and ``Connection: close``; the answer
   is relayed as is. A head an upstream could read differently from the proxy (bare CR or
-  LF, folded or spaced header names, two lengths, chunked bodies) is refused, so no
-  second request or ``Host`` rides past the checks.
+  LF, folded or spaced header names, two lengths, chunked bodies, control characters or
+  an odd version in the request line) is refused, so no second request or ``Host`` rides
+  past the checks.
 - The proxy resolves names itself and connects to the address it checked; a name with any
   address in a forbidden network is refused (DNS rebinding), as is any IP literal.
 - A refusal is an HTTP answer whose status line and body say why (``403 Egress refused:
@@ -67,6 +68,7 @@ _LENGTH = {b"content-length"}
 _CHUNK = 256 * 1024
 # RFC 9110 token characters: a header name is exactly this, no spaces around it.
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_VERSION = re.compile(rb"HTTP/1\.[01]")
 
 
 async def system_resolve(host: str, port: int) -> list[IPAddress]:
@@ -187,10 +189,16 @@ class EgressProxy:
         except asyncio.LimitOverrunError:
             raise Refused(431, "request head too large") from None
         request_line, *header_lines = head[:-4].split(b"\r\n")
-        try:
-            method, target, version = request_line.decode("ascii").split(" ")
-        except (UnicodeDecodeError, ValueError):
-            raise Refused(400, "malformed request line") from None
+        parts = request_line.split(b" ")
+        if (
+            len(parts) != 3
+            or not _TOKEN.fullmatch(parts[0])
+            or not _VERSION.fullmatch(parts[2])
+            or not parts[1].isascii()
+            or any(c < 0x21 or c == 0x7F for c in parts[1])
+        ):
+            raise Refused(400, "malformed request line")
+        method, target, version = (part.decode("ascii") for part in parts)
         headers = parse_headers(header_lines)
         policy = self.policies(session_id) if session_id is not None else None
         if method == "CONNECT":

@@ -225,3 +225,29 @@ def test_a_body_is_forwarded_with_one_length(egress_proxy, upstreams):
     head = upstreams.received[-1].lower()
     assert head.count(b"content-length:") == 1 and b"content-length: 3" in head
     assert b"x-tool: t" in head
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        b"GET {url} HTTP/1.1\nHost: evil.test",  # a header smuggled in the version
+        b"GET\x0b {url} HTTP/1.1",
+        b"GET {url}\x01 HTTP/1.1",
+        b"GET {url} HTTP/2.0",
+    ],
+)
+def test_malformed_request_lines_are_refused(egress_proxy, upstreams, request_line):
+    allow(egress_proxy, Rule.make("plain.test", ports=[upstreams.http_port], schemes=["http"]))
+    seen = len(upstreams.received)
+    url = f"http://plain.test:{upstreams.http_port}/".encode()
+    answer = raw_request(egress_proxy.port, request_line.replace(b"{url}", url) + b"\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400 Egress refused: malformed request line")
+    assert len(upstreams.received) == seen
+
+
+def test_an_oversized_head_is_refused(egress_proxy):
+    answer = raw_request(
+        egress_proxy.port,
+        b"GET http://plain.test/ HTTP/1.1\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 431 Egress refused: request head too large")
