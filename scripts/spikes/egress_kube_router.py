@@ -104,7 +104,14 @@ def objects(api) -> None:
         )
         api.patch(
             f"/api/v1/namespaces/sb/pods/{name}/status",
-            {"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}},
+            {
+                "status": {
+                    "phase": "Running",
+                    "hostIP": NODE_IP,
+                    "podIP": ip,
+                    "podIPs": [{"ip": ip}],
+                }
+            },
         )
 
 
@@ -148,7 +155,9 @@ def main() -> None:
             )  # fmt: skip
             try:
                 api.create("/apis/networking.k8s.io/v1/namespaces/sb/networkpolicies", POLICY)
-                took = wait_for("the policy to block the store", lambda: probe("store") != "200")
+                took = wait_for(
+                    "the policy to block the store", lambda: probe("store") != "200", timeout=30
+                )
                 print(f"policy enforced {took:.1f} s after create")
                 print(
                     f"with policy: sandbox->proxy {probe('proxy')}, sandbox->store {probe('store')}"
@@ -163,6 +172,12 @@ def main() -> None:
                 router.terminate()
                 router.wait(10)
     finally:
+        # What kube-router programmed, for reading after the run.
+        for name, argv in {
+            "iptables.txt": ["iptables-save"],
+            "ipset.txt": ["ipset", "list"],
+        }.items():
+            (workdir / name).write_text(sh(*argv, check=False).stdout)
         plane.stop()
         tail = (workdir / "kube-router.log").read_text(errors="replace").splitlines()[-15:]
         print("kube-router log tail:", *tail, sep="\n  ")
