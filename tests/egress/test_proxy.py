@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import socket
 import ssl
+import time
 
 import pytest
 
@@ -251,3 +252,46 @@ def test_an_oversized_head_is_refused(egress_proxy):
         b"GET http://plain.test/ HTTP/1.1\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n",
     )
     assert answer.startswith(b"HTTP/1.1 431 Egress refused: request head too large")
+
+
+def test_a_client_hello_split_over_segments_is_read_whole(egress_proxy, upstreams):
+    """The proxy keeps reading until the ClientHello is complete before it decides."""
+    allow(egress_proxy, Rule.make("allowed.test", ports=[upstreams.tls_port]))
+    sock = raw_tunnel(egress_proxy.port, f"allowed.test:{upstreams.tls_port}")
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = tls_context(upstreams.ca_file).wrap_bio(
+        incoming, outgoing, server_hostname="allowed.test"
+    )
+
+    def step(action):
+        """Run a TLS action, pumping records over the socket until it completes."""
+        while True:
+            try:
+                result = action()
+            except ssl.SSLWantReadError:
+                if outgoing.pending:
+                    sock.sendall(outgoing.read())
+                data = sock.recv(65536)
+                assert data, "the proxy closed the tunnel"
+                incoming.write(data)
+                continue
+            if outgoing.pending:
+                sock.sendall(outgoing.read())
+            return result
+
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    hello = outgoing.read()
+    sock.sendall(hello[:7])  # the record header and two bytes of the handshake header
+    # Give the proxy a read of the partial hello on its own (not needed for correctness:
+    # coalesced segments would pass too, only without exercising the partial read).
+    time.sleep(0.05)
+    sock.sendall(hello[7:])
+    step(tls.do_handshake)
+    step(lambda: tls.write(b"GET /split HTTP/1.1\r\nHost: allowed.test\r\n\r\n"))
+    body = b""
+    while b"upstream saw" not in body:
+        body += step(lambda: tls.read(4096))
+    assert body.endswith(b"upstream saw: GET /split HTTP/1.1")
+    sock.close()
