@@ -39,7 +39,7 @@ DEFAULT_TIMEOUT = 300
 
 
 def e2b_error(e: ApiError) -> JSONResponse:
-    return JSONResponse({"code": e.status_code, "message": e.message}, status_code=e.status_code)
+    return JSONResponse({"code": e.status, "message": e.message}, status_code=e.status)
 
 
 async def _caller(request: Request, services: Services) -> Caller:
@@ -92,7 +92,7 @@ async def _create(request: Request, services: Services, body: dict) -> JSONRespo
 
 
 class NotSupported(ApiError):
-    status_code = 501
+    status = 501
     code = "not_supported"
 
 

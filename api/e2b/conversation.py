@@ -101,7 +101,7 @@ class PathNotFound(NotFoundError):
 
 
 class PathExists(ApiError):
-    status_code = 409
+    status = 409
     code = "path_exists"
 
 

@@ -26,8 +26,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from sandbox_workspace.runtime.errors import ApiError, BadRequest
-from sandbox_workspace.runtime.schemas import ExecuteRequest
+from sandbox_workspace.runtime.errors import ApiError, BadRequest, TooLarge
+from sandbox_workspace.runtime.schemas import MAX_CODE_BYTES, ExecuteRequest
 
 from ..deps import Services, ServicesDep
 from ..sse import with_keepalive
@@ -38,6 +38,8 @@ from .paths import to_e2b, to_relative
 
 router = APIRouter(prefix="/e2b/envd", tags=["e2b"], include_in_schema=False)
 KEEPALIVE_SECONDS = 15.0
+# Base64 (4/3) plus the file program itself must fit in one execution's code.
+MAX_WRITE_BYTES = (MAX_CODE_BYTES - 8 * 1024) * 3 // 4
 # Per sandbox: the code interpreter's execution count (the runtime's kernel has none).
 _EXECUTIONS: dict[str, int] = {}
 
@@ -68,7 +70,7 @@ def _entry(info: dict) -> dict[str, Any]:
 
 
 def _file_error(e: ApiError) -> JSONResponse:
-    return JSONResponse({"code": e.status_code, "message": e.message}, status_code=e.status_code)
+    return JSONResponse({"code": e.status, "message": e.message}, status_code=e.status)
 
 
 @router.get("/health")
@@ -108,6 +110,8 @@ async def write_files(request: Request, services: ServicesDep, path: str = "") -
         for rel, data in written:
             if not rel:
                 raise BadRequest("give the file's path", code="invalid_path")
+            if len(data) > MAX_WRITE_BYTES:  # the file travels base64-encoded inside code
+                raise TooLarge(f"files over {MAX_WRITE_BYTES} bytes are not supported yet")
             info = await sandbox.fs("write", rel, data=base64.b64encode(data).decode())
             answer.append({"name": info["name"], "type": "file", "path": to_e2b(rel)})
         return JSONResponse(answer)
@@ -151,7 +155,7 @@ async def filesystem(method: str, request: Request, services: ServicesDep) -> Re
         sandbox = await _sandbox(request, services)
         return JSONResponse(await _fs_call(method, sandbox, await request.json()))
     except ApiError as e:
-        return _connect_error(connect.code_for_status(e.status_code), e.message)
+        return _connect_error(connect.code_for_status(e.status), e.message)
     except (ValueError, TypeError) as e:
         return _connect_error("invalid_argument", f"malformed request: {e}")
 
@@ -196,7 +200,7 @@ async def _process_events(sandbox: Sandbox, request: ExecuteRequest) -> AsyncIte
                 yield connect.end_stream("internal", error.get("message", "failed"))
                 return
     except ApiError as e:
-        yield connect.end_stream(connect.code_for_status(e.status_code), e.message)
+        yield connect.end_stream(connect.code_for_status(e.status), e.message)
         return
     yield connect.end_stream()
 
@@ -217,7 +221,7 @@ async def process(method: str, request: Request, services: ServicesDep) -> Respo
         timeout = min(3600.0, int(timeout_ms) / 1000) if timeout_ms else 3600.0
         execute = ExecuteRequest(language="bash", code=command_of(process), timeout=timeout)
     except ApiError as e:
-        return _stream_error(connect.code_for_status(e.status_code), e.message)
+        return _stream_error(connect.code_for_status(e.status), e.message)
     except (ValueError, IndexError, TypeError) as e:
         return _stream_error("invalid_argument", f"malformed request: {e}")
     events = with_keepalive(

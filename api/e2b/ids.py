@@ -31,12 +31,12 @@ CONVERSATION_PREFIX = "e2b-"
 
 
 class E2BUnauthorized(ApiError):
-    status_code = 401
+    status = 401
     code = "unauthorized"
 
 
 class SandboxNotFound(ApiError):
-    status_code = 404
+    status = 404
     code = "sandbox_not_found"
 
 
