@@ -53,6 +53,15 @@ try:
     report["outside"] = "answered"
 except Exception as e:
     report["outside"] = f"{type(e).__name__}: {e}"
+other = Sandbox.create()
+other.files.write("secret.txt", "other's secret")
+other_dir = other.commands.run("pwd").stdout.strip()
+try:
+    leaked = sbx.commands.run(f"cat {other_dir}/secret.txt").stdout
+except Exception as e:
+    leaked = f"{type(e).__name__}: {e.stderr}"
+report["cross"] = [other_dir, leaked, sbx.commands.run("pwd").stdout.strip()]
+other.kill()
 report["running_before_kill"] = [s.sandbox_id for s in Sandbox.list().next_items()]
 report["killed"] = sbx.kill()
 print(json.dumps(report))
@@ -97,6 +106,10 @@ def test_an_e2b_program_runs_unchanged_and_kill_deletes_its_files(dev_server, tm
     assert report["png"].startswith("iVBORw0KGgo")  # base64 of the PNG signature
     assert "not supported" in report["unsupported"]
     assert "outside the sandbox" in report["outside"]
+    other_dir, leaked, own_dir = report["cross"]
+    # Another sandbox's directory is a sibling this one's commands cannot read (Landlock).
+    assert "/e2b-" in other_dir and other_dir != own_dir
+    assert leaked.startswith("CommandExitException") and "Permission denied" in leaked, leaked
     assert report["id"] in report["running_before_kill"]
     assert report["killed"] is True
     deadline = time.monotonic() + 30
