@@ -22,7 +22,7 @@ from pydantic import (
 from sandbox_workspace.operator.models import FileUploadConfig
 from sandbox_workspace.runtime.schemas import UploadedFile, UploadList, UploadResult
 
-from .backends.base import Session
+from .backends.base import Session, SessionStatus
 from .identity import MAX_USER_ID
 
 
@@ -127,7 +127,7 @@ class SessionResponse(BaseModel):
     def of(cls, s: Session) -> SessionResponse:
         return cls(
             session_id=s.session_id,
-            status=s.status.value,
+            status=_reported_status(s),
             created_at=int(s.created_at.timestamp()),
             ttl=s.spec.ttl_seconds or 0,
             user_id=s.spec.user_id,
@@ -137,6 +137,14 @@ class SessionResponse(BaseModel):
             message=s.message,
             file_upload_config=UploadConfig.of(s.spec.file_upload),
         )
+
+
+def _reported_status(s: Session) -> str:
+    """A resume asked for and not yet acted on is ``pending``: the backend still holds the
+    old ``stopped``/``error``, which the seed's client (§3.2) would take as a failure."""
+    if s.resume_pending and s.status in (SessionStatus.STOPPED, SessionStatus.ERROR):
+        return SessionStatus.PENDING.value
+    return s.status.value
 
 
 class SessionDeleted(BaseModel):
