@@ -19,19 +19,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from seed_client import SeedClient
+from seed_client import SeedClient, assert_recovered
 
 
 def _sid(user: str) -> str:
     return f"sb-session-{user}"
-
-
-def _after_recovery(seed: SeedClient, first: str) -> None:
-    """What the seed's client saw: ``first``, then never a state it fails on."""
-    assert seed.seen[0] == first, seed.seen
-    assert seed.actions == ["recreate"] and seed.created == [409]
-    assert not {"stopped", "error"} & set(seed.seen[1:]), seed.seen
-    assert seed.seen[-1] == "running"
 
 
 def _upload(client: httpx.Client, user: str, name: str, data: bytes) -> None:
@@ -77,7 +69,7 @@ def test_session_in_error_is_recovered_with_its_files(
     wait_status(api, session_url, "error")
     seed = SeedClient(api, user)
     assert seed.ensure(_sid(user)) == _sid(user)
-    _after_recovery(seed, "error")
+    assert_recovered(seed, "error")
     assert _names(api, user) == ["keep.csv"]
 
 
@@ -99,7 +91,7 @@ def test_stopped_session_is_recovered_with_its_files(start_server):
     with httpx.Client(base_url=url, headers={"X-User-Id": user}, timeout=30) as client:
         seed = SeedClient(client, user)
         assert seed.ensure(_sid(user)) == _sid(user)
-        _after_recovery(seed, "stopped")
+        assert_recovered(seed, "stopped")
         assert _names(client, user) == ["keep.csv"]
 
 

@@ -102,3 +102,12 @@ class SeedClient:
                 raise SeedError(f"session in invalid state: {info['status']}")
             time.sleep(RETRY_INTERVAL)
         raise SeedError("timeout waiting for session ready")
+
+
+def assert_recovered(seed: SeedClient, first: str) -> None:
+    """The flow of a session that was down: ``first`` seen, one create answered 409, and
+    from then on never a state the seed's client fails on, until ``running``."""
+    assert seed.seen[0] == first, seed.seen
+    assert seed.actions == ["recreate"] and seed.created == [409]
+    assert not {"stopped", "error"} & set(seed.seen[1:]), seed.seen
+    assert seed.seen[-1] == "running"
