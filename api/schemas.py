@@ -115,7 +115,10 @@ class SessionResponse(BaseModel):
     session_id: str
     status: Literal["pending", "running", "stopped", "error"]
     created_at: int = Field(description="Unix seconds")
-    ttl: int = Field(description="Seconds until deletion; 0 means no TTL")
+    ttl: int = Field(
+        description="The session's TTL in seconds, counted from created_at (the kubernetes "
+        "backend deletes it then; the local backend does not); 0 means no TTL"
+    )
     user_id: str
     agent_id: str
     business_domain_id: str
