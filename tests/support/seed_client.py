@@ -32,6 +32,7 @@ class SeedClient:
     user_id: str
     agent_id: str = "agent-seed"
     business_domain_id: str = "bd-seed"
+    prefix: str = "/api/v1"  # where the client's base URL leaves the API's paths
     seen: list[str] = field(default_factory=list)  # statuses of every GET, in order
     actions: list[str] = field(default_factory=list)  # the span's "action" values
     created: list[int] = field(default_factory=list)  # status codes of its POSTs
@@ -39,7 +40,7 @@ class SeedClient:
     before_create: Callable[[], object] | None = None
 
     def _get(self, session_id: str) -> dict:
-        r = self.client.get(f"/api/v1/sessions/{session_id}")
+        r = self.client.get(f"{self.prefix}/sessions/{session_id}")
         if r.status_code == 404:
             raise LookupError(session_id)
         r.raise_for_status()
@@ -66,7 +67,7 @@ class SeedClient:
         if self.before_create is not None:
             self.before_create()
         r = self.client.post(
-            "/api/v1/sessions",
+            f"{self.prefix}/sessions",
             json={
                 "user_id": self.user_id,
                 "agent_id": self.agent_id,
