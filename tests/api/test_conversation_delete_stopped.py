@@ -45,7 +45,7 @@ def test_stopped_session_stays_stopped_and_the_files_go(start_server, runtime_pi
         assert not gone.exists()
         # The other conversation, and the upload state the runtime keeps, are intact.
         r = client.get(f"{url}/files", params={"conversation_id": "kept"})
-        assert [f["name"] for f in r.json()["files"]] == ["a.csv"]
+        assert r.json()["files"] == ["a.csv"]
         r = client.get(f"{url}/files", params={"conversation_id": "gone"})
         assert r.json()["files"] == []
 
