@@ -48,6 +48,7 @@ def test_stopped_session_stays_stopped_and_the_files_go(start_server, runtime_pi
         assert r.json()["files"] == ["a.csv"]
         r = client.get(f"{url}/files", params={"conversation_id": "gone"})
         assert r.json()["files"] == []
+    second.stop()  # now rather than at the end of the test session
 
 
 def test_deleting_in_a_session_that_does_not_exist_creates_none(api, session_url):

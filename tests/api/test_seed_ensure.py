@@ -11,9 +11,11 @@ local backend stops sessions only when its API stops, so that is how one is stop
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -73,22 +75,30 @@ def test_session_in_error_is_recovered_with_its_files(
     assert _names(api, user) == ["keep.csv"]
 
 
-def _stopped(start_server, user: str, before) -> str:
+@contextlib.contextmanager
+def _stopped(start_server, user: str, before) -> Iterator[str]:
     """A server where ``user``'s session is stopped (its API was restarted after
-    ``before(client)`` ran on the first one); its URL."""
+    ``before(client)`` ran on the first one); its URL. Stopped when done (the factory
+    would keep it, and its runtime, until the end of the test session)."""
     first = start_server("dev", "--data-dir", "data", SANDBOX_WORKSPACE_SANDBOX_MOUNT="none")
     with httpx.Client(base_url=first.url, headers={"X-User-Id": user}, timeout=30) as client:
         before(client)
     first.stop()
     data = str(first.workdir / "data")
-    return start_server("dev", "--data-dir", data, SANDBOX_WORKSPACE_SANDBOX_MOUNT="none").url
+    second = start_server("dev", "--data-dir", data, SANDBOX_WORKSPACE_SANDBOX_MOUNT="none")
+    try:
+        yield second.url
+    finally:
+        second.stop()
 
 
 @pytest.mark.local_backend
 def test_stopped_session_is_recovered_with_its_files(start_server):
     user = "seed-stopped"
-    url = _stopped(start_server, user, lambda c: _upload(c, user, "keep.csv", b"kept"))
-    with httpx.Client(base_url=url, headers={"X-User-Id": user}, timeout=30) as client:
+    with (
+        _stopped(start_server, user, lambda c: _upload(c, user, "keep.csv", b"kept")) as url,
+        httpx.Client(base_url=url, headers={"X-User-Id": user}, timeout=30) as client,
+    ):
         seed = SeedClient(client, user)
         assert seed.ensure(_sid(user)) == _sid(user)
         assert_recovered(seed, "stopped")
@@ -100,8 +110,10 @@ def test_create_of_a_stopped_session_is_409_and_the_next_get_is_pending(start_se
     """The contract the seed's client rests on, step by step (seed 000 §8.1)."""
     user = "seed-next-get"
     session = f"/api/v1/sessions/{_sid(user)}"
-    url = _stopped(start_server, user, lambda c: c.post("/api/v1/sessions", json={}))
-    with httpx.Client(base_url=url, headers={"X-User-Id": user}, timeout=30) as client:
+    with (
+        _stopped(start_server, user, lambda c: c.post("/api/v1/sessions", json={})) as url,
+        httpx.Client(base_url=url, headers={"X-User-Id": user}, timeout=30) as client,
+    ):
         assert client.get(session).json()["status"] == "stopped"
         r = client.post("/api/v1/sessions", json={})
         assert r.status_code == 409 and r.json()["error"]["code"] == "session_exists"

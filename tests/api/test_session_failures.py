@@ -49,6 +49,7 @@ def test_still_starting_after_the_ready_timeout_is_session_not_ready(start_serve
         # Nothing lost: the session goes on starting, and the retry the message asks for works.
         wait_status(client, f"/api/v1/sessions/sb-session-{user}", "running")
         assert _upload(client, user).status_code == 201
+    server.stop()  # with its runtime, now rather than at the end of the test session
 
 
 def test_runtime_that_cannot_start_is_session_failed(
