@@ -10,8 +10,8 @@ deleting in a session that does not exist is a success (nothing is there).
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 
+from sandbox_workspace.runtime.errors import JSONLineResponse
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..deps import CallerDep, ServicesDep
@@ -32,7 +32,7 @@ async def delete_conversation(
     conversation_id: ConversationIdPath,
     caller: CallerDep,
     services: ServicesDep,
-) -> JSONResponse:
+) -> JSONLineResponse:
     """Delete every file of the conversation: 200 when verified gone, 202 while deleting."""
     cid = Workspace.check_conversation_id(conversation_id)
     sid = services.sessions.own_session_id(caller, session_id)
@@ -44,4 +44,4 @@ async def delete_conversation(
     body = ConversationDeletion(
         session_id=sid, conversation_id=cid, status="deleted" if done else "deleting"
     )
-    return JSONResponse(body.model_dump(), status_code=200 if done else 202)
+    return JSONLineResponse(body.model_dump(), status_code=200 if done else 202)

@@ -36,6 +36,7 @@ _RANK = {
     "unit": 0,
     "test_docs.py": 1,
     "store": 2,
+    "egress": 2,  # the egress proxy on loopback: light, no build
     "api": 3,
     "clients": 4,
     "browser": 5,
