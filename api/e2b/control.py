@@ -21,7 +21,7 @@ from sandbox_workspace.runtime.errors import ApiError, BadRequest
 
 from ..deps import Services, ServicesDep
 from ..identity import Caller
-from .conversation import Sandbox, client
+from .conversation import EXECUTIONS, Sandbox, client
 from .ids import (
     AccessTokens,
     caller_for_api_key,
@@ -140,6 +140,7 @@ async def kill_sandbox(sandbox_id: str, request: Request, services: ServicesDep)
         sandbox = await Sandbox.open(services, caller, check_sandbox_id(sandbox_id))
         await services.backend.delete_conversation(sandbox.session, sandbox.cid)
         services.runs.cancel_conversation(sandbox.session.session_id, sandbox.cid)
+        EXECUTIONS.pop(sandbox.cid, None)
         return Response(status_code=204)
     except ApiError as e:
         return e2b_error(e)

@@ -25,6 +25,10 @@ from ..routes.execute import _then
 from ..runtime_client import RuntimeClient
 from .ids import SandboxNotFound, conversation_of
 
+# Per conversation: the code interpreter's execution count (our kernel keeps none); this
+# process's count, dropped at kill.
+EXECUTIONS: dict[str, int] = {}
+
 # One operation per call: argv[1] is {"op", "path", …} with paths relative to the cwd
 # (the conversation's directory); prints one JSON line: {"ok": …} or {"error", "kind"}.
 FS_PROGRAM = r"""

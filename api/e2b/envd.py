@@ -33,15 +33,13 @@ from ..deps import Services, ServicesDep
 from ..sse import with_keepalive
 from . import connect
 from .control import NotSupported, tokens
-from .conversation import Sandbox
+from .conversation import EXECUTIONS, Sandbox
 from .paths import to_e2b, to_relative
 
 router = APIRouter(prefix="/e2b/envd", tags=["e2b"], include_in_schema=False)
 KEEPALIVE_SECONDS = 15.0
 # Base64 (4/3) plus the file program itself must fit in one execution's code.
 MAX_WRITE_BYTES = (MAX_CODE_BYTES - 8 * 1024) * 3 // 4
-# Per sandbox: the code interpreter's execution count (the runtime's kernel has none).
-_EXECUTIONS: dict[str, int] = {}
 
 
 async def _sandbox(request: Request, services: Services) -> Sandbox:
@@ -315,7 +313,7 @@ async def _execution_lines(sandbox: Sandbox, request: ExecuteRequest) -> AsyncIt
                 }
     except ApiError as e:
         yield {"type": "error", "name": e.code, "value": e.message, "traceback": ""}
-    count = _EXECUTIONS[sandbox.cid] = _EXECUTIONS.get(sandbox.cid, 0) + 1
+    count = EXECUTIONS[sandbox.cid] = EXECUTIONS.get(sandbox.cid, 0) + 1
     yield {"type": "number_of_executions", "execution_count": count}
     yield {"type": "end_of_execution"}
 
