@@ -31,6 +31,8 @@ from .chat.runs import RunRegistry
 from .chat.runstore.factory import build_store
 from .chat.tools import TOOL_NAMES
 from .deps import Services
+from .e2b import control as e2b_control
+from .e2b import envd as e2b_envd
 from .files import CacheFiles, FileService
 from .identity import Authenticator, StreamTokens
 from .metrics import install_metrics
@@ -214,6 +216,8 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     if settings.cors_allow_origins:
         cors.install(app, settings.cors_allow_origins)  # outermost: see api/cors.py
     app.include_router(health.router)
+    app.include_router(e2b_envd.router)  # E2B's SDKs (docs/e2b.md)
+    app.include_router(e2b_control.router)
     api_modules = (
         sessions,
         files,
