@@ -16,10 +16,11 @@ from fastapi.middleware.cors import CORSMiddleware
 from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__, tracing
+from sandbox_workspace.http_guard import HttpGuard
 from sandbox_workspace.runtime.errors import install_error_handlers
 from sandbox_workspace.runtime.quantity import parse_bytes
 
-from . import garbage, openapi
+from . import garbage, openapi, request_bounds
 from .backends.base import Backend
 from .chat.anthropic_messages import DEFAULT_BASE_URL as DEFAULT_ANTHROPIC_URL
 from .chat.anthropic_messages import AnthropicClient
@@ -49,6 +50,20 @@ from .routes import (
 )
 from .sessions import SessionService
 from .settings import ApiSettings
+
+API_MODULES = (
+    sessions,
+    files,
+    conversation_state,
+    conversations,
+    execute,
+    chat,
+    ui_chat,
+    ag_ui,
+    agents,
+    sandboxes,
+    workspace,
+)
 
 
 def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
@@ -192,6 +207,11 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
 
         install_kube_error_handler(app)
     install_metrics(app, services.runs)
+    # Before CORS, so its 413s carry the CORS headers.
+    request_bounds.install(app, settings.bounds, (m.router for m in API_MODULES))
+    app.state.http_guard = HttpGuard(  # read by sandbox_workspace.server.serve
+        settings.bounds.max_header_bytes, settings.bounds.header_timeout_seconds
+    )
     if settings.cors_allow_origins:
         # Outermost, so preflights are answered before routing and error answers carry
         # the CORS headers too (else a browser shows a CORS failure instead of the 4xx).
@@ -204,20 +224,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
             max_age=600,
         )
     app.include_router(health.router)
-    api_modules = (
-        sessions,
-        files,
-        conversation_state,
-        conversations,
-        execute,
-        chat,
-        ui_chat,
-        ag_ui,
-        agents,
-        sandboxes,
-        workspace,
-    )
-    for module in api_modules:
+    for module in API_MODULES:
         app.include_router(module.router, responses=openapi.errors(*openapi.COMMON_ERRORS))
     web.install(app, settings)
     return app

@@ -26,6 +26,7 @@ from .claim import Claimed, ClaimHeader, ClaimRequest, ClaimState
 from .confinement import Confinement
 from .errors import ApiError, Unauthorized, install_error_handlers
 from .executor import Executor
+from .output import ResultCaps
 from .outputs import delete_output, list_outputs, open_output, write_output
 from .raw_upload import FEATURE as RAW_UPLOAD
 from .raw_upload import receive_raw_upload
@@ -87,6 +88,7 @@ class RuntimeState:
             kernel_idle_seconds=settings.kernel_idle_seconds,
             limits=limits,
             session_memory=settings.session_memory,
+            result_caps=ResultCaps(settings.max_results, settings.result_cap_bytes),
             confinement=Confinement(
                 max_processes=settings.max_processes,
                 mode=settings.confinement,

@@ -35,6 +35,7 @@ from ..deps import CallerDep, ServicesDep
 from ..file_refs import FileRef, parse_file_ref
 from ..names import NAME_RULES, SessionIdPath, conversation_id_schema, name_schema
 from ..openapi import SESSION_ERRORS, errors
+from ..request_bounds import streams_body
 from ..runtime_client import RuntimeClient
 from ..schemas import FileDeleted, FileList, FileUploaded, SessionFileList
 from ..upload_guard import GuardedBody
@@ -153,6 +154,7 @@ _UPLOAD_BODY = {
     responses=errors(*SESSION_ERRORS, 409, 413, 415),
     openapi_extra={"requestBody": _UPLOAD_BODY},
 )
+@streams_body  # the upload streams under its own per-session limit
 async def upload_file(
     session_id: SessionIdPath, request: Request, caller: CallerDep, services: ServicesDep
 ) -> FileUploaded:

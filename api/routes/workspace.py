@@ -29,6 +29,7 @@ from ..deps import CallerDep, ServicesDep
 from ..identity import Caller
 from ..names import ConversationIdPath, SessionIdPath, name_schema
 from ..openapi import SESSION_ERRORS, errors
+from ..request_bounds import streams_body
 from ..runtime_client import RuntimeClient
 from ..schemas import StoredFile, WorkspaceInfo, WorkspaceSettings
 
@@ -193,6 +194,7 @@ async def update_workspace(
     responses=errors(*SESSION_ERRORS, 409, 413, 415),
     openapi_extra={"requestBody": _UPLOAD_BODY},
 )
+@streams_body  # the upload streams under its own per-session limit
 async def upload_workspace_file(
     session_id: SessionIdPath, conversation_id: ConversationIdPath, request: Request,
     caller: CallerDep, services: ServicesDep,
@@ -238,6 +240,7 @@ async def get_tenant_workspace(
     responses=errors(*SESSION_ERRORS, 409, 413, 415),
     openapi_extra={"requestBody": _UPLOAD_BODY},
 )
+@streams_body  # the upload streams under its own per-session limit
 async def upload_tenant_workspace_file(
     tenant_id: TenantPath, conversation_id: ConversationIdPath, request: Request,
     caller: CallerDep, services: ServicesDep,
