@@ -33,6 +33,7 @@ from .chat.tools import TOOL_NAMES
 from .deps import Services
 from .identity import Authenticator, StreamTokens
 from .metrics import install_metrics
+from .quotas import UserLimits
 from .routes import (
     ag_ui,
     agents,
@@ -82,7 +83,13 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             **settings.limits.runtime_env(),
             "SANDBOX_RUNTIME_SESSION_MEMORY": str(parse_bytes(settings.local_session_memory)),
         }
-        return LocalBackend(settings.data_dir, http, bwrap=bwrap, runtime_env=runtime_env)
+        return LocalBackend(
+            settings.data_dir,
+            http,
+            bwrap=bwrap,
+            runtime_env=runtime_env,
+            max_conversations=settings.quotas.conversations_per_user,
+        )
     from sandbox_workspace.kube import Kube, load_credentials
 
     from .backends.kubernetes import KubernetesBackend
@@ -97,6 +104,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         storage=settings.session_storage,
         network_enabled=settings.session_network == "allow",
         limits=settings.limits,
+        max_conversations=settings.quotas.conversations_per_user,
     )
 
 
@@ -169,6 +177,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         ),
         llm=build_llm(settings),
         store=store,
+        user_limits=UserLimits(settings.quotas),
     )
 
     @asynccontextmanager

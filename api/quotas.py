@@ -6,16 +6,18 @@ Contract:
   per cluster (or data directory) for conversations (counted where they are tracked).
 - ``QuotaExceeded`` (409 ``quota_exceeded``) names the cap and its setting: waiting does
   not help, deleting conversations does.
-- ``Concurrency(kind, cap, setting).hold(key)`` is a context manager that holds one of
-  ``cap`` slots of ``key`` (the caller's session id: tenant and user) or raises
-  ``TooManyAtOnce`` (429 with ``Retry-After``). Counters are dropped when they reach
-  zero, so the map holds only keys with something in progress.
+- ``Concurrency(kind, cap, setting).take(key)`` takes one of ``cap`` slots of ``key``
+  (the caller's session id: tenant and user) and returns its release (idempotent), or
+  raises ``TooManyAtOnce`` (429 with ``Retry-After``); ``hold(key)`` is the same as a
+  context manager. Counters are dropped when they reach zero, so the map holds only
+  keys with something in progress (it is bounded by what is in progress, not by users).
+- ``UserLimits(quotas)``: this process's three concurrency caps.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from pydantic import BaseModel, Field
 
@@ -69,8 +71,7 @@ class Concurrency:
     def held(self, key: str) -> int:
         return self._held.get(key, 0)
 
-    @contextlib.contextmanager
-    def hold(self, key: str) -> Iterator[None]:
+    def take(self, key: str) -> Callable[[], None]:
         count = self._held.get(key, 0)
         if count >= self.cap:
             raise TooManyAtOnce(
@@ -78,11 +79,37 @@ class Concurrency:
                 f"({_PREFIX}{self.setting.upper()}); retry when one has finished"
             )
         self._held[key] = count + 1
-        try:
-            yield
-        finally:
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
             left = self._held[key] - 1
             if left:
                 self._held[key] = left
             else:
                 del self._held[key]
+
+        return release
+
+    @contextlib.contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        release = self.take(key)
+        try:
+            yield
+        finally:
+            release()
+
+
+class UserLimits:
+    def __init__(self, quotas: Quotas) -> None:
+        self.quotas = quotas
+        self.runs = Concurrency("runs", quotas.runs_per_user, "runs_per_user")
+        self.followers = Concurrency(
+            "event streams", quotas.followers_per_user, "followers_per_user"
+        )
+        self.executions = Concurrency(
+            "executions", quotas.executions_per_user, "executions_per_user"
+        )

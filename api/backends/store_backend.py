@@ -60,7 +60,7 @@ from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Wri
 
 from ..runtime_client import RuntimeClient
 from ..upload_guard import GuardedBody
-from .base import Backend, ConversationDeleting, Session
+from .base import Backend, ConversationDeleting, ConversationPhase, Session
 from .store_cache import OUTPUTS, UPLOADS, Hashing, drop_cached, fill_upload
 from .store_upload import TeeUpload
 
@@ -503,3 +503,14 @@ class StoreBackend:
             await response.aclose()
         written = Written(path, body.size, body.digest.hexdigest(), mime_type, etag)
         return await self.meta.record_write(scope, cid, written, uploaded=uploaded)
+
+
+async def conversation_exists(backend: Backend, session: Session, cid: str) -> bool:
+    """Whether anything of the conversation exists: its resource (or, locally, its
+    directory), or in store mode its record — a read of a conversation that does not
+    exist answers from that, creating nothing."""
+    if await backend.conversation_phase(session, cid) != ConversationPhase.ABSENT:
+        return True
+    if isinstance(backend, StoreBackend):
+        return await backend.meta.get(backend.scope(session), cid) is not None
+    return False

@@ -24,7 +24,7 @@ from sandbox_workspace.runtime.errors import NotFoundError, TooLarge, Unavailabl
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session
-from ..backends.store_backend import StoreBackend
+from ..backends.store_backend import StoreBackend, conversation_exists
 from ..deps import CallerDep, ServicesDep
 from ..identity import Caller
 from ..names import ConversationIdPath, SessionIdPath, name_schema
@@ -94,7 +94,10 @@ async def _info(services, caller, session_id: str | None, cid: str) -> Workspace
     backend = _backend(services)
     cid = Workspace.check_conversation_id(cid)
     session = await _session(services, caller, session_id)
-    await backend.ensure_filled(session, cid)
+    # A read creates nothing: a conversation with no record and no resource is answered
+    # empty (one user reading random ids must not fill the cluster with resources).
+    if await conversation_exists(backend, session, cid):
+        await backend.ensure_filled(session, cid)
     manifest = await backend.meta.get(backend.scope(session), cid)
     active = [f for f in (manifest.files if manifest else []) if f.active]
     info = await RuntimeClient(services.http, session.endpoint).conversation_info(cid)
