@@ -24,6 +24,7 @@ from fastapi.responses import StreamingResponse
 from .activity import Activity
 from .claim import Claimed, ClaimHeader, ClaimRequest, ClaimState
 from .confinement import Confinement
+from .download_headers import download_headers
 from .errors import ApiError, Unauthorized, install_error_handlers
 from .executor import Executor
 from .output import ResultCaps
@@ -250,7 +251,7 @@ async def download(conversation_id: str, name: str, state: State) -> StreamingRe
     opened = state.workspace.open_upload(conversation_id, name)
     headers = {
         "Content-Length": str(opened.size),
-        "Content-Disposition": content_disposition(opened.info.name),
+        **download_headers(opened.info.name),
         "X-Sandbox-Path": urllib.parse.quote(opened.info.path),
     }
     if not opened.info.modified:  # after code changed the bytes, the digest would lie
@@ -274,7 +275,7 @@ async def download_output(
     opened = open_output(state.workspace, conversation_id, relative_path)
     headers = {
         "Content-Length": str(opened.size),
-        "Content-Disposition": content_disposition(opened.name),
+        **download_headers(opened.name),
         "X-Sandbox-Path": urllib.parse.quote(opened.path),
     }
     return StreamingResponse(
@@ -378,13 +379,6 @@ async def _read_fd(fd: int, activity: Activity) -> AsyncIterator[bytes]:
                 yield chunk
         finally:
             os.close(fd)
-
-
-def content_disposition(name: str) -> str:
-    """``attachment`` with an ASCII fallback and the exact name in RFC 5987 form."""
-    fallback = "".join(ch if 0x20 <= ord(ch) < 0x7F and ch not in '"\\%' else "_" for ch in name)
-    quoted = urllib.parse.quote(name, safe="")
-    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quoted}"
 
 
 def create_app(settings: RuntimeSettings | None = None) -> FastAPI:

@@ -25,6 +25,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
+from sandbox_workspace.runtime.download_headers import SAFE
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError, TooLarge
 from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
 from sandbox_workspace.runtime.workspace import Workspace
@@ -240,6 +241,7 @@ async def download_file(
         path = path or f"uploads/{UPLOAD_SUBDIR}/{ref.name}"
         response = await services.backend.verified(session, ref.conversation_id, path, response)
     headers = {k: response.headers[k] for k in _RELAYED_HEADERS if k in response.headers}
+    headers.update(SAFE)  # also from a runtime of an older release that sent neither
     return StreamingResponse(
         response.aiter_raw(),
         media_type=response.headers.get("content-type"),

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
+from sandbox_workspace.runtime.download_headers import download_headers
 from sandbox_workspace.runtime.errors import NotFoundError, TooLarge, Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
@@ -138,6 +139,7 @@ async def _download(services, caller, session_id, cid, file_id) -> StreamingResp
         aiter(download),
         media_type=record.mime_type,
         headers={
+            **download_headers(record.file_path.rsplit("/", 1)[-1]),
             "content-length": str(record.file_size),
             "x-content-sha256": record.checksum,
             "x-file-version": str(record.version),

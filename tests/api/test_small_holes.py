@@ -74,3 +74,27 @@ def test_a_non_ascii_stream_token_is_refused_with_401(redis_api):
             f"{redis_api.url}/api/v1/runs/{RUN}/events", params={"token": f"{body}.{mac}"}
         )
         assert r.status_code == 401, r.text
+
+
+def test_downloads_by_file_id_are_attachments_no_browser_renders(
+    tmp_path, start_server, seaweedfs, s3_bucket
+):
+    """An uploaded HTML file, fetched by file_id (and by name): an attachment, never
+    sniffed, and sandboxed should a browser render it anyway — no script in our origin."""
+    env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none", **seaweedfs.env(s3_bucket)}
+    server = start_server("dev", "--data-dir", str(tmp_path / "data"), **env)
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    url = f"/api/v1/sessions/sb-session-{user}"
+    limits = {"file_upload_config": {"allowed_file_types": []}}
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api:
+        assert api.post("/api/v1/sessions", json={"config": limits}).status_code == 201
+        page = b"<script>alert(sessionStorage.getItem('token'))</script>"
+        r = api.post(f"{url}/workspace/c/files", files={"file": ("x.html", page, "text/html")})
+        assert r.status_code == 201, r.text
+        for path in (f"{url}/workspace/c/files/{r.json()['file_id']}", f"{url}/files/x.html"):
+            got = api.get(path, params={"conversation_id": "c"})
+            assert got.status_code == 200 and got.content == page
+            assert got.headers["content-disposition"].startswith("attachment;"), path
+            assert got.headers["x-content-type-options"] == "nosniff"
+            assert got.headers["content-security-policy"] == "sandbox"
+        api.delete(url)
