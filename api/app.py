@@ -20,7 +20,7 @@ from sandbox_workspace.http_guard import HttpGuard
 from sandbox_workspace.runtime.errors import install_error_handlers
 from sandbox_workspace.runtime.quantity import parse_bytes
 
-from . import garbage, openapi, request_bounds
+from . import dev_guard, garbage, openapi, request_bounds
 from .backends.base import Backend
 from .chat.anthropic_messages import DEFAULT_BASE_URL as DEFAULT_ANTHROPIC_URL
 from .chat.anthropic_messages import AnthropicClient
@@ -218,6 +218,8 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     install_metrics(app, services.runs)
     # Before CORS, so its 413s carry the CORS headers.
     request_bounds.install(app, settings.bounds, (m.router for m in API_MODULES))
+    if settings.auth_mode == "dev":  # Host check and JSON only (api/dev_guard.py)
+        dev_guard.install(app, settings.host, (m.router for m in API_MODULES))
     app.state.http_guard = HttpGuard(  # read by sandbox_workspace.server.serve
         settings.bounds.max_header_bytes, settings.bounds.header_timeout_seconds
     )

@@ -39,7 +39,7 @@ class Quotas(BaseModel):
         32, ge=1, description="Event streams (SSE) one user may follow at once (then 429)."
     )
     executions_per_user: int = Field(
-        8, ge=1, description="/execute calls of one user in progress at once (then 429)."
+        32, ge=1, description="/execute calls of one user in progress at once (then 429)."
     )
 
 

@@ -101,7 +101,7 @@ class RequestBodyLimit:
         await self.app(scope, _replay(body, receive), send)
 
     def _streams(self, scope: Scope) -> bool:
-        return any(route.matches(scope)[0] is Match.FULL for route in self.streaming)
+        return streams(scope, self.streaming)
 
     async def _receive_bounded(self, receive: Receive) -> bytes:
         chunks, size = [], 0
@@ -159,10 +159,23 @@ def install(app: Any, bounds: RequestBounds, routers: Iterable[Any]) -> None:
     """Add the limit to ``app`` (a FastAPI app) for the routes of ``routers`` (the ones
     marked ``@streams_body`` exempt); call it before CORS, which must stay outside so a
     413 carries the CORS headers too."""
-    streaming = [
+    app.add_middleware(RequestBodyLimit, bounds=bounds, streaming=streaming_routes(routers))
+
+
+def streaming_routes(routers: Iterable[Any]) -> list[BaseRoute]:
+    """The routes of ``routers`` marked ``@streams_body``."""
+    return [
         route
         for router in routers
         for route in router.routes
         if getattr(getattr(route, "endpoint", None), _STREAMS, False)
     ]
-    app.add_middleware(RequestBodyLimit, bounds=bounds, streaming=streaming)
+
+
+def has_body(scope: Scope) -> bool:
+    declared, chunked = _framing(scope)
+    return chunked or bool(declared)
+
+
+def streams(scope: Scope, streaming: list[BaseRoute]) -> bool:
+    return any(route.matches(scope)[0] is Match.FULL for route in streaming)

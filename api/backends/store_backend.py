@@ -58,6 +58,7 @@ from sandbox_workspace.store import Download, ObjectStore
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
 from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Written, now
 
+from ..keyed_locks import KeyedLocks
 from ..runtime_client import RuntimeClient
 from ..upload_guard import GuardedBody
 from .base import Backend, ConversationDeleting, ConversationPhase, Session
@@ -116,7 +117,7 @@ class StoreBackend:
         # (session, runtime url, token and incarnation, cid): filled once per runtime.
         self._filled: set[tuple[str, str, str]] = set()
         self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._locks = KeyedLocks()  # per (session, conversation), only while in use
         self._takes_raw: dict[tuple[str, str], bool] = {}  # runtime → takes raw uploads
 
     def __getattr__(self, name: str) -> Any:  # everything else is the inner backend's
@@ -128,8 +129,8 @@ class StoreBackend:
         sid = session if isinstance(session, str) else session.session_id
         return Scope(naming.tenant_of(sid) or DEFAULT_TENANT, sid)
 
-    def _lock(self, session: Session, cid: str) -> asyncio.Lock:
-        return self._locks.setdefault((session.session_id, cid), asyncio.Lock())
+    def _lock(self, session: Session, cid: str) -> contextlib.AbstractAsyncContextManager:
+        return self._locks.hold((session.session_id, cid))
 
     @contextlib.asynccontextmanager
     async def _fenced(self, session: Session, cid: str) -> AsyncIterator[None]:

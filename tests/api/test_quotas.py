@@ -136,3 +136,34 @@ def test_runs_and_followers_past_their_caps_answer_429(api, scripted_llm):
                 Stream(r).until("done")
                 break
     assert r.status_code == 200
+
+
+def test_an_over_long_conversation_id_does_not_slip_an_upload_past_the_guard(api):
+    """Review L1: a first conversation_id longer than the guard parsed (but within what
+    the runtime takes) hid a second, valid one: the guard opened nothing, the runtime
+    stored the file there — past the conversation cap, untracked. Now the guard reads
+    every value the runtime reads: the second id is opened first, and refused at the cap."""
+    c, url = api
+    for cid in ("c1", "c2", "c3"):
+        assert execute(c, url, "1", cid=cid)["error"] is None
+    boundary = "b0undary"
+    parts = [("conversation_id", "x" * 2000), ("conversation_id", "c-over")]
+    body = (
+        b"".join(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{n}"\r\n\r\n{v}\r\n'.encode()
+            for n, v in parts
+        )
+        + (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.csv"\r\n\r\n'
+            f"a,b\r\n--{boundary}--\r\n"
+        ).encode()
+    )
+    r = c.post(
+        f"{url}/files/upload",
+        content=body,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert r.status_code == 409, r.text
+    assert r.json()["error"]["code"] == "quota_exceeded"
+    listing = c.get(f"{url}/files", params={"conversation_id": "c-over"})
+    assert listing.status_code != 200 or listing.json()["files"] == []

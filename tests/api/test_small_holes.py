@@ -98,3 +98,23 @@ def test_downloads_by_file_id_are_attachments_no_browser_renders(
             assert got.headers["x-content-type-options"] == "nosniff"
             assert got.headers["content-security-policy"] == "sandbox"
         api.delete(url)
+
+
+def test_dev_mode_refuses_other_hosts_and_json_without_its_type(dev_server):
+    """DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 sends
+    Host: evil.example — refused. A cross-site form or typeless fetch sends JSON without
+    `application/json` (a "simple" request, no preflight) — refused."""
+    base = dev_server.url
+    port = base.rsplit(":", 1)[1]
+    r = httpx.get(
+        f"{base}/api/v1/sessions/sb-session-dev", headers={"Host": f"evil.example:{port}"}
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_host", r.text
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+        assert httpx.get(f"{base}/healthz", headers={"Host": host}).status_code == 200
+    body = b'{"conversation_id": "c", "language": "python", "code": "1"}'
+    url = f"{base}/api/v1/sessions/sb-session-dev/execute"
+    for content_type in (None, "text/plain", "application/x-www-form-urlencoded"):
+        headers = {"X-User-Id": "dev", **({"Content-Type": content_type} if content_type else {})}
+        r = httpx.post(url, content=body, headers=headers, timeout=60)
+        assert r.status_code == 415, (content_type, r.status_code, r.text)
