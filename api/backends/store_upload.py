@@ -51,6 +51,7 @@ from sandbox_workspace.runtime.raw_upload import Trailer, encode_trailer
 from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.runtime.uploads import (
     MAX_FIELD_BYTES,
+    READ_FIELDS,
     html5_unescape,
     repeated_field_message,
 )
@@ -124,7 +125,7 @@ class _Form(FormField):
             self.filename = params.get(b"filename")
         else:
             self.field_name = name
-            if name in self.fields:
+            if name in self.fields and name.decode("latin-1") in READ_FIELDS:
                 self.invalid, self.repeated = True, name  # the runtime refuses a repeat
                 self.value = None  # and its value is not read
                 return
