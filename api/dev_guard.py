@@ -28,6 +28,7 @@ from sandbox_workspace.runtime.errors import error_response
 from .request_bounds import has_body, streaming_routes, streams
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+_JSON_METHODS = frozenset({"POST", "PUT", "PATCH"})  # the methods routes take bodies with
 
 
 def host_name(value: str) -> str:
@@ -43,10 +44,10 @@ def is_json(content_type: str) -> bool:
 
 
 class DevGuard:
-    def __init__(self, app: ASGIApp, hosts: frozenset[str], streaming: list[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp, hosts: frozenset[str], json_routes: list[BaseRoute]) -> None:
         self.app = app
         self.hosts = hosts
-        self.streaming = streaming
+        self.json_routes = json_routes  # every route but the uploads
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -66,9 +67,11 @@ class DevGuard:
         content_type = headers.get(b"content-type", b"").decode("latin-1")
         if (
             scope["type"] == "http"
+            and scope["method"] in _JSON_METHODS
             and has_body(scope)
             and not is_json(content_type)
-            and not streams(scope, self.streaming)
+            # A route that takes this request (else the router's 404/405 answers it).
+            and streams(scope, self.json_routes)
         ):
             response = error_response(
                 415,
@@ -83,4 +86,7 @@ class DevGuard:
 
 def install(app: Any, configured_host: str, routers: Iterable[Any]) -> None:
     hosts = LOOPBACK_NAMES | {configured_host.strip("[]").lower()}
-    app.add_middleware(DevGuard, hosts=frozenset(hosts), streaming=streaming_routes(routers))
+    routers = list(routers)
+    uploads = streaming_routes(routers)
+    json_routes = [r for router in routers for r in router.routes if r not in uploads]
+    app.add_middleware(DevGuard, hosts=frozenset(hosts), json_routes=json_routes)
