@@ -16,10 +16,11 @@ from fastapi_offline import FastAPIOffline
 from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__, tracing
+from sandbox_workspace.http_guard import HttpGuard
 from sandbox_workspace.runtime.errors import JSONLineResponse, install_error_handlers
 from sandbox_workspace.runtime.quantity import parse_bytes
 
-from . import cors, garbage, openapi
+from . import cors, dev_guard, garbage, openapi, request_bounds
 from .backends.base import Backend
 from .chat.anthropic_messages import DEFAULT_BASE_URL as DEFAULT_ANTHROPIC_URL
 from .chat.anthropic_messages import AnthropicClient
@@ -36,6 +37,7 @@ from .e2b import envd as e2b_envd
 from .files import CacheFiles, FileService
 from .identity import Authenticator, StreamTokens
 from .metrics import install_metrics
+from .quotas import UserLimits
 from .routes import (
     ag_ui,
     agents,
@@ -54,6 +56,20 @@ from .routes import (
 from .sessions import SessionService
 from .settings import ApiSettings
 
+API_MODULES = (
+    sessions,
+    files,
+    conversation_state,
+    conversations,
+    execute,
+    chat,
+    ui_chat,
+    ag_ui,
+    agents,
+    sandboxes,
+    workspace,
+)
+
 
 def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
     if settings.backend == "local":
@@ -71,7 +87,13 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             **settings.limits.runtime_env(),
             "SANDBOX_RUNTIME_SESSION_MEMORY": str(parse_bytes(settings.local_session_memory)),
         }
-        return LocalBackend(settings.data_dir, http, bwrap=bwrap, runtime_env=runtime_env)
+        return LocalBackend(
+            settings.data_dir,
+            http,
+            bwrap=bwrap,
+            runtime_env=runtime_env,
+            max_conversations=settings.quotas.conversations_per_user,
+        )
     from sandbox_workspace.kube import Kube, load_credentials
 
     from .backends.kubernetes import KubernetesBackend
@@ -86,6 +108,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         storage=settings.session_storage,
         network_enabled=settings.session_network == "allow",
         limits=settings.limits,
+        max_conversations=settings.quotas.conversations_per_user,
     )
 
 
@@ -171,6 +194,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         ),
         llm=build_llm(settings),
         store=store,
+        user_limits=UserLimits(settings.quotas),
     )
 
     @asynccontextmanager
@@ -213,25 +237,19 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
 
         install_kube_error_handler(app)
     install_metrics(app, services.runs)
+    # Before CORS, so its 413s carry the CORS headers.
+    request_bounds.install(app, settings.bounds, (m.router for m in API_MODULES))
+    if settings.auth_mode == "dev":  # Host check and JSON only (api/dev_guard.py)
+        dev_guard.install(app, settings.host, (m.router for m in API_MODULES))
+    app.state.http_guard = HttpGuard(  # read by sandbox_workspace.server.serve
+        settings.bounds.max_header_bytes, settings.bounds.header_timeout_seconds
+    )
     if settings.cors_allow_origins:
         cors.install(app, settings.cors_allow_origins)  # outermost: see api/cors.py
     app.include_router(health.router)
     app.include_router(e2b_envd.router)  # E2B's SDKs (docs/e2b.md)
     app.include_router(e2b_control.router)
-    api_modules = (
-        sessions,
-        files,
-        conversation_state,
-        conversations,
-        execute,
-        chat,
-        ui_chat,
-        ag_ui,
-        agents,
-        sandboxes,
-        workspace,
-    )
-    for module in api_modules:
+    for module in API_MODULES:
         app.include_router(module.router, responses=openapi.errors(*openapi.COMMON_ERRORS))
     web.install(app, settings)
     return app

@@ -22,6 +22,9 @@ from sandbox_workspace.operator.models import (
 from sandbox_workspace.runtime.quantity import parse_bytes
 from sandbox_workspace.store.settings import S3Settings, StoreMode
 
+from .quotas import Quotas
+from .request_bounds import RequestBounds
+
 ENV_PREFIX = "SANDBOX_WORKSPACE_"
 
 
@@ -207,6 +210,16 @@ class ApiSettings(BaseSettings):
     web_ui: bool | None = Field(
         None,
         description="Serve the web page at /ui/ (unset: on with auth_mode=dev, off otherwise).",
+    )
+    bounds: RequestBounds = Field(
+        default_factory=RequestBounds,
+        description="Size and time bounds of requests: max_body_bytes, "
+        "body_timeout_seconds, max_header_bytes, header_timeout_seconds.",
+    )
+    quotas: Quotas = Field(
+        default_factory=Quotas,
+        description="Per-user caps: conversations_per_user (409 quota_exceeded), "
+        "runs_per_user, followers_per_user, executions_per_user (429 with Retry-After).",
     )
     log_level: str = "info"
 

@@ -40,7 +40,7 @@ from .cpu_cgroup import CpuGroups
 from .errors import ApiError, ConversationDeleting
 from .kernel import PythonKernel
 from .limits import Limits, classify, usage_by_call
-from .output import EventSink, OutputCollector
+from .output import EventSink, OutputCollector, ResultCaps
 from .schemas import ExecuteRequest, ExecutionError, ExecutionResult
 from .spawner import Spawner, SpawnFailed
 from .workspace import Workspace
@@ -68,7 +68,9 @@ class Executor:
         run_as: tuple[int, int] | None = None,
         limits: Limits | None = None,
         session_memory: int | None = None,
+        result_caps: ResultCaps = ResultCaps(),
     ) -> None:
+        self.result_caps = result_caps
         self.confinement = confinement
         self.limits = limits
         self.session_memory = session_memory
@@ -158,7 +160,7 @@ class Executor:
         read_only = readonly.check(request, self.confinement)
         cid = self.workspace.ensure_layout(conversation_id)
         cwd = self.workspace.real_path(cid)
-        collector = OutputCollector(self.output_cap, on_event)
+        collector = OutputCollector(self.output_cap, on_event, self.result_caps)
         started = time.perf_counter()
         try:
             async with asyncio.timeout(request.timeout):
@@ -230,6 +232,7 @@ class Executor:
                 read_write=read_write,
                 guard=self._guard(cid),
                 limits=self.limits,
+                event_line_limit=self.result_caps.line_limit,
                 state_lost=cid in self._reaped,
             )
             self._reaped.discard(cid)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .limits import Limits, limit_error
-from .output import OutputCollector
+from .output import OutputCollector, ResultCaps
 from .pipes import CodePipes
 from .schemas import ExecutionError
 from .spawner import Call, Spawner
@@ -62,9 +62,11 @@ class PythonKernel:
         read_write: list[str],
         guard: Callable[[], None] | None = None,
         limits: Limits | None = None,
+        event_line_limit: int = ResultCaps().line_limit,
         state_lost: bool = False,
     ) -> None:
         self.cid = cid
+        self.event_line_limit = event_line_limit
         # An interpreter of this conversation ended and no answer has said so yet.
         self._loss_unreported = state_lost
         self.limits = limits
@@ -110,7 +112,9 @@ class PythonKernel:
         self._cmd_w = pipes.writers[0]
         self._ready = loop.create_future()
         self._readers = [
-            asyncio.create_task(self._read_events(await pipes.reader(pipes.readers[0]))),
+            asyncio.create_task(
+                self._read_events(await pipes.reader(pipes.readers[0], self.event_line_limit))
+            ),
             asyncio.create_task(self._read_stream("stdout", await pipes.reader(pipes.stdout))),
             asyncio.create_task(self._read_stream("stderr", await pipes.reader(pipes.stderr))),
         ]
@@ -209,7 +213,11 @@ class PythonKernel:
 
     async def _read_events(self, reader: asyncio.StreamReader) -> None:
         try:
-            while line := await reader.readline():
+            while (line := await _read_line(reader)) != b"":
+                if line is None:  # a result past every cap: dropped unread
+                    if self._cell is not None:
+                        self._cell.collector.truncated = True
+                    continue
                 message = json.loads(line)
                 kind = message.get("type")
                 if kind == "ready" and self._ready is not None and not self._ready.done():
@@ -248,6 +256,26 @@ class PythonKernel:
             cell = self._cell
             if cell is not None:
                 cell.streams_done[name].set()
+
+
+async def _read_line(reader: asyncio.StreamReader) -> bytes | None:
+    """The next line; None when it is longer than the reader's limit (then it is
+    consumed in pieces of at most the limit, never held whole); b"" at the end."""
+    try:
+        return await reader.readuntil(b"\n")
+    except asyncio.IncompleteReadError as e:
+        return e.partial
+    except asyncio.LimitOverrunError as e:
+        consumed = e.consumed
+    while True:
+        try:
+            await reader.readexactly(consumed)  # dropped
+            await reader.readuntil(b"\n")  # the rest of the line, when within the limit
+            return None
+        except asyncio.IncompleteReadError:
+            return b""
+        except asyncio.LimitOverrunError as e:
+            consumed = e.consumed
 
 
 def _partial_suffix(data: bytes, sentinel: bytes) -> int:

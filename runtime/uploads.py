@@ -36,7 +36,7 @@ from .limits import disk_usage, size_text
 from .schemas import UploadResult
 from .workspace import Workspace
 
-_MAX_FIELD_BYTES = 4096
+MAX_FIELD_BYTES = 4096  # a form field other than the file (api/upload_guard.py uses it)
 # After refusing an upload we keep reading (and discarding) the body for a while so the
 # client sees our answer instead of a reset connection; past this we stop reading.
 _MAX_DRAIN_BYTES = 64 * 1024 * 1024
@@ -204,7 +204,7 @@ class _Receiver:
                 view = view[written:]
         else:
             part.value += data
-            if len(part.value) > _MAX_FIELD_BYTES:
+            if len(part.value) > MAX_FIELD_BYTES:
                 raise BadRequest(f"form field '{part.field_name}' is too long")
 
     def _on_end_part(self, _: bytes) -> None:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import uvicorn
 
+from .http_guard import HttpGuard
+
 
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -57,5 +59,7 @@ def serve(
         timeout_graceful_shutdown=5,
         # Long streams (uploads, SSE) must not be cut by uvicorn's keep-alive timer.
         timeout_keep_alive=30,
+        # Header size and time bounds; an app may carry its own (api.app: from settings).
+        http=getattr(getattr(app, "state", None), "http_guard", HttpGuard()).protocol(),
     )
     uvicorn.Server(config).run(sockets=[sock])

@@ -11,6 +11,9 @@ Contract:
   kubectl). While the watch is not synced (starting, apiserver restarting) every answer
   is read from the apiserver and nothing is cached — a stale READY is what would let a
   write through a deletion.
+- ``ensure`` refuses a new conversation (409 ``quota_exceeded``) once its session holds
+  ``max_per_session`` ConversationWorkspaces (counted from the cache by the session
+  label; while not synced, from the apiserver), so no user can fill etcd.
 - A read answer never overrides what the watch already said: the uids of deleted
   resources are remembered (bounded), so a GET or POST that raced a DELETED event cannot
   bring the dead resource back into the cache.
@@ -29,7 +32,9 @@ from typing import Any
 import httpx
 
 from sandbox_workspace.kube import Conflict, Kube, KubeError
+from sandbox_workspace.operator.models import LABEL_SESSION
 
+from ..quotas import QuotaExceeded
 from .base import ConversationDeleting, ConversationPhase
 
 log = logging.getLogger(__name__)
@@ -44,6 +49,7 @@ _TOMBSTONES = 10_000
 class Known:
     uid: str
     deleting: bool
+    session: str = ""  # the SandboxSession's name (its label)
 
     @property
     def phase(self) -> ConversationPhase:
@@ -52,13 +58,18 @@ class Known:
 
 def known_from(obj: dict[str, Any]) -> Known:
     meta = obj["metadata"]
-    return Known(uid=meta["uid"], deleting=bool(meta.get("deletionTimestamp")))
+    return Known(
+        uid=meta["uid"],
+        deleting=bool(meta.get("deletionTimestamp")),
+        session=(meta.get("labels") or {}).get(LABEL_SESSION, ""),
+    )
 
 
 class ConversationTracker:
-    def __init__(self, kube: Kube, collection: str) -> None:
+    def __init__(self, kube: Kube, collection: str, max_per_session: int | None = None) -> None:
         """``collection``: the namespace's conversationworkspaces path."""
         self.kube = kube
+        self.max_per_session = max_per_session
         self.collection = collection
         self._known: dict[str, Known] = {}
         self._dead: OrderedDict[str, None] = OrderedDict()  # uids the watch saw deleted
@@ -90,6 +101,7 @@ class ConversationTracker:
                 if known.deleting:
                     raise ConversationDeleting(conversation_id)
                 return  # the hot path: no apiserver round trip
+        await self._check_quota(body)
         try:
             self._record(await self.kube.request("POST", self.collection, body))
             return
@@ -102,6 +114,20 @@ class ConversationTracker:
         self._record(obj)
         if known_from(obj).deleting:
             raise ConversationDeleting(conversation_id)
+
+    async def _check_quota(self, body: dict[str, Any]) -> None:
+        cap = self.max_per_session
+        if cap is None:
+            return
+        session = body["metadata"].get("labels", {}).get(LABEL_SESSION, "")
+        if self.synced:
+            held = sum(1 for k in self._known.values() if k.session == session)
+        else:
+            params = {"labelSelector": f"{LABEL_SESSION}={session}", "limit": str(cap + 1)}
+            page = await self.kube.request("GET", self.collection, params=params)
+            held = len(page.get("items", []))
+        if held >= cap:
+            raise QuotaExceeded("conversations of this user", cap, "conversations_per_user")
 
     async def delete(self, name: str) -> bool:
         """Request deletion; False when there was nothing to delete."""

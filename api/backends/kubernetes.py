@@ -112,7 +112,9 @@ class KubernetesBackend:
         storage: models.StorageSpec | None = None,
         network_enabled: bool = False,
         limits: models.ExecutionLimits | None = None,
+        max_conversations: int | None = None,
     ) -> None:
+        """``max_conversations``: ConversationWorkspaces one session may hold."""
         self.kube = kube
         self.limits = limits
         self.network_enabled = network_enabled
@@ -123,7 +125,7 @@ class KubernetesBackend:
         self._tokens: dict[str, str] = {}  # session uid → runtime token
         self._workspace_paths: dict[tuple, str] = {}  # (endpoint, pod incarnation) → path
         self._seen_versions: dict[str, str] = {}  # CR name → resourceVersion last read
-        self.conversations = ConversationTracker(kube, self._workspaces())
+        self.conversations = ConversationTracker(kube, self._workspaces(), max_conversations)
 
     async def start(self) -> None:
         await self.conversations.start()

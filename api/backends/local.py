@@ -45,6 +45,7 @@ from sandbox_workspace.runtime.gate import DeletionGate
 from sandbox_workspace.runtime.schemas import ConversationDeleted
 from sandbox_workspace.runtime.workspace import Workspace
 
+from ..quotas import QuotaExceeded
 from ..runtime_client import RuntimeClient
 from .base import (
     ConversationDeleting,
@@ -118,6 +119,16 @@ class _Process:
     error: str = ""
 
 
+def check_conversation_quota(workspace: Path, conversation_id: str, cap: int) -> None:
+    """Refuse a new conversation once ``workspace`` holds ``cap`` (a known one passes)."""
+    if (workspace / conversation_id).is_dir() or not workspace.is_dir():
+        return
+    with os.scandir(workspace) as entries:
+        held = sum(1 for e in entries if e.is_dir() and not e.name.startswith("."))
+    if held >= cap:
+        raise QuotaExceeded("conversations of this user", cap, "conversations_per_user")
+
+
 class LocalBackend:
     def __init__(
         self,
@@ -127,10 +138,12 @@ class LocalBackend:
         bwrap: str | None = None,
         runtime_command: list[str] | None = None,
         runtime_env: dict[str, str] | None = None,
+        max_conversations: int | None = None,
     ) -> None:
         """``bwrap``: path of bubblewrap to present workspaces at /workspace, or None;
         ``runtime_env``: further SANDBOX_RUNTIME_* settings of every runtime (confinement,
-        network)."""
+        network); ``max_conversations``: conversations one session may hold."""
+        self.max_conversations = max_conversations
         self.data_dir = data_dir.resolve()
         self.sessions_dir = self.data_dir / "sessions"
         self.http = http
@@ -254,9 +267,14 @@ class LocalBackend:
         return ConversationPhase.READY if exists else ConversationPhase.ABSENT
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
-        # The runtime creates directories on first write; only a deletion matters here.
+        # The runtime creates directories on first write; a deletion and the cap matter.
         if self._deleting.is_deleting((session.session_id, conversation_id)):
             raise ConversationDeleting(conversation_id)
+        if self.max_conversations is not None:
+            workspace = self.workspace_dir(session.session_id)
+            await asyncio.to_thread(
+                check_conversation_quota, workspace, conversation_id, self.max_conversations
+            )
 
     async def conversation_written(self, session: Session, conversation_id: str) -> None:
         # Deletion here is synchronous and the runtime refuses commits while it deletes:

@@ -57,9 +57,10 @@ from sandbox_workspace.store import Download, ObjectStore
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
 from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Written, now
 
+from ..keyed_locks import KeyedLocks
 from ..runtime_client import RuntimeClient
 from ..upload_guard import GuardedBody
-from .base import Backend, ConversationDeleting, Session
+from .base import Backend, ConversationDeleting, ConversationPhase, Session
 from .store_cache import OUTPUTS, UPLOADS, Hashing, drop_cached, fill_upload, listings
 from .store_upload import TeeUpload
 
@@ -147,11 +148,11 @@ class StoreBackend(MetadataDecorator):
         # (session, runtime url, token and incarnation, cid): filled once per runtime.
         self._filled: set[tuple[str, str, str]] = set()
         self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._locks = KeyedLocks()  # per (session, conversation), only while in use
         self._takes_raw: dict[tuple[str, str], bool] = {}  # runtime → takes raw uploads
 
-    def _lock(self, session: Session, cid: str) -> asyncio.Lock:
-        return self._locks.setdefault((session.session_id, cid), asyncio.Lock())
+    def _lock(self, session: Session, cid: str) -> contextlib.AbstractAsyncContextManager:
+        return self._locks.hold((session.session_id, cid))
 
     @contextlib.asynccontextmanager
     async def _fenced(self, session: Session, cid: str) -> AsyncIterator[None]:
@@ -519,3 +520,14 @@ class StoreBackend(MetadataDecorator):
             await response.aclose()
         written = Written(path, body.size, body.digest.hexdigest(), mime_type, etag)
         return await self.meta.record_write(scope, cid, written, uploaded=uploaded)
+
+
+async def conversation_exists(backend: Backend, session: Session, cid: str) -> bool:
+    """Whether anything of the conversation exists: its resource (or, locally, its
+    directory), or in store mode its record — a read of a conversation that does not
+    exist answers from that, creating nothing."""
+    if await backend.conversation_phase(session, cid) != ConversationPhase.ABSENT:
+        return True
+    if isinstance(backend, StoreBackend):
+        return await backend.meta.get(backend.scope(session), cid) is not None
+    return False

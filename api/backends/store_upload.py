@@ -50,6 +50,7 @@ from sandbox_workspace.runtime.errors import ApiError, BadRequest
 from sandbox_workspace.runtime.raw_upload import Trailer, encode_trailer
 from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.runtime.uploads import (
+    MAX_FIELD_BYTES,
     READ_FIELDS,
     html5_unescape,
     repeated_field_message,
@@ -64,7 +65,7 @@ from .store_cache import UPLOADS
 _CHUNK = 1024 * 1024
 _QUEUE = 4
 _MAX_PREFIX = 256 * 1024
-_MAX_FIELD = 4096  # the runtime's limit of a form field
+_MAX_FIELD = MAX_FIELD_BYTES  # the runtime's limit of a form field
 _RUNTIME_FIELDS = (b"conversation_id", b"subdir", b"path")  # what a raw trailer carries
 
 

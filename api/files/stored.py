@@ -22,7 +22,7 @@ from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR, UploadList, UploadR
 from sandbox_workspace.store.metadata import FileRecord
 
 from ..backends.base import Session
-from ..backends.store_backend import StoreBackend
+from ..backends.store_backend import StoreBackend, conversation_exists
 from ..file_refs import FileRef
 from .base import Opened, Records, RuntimeFiles, Upload
 
@@ -76,7 +76,10 @@ class StoredFiles(RuntimeFiles):
 
     async def records(self, session: Session, cid: str) -> Records:
         backend = self.backend
-        await backend.ensure_filled(session, cid)
+        # A read creates nothing: a conversation with no resource and no record is
+        # answered empty (one user reading random ids must not fill the cluster).
+        if await conversation_exists(backend, session, cid):
+            await backend.ensure_filled(session, cid)
         scope = backend.scope(session)
         manifest = await backend.meta.get(scope, cid)
         info = await self.client(session).conversation_info(cid)

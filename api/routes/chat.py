@@ -251,9 +251,15 @@ def launch(
         table=table,
         write_table=write_table,
     )
-    run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
-    services.runs.add(run, spec_data(spec))
-    run.task = services.spawn(run_agent(run, spec, llm, services.http))
+    release = services.user_limits.runs.take(session_id)  # 429 when at the cap
+    try:
+        run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
+        services.runs.add(run, spec_data(spec))
+        run.task = services.spawn(run_agent(run, spec, llm, services.http))
+    except BaseException:
+        release()
+        raise
+    run.task.add_done_callback(lambda _: release())  # the slot is held while it runs
     return run
 
 
@@ -327,7 +333,10 @@ async def run_events(
     `POST /runs/{run_id}/stream-token`."""
     run = await services.runs.find(run_id, caller.user_id)
     position = after if after is not None else int(last_event_id or 0)
-    return _stream(run, position, services.settings.chat_keepalive_seconds)
+    release = services.user_limits.followers.take(caller.session_id)  # 429 when at the cap
+    stream = _stream(run, position, services.settings.chat_keepalive_seconds)
+    stream.on_close = release
+    return stream
 
 
 @router.post("/runs/{run_id}/stream-token", responses=errors(404))

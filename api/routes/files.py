@@ -29,6 +29,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
+from sandbox_workspace.runtime.download_headers import SAFE
 from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
 from sandbox_workspace.runtime.workspace import Workspace
 
@@ -37,6 +38,7 @@ from ..deps import CallerDep, ServicesDep
 from ..files import Upload
 from ..names import NAME_RULES, SessionIdPath, conversation_id_schema, name_schema
 from ..openapi import SESSION_ERRORS, errors
+from ..request_bounds import streams_body
 from ..schemas import FileDeleted, FileList, FileUploaded, SessionFileList
 
 router = APIRouter(prefix="/api/v1/sessions/{session_id}/files", tags=["files"])
@@ -130,6 +132,7 @@ _UPLOAD_BODY = {
     responses=errors(*SESSION_ERRORS, 409, 413, 415),
     openapi_extra={"requestBody": _UPLOAD_BODY},
 )
+@streams_body  # the upload streams under its own per-session limit
 async def upload_file(
     session_id: SessionIdPath, request: Request, caller: CallerDep, services: ServicesDep
 ) -> FileUploaded:
@@ -197,6 +200,7 @@ async def download_file(
     ref = await services.files.resolve(session, name, cid, outputs=True)
     response = await services.files.open(session, ref)
     headers = {k: response.headers[k] for k in _RELAYED_HEADERS if k in response.headers}
+    headers.update(SAFE)  # also from a runtime of an older release that sent neither
     return StreamingResponse(
         response.aiter_raw(),
         media_type=response.headers.get("content-type"),

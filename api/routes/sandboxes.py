@@ -56,6 +56,7 @@ from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import ConversationDeleting, ConversationPhase, Session, SessionStatus
+from ..backends.store_backend import conversation_exists
 from ..chat.table_agent import conversation_root, write_command
 from ..chat.table_run import check_read_only_enforced
 from ..deps import CallerDep, ServicesDep
@@ -164,7 +165,10 @@ class _Sandbox:
                 except ValueError:
                     state = {"readonly": True}  # unreadable: keep the stricter reading
                 return {"readonly": bool(state.get("readonly")), "has_data": rest.strip() == "+"}
-        raise NotFoundError(f"no sandbox '{self.cid}': start it first", code="sandbox_not_found")
+        raise self._not_started()
+
+    def _not_started(self) -> NotFoundError:
+        return NotFoundError(f"no sandbox '{self.cid}': start it first", code="sandbox_not_found")
 
     async def start(self, body: StartAction) -> SandboxAnswer:
         session, client = await self.running()
@@ -205,7 +209,11 @@ class _Sandbox:
 
     async def read(self, _: ReadAction) -> SandboxAnswer:
         session, client = await self.running()
-        await self.services.backend.conversation_opened(session, self.cid)
+        backend = self.services.backend
+        if not await conversation_exists(backend, session, self.cid):
+            # A read creates nothing (no resource for an id nobody started).
+            raise self._not_started()
+        await backend.conversation_opened(session, self.cid)
         state = await self._state(client)
         if not state["has_data"]:
             raise NotFoundError(f"sandbox '{self.cid}' has no data.json", code="data_not_found")

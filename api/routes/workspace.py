@@ -22,6 +22,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
+from sandbox_workspace.runtime.download_headers import download_headers
 from sandbox_workspace.runtime.errors import NotFoundError
 from sandbox_workspace.runtime.workspace import Workspace
 
@@ -31,6 +32,7 @@ from ..files import Upload
 from ..identity import Caller
 from ..names import ConversationIdPath, SessionIdPath, name_schema
 from ..openapi import SESSION_ERRORS, errors
+from ..request_bounds import streams_body
 from ..schemas import StoredFile, WorkspaceInfo, WorkspaceSettings
 
 router = APIRouter(tags=["workspace"])
@@ -163,6 +165,7 @@ def _serve(prefix: str, locate, names: dict[str, str], docs: dict[str, str]) -> 
             aiter(body),
             media_type=record.mime_type,
             headers={
+                **download_headers(record.file_path.rsplit("/", 1)[-1]),
                 "content-length": str(record.file_size),
                 "x-content-sha256": record.checksum,
                 "x-file-version": str(record.version),
@@ -189,7 +192,7 @@ def _serve(prefix: str, locate, names: dict[str, str], docs: dict[str, str]) -> 
     add(
         "upload",
         prefix + "/files",
-        upload,
+        streams_body(upload),  # streams under its own per-session limit
         "POST",
         status_code=201,
         responses=errors(*SESSION_ERRORS, 409, 413, 415),
