@@ -22,7 +22,7 @@ from pydantic import (
 from sandbox_workspace.operator.models import FileUploadConfig
 from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR, UploadedFile, UploadResult
 
-from .backends.base import Session
+from .backends.base import Session, SessionStatus
 from .identity import MAX_USER_ID
 
 
@@ -115,7 +115,10 @@ class SessionResponse(BaseModel):
     session_id: str
     status: Literal["pending", "running", "stopped", "error"]
     created_at: int = Field(description="Unix seconds")
-    ttl: int = Field(description="Seconds until deletion; 0 means no TTL")
+    ttl: int = Field(
+        description="The session's TTL in seconds, counted from created_at (the kubernetes "
+        "backend deletes it then; the local backend does not); 0 means no TTL"
+    )
     user_id: str
     agent_id: str
     business_domain_id: str
@@ -131,7 +134,7 @@ class SessionResponse(BaseModel):
     def of(cls, s: Session) -> SessionResponse:
         return cls(
             session_id=s.session_id,
-            status=s.status.value,
+            status=_reported_status(s),
             created_at=int(s.created_at.timestamp()),
             ttl=s.spec.ttl_seconds or 0,
             user_id=s.spec.user_id,
@@ -147,6 +150,14 @@ class SessionResponse(BaseModel):
                 "business_domain_id": s.spec.business_domain_id,
             },
         )
+
+
+def _reported_status(s: Session) -> str:
+    """A resume asked for and not yet acted on is ``pending``: the backend still holds the
+    old ``stopped``/``error``, which the seed's client (§3.2) would take as a failure."""
+    if s.resume_pending and s.status in (SessionStatus.STOPPED, SessionStatus.ERROR):
+        return SessionStatus.PENDING.value
+    return s.status.value
 
 
 class SessionDeleted(BaseModel):

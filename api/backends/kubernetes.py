@@ -17,7 +17,8 @@ Contract:
   written (cached: no round trip once known); ``conversation_phase`` reads the watched
   cache; ``delete_conversation`` deletes the CR and returns at once — the operator's
   finalizer deletes the files and verifies they are gone, and the CR disappears only
-  then. A conversation that never had a CR is deleted through the runtime directly.
+  then. A conversation that never had a CR is deleted through the runtime directly
+  when the session runs, and is already gone when it does not (nothing is started).
 - ``delete_session`` deletes the CR; owner references take the pod, Secret, claim and
   workspaces with it.
 """
@@ -388,7 +389,10 @@ class KubernetesBackend:
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
         if await self.conversations.delete(self._workspace_name(session, conversation_id)):
             return False  # the finalizer finishes the job; status shows progress
-        assert session.endpoint is not None
+        if session.endpoint is None:
+            # Not running, and no resource: nothing was written (a write opens the
+            # conversation's resource first), and no pod is started to find that out.
+            return True
         result = await RuntimeClient(self.http, session.endpoint).delete_conversation(
             conversation_id
         )

@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_workspace.runtime.errors import NotConfigured, NotFoundError
 from sandbox_workspace.runtime.workspace import Workspace
@@ -29,7 +29,13 @@ from ..chat.loop import run_agent
 from ..chat.policy import Policy, effective_policies
 from ..chat.progress import Progress
 from ..chat.run import Run
-from ..chat.selected_files import SelectedFileRef, selected_files_field, selected_names
+from ..chat.selected_files import (
+    MAX_SELECTED,
+    SelectedFileRef,
+    history_names,
+    selected_files_field,
+    selected_names,
+)
 from ..chat.spec import RunSpec, spec_data, spec_from_data
 from ..chat.tools import TOOL_NAMES
 from ..deps import CallerDep, ServicesDep, StreamCallerDep
@@ -53,6 +59,20 @@ class HistoryMessage(BaseModel):
 
     role: Literal["user", "assistant"]
     content: str = Field(max_length=200_000)
+    selected_files: list[SelectedFileRef] = Field(
+        default_factory=list,
+        max_length=MAX_SELECTED,
+        strict=True,
+        description="A user turn's own selection (seed 000 §7.4): its context message is "
+        "rebuilt just before it. The same forms as the request's `selected_files`; a file "
+        "deleted since is still named (where it was).",
+    )
+
+    @model_validator(mode="after")
+    def _files_on_user_turns(self) -> HistoryMessage:
+        if self.selected_files and self.role != "user":
+            raise ValueError("selected_files belongs to user turns only")
+        return self
 
 
 class ChatRequest(BaseModel):
@@ -172,13 +192,21 @@ async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
     workspace = existing.workspace_path if existing is not None else None
     names = selected_names(cid, workspace, body.selected_files)
     await refuse_unknown_selected(services, existing, cid, names)
+    history = [
+        {
+            "role": m.role,
+            "content": m.content,
+            "selected_files": history_names(cid, workspace, m.selected_files, i),
+        }
+        for i, m in enumerate(body.history)
+    ]
     return launch(
         services,
         caller,
         cid,
         llm,
         query=body.query,
-        history=[m.model_dump() for m in body.history],
+        history=history,
         selected_files=names,
         policies=policies,
         max_iterations=body.max_iterations or settings.chat_max_iterations,

@@ -67,8 +67,8 @@ def test_run_reads_the_uploaded_csv_at_its_real_path(chat, user, scripted_llm):
     # context message, and the query untouched.
     messages = scripted_llm.requests[0]["messages"]
     assert path in messages[0]["content"] and messages[0]["role"] == "system"
-    assert messages[-2]["role"] == "user" and "Available files:" in messages[-2]["content"]
-    assert f"- sales.csv ({path})" in messages[-2]["content"]
+    assert messages[-2]["role"] == "user" and "Available files" in messages[-2]["content"]
+    assert f'- "sales.csv" ("{path}")' in messages[-2]["content"]
     assert messages[-1] == {"role": "user", "content": "What is the total of v?"}
     assert {t["function"]["name"] for t in scripted_llm.requests[0]["tools"]} >= {
         "execute_code",

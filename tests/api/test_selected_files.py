@@ -71,7 +71,7 @@ def test_every_shape_selects_the_upload_on_every_route(chat, uploaded, scripted_
         assert r.status_code == 200, r.read()
         r.read()  # the whole stream: the run has asked the model by then
     context = scripted_llm.requests[0]["messages"][-2]
-    assert context["role"] == "user" and f"- a.csv ({uploaded})" in context["content"]
+    assert context["role"] == "user" and f'- "a.csv" ("{uploaded}")' in context["content"]
 
 
 BAD = [

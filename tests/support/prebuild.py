@@ -35,6 +35,7 @@ import pytest
 _RANK = {
     "unit": 0,
     "test_docs.py": 1,
+    "test_seeds_doc.py": 1,
     "store": 2,
     "egress": 2,  # the egress proxy on loopback: light, no build
     "api": 3,
