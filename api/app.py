@@ -16,7 +16,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__, tracing
-from sandbox_workspace.runtime.errors import install_error_handlers
+from sandbox_workspace.contract.errors import install_error_handlers
 from sandbox_workspace.runtime.quantity import parse_bytes
 
 from . import garbage, openapi

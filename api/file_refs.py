@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from sandbox_workspace.contract.errors import BadRequest
 from sandbox_workspace.runtime import pathsafe
-from sandbox_workspace.runtime.errors import BadRequest
 from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
 from sandbox_workspace.runtime.workspace import Workspace
 

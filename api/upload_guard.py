@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from sandbox_workspace.runtime.errors import ApiError
+from sandbox_workspace.contract.errors import ApiError
 from sandbox_workspace.runtime.workspace import Workspace
 
 _FIELD = b"conversation_id"

@@ -21,10 +21,11 @@ import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
+from sandbox_workspace.contract.errors import ApiError, Unauthorized, install_error_handlers
+
 from .activity import Activity
 from .claim import Claimed, ClaimHeader, ClaimRequest, ClaimState
 from .confinement import Confinement
-from .errors import ApiError, Unauthorized, install_error_handlers
 from .executor import Executor
 from .outputs import delete_output, list_outputs, open_output, write_output
 from .raw_upload import FEATURE as RAW_UPLOAD

@@ -32,12 +32,13 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from sandbox_workspace.contract.errors import ApiError, ConversationDeleting
+
 from . import pathsafe, readonly, shm
 from .activity import Activity
 from .bash import run_bash
 from .confinement import Confinement
 from .cpu_cgroup import CpuGroups
-from .errors import ApiError, ConversationDeleting
 from .kernel import PythonKernel
 from .limits import Limits, classify, usage_by_call
 from .output import EventSink, OutputCollector

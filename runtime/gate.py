@@ -13,7 +13,7 @@ import contextlib
 import threading
 from collections.abc import Hashable, Iterator
 
-from .errors import ConversationDeleting
+from sandbox_workspace.contract.errors import ConversationDeleting
 
 
 class DeletionGate:

@@ -26,8 +26,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from sandbox_workspace.contract.errors import ApiError, BadRequest, Conflict, NotFoundError
+
 from . import pathsafe, tree
-from .errors import ApiError, BadRequest, Conflict, NotFoundError
 from .gate import DeletionGate
 from .marks import MarksStore
 from .metastore import MetaStore

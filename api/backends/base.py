@@ -14,8 +14,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
 
+from sandbox_workspace.contract.errors import Conflict, Unavailable
 from sandbox_workspace.operator.models import FileUploadConfig
-from sandbox_workspace.runtime.errors import Conflict, Unavailable
 
 
 class SessionStatus(StrEnum):

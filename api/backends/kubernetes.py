@@ -37,9 +37,9 @@ from typing import Any
 import httpx
 
 from sandbox_workspace import tracing
+from sandbox_workspace.contract.errors import ApiError
 from sandbox_workspace.kube import Conflict, Kube, core_path, custom_path
 from sandbox_workspace.operator import models, naming
-from sandbox_workspace.runtime.errors import ApiError
 
 from ..runtime_client import RuntimeClient
 from .base import (

@@ -49,9 +49,9 @@ from typing import Any
 
 import httpx
 
+from sandbox_workspace.contract.errors import Conflict, NotFoundError
 from sandbox_workspace.operator import naming
 from sandbox_workspace.runtime.client import RuntimeRefused
-from sandbox_workspace.runtime.errors import Conflict, NotFoundError
 from sandbox_workspace.runtime.raw_upload import FEATURE as RAW_UPLOAD
 from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.store import Download, ObjectStore

@@ -45,8 +45,8 @@ from collections.abc import AsyncIterator, Callable
 
 from python_multipart.multipart import parse_options_header
 
+from sandbox_workspace.contract.errors import ApiError, BadRequest
 from sandbox_workspace.runtime import pathsafe
-from sandbox_workspace.runtime.errors import ApiError, BadRequest
 from sandbox_workspace.runtime.raw_upload import Trailer, encode_trailer
 from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.runtime.uploads import html5_unescape

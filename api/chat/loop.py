@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from sandbox_workspace import tracing
-from sandbox_workspace.runtime.errors import ApiError
+from sandbox_workspace.contract.errors import ApiError
 from sandbox_workspace.runtime.schemas import ChangedFile, MarksReport, OutputList, UploadedFile
 
 from ..backends.base import Session

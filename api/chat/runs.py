@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 
-from sandbox_workspace.runtime.errors import NotFoundError
+from sandbox_workspace.contract.errors import NotFoundError
 
 from .run import Run
 from .runstore import RunStore

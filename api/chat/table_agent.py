@@ -26,8 +26,8 @@ import base64
 import json
 from typing import Any
 
+from sandbox_workspace.contract.errors import BadRequest
 from sandbox_workspace.runtime import pathsafe
-from sandbox_workspace.runtime.errors import BadRequest
 
 from . import json_pointer
 from .json_pointer import MISSING, PointerError

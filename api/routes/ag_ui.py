@@ -19,7 +19,7 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.runtime.errors import BadRequest
+from sandbox_workspace.contract.errors import BadRequest
 
 from ..chat.ag_ui import AgUiStream
 from ..chat.run import Run

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.runtime.errors import Unavailable
+from sandbox_workspace.contract.errors import Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import ConversationDeleting, ConversationPhase, Session

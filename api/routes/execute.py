@@ -19,7 +19,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ConfigDict, Field
 
-from sandbox_workspace.runtime.errors import ApiError, BadGateway
+from sandbox_workspace.contract.errors import ApiError, BadGateway
 from sandbox_workspace.runtime.schemas import (
     MAX_CODE_BYTES,
     ExecuteRequest,

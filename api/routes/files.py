@@ -25,7 +25,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from sandbox_workspace.runtime.errors import Conflict, NotFoundError, TooLarge
+from sandbox_workspace.contract.errors import Conflict, NotFoundError, TooLarge
 from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
 from sandbox_workspace.runtime.workspace import Workspace
 

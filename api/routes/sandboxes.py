@@ -52,7 +52,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.runtime.errors import ApiError, NotFoundError
+from sandbox_workspace.contract.errors import ApiError, NotFoundError
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult
 from sandbox_workspace.runtime.workspace import Workspace
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from sandbox_workspace.runtime.errors import BadRequest
+from sandbox_workspace.contract.errors import BadRequest
 
 from ..chat.run import Run
 from ..chat.run_events import approval_event_id, events_of, parse_approval_id

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
+from sandbox_workspace.contract.errors import BadRequest, NotFoundError
 
 from ..chat.chat_index import ChatRun
 from ..chat.run import Run

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from sandbox_workspace.runtime.errors import NotFoundError, TooLarge, Unavailable
+from sandbox_workspace.contract.errors import NotFoundError, TooLarge, Unavailable
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session

@@ -9,7 +9,7 @@ import pytest
 from sandbox_workspace.api.chat.loop import RunSpec, _act
 from sandbox_workspace.api.chat.runs import Run
 from sandbox_workspace.api.chat.tools import SandboxTools
-from sandbox_workspace.runtime.errors import Conflict, NotFoundError
+from sandbox_workspace.contract.errors import Conflict, NotFoundError
 
 
 def _events(run: Run) -> list[tuple[str, dict]]:

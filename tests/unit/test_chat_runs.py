@@ -9,7 +9,7 @@ import json
 import pytest
 
 from sandbox_workspace.api.chat.runs import Run, RunRegistry
-from sandbox_workspace.runtime.errors import NotFoundError
+from sandbox_workspace.contract.errors import NotFoundError
 
 
 def _run(user: str = "u") -> Run:
