@@ -17,7 +17,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__, tracing
 from sandbox_workspace.contract.errors import install_error_handlers
-from sandbox_workspace.runtime.quantity import parse_bytes
+from sandbox_workspace.contract.quantity import parse_bytes
 
 from . import garbage, openapi
 from .backends.base import Backend

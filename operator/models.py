@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from sandbox_workspace.runtime.quantity import parse_bytes
+from sandbox_workspace.contract.quantity import parse_bytes
 
 from .idrules import (
     CONVERSATION_ID_PATTERN,

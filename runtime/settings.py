@@ -12,8 +12,9 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from sandbox_workspace.contract.quantity import parse_bytes
+
 from .limits import Limits
-from .quantity import parse_bytes
 
 
 class RuntimeSettings(BaseSettings):

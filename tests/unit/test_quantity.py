@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox_workspace.runtime.quantity import parse_bytes
+from sandbox_workspace.contract.quantity import parse_bytes
 
 
 @pytest.mark.parametrize(
