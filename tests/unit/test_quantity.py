@@ -1,4 +1,4 @@
-"""runtime/quantity.py: sizes as bytes or Kubernetes quantities, one parser everywhere."""
+"""contract/quantity.py: sizes as bytes or Kubernetes quantities, one parser everywhere."""
 
 from __future__ import annotations
 
