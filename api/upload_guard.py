@@ -26,8 +26,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from sandbox_workspace.contract import ids
 from sandbox_workspace.contract.errors import ApiError
-from sandbox_workspace.runtime.workspace import Workspace
 
 _FIELD = b"conversation_id"
 _MAX_VALUE = 1024  # a conversation id is short; a longer value is refused by the runtime
@@ -137,7 +137,7 @@ class GuardedBody:
         if cid is None:
             return None
         try:
-            return Workspace.check_conversation_id(cid)
+            return ids.conversation_id_or_400(cid)
         except ApiError:
             return None
 

@@ -22,17 +22,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from sandbox_workspace.contract.quantity import parse_bytes
-
-from .idrules import (
-    CONVERSATION_ID_PATTERN,
-    MAX_BYTES,
-    NAME_PATTERN,
-    NOT_DOTS,
+from sandbox_workspace.contract.ids import (
+    CRD_CONVERSATION_ID_PATTERN,
+    CRD_MAX_BYTES,
+    CRD_NAME_PATTERN,
+    CRD_NOT_DOTS,
     check_conversation_id,
     check_user_id,
-    runtime_rule,
+    pydantic_rule,
 )
+from sandbox_workspace.contract.quantity import parse_bytes
 
 GROUP = "sandboxworkspace.io"
 VERSION = "v1alpha1"
@@ -285,11 +284,11 @@ class SandboxSessionSpec(CamelModel):
     user_id: str = Field(
         min_length=1,
         max_length=253,
-        pattern=NAME_PATTERN,
+        pattern=CRD_NAME_PATTERN,
         description="The platform's user id (verbatim; the resource name is its DNS slug). "
         "A name as the runtime accepts it: no '/', '\\', control characters or surrounding "
         "whitespace, not '.' or '..'.",
-        json_schema_extra=_cel(_immutable("userId"), NOT_DOTS, MAX_BYTES),
+        json_schema_extra=_cel(_immutable("userId"), CRD_NOT_DOTS, CRD_MAX_BYTES),
     )
     agent_id: str | None = Field(None, max_length=253, description="Agent the session serves.")
     business_domain_id: str | None = Field(
@@ -334,7 +333,7 @@ class SandboxSessionSpec(CamelModel):
     )
 
     # "before": the runtime's own message says what is wrong, not the pattern's.
-    _user_rule = field_validator("user_id", mode="before")(runtime_rule(check_user_id))
+    _user_rule = field_validator("user_id", mode="before")(pydantic_rule(check_user_id))
 
 
 SessionPhase = Literal["Pending", "Running", "Stopped", "Error"]
@@ -388,11 +387,11 @@ class ConversationWorkspaceSpec(CamelModel):
     conversation_id: str = Field(
         min_length=1,
         max_length=255,
-        pattern=CONVERSATION_ID_PATTERN,
+        pattern=CRD_CONVERSATION_ID_PATTERN,
         description="The conversation id; the directory is `/workspace/{conversationId}`. "
         "One directory name as the runtime accepts it: no '/', '\\', control characters, "
         "leading '.' or surrounding whitespace; at most 255 bytes in UTF-8.",
-        json_schema_extra=_cel(_immutable("conversationId"), MAX_BYTES),
+        json_schema_extra=_cel(_immutable("conversationId"), CRD_MAX_BYTES),
     )
     session_ref: str = Field(
         min_length=1,
@@ -405,16 +404,16 @@ class ConversationWorkspaceSpec(CamelModel):
     user_id: str | None = Field(
         None,
         max_length=253,
-        pattern=NAME_PATTERN,
+        pattern=CRD_NAME_PATTERN,
         description="User owning the conversation (the rules of SandboxSession `userId`).",
-        json_schema_extra=_cel(NOT_DOTS, MAX_BYTES),
+        json_schema_extra=_cel(CRD_NOT_DOTS, CRD_MAX_BYTES),
     )
 
     _id_rule = field_validator("conversation_id", mode="before")(
-        runtime_rule(check_conversation_id)
+        pydantic_rule(check_conversation_id)
     )
     # "before": the runtime's own message says what is wrong, not the pattern's.
-    _user_rule = field_validator("user_id", mode="before")(runtime_rule(check_user_id))
+    _user_rule = field_validator("user_id", mode="before")(pydantic_rule(check_user_id))
 
 
 class ConversationWorkspaceStatus(StatusModel):

@@ -27,8 +27,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox_workspace.contract import ids
 from sandbox_workspace.contract.errors import BadRequest, Unavailable
-from sandbox_workspace.runtime.workspace import Workspace
 
 from ..chat.agents_stream import EVENT_TYPES, AgentsStream, encode, failed
 from ..chat.policy import effective_policies
@@ -121,7 +121,7 @@ async def agents(
         has_table = True
         write_table = partial(source.put, body.table_id, headers=identity)
 
-    cid = Workspace.check_conversation_id(body.conversation_id or f"agent-{uuid.uuid4().hex[:16]}")
+    cid = ids.conversation_id_or_400(body.conversation_id or f"agent-{uuid.uuid4().hex[:16]}")
     session_id = caller.session_id
     existing = await services.backend.get_session(session_id)
     workspace = existing.workspace_path if existing is not None else None

@@ -21,8 +21,8 @@ from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox_workspace.contract import ids
 from sandbox_workspace.contract.errors import Unavailable
-from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import ConversationDeleting, ConversationPhase, Session
 from ..chat.loop import run_agent
@@ -144,7 +144,7 @@ async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
     behind /chat, /ui/chat and /ag-ui)."""
     settings = services.settings
     llm = require_llm(services)
-    cid = Workspace.check_conversation_id(body.conversation_id)
+    cid = ids.conversation_id_or_400(body.conversation_id)
     policies = effective_policies(TOOL_NAMES, settings.tool_policies, body.tool_policies)
     session_id = caller.session_id
     existing = await services.backend.get_session(session_id)

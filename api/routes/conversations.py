@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from sandbox_workspace.runtime.workspace import Workspace
+from sandbox_workspace.contract import ids
 
 from ..deps import CallerDep, ServicesDep
 from ..names import ConversationIdPath, SessionIdPath
@@ -32,7 +32,7 @@ async def delete_conversation(
     services: ServicesDep,
 ) -> JSONResponse:
     """Delete every file of the conversation: 200 when verified gone, 202 while deleting."""
-    cid = Workspace.check_conversation_id(conversation_id)
+    cid = ids.conversation_id_or_400(conversation_id)
     session = await services.sessions.ensure_running(caller, session_id)
     done = await services.backend.delete_conversation(session, cid)
     services.runs.cancel_conversation(session.session_id, cid)

@@ -25,9 +25,9 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
+from sandbox_workspace.contract import ids
 from sandbox_workspace.contract.errors import Conflict, NotFoundError, TooLarge
 from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
-from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session
 from ..backends.store_backend import StoreBackend
@@ -81,7 +81,7 @@ async def conversation_param(
     """The conversation named by query or header, checked; None when none is named.
     Each given value must be valid; the query wins over the headers, as documented."""
     given = [
-        Workspace.check_conversation_id(v)
+        ids.conversation_id_or_400(v)
         for v in (conversation_id, conversation_id_header, x_conversation_id)
         if v is not None
     ]
@@ -111,7 +111,7 @@ async def _resolve(
     """A file reference; a bare name without conversation is looked up in the session."""
     if cid is not None or "/" in ref:
         return parse_file_ref(ref, cid, session.workspace_path, allow_outputs=outputs)
-    name = Workspace.check_file_name(ref)
+    name = ids.file_name_or_400(ref)
     holders = await client.list_conversations(holding=name)
     if not holders:
         raise NotFoundError(f"no conversation of this session has an upload named '{name}'")
@@ -172,7 +172,7 @@ async def upload_file(
             params[key] = value
     given = params.get("conversation_id")
     if given is not None:  # known up front: refuse before the body is sent
-        given = Workspace.check_conversation_id(given)
+        given = ids.conversation_id_or_400(given)
         await services.backend.conversation_opened(session, given)
     content_type = request.headers.get("content-type", "")
     backend = services.backend

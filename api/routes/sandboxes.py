@@ -52,9 +52,9 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox_workspace.contract import ids
 from sandbox_workspace.contract.errors import ApiError, NotFoundError
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult
-from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import ConversationDeleting, ConversationPhase, Session, SessionStatus
 from ..chat.table_agent import conversation_root, write_command
@@ -129,7 +129,7 @@ class _Sandbox:
 
     def __init__(self, services, caller: Caller, cid: str) -> None:
         self.services, self.caller = services, caller
-        self.cid = Workspace.check_conversation_id(cid)
+        self.cid = ids.conversation_id_or_400(cid)
         self.session_id = caller.session_id
         # Only the store needs the top-level files mirrored under outputs/ (see above).
         self.mirrored = services.settings.store == "s3"

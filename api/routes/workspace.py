@@ -20,8 +20,8 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
+from sandbox_workspace.contract import ids
 from sandbox_workspace.contract.errors import NotFoundError, TooLarge, Unavailable
-from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session
 from ..backends.store_backend import StoreBackend
@@ -91,7 +91,7 @@ async def _session(services, caller: Caller, session_id: str | None) -> Session:
 
 async def _info(services, caller, session_id: str | None, cid: str) -> WorkspaceInfo:
     backend = _backend(services)
-    cid = Workspace.check_conversation_id(cid)
+    cid = ids.conversation_id_or_400(cid)
     session = await _session(services, caller, session_id)
     await backend.ensure_filled(session, cid)
     manifest = await backend.meta.get(backend.scope(session), cid)
@@ -112,7 +112,7 @@ async def _info(services, caller, session_id: str | None, cid: str) -> Workspace
 
 async def _upload(services, caller, session_id, cid, request: Request) -> StoredFile:
     backend = _backend(services)
-    cid = Workspace.check_conversation_id(cid)
+    cid = ids.conversation_id_or_400(cid)
     session = await _session(services, caller, session_id)
     limit = session.spec.file_upload.max_file_size_bytes
     declared = request.headers.get("content-length")
@@ -127,7 +127,7 @@ async def _upload(services, caller, session_id, cid, request: Request) -> Stored
 
 async def _download(services, caller, session_id, cid, file_id) -> StreamingResponse:
     backend = _backend(services)
-    cid = Workspace.check_conversation_id(cid)
+    cid = ids.conversation_id_or_400(cid)
     session = await _session(services, caller, session_id)
     record, download = await backend.open_file(session, cid, file_id)
     return StreamingResponse(
@@ -144,7 +144,7 @@ async def _download(services, caller, session_id, cid, file_id) -> StreamingResp
 
 async def _delete(services, caller, session_id, cid, file_id) -> StoredFile:
     backend = _backend(services)
-    cid = Workspace.check_conversation_id(cid)
+    cid = ids.conversation_id_or_400(cid)
     session = await _session(services, caller, session_id)
     return StoredFile.of(await backend.delete_file(session, cid, file_id))
 
@@ -152,7 +152,7 @@ async def _delete(services, caller, session_id, cid, file_id) -> StoredFile:
 async def _patch(services, caller, session_id, cid, body: WorkspaceSettings) -> WorkspaceInfo:
     backend = _backend(services)
     session = await _session(services, caller, session_id)
-    cid = Workspace.check_conversation_id(cid)
+    cid = ids.conversation_id_or_400(cid)
     await backend.set_enabled(session, cid, body.workspace_enabled)
     return await _info(services, caller, session_id, cid)
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import kopf
 
+from sandbox_workspace.contract.ids import UnsafePath, check_conversation_id
 from sandbox_workspace.kube import KubeError, core_path, custom_path
 from sandbox_workspace.runtime.client import RuntimeClient, RuntimeClientError, RuntimeRefused
-from sandbox_workspace.runtime.pathsafe import UnsafePath
 from sandbox_workspace.store import StoreError
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
 
@@ -25,7 +25,6 @@ from .. import naming
 from ..children import uid_of
 from ..cleanup import NotReady, cleanup_runtime, remove_cleanup
 from ..context import OperatorContext
-from ..idrules import check_conversation_id
 from ..models import (
     ANNOTATION_TENANT_ID,
     ANNOTATION_WRITER_PREFIX,
