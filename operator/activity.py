@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from sandbox_workspace.contract.crd import ANNOTATION_LAST_ACTIVITY
 from sandbox_workspace.runtime.schemas import RuntimeStats
 
-from .models import ANNOTATION_LAST_ACTIVITY, SandboxSession
+from .models import SandboxSession
 from .status import condition, expires_at
 
 

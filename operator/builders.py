@@ -21,8 +21,7 @@ import hashlib
 import json
 from typing import Any
 
-from . import naming
-from .models import (
+from sandbox_workspace.contract.crd import (
     ANNOTATION_POD_SPEC,
     ANNOTATION_USER_ID,
     COMPONENT_RUNTIME,
@@ -30,9 +29,10 @@ from .models import (
     LABEL_COMPONENT,
     LABEL_SESSION,
     LABEL_USER,
-    ResourceList,
-    SandboxSession,
 )
+
+from . import naming
+from .models import ResourceList, SandboxSession
 from .settings import RUNTIME_PORT, RUNTIME_UID, OperatorSettings
 
 TOKEN_KEY = "token"

@@ -19,6 +19,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from sandbox_workspace.contract.crd import ANNOTATION_USER_ID
 from sandbox_workspace.kube import core_path
 from sandbox_workspace.runtime.client import RuntimeClient
 
@@ -26,7 +27,7 @@ from . import naming
 from .builders import TOKEN_KEY, build_cleanup_pod, build_cleanup_secret
 from .children import uid_of
 from .context import OperatorContext
-from .models import ANNOTATION_USER_ID, SandboxSession, SandboxSessionSpec
+from .models import SandboxSession, SandboxSessionSpec
 from .settings import RUNTIME_PORT
 from .status import observe_pod
 

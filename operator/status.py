@@ -15,14 +15,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from .models import (
-    ANNOTATION_RESUME,
-    LABEL_POOL,
-    Condition,
-    SandboxSession,
-    SandboxSessionStatus,
-    SessionPhase,
-)
+from sandbox_workspace.contract.crd import ANNOTATION_RESUME, LABEL_POOL
+
+from .models import Condition, SandboxSession, SandboxSessionStatus, SessionPhase
 from .naming import runtime_pod_name
 from .settings import RUNTIME_PORT
 

@@ -27,6 +27,8 @@ import httpx
 import yaml
 from httpx_aiohttp import AiohttpTransport
 
+from sandbox_workspace.contract.crd import GROUP, VERSION
+
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -280,8 +282,6 @@ def core_path(namespace: str, plural: str, name: str | None = None) -> str:
 
 
 def custom_path(namespace: str, plural: str, name: str | None = None) -> str:
-    """A path of the custom resources (group and version: the operator's CRD contract)."""
-    from sandbox_workspace.operator.models import GROUP, VERSION
-
+    """A path of the custom resources (group and version: the contract's)."""
     base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}"
     return f"{base}/{name}" if name else base

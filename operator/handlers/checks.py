@@ -36,12 +36,13 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from sandbox_workspace.contract.crd import ANNOTATION_RESUME
 from sandbox_workspace.kube import Conflict, KubeError, core_path
 from sandbox_workspace.runtime.client import RuntimeClientError
 
 from ..activity import after_stats, idle_for, start_marker
 from ..context import OperatorContext
-from ..models import ANNOTATION_RESUME, SandboxSession
+from ..models import SandboxSession
 from ..pool.refill import settle
 from ..status import (
     condition,

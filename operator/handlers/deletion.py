@@ -15,6 +15,13 @@ from typing import Any
 
 import kopf
 
+from sandbox_workspace.contract.crd import (
+    ANNOTATION_TENANT_ID,
+    ANNOTATION_WRITER_PREFIX,
+    LABEL_SESSION,
+    SESSION_PLURAL,
+    WORKSPACE_PLURAL,
+)
 from sandbox_workspace.contract.ids import UnsafePath, check_conversation_id
 from sandbox_workspace.kube import KubeError, core_path, custom_path
 from sandbox_workspace.runtime.client import RuntimeClient, RuntimeClientError, RuntimeRefused
@@ -25,15 +32,7 @@ from .. import naming
 from ..children import uid_of
 from ..cleanup import NotReady, cleanup_runtime, remove_cleanup
 from ..context import OperatorContext
-from ..models import (
-    ANNOTATION_TENANT_ID,
-    ANNOTATION_WRITER_PREFIX,
-    DNS_LABEL_PATTERN,
-    LABEL_SESSION,
-    SESSION_PLURAL,
-    WORKSPACE_PLURAL,
-    ConversationWorkspaceStatus,
-)
+from ..models import DNS_LABEL_PATTERN, ConversationWorkspaceStatus
 from ..storage import (
     CleanupRuntime,
     DeletePod,

@@ -39,12 +39,13 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from sandbox_workspace.contract.crd import ANNOTATION_RESUME
 from sandbox_workspace.kube import Conflict, KubeError, core_path
 
 from ..builders import build_runtime_secret
 from ..children import uid_of
 from ..context import OperatorContext
-from ..models import ANNOTATION_RESUME, SandboxSession
+from ..models import SandboxSession
 from ..pool import misfits
 from ..pool.claim import claim_pod, claims_api
 from ..pool.refill import settle

@@ -41,20 +41,19 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from sandbox_workspace.contract.crd import (
+    ANNOTATION_POD_SPEC,
+    ANNOTATION_RESUME,
+    LABEL_SESSION,
+    SESSION_PLURAL,
+)
 from sandbox_workspace.kube import Kube, KubeError, core_path, custom_path
 
 from ..activity import next_due, start_marker
 from ..builders import build_sandbox_pod
 from ..children import judge, uid_of
 from ..context import OperatorContext
-from ..models import (
-    ANNOTATION_POD_SPEC,
-    ANNOTATION_RESUME,
-    LABEL_SESSION,
-    SESSION_PLURAL,
-    SandboxSession,
-    SandboxSessionStatus,
-)
+from ..models import SandboxSession, SandboxSessionStatus
 from ..pool.claim import claim_pod, claims_api
 from ..status import PodState, is_stopped, session_pod_name, session_status, set_condition
 from . import traced

@@ -27,16 +27,12 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from sandbox_workspace.contract.crd import SESSION_PLURAL
 from sandbox_workspace.kube import KubeError, custom_path
 from sandbox_workspace.runtime.client import RuntimeClient, RuntimeClientError, RuntimeRefused
 
 from ..context import OperatorContext
-from ..models import (
-    SESSION_PLURAL,
-    ConversationWorkspace,
-    ConversationWorkspaceStatus,
-    SandboxSession,
-)
+from ..models import ConversationWorkspace, ConversationWorkspaceStatus, SandboxSession
 from ..status import is_stopped, set_condition
 from .sessions import request_resume
 

@@ -19,18 +19,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import naming
-from ..builders import _runtime_pod, build_sandbox_pod, spec_hash
-from ..children import owner_reference
-from ..models import (
+from sandbox_workspace.contract.crd import (
     ANNOTATION_POD_SPEC,
     ANNOTATION_USER_ID,
     LABEL_POOL,
     LABEL_SESSION,
     LABEL_USER,
-    SandboxSession,
-    SandboxSessionSpec,
 )
+
+from .. import naming
+from ..builders import _runtime_pod, build_sandbox_pod, spec_hash
+from ..children import owner_reference
+from ..models import SandboxSession, SandboxSessionSpec
 from ..settings import OperatorSettings
 
 # ``LABEL_POOL`` is on every pool member for its whole life: "free", then "claimed".
