@@ -143,9 +143,7 @@ class Executor:
     def _guard(self, cid: str) -> Callable[[], None]:
         def check() -> None:
             if self.workspace.is_deleting(cid):
-                raise ConversationDeleting(
-                    f"conversation '{cid}' is being deleted; retry once deletion completes"
-                )
+                raise ConversationDeleting(cid)
 
         return check
 

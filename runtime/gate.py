@@ -43,6 +43,4 @@ class DeletionGate:
 
     def refuse(self, cid: str) -> None:
         if self.is_deleting(cid):
-            raise ConversationDeleting(
-                f"conversation '{cid}' is being deleted; retry once the deletion completes"
-            )
+            raise ConversationDeleting(cid)

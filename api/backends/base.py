@@ -88,20 +88,6 @@ class ConversationPhase(StrEnum):
     ABSENT = "absent"  # never opened, or deleted: the next write starts it afresh
 
 
-class ConversationDeleting(Conflict):
-    """The conversation is being deleted: writes are refused until it is gone."""
-
-    code = "conversation_deleting"
-    retry_after = 1
-
-    def __init__(self, conversation_id: str) -> None:
-        super().__init__(
-            f"conversation '{conversation_id}' is being deleted; its files cannot be "
-            "written now. Retry once the deletion completes (the same id then starts a "
-            "fresh, empty conversation)."
-        )
-
-
 @dataclass
 class StoreFence:
     """One writer's hold on a conversation's store prefix (``Backend.store_writing``).

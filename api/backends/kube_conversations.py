@@ -28,9 +28,10 @@ from typing import Any
 
 import httpx
 
+from sandbox_workspace.contract.errors import ConversationDeleting
 from sandbox_workspace.kube import Conflict, Kube, KubeError
 
-from .base import ConversationDeleting, ConversationPhase
+from .base import ConversationPhase
 
 log = logging.getLogger(__name__)
 

@@ -38,13 +38,12 @@ import httpx
 
 from sandbox_workspace import tracing
 from sandbox_workspace.contract import crd
-from sandbox_workspace.contract.errors import ApiError
+from sandbox_workspace.contract.errors import ApiError, ConversationDeleting
 from sandbox_workspace.kube import Conflict, Kube, core_path, custom_path
 from sandbox_workspace.operator import models, naming
 
 from ..runtime_client import RuntimeClient
 from .base import (
-    ConversationDeleting,
     ConversationPhase,
     RuntimeEndpoint,
     Session,

@@ -36,13 +36,13 @@ from pathlib import Path
 
 import httpx
 
+from sandbox_workspace.contract.errors import ConversationDeleting
 from sandbox_workspace.operator.models import FileUploadConfig
 from sandbox_workspace.operator.naming import dns_name
 from sandbox_workspace.runtime.gate import DeletionGate
 
 from ..runtime_client import RuntimeClient
 from .base import (
-    ConversationDeleting,
     ConversationPhase,
     RuntimeEndpoint,
     Session,

@@ -49,7 +49,7 @@ from typing import Any
 
 import httpx
 
-from sandbox_workspace.contract.errors import Conflict, NotFoundError
+from sandbox_workspace.contract.errors import Conflict, ConversationDeleting, NotFoundError
 from sandbox_workspace.operator import naming
 from sandbox_workspace.runtime.client import RuntimeRefused
 from sandbox_workspace.runtime.raw_upload import FEATURE as RAW_UPLOAD
@@ -60,7 +60,7 @@ from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Wri
 
 from ..runtime_client import RuntimeClient
 from ..upload_guard import GuardedBody
-from .base import Backend, ConversationDeleting, Session
+from .base import Backend, Session
 from .store_cache import OUTPUTS, UPLOADS, Hashing, drop_cached, fill_upload
 from .store_upload import TeeUpload
 

@@ -22,9 +22,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_workspace.contract import ids
-from sandbox_workspace.contract.errors import Unavailable
+from sandbox_workspace.contract.errors import ConversationDeleting, Unavailable
 
-from ..backends.base import ConversationDeleting, ConversationPhase, Session
+from ..backends.base import ConversationPhase, Session
 from ..chat.loop import run_agent
 from ..chat.policy import Policy, effective_policies
 from ..chat.progress import Progress

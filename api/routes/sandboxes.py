@@ -53,10 +53,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_workspace.contract import ids
-from sandbox_workspace.contract.errors import ApiError, NotFoundError
+from sandbox_workspace.contract.errors import ApiError, ConversationDeleting, NotFoundError
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult
 
-from ..backends.base import ConversationDeleting, ConversationPhase, Session, SessionStatus
+from ..backends.base import ConversationPhase, Session, SessionStatus
 from ..chat.table_agent import conversation_root, write_command
 from ..chat.table_run import check_read_only_enforced
 from ..deps import CallerDep, ServicesDep

@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 
-from sandbox_workspace.api.backends.base import ConversationDeleting, ConversationPhase
+from sandbox_workspace.api.backends.base import ConversationPhase
 from sandbox_workspace.api.backends.kube_conversations import ConversationTracker
+from sandbox_workspace.contract.errors import ConversationDeleting
 from sandbox_workspace.kube import Conflict
 
 COLLECTION = "/apis/x/v1/namespaces/ns/conversationworkspaces"
