@@ -38,6 +38,7 @@ import httpx
 
 from sandbox_workspace import tracing
 from sandbox_workspace.contract import crd
+from sandbox_workspace.contract.conditions import ConditionType
 from sandbox_workspace.contract.errors import ApiError, ConversationDeleting
 from sandbox_workspace.kube import Conflict, Kube, core_path, custom_path
 from sandbox_workspace.operator import models, naming
@@ -426,6 +427,6 @@ def _bounded(cache: dict) -> None:
 
 def _message(status: models.SandboxSessionStatus) -> str:
     for condition in status.conditions:
-        if condition.type == "Ready" and condition.status != "True":
+        if condition.type == ConditionType.READY and condition.status != "True":
             return condition.message or condition.reason
     return ""

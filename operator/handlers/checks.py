@@ -36,6 +36,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from sandbox_workspace.contract.conditions import ConditionType, Reason
 from sandbox_workspace.contract.crd import ANNOTATION_RESUME
 from sandbox_workspace.kube import Conflict, KubeError, core_path
 from sandbox_workspace.runtime.client import RuntimeClientError
@@ -74,7 +75,7 @@ async def stop_session(
             return  # gone, or someone wants it right now
         current = SandboxSession.from_body(fresh)
         status = session_status(
-            current, observe_pod(None), now(), stopped=True, stop_reason=("IdleTimeout", why)
+            current, observe_pod(None), now(), stopped=True, stop_reason=(Reason.IDLE_TIMEOUT, why)
         )
         written = await _write_status(ctx, fresh, current, status, guard=seen, api=ctx.api)
         if written is not None:
@@ -88,9 +89,9 @@ async def stop_session(
 async def _expire(ctx: OperatorContext, session: SandboxSession, body: dict) -> None:
     conds = set_condition(
         list(session.status.conditions),
-        "Expired",
+        ConditionType.EXPIRED,
         True,
-        "TTLExpired",
+        Reason.TTL_EXPIRED,
         f"ttlSeconds={session.spec.ttl_seconds} elapsed; deleting the session",
         now(),
     )
@@ -99,7 +100,7 @@ async def _expire(ctx: OperatorContext, session: SandboxSession, body: dict) -> 
         path + "/status",
         {"status": {"conditions": [c.model_dump(mode="json", by_alias=True) for c in conds]}},
     )
-    kopf.event(body, type="Normal", reason="Expired", message="ttlSeconds elapsed: deleting")
+    kopf.event(body, type="Normal", reason=Reason.EXPIRED, message="ttlSeconds elapsed: deleting")
     await ctx.api.delete(path)
 
 
@@ -174,7 +175,7 @@ async def _look(
         logger.info(f"idle for {idle:.0f}s (idleTimeoutSeconds={timeout}): stopping")
         await stop_session(ctx, session, body, f"no activity for {int(idle)}s", seen=seen)
         return expiry
-    restart = condition(status, "RestartRequired")
+    restart = condition(status, ConditionType.RESTART_REQUIRED)
     quiet = idle_for(stats, session.annotations, max(1, int(interval)), now())
     if restart is not None and restart.status == "True" and quiet is not None:
         await _roll(ctx, session, body)
@@ -188,7 +189,7 @@ async def _roll(ctx: OperatorContext, session: SandboxSession, body: dict) -> No
     pod = await ctx.api.get(path)
     if pod is None:
         return
-    kopf.event(body, type="Normal", reason="SpecChanged", message="idle: replacing the pod")
+    kopf.event(body, type="Normal", reason=Reason.SPEC_CHANGED, message="idle: replacing the pod")
     await ctx.api.delete(path, uid=pod["metadata"]["uid"])
 
 
