@@ -18,6 +18,7 @@ from httpx_aiohttp import AiohttpTransport
 from sandbox_workspace import __version__, tracing
 from sandbox_workspace.contract.errors import install_error_handlers
 from sandbox_workspace.contract.quantity import parse_bytes
+from sandbox_workspace.runtime.settings import RuntimeSettings
 
 from . import garbage, openapi
 from .backends.base import Backend
@@ -62,10 +63,12 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
                 "SANDBOX_WORKSPACE_SANDBOX_MOUNT=bwrap but bubblewrap is not installed"
             )
         runtime_env = {
-            "SANDBOX_RUNTIME_CONFINEMENT": settings.confinement,
-            "SANDBOX_RUNTIME_NETWORK": settings.session_network,
+            **RuntimeSettings.env(
+                confinement=settings.confinement,
+                network=settings.session_network,
+                session_memory=parse_bytes(settings.local_session_memory),
+            ),
             **settings.limits.runtime_env(),
-            "SANDBOX_RUNTIME_SESSION_MEMORY": str(parse_bytes(settings.local_session_memory)),
         }
         return LocalBackend(settings.data_dir, http, bwrap=bwrap, runtime_env=runtime_env)
     from sandbox_workspace.kube import Kube, load_credentials

@@ -32,6 +32,7 @@ from sandbox_workspace.contract.ids import (
     pydantic_rule,
 )
 from sandbox_workspace.contract.quantity import parse_bytes
+from sandbox_workspace.runtime.settings import RuntimeSettings
 
 SizeUnit = Literal["B", "KB", "MB", "GB"]
 _UNIT_BYTES = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
@@ -224,12 +225,12 @@ class ExecutionLimits(CamelModel):
 
     def runtime_env(self) -> dict[str, str]:
         """The runtime's settings (runtime/settings.py) carrying these limits, in bytes."""
-        return {
-            "SANDBOX_RUNTIME_LIMIT_MEMORY": str(self.memory_bytes),
-            "SANDBOX_RUNTIME_LIMIT_CPU_SECONDS": str(self.cpu_seconds),
-            "SANDBOX_RUNTIME_LIMIT_FILE_SIZE": str(self.file_size_bytes),
-            "SANDBOX_RUNTIME_LIMIT_CONVERSATION_SIZE": str(self.conversation_size_bytes),
-        }
+        return RuntimeSettings.env(
+            limit_memory=self.memory_bytes,
+            limit_cpu_seconds=self.cpu_seconds,
+            limit_file_size=self.file_size_bytes,
+            limit_conversation_size=self.conversation_size_bytes,
+        )
 
 
 class SandboxSessionSpec(CamelModel):
