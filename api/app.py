@@ -29,6 +29,7 @@ from .chat.openai_chat import OpenAiClient
 from .chat.policy import allowed_policies
 from .chat.runs import RunRegistry
 from .chat.runstore.factory import build_store
+from .chat.service import resume_run
 from .chat.tools import TOOL_NAMES
 from .deps import Services
 from .identity import Authenticator, StreamTokens
@@ -162,7 +163,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await backend.start()
-        await services.runs.store.start(lambda *a: chat.resume_run(services, *a))
+        await services.runs.store.start(lambda *a: resume_run(services, *a))
         garbage.tune()
         try:
             yield

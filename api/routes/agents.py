@@ -32,8 +32,10 @@ from sandbox_workspace.contract.errors import BadRequest, Unavailable
 
 from ..chat.agents_stream import EVENT_TYPES, AgentsStream, encode, failed
 from ..chat.policy import effective_policies
+from ..chat.request import HistoryMessage
 from ..chat.run_events import translated
 from ..chat.selected_files import SelectedFileRef, selected_files_field, selected_names
+from ..chat.service import launch, refuse_deleting, require_llm
 from ..chat.table_agent import make_plan, working_directory
 from ..deps import CallerDep, ServicesDep
 from ..event_stream import EventStream
@@ -42,7 +44,6 @@ from ..openapi import errors, sse
 from ..schemas import json_int
 from ..sse import SSE_HEADERS
 from ..table_source import TableSourceFailed, from_settings, identity_headers
-from .chat import HistoryMessage, _refuse_deleting, launch, require_llm
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])
 MAX_ITERATIONS = 15  # seed 002: maxIterations = 15
@@ -137,7 +138,7 @@ async def agents(
         # Another replica carrying the run on can write back as this caller only when the
         # identity is the user id alone: a credential (Authorization) is never stored.
         plan["identity"] = "authorization" if authorization else "user_id"
-    await _refuse_deleting(services, existing, cid)
+    await refuse_deleting(services, existing, cid)
     names = selected_names(cid, workspace, body.selected_files)
     run = launch(
         services,
