@@ -50,7 +50,7 @@ _RANK = {
 NEEDS = {
     "chart": ("tools",),
     "image": ("images",),
-    "cluster": ("kube",),
+    "cluster": ("tools", "kube"),  # test_chart_rbac.py renders the chart with helm
     "test_bench.py": ("kube",),
     "node": ("tools", "kube", "images"),
 }
