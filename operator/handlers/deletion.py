@@ -134,7 +134,7 @@ def _lease_end(value: str) -> float:
 
 async def _writers_done(ctx: OperatorContext, namespace: str, name: str) -> None:
     """``Wait`` while an API process holds the conversation's store prefix (announced on
-    the resource, ``models.ANNOTATION_WRITER_PREFIX``, lease running): its objects may
+    the resource, ``crd.ANNOTATION_WRITER_PREFIX``, lease running): its objects may
     not have landed yet. Read after the deletion began, so a writer not seen here was
     refused when it announced itself. An ended lease (its API process died mid-write) is
     removed: whatever that writer left is in the store by now, and cleared next."""
