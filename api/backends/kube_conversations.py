@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 from sandbox_workspace.contract.errors import ConversationDeleting
-from sandbox_workspace.kube import Conflict, Kube, KubeError
+from sandbox_workspace.kube import Kube, KubeConflict, KubeError
 
 from .base import ConversationPhase
 
@@ -94,7 +94,7 @@ class ConversationTracker:
         try:
             self._record(await self.kube.request("POST", self.collection, body))
             return
-        except Conflict:
+        except KubeConflict:
             pass
         obj = await self.kube.get(f"{self.collection}/{name}")
         if obj is None:  # deleted between our create and our read: create afresh

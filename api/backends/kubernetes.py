@@ -40,7 +40,7 @@ from sandbox_workspace import tracing
 from sandbox_workspace.contract import crd
 from sandbox_workspace.contract.conditions import ConditionType
 from sandbox_workspace.contract.errors import ApiError, ConversationDeleting
-from sandbox_workspace.kube import Conflict, Kube, core_path, custom_path
+from sandbox_workspace.kube import Kube, KubeConflict, core_path, custom_path
 from sandbox_workspace.operator import models, naming
 
 from ..runtime_client import RuntimeClient
@@ -234,7 +234,7 @@ class KubernetesBackend:
         tracing.with_traceparent(body["metadata"]["annotations"], crd.ANNOTATION_TRACEPARENT)
         try:
             obj = await self.kube.request("POST", self._sessions(), body)
-        except Conflict as e:
+        except KubeConflict as e:
             raise SessionExists(f"session '{spec.session_id}' already exists") from e
         assert obj is not None
         return await self._to_session(spec.session_id, obj)

@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from sandbox_workspace.contract.conditions import ConditionType, Reason
 from sandbox_workspace.contract.crd import ANNOTATION_RESUME
-from sandbox_workspace.kube import Conflict, KubeError, core_path
+from sandbox_workspace.kube import KubeConflict, KubeError, core_path
 from sandbox_workspace.runtime.client import RuntimeClientError
 
 from ..activity import after_stats, idle_for, start_marker
@@ -65,7 +65,7 @@ async def stop_session(
 ) -> None:
     """Idle stop: status Stopped first (so the pod's deletion is not undone), then the pod.
     ``seen``: ``body`` is the session's last watch event — the status is written only onto
-    that version (``Conflict`` if it changed since); else the session is read afresh."""
+    that version (``KubeConflict`` if it changed since); else the session is read afresh."""
     async with ctx.lock(session.namespace, session.name):
         if seen:
             fresh: dict | None = body
@@ -125,7 +125,7 @@ async def check_session(
     if session is not None:
         try:
             return await _look(ctx, session, ctx.sessions_seen[(namespace, name)], logger)
-        except Conflict:
+        except KubeConflict:
             logger.info("changed since its last event: looking again afresh")
     reconciled = await reconcile_session(ctx, namespace, name)
     if reconciled is None:
@@ -137,7 +137,7 @@ async def _look(
     ctx: OperatorContext, session: SandboxSession, body: dict, logger: Any, *, seen: bool = True
 ) -> datetime | None:
     """``check_session`` on one view of the session: ``seen``, its last watch event
-    (every write carries its resourceVersion: ``Conflict`` when it changed since), else
+    (every write carries its resourceVersion: ``KubeConflict`` when it changed since), else
     just reconciled from a fresh read."""
     namespace, name = session.namespace, session.name
     expiry = expires_at(session)

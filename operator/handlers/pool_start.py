@@ -41,7 +41,7 @@ from pydantic import ValidationError
 
 from sandbox_workspace.contract.conditions import Reason
 from sandbox_workspace.contract.crd import ANNOTATION_RESUME
-from sandbox_workspace.kube import Conflict, KubeError, core_path
+from sandbox_workspace.kube import KubeConflict, KubeError, core_path
 
 from ..builders import build_runtime_secret
 from ..children import uid_of
@@ -105,7 +105,7 @@ async def _start(ctx: OperatorContext, session: SandboxSession, body: dict[str, 
         # serve now — deleted; the full reconcile decides from what the session is.
         path = core_path(ns, "pods", claimed["metadata"]["name"])
         await claims_api(ctx).delete(path, uid=uid_of(claimed))
-        if isinstance(e, Conflict):
+        if isinstance(e, KubeConflict):
             return False
         raise
     marks["written"] = time.monotonic()
