@@ -34,7 +34,9 @@ def upload(
 def listing(api: httpx.Client, session_url: str, cid: str) -> list[dict]:
     r = api.get(f"{session_url}/files", headers={"conversation_id": cid, "subdir": "temparea"})
     assert r.status_code == 200, r.text
-    return r.json()["files"]
+    body = r.json()
+    assert body["files"] == [f["name"] for f in body["items"]]  # names, as seed 000 §6.3
+    return body["items"]
 
 
 def workspace_of(api: httpx.Client, session_url: str) -> Path:
@@ -241,7 +243,8 @@ def test_list_without_conversation_covers_the_session(api, session_url):
     r = api.get(f"{session_url}/files")
     assert r.status_code == 200, r.text
     assert "conversation_id" not in r.json()
-    assert sorted((f["conversation_id"], f["name"]) for f in r.json()["files"]) == [
+    assert sorted(r.json()["files"]) == ["a.csv", "b.csv"]  # names, as seed 000 §6.3
+    assert sorted((f["conversation_id"], f["name"]) for f in r.json()["items"]) == [
         ("c1", "a.csv"),
         ("c2", "b.csv"),
     ]
