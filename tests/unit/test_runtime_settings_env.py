@@ -131,3 +131,15 @@ async def test_the_apis_local_defaults_read_back(read_back, tmp_path):
     assert (got.confinement, got.network, got.session_memory) == ("none", "allow", 2**30)
     assert got.limits() is not None
     assert (got.limits().memory, got.limits().cpu_seconds) == (256 * 2**20, 9)
+
+
+def test_a_pool_pods_claim_key_reads_back(read_back):
+    from sandbox_workspace.operator.pool.spec import build_pool_pod
+
+    settings = OperatorSettings(_env_file=None, image="registry.example/sandbox:1")
+    env = build_pool_pod("ns", settings)["spec"]["containers"][0]["env"]
+    from_secret = [e["name"] for e in env if "valueFrom" in e]
+    assert from_secret == ["SANDBOX_RUNTIME_CLAIM_KEY"]  # a pooled runtime: no token
+    values = {e["name"]: e["value"] for e in env if "value" in e and e["name"].startswith(PREFIX)}
+    got = read_back({**values, "SANDBOX_RUNTIME_CLAIM_KEY": "k"})
+    assert got.pooled and got.resolved_token() is None
