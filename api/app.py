@@ -12,18 +12,19 @@ from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
 from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__, tracing
-from sandbox_workspace.contract.errors import install_error_handlers
+from sandbox_workspace.contract.errors import JSONLineResponse, install_error_handlers
 from sandbox_workspace.contract.quantity import parse_bytes
 from sandbox_workspace.runtime.settings import RuntimeSettings
 
-from . import garbage, openapi
+from . import cors, garbage, openapi
 from .backends.base import Backend
 from .chat.anthropic_messages import DEFAULT_BASE_URL as DEFAULT_ANTHROPIC_URL
 from .chat.anthropic_messages import AnthropicClient
+from .chat.demo_model import DemoModel
 from .chat.llm import LlmClient, LlmConfig
 from .chat.openai_chat import OpenAiClient
 from .chat.policy import allowed_policies
@@ -90,13 +91,14 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
     )
 
 
-def build_llm(settings: ApiSettings) -> LlmClient | None:
+def build_llm(settings: ApiSettings) -> LlmClient | DemoModel | None:
     """The model client the settings choose, or None (chat answers 503 naming the
     settings to set)."""
     anthropic = settings.llm_provider == "anthropic"
     base_url = settings.llm_base_url or (DEFAULT_ANTHROPIC_URL if anthropic else None)
     if not (base_url and settings.llm_model):
-        return None
+        # Dev mode only (the settings refuse it elsewhere): chat to try with no service.
+        return DemoModel() if settings.demo_model else None
     key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
     config = LlmConfig(
         base_url=base_url,
@@ -187,7 +189,10 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
             if services.llm is not None:
                 await services.llm.aclose()
 
-    app = FastAPI(
+    # /docs and /redoc with Swagger UI's and ReDoc's files from the fastapi-offline
+    # package, served by the API itself: the pages work offline and air-gapped.
+    app = FastAPIOffline(
+        default_response_class=JSONLineResponse,
         title="Sandbox Workspace API",
         version=__version__,
         description=openapi.DESCRIPTION,
@@ -203,6 +208,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         settings.max_upload_bytes,
         allowed_policies(TOOL_NAMES, settings.tool_policies),
         settings.file_upload.allowed_file_types,
+        settings.auth_mode,
     )
     if settings.backend != "local":
         from .backends.kube_errors import install_kube_error_handler
@@ -210,16 +216,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         install_kube_error_handler(app)
     install_metrics(app, services.runs)
     if settings.cors_allow_origins:
-        # Outermost, so preflights are answered before routing and error answers carry
-        # the CORS headers too (else a browser shows a CORS failure instead of the 4xx).
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.cors_allow_origins,
-            allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=openapi.CORS_REQUEST_HEADERS,
-            expose_headers=openapi.CORS_EXPOSED_HEADERS,
-            max_age=600,
-        )
+        cors.install(app, settings.cors_allow_origins)  # outermost: see api/cors.py
     app.include_router(health.router)
     api_modules = (
         sessions,

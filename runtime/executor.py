@@ -79,6 +79,9 @@ class Executor:
         self.kernel_idle_seconds = kernel_idle_seconds
         self._slots = asyncio.Semaphore(max_concurrent)
         self._kernels: dict[str, PythonKernel] = {}
+        # Conversations whose interpreter was reaped idle: their next call says the
+        # state is gone (``kernel_restarted``), as nobody was told when it went.
+        self._reaped: set[str] = set()
         # Bumped by stop_conversation: executions that started before it report the stop.
         self._generation: dict[str, int] = {}
         self.scratch_root = tempfile.mkdtemp(prefix="sbw-scratch-")  # mode 0700
@@ -226,13 +229,16 @@ class Executor:
                 read_write=read_write,
                 guard=self._guard(cid),
                 limits=self.limits,
+                state_lost=cid in self._reaped,
             )
+            self._reaped.discard(cid)
             self._kernels[cid] = kernel
         return kernel
 
     async def restart(self, conversation_id: str) -> bool:
         """Kill the conversation's interpreter; the next call starts a fresh one."""
         cid = self.workspace.check_conversation_id(conversation_id)
+        self._reaped.discard(cid)  # the caller asked: its answer says so
         kernel = self._kernels.pop(cid, None)
         if kernel is None:
             return False
@@ -247,6 +253,7 @@ class Executor:
         """
         cid = self.workspace.check_conversation_id(conversation_id)
         self._generation[cid] = self._generation.get(cid, 0) + 1
+        self._reaped.discard(cid)  # a deleted conversation starts with no state to lose
         kernel = self._kernels.pop(cid, None)
         await self.spawner.stop(cid)
         if kernel is not None:
@@ -267,6 +274,7 @@ class Executor:
             if not k.busy and now - k.last_used > self.kernel_idle_seconds
         ]
         for cid in idle:
+            self._reaped.add(cid)
             await self._kernels.pop(cid).kill()
         return idle
 

@@ -6,8 +6,12 @@ produced; the call returns only once the interpreter said ``done`` *and* the per
 sentinel arrived on both stdout and stderr, so no output is lost or attributed to the
 wrong cell. The interpreter is started through the spawner (confined, tracked with every
 process it starts). A cell over its timeout kills that whole process tree (state is
-lost; the next call starts a fresh one and says so with ``kernel_restarted``). An
-interpreter that dies mid-cell is reported as ``KernelDied``, never as an HTTP error.
+lost; the next call starts a fresh one). An interpreter that dies mid-cell is reported
+as ``KernelDied``, never as an HTTP error. ``execute`` says whether earlier state is gone
+(``kernel_restarted``) once, on the first answer that can say it: the call whose timeout
+or limit ended the interpreter, or — when it ended between calls (it died, or it was
+reaped idle: ``state_lost``) — the next call. A conversation's first call has no earlier
+state to lose: False.
 """
 
 from __future__ import annotations
@@ -58,8 +62,11 @@ class PythonKernel:
         read_write: list[str],
         guard: Callable[[], None] | None = None,
         limits: Limits | None = None,
+        state_lost: bool = False,
     ) -> None:
         self.cid = cid
+        # An interpreter of this conversation ended and no answer has said so yet.
+        self._loss_unreported = state_lost
         self.limits = limits
         self.cwd = cwd
         self.env = env
@@ -116,11 +123,12 @@ class PythonKernel:
     async def execute(
         self, code: str, timeout: float, collector: OutputCollector
     ) -> tuple[ExecutionError | None, bool]:
-        """Run one cell; returns (error or None, whether the interpreter was (re)started)."""
+        """Run one cell; returns (error or None, whether earlier calls' state is gone)."""
         async with self._lock:
-            restarted = False
+            # ``call`` still set but exited: the interpreter died between calls.
+            restarted = self._loss_unreported or (self.call is not None and not self.alive)
+            self._loss_unreported = False
             if not self.alive:
-                restarted = True
                 try:
                     await self.start()
                 except (KernelDied, TimeoutError):
@@ -153,6 +161,7 @@ class PythonKernel:
                     await cell.streams_done["stderr"].wait()
             except TimeoutError:
                 await self.kill()
+                restarted = True
                 error = {
                     "name": "TimeoutError",
                     "value": f"execution exceeded {timeout:g}s; "
@@ -162,6 +171,7 @@ class PythonKernel:
                 call = self.call
                 code_ = await self._exit_code()
                 await self.kill()
+                restarted = True
                 if call is not None and call.limit:  # the reaper killed it past a limit
                     collector.finish()
                     return limit_error(call.limit, self.limits, state_lost=True), restarted

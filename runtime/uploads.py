@@ -175,9 +175,10 @@ class _Receiver:
             part.file_name = html5_unescape(raw_file.decode()) if raw_file is not None else None
         except UnicodeDecodeError as e:
             raise BadRequest("form field and file names must be UTF-8") from e
-        if part.field_name != "file" and part.field_name in self.seen:
-            # Every small field is single-valued: a repeat would silently pick one value
+        if part.field_name in READ_FIELDS and part.field_name in self.seen:
+            # Every field read is single-valued: a repeat would silently pick one value
             # (the fuzzer found `path` sent three times, one of them "[]", stored as "[]").
+            # A field no route reads is ignored, repeated or not (the document allows it).
             raise BadRequest(repeated_field_message(part.field_name))
         self.seen.add(part.field_name)
         if part.field_name == "file":
@@ -373,6 +374,11 @@ def html5_unescape(name: str) -> str:
     # Browsers (HTML5 form encoding) and httpx send '"', CR and LF in multipart filenames
     # as %22, %0D and %0A; undo exactly that (CR/LF are then refused as control chars).
     return name.replace("%22", '"').replace("%0D", "\r").replace("%0A", "\n")
+
+
+# The small form fields an upload route reads (the runtime: the first three; the API's
+# raw-upload form: all four); any other field is ignored.
+READ_FIELDS = frozenset({"conversation_id", "subdir", "path", "description"})
 
 
 def repeated_field_message(field: str) -> str:

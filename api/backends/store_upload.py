@@ -49,7 +49,11 @@ from sandbox_workspace.contract import ids
 from sandbox_workspace.contract.errors import ApiError, BadRequest
 from sandbox_workspace.runtime.raw_upload import Trailer, encode_trailer
 from sandbox_workspace.runtime.schemas import UploadResult
-from sandbox_workspace.runtime.uploads import html5_unescape, repeated_field_message
+from sandbox_workspace.runtime.uploads import (
+    READ_FIELDS,
+    html5_unescape,
+    repeated_field_message,
+)
 from sandbox_workspace.store import ObjectStore
 from sandbox_workspace.store.layout import RESERVED
 
@@ -119,7 +123,7 @@ class _Form(FormField):
             self.filename = params.get(b"filename")
         else:
             self.field_name = name
-            if name in self.fields:
+            if name in self.fields and name.decode("latin-1") in READ_FIELDS:
                 self.invalid, self.repeated = True, name  # the runtime refuses a repeat
                 self.value = None  # and its value is not read
                 return

@@ -9,8 +9,11 @@ Contract: ``/chat``, ``/ui/chat``, ``/ag-ui`` (``forwardedProps.selected_files``
 - a name or path that is not this conversation's temparea (another conversation,
   outputs/, ``..``, ``/etc/passwd``, a name the path rules refuse) is a 400
   ``invalid_selected_file`` saying why;
-- a well-formed name with no session yet is a 404 ``file_not_found``; a name that is not
-  an upload of a running session fails the run (``error`` ``file_not_found``).
+- a well-formed name that is not an upload of this conversation (no session yet, or a
+  running session's conversation has no such upload: ``routes/chat.py``'s
+  ``refuse_unknown_selected``) is a 404 ``file_not_found`` before any stream; only while
+  the sandbox is still starting does the run check it, failing with ``error``
+  ``file_not_found``.
 ``selected_names`` does the 400/404 part and returns the upload names.
 """
 

@@ -18,10 +18,11 @@ from functools import partial
 from typing import Any
 
 from sandbox_workspace.contract import ids
-from sandbox_workspace.contract.errors import ConversationDeleting, Unavailable
+from sandbox_workspace.contract.errors import ConversationDeleting, NotConfigured, NotFoundError
 
-from ..backends.base import ConversationPhase, Session
+from ..backends.base import ConversationPhase, Session, SessionStatus
 from ..identity import Caller
+from ..runtime_client import RuntimeClient
 from ..table_source import from_settings, identity_headers
 from .loop import run_agent
 from .policy import Policy, effective_policies
@@ -41,10 +42,29 @@ async def refuse_deleting(services, session: Session | None, cid: str) -> None:
         raise ConversationDeleting(cid)
 
 
+async def refuse_unknown_selected(
+    services, session: Session | None, cid: str, names: list[str]
+) -> None:
+    """A selected name that is not an upload of this conversation (another
+    conversation's, a typo) is 404 ``file_not_found`` before any stream — when the session
+    runs; a sandbox still starting is checked by the run once it is up."""
+    if not names or session is None or session.terminating:
+        return
+    if session.status != SessionStatus.RUNNING or session.endpoint is None:
+        return
+    uploads = await RuntimeClient(services.http, session.endpoint).list_uploads(cid)
+    missing = sorted(set(names) - {f.name for f in uploads.files})
+    if missing:
+        raise NotFoundError(
+            f"selected file(s) {', '.join(missing)} are not uploads of conversation '{cid}'",
+            code="file_not_found",
+        )
+
+
 def require_llm(services):
     """The configured model, or 503 naming the settings to set."""
     if services.llm is None:
-        raise Unavailable(
+        raise NotConfigured(
             "chat needs a model: set SANDBOX_WORKSPACE_LLM_MODEL and "
             "SANDBOX_WORKSPACE_LLM_BASE_URL (SANDBOX_WORKSPACE_LLM_PROVIDER=anthropic: "
             "the base URL defaults to Anthropic's), and SANDBOX_WORKSPACE_LLM_API_KEY if "
@@ -66,6 +86,7 @@ async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
     await refuse_deleting(services, existing, cid)
     workspace = existing.workspace_path if existing is not None else None
     names = selected_names(cid, workspace, body.selected_files)
+    await refuse_unknown_selected(services, existing, cid, names)
     return launch(
         services,
         caller,

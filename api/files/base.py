@@ -30,7 +30,7 @@ from typing import Protocol
 import httpx
 
 from sandbox_workspace.contract import ids
-from sandbox_workspace.contract.errors import Conflict, NotFoundError, TooLarge, Unavailable
+from sandbox_workspace.contract.errors import Conflict, NotConfigured, NotFoundError, TooLarge
 from sandbox_workspace.runtime.schemas import UploadedFile, UploadList, UploadResult
 from sandbox_workspace.store import Download
 from sandbox_workspace.store.metadata import FileRecord
@@ -115,8 +115,9 @@ class FileService(Protocol):
     async def set_enabled(self, session: Session, cid: str, enabled: bool) -> None: ...
 
 
-class StoreNotConfigured(Unavailable):
-    """Seed 003's records need the object store (or the embedded default's records)."""
+class StoreNotConfigured(NotConfigured):
+    """Seed 003's records need the object store (or the embedded default's records);
+    no retry cures that, so no ``Retry-After``."""
 
     code = "store_not_configured"
 

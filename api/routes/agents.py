@@ -28,14 +28,14 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_workspace.contract import ids
-from sandbox_workspace.contract.errors import BadRequest, Unavailable
+from sandbox_workspace.contract.errors import BadRequest, NotConfigured
 
 from ..chat.agents_stream import EVENT_TYPES, AgentsStream, encode, failed
 from ..chat.policy import effective_policies
 from ..chat.request import HistoryMessage
 from ..chat.run_events import translated
 from ..chat.selected_files import SelectedFileRef, selected_files_field, selected_names
-from ..chat.service import launch, refuse_deleting, require_llm
+from ..chat.service import launch, refuse_deleting, refuse_unknown_selected, require_llm
 from ..chat.table_agent import make_plan, working_directory
 from ..deps import CallerDep, ServicesDep
 from ..event_stream import EventStream
@@ -107,7 +107,7 @@ async def agents(
         raise BadRequest("send table_id or tableData, not both", code="invalid_table")
     if body.table_id is not None:
         if not settings.table_source_url:  # this server's configuration, not the request
-            raise Unavailable(
+            raise NotConfigured(
                 "table_id needs a table source (SANDBOX_WORKSPACE_TABLE_SOURCE_URL); send "
                 "tableData instead",
                 code="table_source_not_configured",
@@ -140,6 +140,7 @@ async def agents(
         plan["identity"] = "authorization" if authorization else "user_id"
     await refuse_deleting(services, existing, cid)
     names = selected_names(cid, workspace, body.selected_files)
+    await refuse_unknown_selected(services, existing, cid, names)
     run = launch(
         services,
         caller,

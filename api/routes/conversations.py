@@ -8,9 +8,9 @@ are cancelled (their streams end with ``error`` ``conversation_deleted``, then `
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 
 from sandbox_workspace.contract import ids
+from sandbox_workspace.contract.errors import JSONLineResponse
 
 from ..deps import CallerDep, ServicesDep
 from ..names import ConversationIdPath, SessionIdPath
@@ -30,7 +30,7 @@ async def delete_conversation(
     conversation_id: ConversationIdPath,
     caller: CallerDep,
     services: ServicesDep,
-) -> JSONResponse:
+) -> JSONLineResponse:
     """Delete every file of the conversation: 200 when verified gone, 202 while deleting."""
     cid = ids.conversation_id_or_400(conversation_id)
     session = await services.sessions.ensure_running(caller, session_id)
@@ -39,4 +39,4 @@ async def delete_conversation(
     body = ConversationDeletion(
         session_id=session.session_id, conversation_id=cid, status="deleted" if done else "deleting"
     )
-    return JSONResponse(body.model_dump(), status_code=200 if done else 202)
+    return JSONLineResponse(body.model_dump(), status_code=200 if done else 202)

@@ -49,11 +49,15 @@ import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_workspace.contract import ids
-from sandbox_workspace.contract.errors import ApiError, ConversationDeleting, NotFoundError
+from sandbox_workspace.contract.errors import (
+    ApiError,
+    ConversationDeleting,
+    JSONLineResponse,
+    NotFoundError,
+)
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult
 
 from ..backends.base import ConversationPhase, Session, SessionStatus
@@ -117,11 +121,11 @@ class SandboxAnswer(BaseModel):
     data: Any = None
 
 
-def _failure(e: ApiError) -> JSONResponse:
+def _failure(e: ApiError) -> JSONLineResponse:
     body = SandboxAnswer(success=False, error=e.message, data={"code": e.code})
     retry = e.retry_after or (RETRY_AFTER_SECONDS if e.status in (429, 503) else None)
     headers = {"Retry-After": str(retry)} if retry else None
-    return JSONResponse(body.model_dump(), status_code=e.status, headers=headers)
+    return JSONLineResponse(body.model_dump(), status_code=e.status, headers=headers)
 
 
 class _Sandbox:

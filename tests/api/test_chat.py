@@ -291,10 +291,13 @@ def test_selected_files_must_be_this_conversations_uploads(chat, user, scripted_
             json={"query": "q", "conversation_id": "c", "selected_files": [{"file_name": bad}]},
         )
         assert r.status_code == 400, (bad, r.text)
-    # A well-formed name that is not an upload fails the run, not the request.
-    with start_chat(chat, selected_files=["missing.csv"]) as r:
-        events = Stream(r).rest()
-    assert events[-2][2]["code"] == "file_not_found"
+    # A well-formed name that is not an upload of a running session is refused before
+    # any stream, as docs/api.md says (404, not an error inside a 200).
+    r = chat.post(
+        "/api/v1/chat",
+        json={"query": "q", "conversation_id": "c", "selected_files": ["missing.csv"]},
+    )
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "file_not_found"), r.text
 
 
 @pytest.mark.parametrize(

@@ -360,3 +360,14 @@ def test_a_repeated_form_field_is_a_400_naming_it(api, session_url, fields, fiel
     for cid in ("c", "c1", "c2"):
         listing = api.get(f"{session_url}/files", params={"conversation_id": cid})
         assert listing.json()["files"] == [], listing.text
+
+
+def test_a_repeated_field_no_route_reads_is_ignored(api, session_url):
+    """The document allows fields beyond the declared ones, and they are ignored: sent
+    twice too (the contract fuzzer sent an extra field as a list, i.e. repeated)."""
+    r = api.post(
+        f"{session_url}/files/upload",
+        data={"conversation_id": "c", "extra": ["x", "y"]},
+        files={"file": ("a.csv", b"x")},
+    )
+    assert r.status_code == 201, r.text

@@ -40,6 +40,19 @@ def test_missing_session_is_404(api, session_url):
     assert api.delete(session_url).status_code == 404
 
 
+def test_another_users_session_is_404_like_a_missing_one(api, session_url, user, wait_status):
+    """docs/api.md, Errors: ids do not reveal who exists; 403 is only for a body naming
+    another user (below)."""
+    assert api.post("/api/v1/sessions", json={}).status_code == 201
+    wait_status(api, session_url, "running")
+    other = {"X-User-Id": f"{user}-other"}
+    missing = api.get("/api/v1/sessions/sb-session-nobody-here", headers=other)
+    for r in (api.get(session_url, headers=other), api.delete(session_url, headers=other)):
+        assert r.status_code == 404, r.text
+        assert r.json()["error"]["code"] == missing.json()["error"]["code"] == "not_found"
+    assert api.get(session_url).status_code == 200  # still there for its owner
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [

@@ -284,6 +284,14 @@ REPEATED_FIELD_FORMS = [
 ]
 
 
+def _upload_url(route: str, cid: str) -> str:
+    return {
+        "workspace": f"/api/v1/sessions/{SID}/workspace/{cid}/files",
+        "tenant": f"/api/tenants/default/workspace/{cid}/files",
+        "v1": f"/api/v1/sessions/{SID}/files/upload?conversation_id={cid}",
+    }[route]
+
+
 @pytest.mark.parametrize("route", ["workspace", "tenant", "v1"])
 @pytest.mark.parametrize(("parts", "field"), REPEATED_FIELD_FORMS)
 def test_a_repeated_form_field_is_a_400_on_every_upload_route(
@@ -293,11 +301,7 @@ def test_a_repeated_form_field_is_a_400_on_every_upload_route(
     never one of its values picked — and nothing lands in the cache or the store."""
     _, bucket = store_server
     cid = f"repeated-{route}"
-    url = {
-        "workspace": f"/api/v1/sessions/{SID}/workspace/{cid}/files",
-        "tenant": f"/api/tenants/default/workspace/{cid}/files",
-        "v1": f"/api/v1/sessions/{SID}/files/upload?conversation_id={cid}",
-    }[route]
+    url = _upload_url(route, cid)
     r = api.post(
         url, content=_form(parts), headers={"content-type": "multipart/form-data; boundary=rep34t"}
     )
@@ -306,3 +310,16 @@ def test_a_repeated_form_field_is_a_400_on_every_upload_route(
     listing = api.get(f"/api/v1/sessions/{SID}/files", params={"conversation_id": cid})
     assert listing.json()["files"] == []
     assert objects(seaweedfs, bucket, f"workspaces/default/{SID}/{cid}/uploads/") == []
+
+
+@pytest.mark.parametrize("route", ["workspace", "tenant", "v1"])
+def test_a_repeated_field_no_route_reads_is_ignored_on_every_upload_route(api, store_server, route):
+    """Fields beyond the declared ones are allowed and ignored, sent twice too (the
+    contract fuzzer's extra property sent as a list)."""
+    cid = f"extra-{route}"
+    url = _upload_url(route, cid)
+    parts = [("extra", None, "x"), ("file", "f.txt", "x" * 1000), ("extra", None, "y")]
+    r = api.post(
+        url, content=_form(parts), headers={"content-type": "multipart/form-data; boundary=rep34t"}
+    )
+    assert r.status_code == 201, r.text
