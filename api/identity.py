@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import jwt
 from starlette.datastructures import Headers
 
+from sandbox_workspace.contract.errors import ApiError, BadRequest, Unauthorized
 from sandbox_workspace.operator.naming import session_id_for
-from sandbox_workspace.runtime.errors import ApiError, BadRequest, Unauthorized
 
 from .settings import ApiSettings
 

@@ -13,13 +13,13 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sandbox_workspace.contract.quantity import parse_bytes
 from sandbox_workspace.operator.models import (
     ExecutionLimits,
     FileUploadConfig,
     Quantity,
     StorageSpec,
 )
-from sandbox_workspace.runtime.quantity import parse_bytes
 from sandbox_workspace.store.settings import S3Settings, StoreMode
 
 from .quotas import Quotas

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import httpx
 
-from sandbox_workspace.runtime.errors import ApiError, NotFoundError
+from sandbox_workspace.contract.errors import ApiError, NotFoundError
 
 from .identity import Caller
 

@@ -21,11 +21,12 @@ import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
+from sandbox_workspace.contract.errors import ApiError, Unauthorized, install_error_handlers
+
 from .activity import Activity
 from .claim import Claimed, ClaimHeader, ClaimRequest, ClaimState
 from .confinement import Confinement
 from .download_headers import download_headers
-from .errors import ApiError, Unauthorized, install_error_handlers
 from .executor import Executor
 from .output import ResultCaps
 from .outputs import delete_output, list_outputs, open_output, write_output

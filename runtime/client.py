@@ -28,7 +28,8 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from .errors import ApiError
+from sandbox_workspace.contract.errors import ApiError
+
 from .schemas import (
     ConversationDeleted,
     ConversationIds,

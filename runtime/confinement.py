@@ -36,8 +36,9 @@ import sys
 import time
 from pathlib import Path
 
+from sandbox_workspace.contract.errors import ApiError
+
 from . import landlock, prctl, seccomp
-from .errors import ApiError
 from .schemas import ConfinementReport
 
 log = logging.getLogger(__name__)

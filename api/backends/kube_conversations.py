@@ -31,11 +31,12 @@ from typing import Any
 
 import httpx
 
-from sandbox_workspace.kube import Conflict, Kube, KubeError
-from sandbox_workspace.operator.models import LABEL_SESSION
+from sandbox_workspace.contract.crd import LABEL_SESSION
+from sandbox_workspace.contract.errors import ConversationDeleting
+from sandbox_workspace.kube import Kube, KubeConflict, KubeError
 
 from ..quotas import QuotaExceeded
-from .base import ConversationDeleting, ConversationPhase
+from .base import ConversationPhase
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class ConversationTracker:
         try:
             self._record(await self.kube.request("POST", self.collection, body))
             return
-        except Conflict:
+        except KubeConflict:
             pass
         obj = await self.kube.get(f"{self.collection}/{name}")
         if obj is None:  # deleted between our create and our read: create afresh

@@ -38,13 +38,14 @@ from typing import Any
 import httpx
 
 from sandbox_workspace import tracing
-from sandbox_workspace.kube import Conflict, Kube, core_path, custom_path
+from sandbox_workspace.contract import crd
+from sandbox_workspace.contract.conditions import ConditionType
+from sandbox_workspace.contract.errors import ApiError, ConversationDeleting
+from sandbox_workspace.kube import Kube, KubeConflict, core_path, custom_path
 from sandbox_workspace.operator import models, naming
-from sandbox_workspace.runtime.errors import ApiError
 
 from ..runtime_client import RuntimeClient
 from .base import (
-    ConversationDeleting,
     ConversationPhase,
     RuntimeEndpoint,
     Session,
@@ -90,12 +91,12 @@ def session_body(
         **({"limits": limits} if limits is not None else {}),
     )
     return {
-        "apiVersion": models.API_VERSION,
-        "kind": models.SESSION_KIND,
+        "apiVersion": crd.API_VERSION,
+        "kind": crd.SESSION_KIND,
         "metadata": {
             "name": naming.session_name(spec.session_id),
-            "labels": {models.LABEL_USER: naming.dns_name(spec.user_id)},
-            "annotations": {models.ANNOTATION_USER_ID: spec.user_id, **_tenant(spec.session_id)},
+            "labels": {crd.LABEL_USER: naming.dns_name(spec.user_id)},
+            "annotations": {crd.ANNOTATION_USER_ID: spec.user_id, **_tenant(spec.session_id)},
         },
         "spec": body_spec.model_dump(by_alias=True, exclude_none=True),
     }
@@ -137,10 +138,10 @@ class KubernetesBackend:
     # -- paths -------------------------------------------------------------------------
 
     def _sessions(self, name: str | None = None) -> str:
-        return custom_path(self.namespace, models.SESSION_PLURAL, name)
+        return custom_path(self.namespace, crd.SESSION_PLURAL, name)
 
     def _workspaces(self, name: str | None = None) -> str:
-        return custom_path(self.namespace, models.WORKSPACE_PLURAL, name)
+        return custom_path(self.namespace, crd.WORKSPACE_PLURAL, name)
 
     @staticmethod
     def _name(session_id: str) -> str | None:
@@ -197,7 +198,7 @@ class KubernetesBackend:
             message=_message(status),
             endpoint=endpoint,
             terminating=bool(meta.get("deletionTimestamp")),
-            resume_pending=models.ANNOTATION_RESUME in (meta.get("annotations") or {}),
+            resume_pending=crd.ANNOTATION_RESUME in (meta.get("annotations") or {}),
         )
 
     async def _token(self, obj: dict[str, Any]) -> str | None:
@@ -233,10 +234,10 @@ class KubernetesBackend:
             network_enabled=self.network_enabled,
             limits=self.limits,
         )
-        tracing.with_traceparent(body["metadata"]["annotations"], models.ANNOTATION_TRACEPARENT)
+        tracing.with_traceparent(body["metadata"]["annotations"], crd.ANNOTATION_TRACEPARENT)
         try:
             obj = await self.kube.request("POST", self._sessions(), body)
-        except Conflict as e:
+        except KubeConflict as e:
             raise SessionExists(f"session '{spec.session_id}' already exists") from e
         assert obj is not None
         return await self._to_session(spec.session_id, obj)
@@ -246,9 +247,9 @@ class KubernetesBackend:
         assert name is not None
         stamp = datetime.now(UTC).isoformat()
         annotations = {
-            models.ANNOTATION_RESUME: stamp,
+            crd.ANNOTATION_RESUME: stamp,
             # The operator's resume is a child of this request (none: an old one is removed).
-            models.ANNOTATION_TRACEPARENT: tracing.traceparent(),
+            crd.ANNOTATION_TRACEPARENT: tracing.traceparent(),
         }
         patched = await self.kube.patch(
             self._sessions(name), {"metadata": {"annotations": annotations}}
@@ -297,7 +298,7 @@ class KubernetesBackend:
         stamp = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         await self.kube.patch(
             self._sessions(name),
-            {"metadata": {"annotations": {models.ANNOTATION_LAST_ACTIVITY: stamp}}},
+            {"metadata": {"annotations": {crd.ANNOTATION_LAST_ACTIVITY: stamp}}},
         )
 
     # -- conversations -------------------------------------------------------------------
@@ -319,24 +320,24 @@ class KubernetesBackend:
         )
         name = naming.workspace_name(session_name, conversation_id)
         body = {
-            "apiVersion": models.API_VERSION,
-            "kind": models.WORKSPACE_KIND,
+            "apiVersion": crd.API_VERSION,
+            "kind": crd.WORKSPACE_KIND,
             "metadata": {
                 "name": name,
                 # Set at creation, not when the operator first sees it: a deletion while
                 # the operator is down must still wait for the files to be deleted.
-                "finalizers": [models.FINALIZER_FILES],
+                "finalizers": [crd.FINALIZER_FILES],
                 "labels": {
-                    models.LABEL_SESSION: session_name,
-                    models.LABEL_CONVERSATION: naming.dns_name(conversation_id),
+                    crd.LABEL_SESSION: session_name,
+                    crd.LABEL_CONVERSATION: naming.dns_name(conversation_id),
                 },
                 "annotations": tracing.with_traceparent(
                     {
-                        models.ANNOTATION_CONVERSATION_ID: conversation_id,
-                        models.ANNOTATION_USER_ID: session.spec.user_id,
+                        crd.ANNOTATION_CONVERSATION_ID: conversation_id,
+                        crd.ANNOTATION_USER_ID: session.spec.user_id,
                         **_tenant(session.session_id),
                     },
-                    models.ANNOTATION_TRACEPARENT,
+                    crd.ANNOTATION_TRACEPARENT,
                 ),
             },
             "spec": spec.model_dump(by_alias=True, exclude_none=True),
@@ -366,14 +367,14 @@ class KubernetesBackend:
         self, session: Session, conversation_id: str
     ) -> AsyncIterator[StoreFence]:
         """The writer announces itself on the ConversationWorkspace (an annotation with a
-        lease, ``models.ANNOTATION_WRITER_PREFIX``) and withdraws when done. The patch's
+        lease, ``crd.ANNOTATION_WRITER_PREFIX``) and withdraws when done. The patch's
         answer is the apiserver's current object: being deleted (or gone) → refused before
         anything is written. The finalizer waits while a live announcement is there, so
         every object of an announced writer has landed before it lists the prefix; a
         writer that outlived its lease (the finalizer may have gone on) is ``late``."""
         path = self._workspaces(self._workspace_name(session, conversation_id))
-        key = f"{models.ANNOTATION_WRITER_PREFIX}w-{secrets.token_hex(8)}"
-        lease_end = time.time() + models.WRITER_LEASE_SECONDS
+        key = f"{crd.ANNOTATION_WRITER_PREFIX}w-{secrets.token_hex(8)}"
+        lease_end = time.time() + crd.WRITER_LEASE_SECONDS
         obj = await self.kube.patch(path, _annotate(key, str(int(lease_end))))
         fence = StoreFence()
         if obj is None or obj["metadata"].get("deletionTimestamp"):
@@ -414,7 +415,7 @@ def _tenant(session_id: str) -> dict[str, str]:
     """The tenant annotation of a session's resources; none in the default tenant (its
     resources stay exactly as before tenants had sessions of their own)."""
     tenant = naming.tenant_of(session_id)
-    return {} if tenant in (None, naming.DEFAULT_TENANT) else {models.ANNOTATION_TENANT_ID: tenant}
+    return {} if tenant in (None, naming.DEFAULT_TENANT) else {crd.ANNOTATION_TENANT_ID: tenant}
 
 
 _LEASE_MARGIN = 5.0
@@ -432,6 +433,6 @@ def _bounded(cache: dict) -> None:
 
 def _message(status: models.SandboxSessionStatus) -> str:
     for condition in status.conditions:
-        if condition.type == "Ready" and condition.status != "True":
+        if condition.type == ConditionType.READY and condition.status != "True":
             return condition.message or condition.reason
     return ""

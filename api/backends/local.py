@@ -39,16 +39,17 @@ from pathlib import Path
 
 import httpx
 
+from sandbox_workspace.contract.errors import ConversationDeleting
 from sandbox_workspace.operator.models import FileUploadConfig
 from sandbox_workspace.operator.naming import dns_name
 from sandbox_workspace.runtime.gate import DeletionGate
 from sandbox_workspace.runtime.schemas import ConversationDeleted
+from sandbox_workspace.runtime.settings import RuntimeSettings
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..quotas import QuotaExceeded
 from ..runtime_client import RuntimeClient
 from .base import (
-    ConversationDeleting,
     ConversationPhase,
     RuntimeEndpoint,
     Session,
@@ -127,6 +128,17 @@ def check_conversation_quota(workspace: Path, conversation_id: str, cap: int) ->
         held = sum(1 for e in entries if e.is_dir() and not e.name.startswith("."))
     if held >= cap:
         raise QuotaExceeded("conversations of this user", cap, "conversations_per_user")
+
+
+def session_runtime_env(token: str, root: str | Path, upload: FileUploadConfig) -> dict[str, str]:
+    """The runtime settings of one session's runtime: its token, root and upload limits."""
+    return RuntimeSettings.env(
+        token=token,
+        root=str(root),
+        max_file_size_bytes=upload.max_file_size_bytes,
+        max_file_count=upload.max_file_count,
+        allowed_file_types=upload.allowed_file_types,
+    )
 
 
 class LocalBackend:
@@ -341,13 +353,7 @@ class LocalBackend:
         env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
         env.update(self.runtime_env)
         env.update(
-            {
-                "SANDBOX_RUNTIME_TOKEN": token,
-                "SANDBOX_RUNTIME_ROOT": SANDBOX_WORKSPACE if self.bwrap else str(workspace),
-                "SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES": str(upload.max_file_size_bytes),
-                "SANDBOX_RUNTIME_MAX_FILE_COUNT": str(upload.max_file_count),
-                "SANDBOX_RUNTIME_ALLOWED_FILE_TYPES": ",".join(upload.allowed_file_types),
-            }
+            session_runtime_env(token, SANDBOX_WORKSPACE if self.bwrap else workspace, upload)
         )
         log_fd = os.open(directory / "runtime.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:

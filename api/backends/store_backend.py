@@ -49,8 +49,8 @@ from typing import Any
 
 import httpx
 
+from sandbox_workspace.contract.errors import Conflict, ConversationDeleting, NotFoundError
 from sandbox_workspace.operator import naming
-from sandbox_workspace.runtime.errors import Conflict, NotFoundError
 from sandbox_workspace.runtime.raw_upload import FEATURE as RAW_UPLOAD
 from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.store import Download, ObjectStore
@@ -60,7 +60,7 @@ from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Wri
 from ..keyed_locks import KeyedLocks
 from ..runtime_client import RuntimeClient
 from ..upload_guard import GuardedBody
-from .base import Backend, ConversationDeleting, ConversationPhase, Session
+from .base import Backend, ConversationPhase, Session
 from .store_cache import OUTPUTS, UPLOADS, Hashing, drop_cached, fill_upload, listings
 from .store_upload import TeeUpload
 

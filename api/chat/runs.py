@@ -21,7 +21,7 @@ import logging
 import re
 import time
 
-from sandbox_workspace.runtime.errors import NotFoundError
+from sandbox_workspace.contract.errors import NotFoundError
 
 from .run import Run
 from .runstore import RunStore

@@ -21,18 +21,18 @@ from typing import Any, Literal
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
+from sandbox_workspace.contract.errors import BadRequest, NotFoundError
 
 from ..chat.chat_index import ChatRun
 from ..chat.run import Run
 from ..chat.run_events import decided_approvals, encode_data, translated
 from ..chat.selected_files import SelectedFileRef, selected_files_field
+from ..chat.turns import Answer, answer_approvals, start_turn
 from ..chat.ui_stream import DONE, HEADERS, UiMessageStream
 from ..deps import CallerDep, ServicesDep
 from ..event_stream import EventStream
 from ..names import conversation_id_schema, name_schema
 from ..openapi import RUN_START_ERRORS, rules_400
-from .turns import Answer, answer_approvals, start_turn
 
 router = APIRouter(prefix="/api/v1/ui", tags=["ui-chat"])
 

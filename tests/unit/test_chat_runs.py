@@ -9,7 +9,7 @@ import json
 import pytest
 
 from sandbox_workspace.api.chat.runs import Run, RunRegistry
-from sandbox_workspace.runtime.errors import NotFoundError
+from sandbox_workspace.contract.errors import NotFoundError
 
 
 def _run(user: str = "u") -> Run:
@@ -111,6 +111,8 @@ async def test_a_finished_run_is_gone_once_its_retention_has_passed():
 
 
 async def test_cancel_conversation_ends_only_that_conversations_open_runs():
+    from fake_conversation import FakeConversation
+
     from sandbox_workspace.api.chat.loop import RunSpec, run_agent
 
     registry = RunRegistry(retention_seconds=60)
@@ -130,7 +132,6 @@ async def test_cancel_conversation_ends_only_that_conversations_open_runs():
             deadline_seconds=3600,
             approval_timeout=1,
             tool_timeout=1,
-            ensure_session=ensure_session,
         )
 
     doomed, other_conv, other_session = (
@@ -138,7 +139,8 @@ async def test_cancel_conversation_ends_only_that_conversations_open_runs():
         for s, c in (("s", "c"), ("s", "keep"), ("s2", "c"))
     )
     for run in (doomed, other_conv, other_session):
-        run.task = asyncio.create_task(run_agent(run, spec(), None, None))  # type: ignore[arg-type]
+        conversation = FakeConversation(ensure_session=ensure_session)
+        run.task = asyncio.create_task(run_agent(run, spec(), conversation, None, None))  # type: ignore[arg-type]
     await started.wait()
     assert registry.cancel_conversation("s", "c") == 1
     await asyncio.wait_for(doomed.task, 5)

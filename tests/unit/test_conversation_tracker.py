@@ -8,10 +8,11 @@ import asyncio
 
 import pytest
 
-from sandbox_workspace.api.backends.base import ConversationDeleting, ConversationPhase
+from sandbox_workspace.api.backends.base import ConversationPhase
 from sandbox_workspace.api.backends.kube_conversations import ConversationTracker
 from sandbox_workspace.api.quotas import QuotaExceeded
-from sandbox_workspace.kube import Conflict
+from sandbox_workspace.contract.errors import ConversationDeleting
+from sandbox_workspace.kube import KubeConflict
 
 COLLECTION = "/apis/x/v1/namespaces/ns/conversationworkspaces"
 
@@ -27,7 +28,7 @@ class FakeKube:
         assert method == "POST" and path == COLLECTION
         name = body["metadata"]["name"]
         if name in self.objects:
-            raise Conflict(409, "exists", "AlreadyExists")
+            raise KubeConflict(409, "exists", "AlreadyExists")
         self.uids += 1
         obj = {**body, "metadata": {**body["metadata"], "uid": f"uid-{self.uids}"}}
         self.objects[name] = obj

@@ -12,7 +12,7 @@ from starlette.datastructures import Headers
 
 from sandbox_workspace.api.identity import Authenticator
 from sandbox_workspace.api.settings import ApiSettings
-from sandbox_workspace.runtime.errors import BadRequest
+from sandbox_workspace.contract.errors import BadRequest
 
 SECRET = "s" * 32
 TOKEN = "service-token-0123456789"

@@ -10,7 +10,7 @@ from sandbox_workspace.api.chat.runs import Run, RunRegistry
 from sandbox_workspace.api.chat.runstore.factory import build_store
 from sandbox_workspace.api.chat.runstore.memory import MemoryRunStore
 from sandbox_workspace.api.settings import ApiSettings
-from sandbox_workspace.runtime.errors import Conflict, NotFoundError
+from sandbox_workspace.contract.errors import Conflict, NotFoundError
 
 
 def test_memory_is_the_default_store_and_redis_needs_a_url():

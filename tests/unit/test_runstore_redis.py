@@ -19,7 +19,7 @@ from sandbox_workspace.api.chat.runstore.memory import MemoryRunStore
 from sandbox_workspace.api.chat.runstore.redis_log import read_log
 from sandbox_workspace.api.chat.runstore.redis_store import RedisRunStore
 from sandbox_workspace.api.sse import encode_event
-from sandbox_workspace.runtime.errors import Conflict, NotFoundError
+from sandbox_workspace.contract.errors import Conflict, NotFoundError
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily
 from redis.asyncio import Redis
 
-from sandbox_workspace.runtime.errors import Conflict, NotFoundError
+from sandbox_workspace.contract.errors import Conflict, NotFoundError
 
 from ..chat_index import ChatRun
 from . import Resume, RunStore, control
