@@ -161,7 +161,8 @@ class StreamTokens:
 
     A browser's ``EventSource`` cannot send an ``Authorization`` header, so a client that
     is authenticated asks ``POST /runs/{id}/stream-token`` and puts the answer in the URL.
-    A token names one run and one user and expires after ``ttl`` seconds; it is an HMAC
+    A token names one run, one user and the user's tenant (a user id may repeat across
+    tenants; runs are the session's) and expires after ``ttl`` seconds; it is an HMAC
     over those, so any replica sharing the key verifies it without shared state. It grants
     nothing but reading that run's events.
     """
@@ -174,10 +175,12 @@ class StreamTokens:
         digest = hmac.new(self.key, payload, hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
-    def issue(self, run_id: str, user_id: str, now: float | None = None) -> tuple[str, int]:
+    def issue(
+        self, run_id: str, user_id: str, now: float | None = None, tenant: str = DEFAULT_TENANT
+    ) -> tuple[str, int]:
         """A token for ``run_id`` and its expiry (Unix seconds)."""
         expires = int((time.time() if now is None else now) + self.ttl)
-        payload = json.dumps([run_id, user_id, expires], separators=(",", ":")).encode()
+        payload = json.dumps([run_id, user_id, expires, tenant], separators=(",", ":")).encode()
         body = base64.urlsafe_b64encode(payload).rstrip(b"=").decode()
         return f"{body}.{self._mac(payload)}", expires
 
@@ -186,7 +189,8 @@ class StreamTokens:
         body, _, mac = token.partition(".")
         try:
             payload = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
-            token_run, user, expires = json.loads(payload)
+            # Three fields: a token from before tenants were in it (the default tenant's).
+            token_run, user, expires, *tenant = json.loads(payload)
         except (ValueError, TypeError):
             raise Unauthorized("malformed stream token") from None
         if not hmac.compare_digest(mac, self._mac(payload)):
@@ -195,4 +199,4 @@ class StreamTokens:
             raise Unauthorized("this stream token is for another run")
         if (time.time() if now is None else now) > expires:
             raise Unauthorized("stream token expired; ask POST /runs/{run_id}/stream-token again")
-        return Caller(str(user), "stream-token")
+        return Caller(str(user), "stream-token", str(tenant[0]) if tenant else DEFAULT_TENANT)
