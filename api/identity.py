@@ -5,6 +5,11 @@ Contract (DESIGN "Identity and isolation"):
 - ``required`` mode: ``Authorization: Bearer <service token>`` plus ``X-User-Id`` (the
   platform backend speaking for a user), or ``Bearer <JWT>`` whose ``sub`` is the user
   (HS256 with a shared secret, or keys from a JWKS URL). Anything else is 401.
+- A JWT must name this API: ``iss`` and ``aud`` are required and checked (settings refuse
+  JWT configuration without them), with ``jwt_leeway_seconds`` of clock skew allowed.
+- ``authenticate`` runs on the event loop: the service token, HS256 and JWKS keys held
+  are checked with no I/O and no thread hop; only a due JWKS refresh leaves the loop
+  (``jwks.JwksKeys``: rate-limited, unknown kids remembered).
 User ids must be 1–128 printable characters without ``/`` or ``\\`` (they become part of
 ``sb-session-{user_id}`` in URLs).
 """
@@ -25,6 +30,7 @@ from starlette.datastructures import Headers
 from sandbox_workspace.operator.naming import session_id_for
 from sandbox_workspace.runtime.errors import ApiError, BadRequest, Unauthorized
 
+from .jwks import JwksKeys
 from .settings import ApiSettings
 
 DEV_USER = "dev"
@@ -83,14 +89,15 @@ def check_user_id(user_id: str) -> str:
 class Authenticator:
     def __init__(self, settings: ApiSettings) -> None:
         self.settings = settings
-        self._jwks = jwt.PyJWKClient(settings.jwt_jwks_url) if settings.jwt_jwks_url else None
+        self._jwks = (
+            JwksKeys(
+                settings.jwt_jwks_url, min_refresh_seconds=settings.jwt_jwks_min_refresh_seconds
+            )
+            if settings.jwt_jwks_url
+            else None
+        )
 
-    @property
-    def may_block(self) -> bool:
-        """Whether ``authenticate`` may do network I/O (fetching a JWKS)."""
-        return self._jwks is not None
-
-    def authenticate(self, headers: Headers) -> Caller:
+    async def authenticate(self, headers: Headers) -> Caller:
         s = self.settings
         if s.auth_mode == "dev":
             return Caller(
@@ -115,7 +122,7 @@ class Authenticator:
             )
         if s.jwt_secret is None and self._jwks is None:
             raise Unauthorized("invalid bearer token")
-        claims = self._verify_jwt(token)
+        claims = await self._verify_jwt(token)
         tenant = claims.get(s.jwt_tenant_claim)
         return Caller(
             check_user_id(claims["sub"]),
@@ -123,31 +130,24 @@ class Authenticator:
             check_tenant(tenant if isinstance(tenant, str) else None),
         )
 
-    def _verify_jwt(self, token: str) -> dict:
+    async def _verify_jwt(self, token: str) -> dict:
         s = self.settings
-        options = {"require": ["sub", "exp"], "verify_aud": s.jwt_audience is not None}
+        checks = {
+            "audience": s.jwt_audience,
+            "issuer": s.jwt_issuer,
+            "leeway": s.jwt_leeway_seconds,
+            "options": {"require": ["sub", "exp", "iss", "aud"]},
+        }
         try:
-            if s.jwt_secret is not None and jwt.get_unverified_header(token).get("alg") == "HS256":
-                claims = jwt.decode(
-                    token,
-                    s.jwt_secret.get_secret_value(),
-                    algorithms=["HS256"],
-                    audience=s.jwt_audience,
-                    issuer=s.jwt_issuer,
-                    options=options,
-                )
+            header = jwt.get_unverified_header(token)
+            if s.jwt_secret is not None and header.get("alg") == "HS256":
+                key, algorithms = s.jwt_secret.get_secret_value(), ["HS256"]
             elif self._jwks is not None:
-                key = self._jwks.get_signing_key_from_jwt(token)
-                claims = jwt.decode(
-                    token,
-                    key.key,
-                    algorithms=["RS256", "ES256", "EdDSA"],
-                    audience=s.jwt_audience,
-                    issuer=s.jwt_issuer,
-                    options=options,
-                )
+                kid = header.get("kid")
+                key, algorithms = (await self._jwks.key(kid)).key, ["RS256", "ES256", "EdDSA"]
             else:
                 raise Unauthorized("JWT must be signed with HS256")
+            claims = jwt.decode(token, key, algorithms=algorithms, **checks)
         except jwt.PyJWTError as e:
             raise Unauthorized(f"invalid JWT: {e}") from e
         sub = claims.get("sub")
