@@ -118,6 +118,7 @@ class _Receiver:
         self.header_field = bytearray()
         self.header_value = bytearray()
         self.fields: dict[str, str] = {}
+        self.seen: set[str] = set()  # every part's field name so far
         self.staged: _StagedFile | None = None
         self.file_name: str | None = None
         self.finished = False
@@ -167,6 +168,11 @@ class _Receiver:
             part.file_name = html5_unescape(raw_file.decode()) if raw_file is not None else None
         except UnicodeDecodeError as e:
             raise BadRequest("form field and file names must be UTF-8") from e
+        if part.field_name != "file" and part.field_name in self.seen:
+            # Every small field is single-valued: a repeat would silently pick one value
+            # (the fuzzer found `path` sent three times, one of them "[]", stored as "[]").
+            raise BadRequest(repeated_field_message(part.field_name))
+        self.seen.add(part.field_name)
         if part.field_name == "file":
             if self.staged is not None or self.file_name is not None:
                 raise BadRequest("send one file per request in the 'file' field")
@@ -356,6 +362,11 @@ def html5_unescape(name: str) -> str:
     # Browsers (HTML5 form encoding) and httpx send '"', CR and LF in multipart filenames
     # as %22, %0D and %0A; undo exactly that (CR/LF are then refused as control chars).
     return name.replace("%22", '"').replace("%0D", "\r").replace("%0A", "\n")
+
+
+def repeated_field_message(field: str) -> str:
+    """What every upload route answers (400) to a small form field sent more than once."""
+    return f"form field '{field}' was sent more than once; send each field once"
 
 
 def _pick(what: str, from_form: str | None, from_query: str | None) -> str | None:
