@@ -1,26 +1,37 @@
 # The two commands a newcomer needs (see README):
-#   make dev    set up, then serve the product on the local backend at http://127.0.0.1:8000
+#   make dev    set up what serving needs, then serve the product on the local backend
+#               at http://127.0.0.1:8000
 #   make test   set up what the tests need, then lint and run every test tier
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# What serving needs only (make dev): the package and the libraries sandboxed code gets,
+# not the test toolchain (playwright, schemathesis, SeaweedFS, kind…) that $(STAMP) adds.
+SERVE_STAMP := $(VENV)/.installed-serve
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 DATA   ?= ./data
 
 .PHONY: dev test fuzz setup lint format bench clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+
+$(SERVE_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[sandbox]'
+	@touch $(SERVE_STAMP)
+
+# The test toolchain includes what serving needs: both stamps are then current.
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
-	@touch $(STAMP)
+	@touch $(STAMP) $(SERVE_STAMP)
 
 setup: $(STAMP)
 
-dev: $(STAMP)
+dev: $(SERVE_STAMP)
 	$(BIN)/sandbox-workspace dev --host $(HOST) --port $(PORT) --data-dir $(DATA)
 
 lint: $(STAMP)

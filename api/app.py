@@ -12,17 +12,19 @@ from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
 from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__, tracing
-from sandbox_workspace.runtime.errors import install_error_handlers
+from sandbox_workspace.http_guard import HttpGuard
+from sandbox_workspace.runtime.errors import JSONLineResponse, install_error_handlers
 from sandbox_workspace.runtime.quantity import parse_bytes
 
-from . import garbage, openapi
+from . import cors, dev_guard, garbage, openapi, request_bounds
 from .backends.base import Backend
 from .chat.anthropic_messages import DEFAULT_BASE_URL as DEFAULT_ANTHROPIC_URL
 from .chat.anthropic_messages import AnthropicClient
+from .chat.demo_model import DemoModel
 from .chat.llm import LlmClient, LlmConfig
 from .chat.openai_chat import OpenAiClient
 from .chat.policy import allowed_policies
@@ -30,8 +32,12 @@ from .chat.runs import RunRegistry
 from .chat.runstore.factory import build_store
 from .chat.tools import TOOL_NAMES
 from .deps import Services
+from .e2b import control as e2b_control
+from .e2b import envd as e2b_envd
+from .files import CacheFiles, FileService
 from .identity import Authenticator, StreamTokens
 from .metrics import install_metrics
+from .quotas import UserLimits
 from .routes import (
     ag_ui,
     agents,
@@ -50,6 +56,20 @@ from .routes import (
 from .sessions import SessionService
 from .settings import ApiSettings
 
+API_MODULES = (
+    sessions,
+    files,
+    conversation_state,
+    conversations,
+    execute,
+    chat,
+    ui_chat,
+    ag_ui,
+    agents,
+    sandboxes,
+    workspace,
+)
+
 
 def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
     if settings.backend == "local":
@@ -67,7 +87,13 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             **settings.limits.runtime_env(),
             "SANDBOX_RUNTIME_SESSION_MEMORY": str(parse_bytes(settings.local_session_memory)),
         }
-        return LocalBackend(settings.data_dir, http, bwrap=bwrap, runtime_env=runtime_env)
+        return LocalBackend(
+            settings.data_dir,
+            http,
+            bwrap=bwrap,
+            runtime_env=runtime_env,
+            max_conversations=settings.quotas.conversations_per_user,
+        )
     from sandbox_workspace.kube import Kube, load_credentials
 
     from .backends.kubernetes import KubernetesBackend
@@ -82,16 +108,18 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         storage=settings.session_storage,
         network_enabled=settings.session_network == "allow",
         limits=settings.limits,
+        max_conversations=settings.quotas.conversations_per_user,
     )
 
 
-def build_llm(settings: ApiSettings) -> LlmClient | None:
+def build_llm(settings: ApiSettings) -> LlmClient | DemoModel | None:
     """The model client the settings choose, or None (chat answers 503 naming the
     settings to set)."""
     anthropic = settings.llm_provider == "anthropic"
     base_url = settings.llm_base_url or (DEFAULT_ANTHROPIC_URL if anthropic else None)
     if not (base_url and settings.llm_model):
-        return None
+        # Dev mode only (the settings refuse it elsewhere): chat to try with no service.
+        return DemoModel() if settings.demo_model else None
     key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
     config = LlmConfig(
         base_url=base_url,
@@ -126,17 +154,29 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     http = httpx.AsyncClient(timeout=timeout, transport=transport)
     backend = backend or build_backend(settings, http)
     store = None
+    file_service: FileService = CacheFiles(backend, http)
     if settings.store == "s3":  # the store becomes the files' source of truth
         from sandbox_workspace.store import S3Store
         from sandbox_workspace.store.layout import Layout
 
         from .backends.store_backend import StoreBackend
+        from .files.stored import StoredFiles
 
         store = S3Store(settings.s3)
         backend = StoreBackend(backend, http, store, Layout(settings.s3.prefix))
+        file_service = StoredFiles(backend, http)
+    elif settings.backend == "local":  # the embedded default: seed 003's records beside it
+        from sandbox_workspace.store import DirStore
+
+        from .backends.cache_records import RecordsBackend
+
+        records = RecordsBackend(backend, http, DirStore(settings.data_dir / "records"))
+        backend = records
+        file_service = CacheFiles(backend, http, records)
     services = Services(
         settings=settings,
         backend=backend,
+        files=file_service,
         sessions=SessionService(
             backend,
             default_upload=settings.file_upload,
@@ -154,6 +194,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         ),
         llm=build_llm(settings),
         store=store,
+        user_limits=UserLimits(settings.quotas),
     )
 
     @asynccontextmanager
@@ -170,7 +211,10 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
             if services.llm is not None:
                 await services.llm.aclose()
 
-    app = FastAPI(
+    # /docs and /redoc with Swagger UI's and ReDoc's files from the fastapi-offline
+    # package, served by the API itself: the pages work offline and air-gapped.
+    app = FastAPIOffline(
+        default_response_class=JSONLineResponse,
         title="Sandbox Workspace API",
         version=__version__,
         description=openapi.DESCRIPTION,
@@ -186,38 +230,26 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         settings.max_upload_bytes,
         allowed_policies(TOOL_NAMES, settings.tool_policies),
         settings.file_upload.allowed_file_types,
+        settings.auth_mode,
     )
     if settings.backend != "local":
         from .backends.kube_errors import install_kube_error_handler
 
         install_kube_error_handler(app)
     install_metrics(app, services.runs)
-    if settings.cors_allow_origins:
-        # Outermost, so preflights are answered before routing and error answers carry
-        # the CORS headers too (else a browser shows a CORS failure instead of the 4xx).
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.cors_allow_origins,
-            allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=openapi.CORS_REQUEST_HEADERS,
-            expose_headers=openapi.CORS_EXPOSED_HEADERS,
-            max_age=600,
-        )
-    app.include_router(health.router)
-    api_modules = (
-        sessions,
-        files,
-        conversation_state,
-        conversations,
-        execute,
-        chat,
-        ui_chat,
-        ag_ui,
-        agents,
-        sandboxes,
-        workspace,
+    # Before CORS, so its 413s carry the CORS headers.
+    request_bounds.install(app, settings.bounds, (m.router for m in API_MODULES))
+    if settings.auth_mode == "dev":  # Host check and JSON only (api/dev_guard.py)
+        dev_guard.install(app, settings.host, (m.router for m in API_MODULES))
+    app.state.http_guard = HttpGuard(  # read by sandbox_workspace.server.serve
+        settings.bounds.max_header_bytes, settings.bounds.header_timeout_seconds
     )
-    for module in api_modules:
+    if settings.cors_allow_origins:
+        cors.install(app, settings.cors_allow_origins)  # outermost: see api/cors.py
+    app.include_router(health.router)
+    app.include_router(e2b_envd.router)  # E2B's SDKs (docs/e2b.md)
+    app.include_router(e2b_control.router)
+    for module in API_MODULES:
         app.include_router(module.router, responses=openapi.errors(*openapi.COMMON_ERRORS))
     web.install(app, settings)
     return app

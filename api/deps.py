@@ -15,7 +15,9 @@ from sandbox_workspace.store import ObjectStore
 from .backends.base import Backend
 from .chat.llm import LlmClient
 from .chat.runs import RunRegistry
+from .files import FileService
 from .identity import Authenticator, Caller, StreamTokens
+from .quotas import Quotas, UserLimits
 from .sessions import SessionService
 from .settings import ApiSettings
 
@@ -26,6 +28,7 @@ class Services:
 
     settings: ApiSettings
     backend: Backend
+    files: FileService  # every file route's way to the files (one per mode)
     sessions: SessionService
     authenticator: Authenticator
     http: httpx.AsyncClient
@@ -34,6 +37,7 @@ class Services:
     llm: LlmClient | None = None
     # SANDBOX_WORKSPACE_STORE=s3: the object store (opened and checked at start), else None.
     store: ObjectStore | None = None
+    user_limits: UserLimits = field(default_factory=lambda: UserLimits(Quotas()))
     _tasks: set[asyncio.Task] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine) -> asyncio.Task:

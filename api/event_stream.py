@@ -33,6 +33,8 @@ from .sse import KEEPALIVE
 
 class EventStream(Response):
     media_type = "text/event-stream"
+    # Called once the stream has ended, however it ended (a follower slot's release).
+    on_close: Callable[[], None] | None = None
 
     def __init__(
         self,
@@ -59,6 +61,8 @@ class EventStream(Response):
                 task.cancel()
             # The stream's ``finally`` (closing the run's iterator) has run once these end.
             await asyncio.wait((streaming, listening))
+            if self.on_close is not None:
+                self.on_close()
         if not streaming.cancelled() and streaming.exception() is not None:
             raise streaming.exception()
 

@@ -193,7 +193,9 @@ class StreamTokens:
             token_run, user, expires, *tenant = json.loads(payload)
         except (ValueError, TypeError):
             raise Unauthorized("malformed stream token") from None
-        if not hmac.compare_digest(mac, self._mac(payload)):
+        # As bytes: compare_digest refuses a str with non-ASCII characters (a TypeError,
+        # which was a 500 for a client's malformed token).
+        if not hmac.compare_digest(mac.encode(), self._mac(payload).encode()):
             raise Unauthorized("invalid stream token")
         if token_run != run_id:
             raise Unauthorized("this stream token is for another run")

@@ -28,6 +28,7 @@ from starlette.routing import BaseRoute, Match
 from sandbox_workspace.runtime.errors import _STATUS_CODES, error_response
 
 from .openapi_deployment import document_deployment
+from .openapi_security import document_security
 
 # Seconds a client should wait before retrying: a session that is starting is usually
 # running within a few seconds; a busy runtime frees an execution slot about as fast.
@@ -38,7 +39,8 @@ DESCRIPTION = """\
 Sessions, conversation files, code execution and agent runs of Sandbox Workspace.
 
 * Every error answers `{"error": {"code", "message"}}` with the right status; 429 and 503
-  carry `Retry-After`.
+  carry `Retry-After`, except a 503 `…_not_configured` (this server lacks a model, the
+  object store or a table source), which no retry cures.
 * All fields are snake_case, in requests and answers.
 * The caller is `X-User-Id` (dev mode) or `Authorization: Bearer` (service token +
   `X-User-Id`, or a JWT). A user's one session is `sb-session-{user_id}`.
@@ -60,7 +62,7 @@ TAGS = [
     {"name": "health", "description": "Liveness and readiness."},
     {
         "name": "workspace",
-        "description": "Seed 003's workspace: files with metadata, by file_id (store mode).",
+        "description": "Seed 003's workspace: files with metadata, by file_id.",
     },
 ]
 
@@ -75,11 +77,14 @@ CORS_REQUEST_HEADERS = [
     "conversation_id",
     "subdir",
     "Last-Event-ID",
+    "X-Tenant-Id",  # a tenant's caller (docs/api.md, Sessions)
+    "traceparent",  # W3C trace context: a browser's span continues in the API's
 ]
 CORS_EXPOSED_HEADERS = [
     "Content-Disposition",
     "Retry-After",
     "X-Content-Sha256",
+    "X-File-Version",  # seed 003's download by file_id
     "X-Run-Id",
     "X-Sandbox-Path",
 ]
@@ -107,8 +112,10 @@ _DESCRIPTIONS = {
     422: "The body or a parameter does not match the schema.",
     429: "Too many concurrent requests of this kind; retry after `Retry-After` seconds.",
     502: "The sandbox runtime answered something unusable.",
-    503: "A dependency is not ready (session starting, model not configured); retry after "
-    "`Retry-After` seconds.",
+    503: "A dependency is not ready (session starting): retry after `Retry-After` seconds; "
+    "or this server is not configured for the request (`llm_not_configured`, "
+    "`store_not_configured`, `table_source_not_configured`): no `Retry-After`, as no retry "
+    "cures it.",
     504: "The sandbox runtime did not answer in time.",
 }
 RETRY_HEADER = {
@@ -218,9 +225,11 @@ def install(
     upload_ceiling: int,
     tool_policies: dict[str, list[str]],
     allowed_types: list[str] | None = None,
+    auth_mode: str = "dev",
 ) -> None:
     """Error handlers that keep the document's promises (after ``install_error_handlers``),
-    and the document itself with what only this deployment knows (its upload ceiling)."""
+    and the document itself with what only this deployment knows (its upload ceiling,
+    how its callers authenticate)."""
 
     def document() -> dict:
         if app.openapi_schema is None:
@@ -232,6 +241,7 @@ def install(
                 tags=app.openapi_tags,
             )
             document_deployment(schema, upload_ceiling, tool_policies, allowed_types)
+            document_security(schema, auth_mode)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -4,10 +4,12 @@ Contract: ``document_deployment(schema, ceiling, policies, allowed_types)`` stat
 deployment's upload ceiling per size unit (``UploadConfig.anyOf``), the tool policies a
 chat request may choose per tool (only stricter than configured), the file types new
 sessions accept (on the upload's ``file`` part and its 415: a filename's extension is
-beyond what a multipart schema can constrain), and drops the ``null`` FastAPI
+beyond what a multipart schema can constrain), drops the ``null`` FastAPI
 derives for optional query/header parameters (an absent parameter is left out, never
-sent as null). With these, a request valid against the document is one the server
-accepts.
+sent as null), and states a parameter's one allowed value as a one-value ``enum``, not
+``const`` (the same rule; client generators refuse a ``const`` header —
+openapi-python-client dropped the file operations over ``subdir``). With these, a
+request valid against the document is one the server accepts.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def document_deployment(
         _allowed_types(schema, allowed_types)
     _tool_policies(schema, tool_policies)
     _parameters_not_null(schema)
+    _parameters_enum_not_const(schema)
 
 
 _UNIT_BYTES = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
@@ -111,3 +114,13 @@ def _parameters_not_null(schema: dict) -> None:
                             "anyOf": rest,
                         }
                     )
+
+
+def _parameters_enum_not_const(schema: dict) -> None:
+    """``Literal["temparea"]`` comes out as ``const``; a one-value ``enum`` says the same."""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                value_schema = parameter.get("schema", {})
+                if "const" in value_schema:
+                    value_schema["enum"] = [value_schema.pop("const")]

@@ -13,6 +13,11 @@ Contract:
 - After a resume request the status is the one from before it (an old ``Error``): it is
   judged only once the backend says the resume was acted on (``resume_pending`` false),
   so recovering a failed session works on the first try.
+- ``create`` is ``POST /sessions``: a new session is created; an existing one answers
+  ``SessionExists`` (409) as always, but when it is stopped or failed its resume is
+  started first (seed 000 §8.1 "automatically recover"), so the seed's own client — GET,
+  not running, POST, on 409 poll GET and fail at once on ``stopped``/``error`` — sees
+  ``pending`` and then ``running`` after an idle stop, with its files kept.
 """
 
 from __future__ import annotations
@@ -62,6 +67,13 @@ class SessionService:
             raise NotFoundError(f"session '{session_id}' not found")
         return session
 
+    async def find(self, caller: Caller, session_id: str) -> Session | None:
+        """The caller's session as it is (None when there is none), started by nothing;
+        one being deleted is refused as everywhere."""
+        session = await self.backend.get_session(self.own_session_id(caller, session_id))
+        _refuse_terminating(session)
+        return session
+
     def default_spec(self, caller: Caller) -> SessionSpec:
         return SessionSpec(
             session_id=caller.session_id,
@@ -69,6 +81,30 @@ class SessionService:
             file_upload=self.default_upload,
             ttl_seconds=self.default_ttl,
         )
+
+    async def create(self, spec: SessionSpec) -> Session:
+        try:
+            return await self.backend.create_session(spec)
+        except SessionExists:
+            session = await self.backend.get_session(spec.session_id)
+            if session is not None and not session.terminating:
+                await self._resume_if_down(session)
+            raise
+
+    async def _resume_if_down(self, session: Session) -> Session | None:
+        """Start the resume of a stopped or failed session (none already asked for); the
+        session after it, or None when it was deleted meanwhile."""
+        if session.resume_pending or session.status not in (
+            SessionStatus.STOPPED,
+            SessionStatus.ERROR,
+        ):
+            return session
+        try:
+            return await self.backend.resume_session(session.session_id)
+        except (KeyError, NotFoundError):
+            # Deleted between the look-up and the resume (a concurrent DELETE stops it
+            # first): the caller's next look sees it gone.
+            return None
 
     async def ensure_running(
         self, caller: Caller, session_id: str, spec: SessionSpec | None = None
@@ -92,17 +128,9 @@ class SessionService:
             except SessionExists:
                 session = await self.backend.get_session(sid)
                 _refuse_terminating(session)
-        if (
-            session is not None
-            and session.status in (SessionStatus.STOPPED, SessionStatus.ERROR)
-            and not session.resume_pending
-        ):
-            try:
-                session = await self.backend.resume_session(sid)
-            except (KeyError, NotFoundError):
-                # Deleted between the look-up and the resume (a concurrent DELETE stops
-                # it first): wait_running below answers 404 "deleted while starting".
-                session = None
+        if session is not None:
+            # None: deleted meanwhile; wait_running answers 404 "deleted while starting".
+            session = await self._resume_if_down(session)
         if session is not None and session.status == SessionStatus.RUNNING and session.endpoint:
             return session  # the common case: no second look-up
         return await self.wait_running(sid)

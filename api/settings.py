@@ -22,6 +22,9 @@ from sandbox_workspace.operator.models import (
 from sandbox_workspace.runtime.quantity import parse_bytes
 from sandbox_workspace.store.settings import S3Settings, StoreMode
 
+from .quotas import Quotas
+from .request_bounds import RequestBounds
+
 ENV_PREFIX = "SANDBOX_WORKSPACE_"
 
 
@@ -148,6 +151,12 @@ class ApiSettings(BaseSettings):
         "`anthropic`: default https://api.anthropic.com/v1).",
     )
     llm_model: str | None = Field(None, description="Model name sent to the endpoint.")
+    demo_model: bool = Field(
+        False,
+        description="Dev mode only: with no model configured, chat is answered by a scripted "
+        "demo model that says it is one and runs the real tools on the user's files "
+        "(`sandbox-workspace dev` turns it on unless set).",
+    )
     llm_api_key: SecretStr | None = Field(
         None, description="The endpoint's key (a bearer token; `anthropic`: x-api-key)."
     )
@@ -216,6 +225,16 @@ class ApiSettings(BaseSettings):
         None,
         description="Serve the web page at /ui/ (unset: on with auth_mode=dev, off otherwise).",
     )
+    bounds: RequestBounds = Field(
+        default_factory=RequestBounds,
+        description="Size and time bounds of requests: max_body_bytes, "
+        "body_timeout_seconds, max_header_bytes, header_timeout_seconds.",
+    )
+    quotas: Quotas = Field(
+        default_factory=Quotas,
+        description="Per-user caps: conversations_per_user (409 quota_exceeded), "
+        "runs_per_user, followers_per_user, executions_per_user (429 with Retry-After).",
+    )
     log_level: str = "info"
 
     @model_validator(mode="after")
@@ -245,6 +264,8 @@ class ApiSettings(BaseSettings):
                 f"{ENV_PREFIX}CHAT_RUN_STORE=redis needs {ENV_PREFIX}CHAT_REDIS_URL "
                 "(redis://host:6379/0)"
             )
+        if self.demo_model and self.auth_mode != "dev":
+            raise ValueError(f"{ENV_PREFIX}DEMO_MODEL is for dev mode only, never a deployment")
         if self.store == "s3" and not self.s3.bucket:
             raise ValueError(f"{ENV_PREFIX}STORE=s3 needs {ENV_PREFIX}S3__BUCKET")
         if self.service_token is not None and len(self.service_token.get_secret_value()) < 16:

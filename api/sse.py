@@ -38,7 +38,9 @@ def _json(data: Any) -> str:
     return _encode_json(data)
 
 
-async def with_keepalive(source: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
+async def with_keepalive(
+    source: AsyncIterator[bytes], interval: float, keepalive: bytes = KEEPALIVE
+) -> AsyncIterator[bytes]:
     iterator = aiter(source)
     pending: asyncio.Task | None = None
     try:
@@ -47,7 +49,7 @@ async def with_keepalive(source: AsyncIterator[bytes], interval: float) -> Async
                 pending = asyncio.ensure_future(anext(iterator))
             done, _ = await asyncio.wait({pending}, timeout=interval)
             if not done:
-                yield KEEPALIVE
+                yield keepalive
                 continue
             task, pending = pending, None
             try:

@@ -27,10 +27,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from sandbox_workspace.runtime.errors import ApiError
+from sandbox_workspace.runtime.uploads import MAX_FIELD_BYTES
 from sandbox_workspace.runtime.workspace import Workspace
 
 _FIELD = b"conversation_id"
-_MAX_VALUE = 1024  # a conversation id is short; a longer value is refused by the runtime
+# The runtime's own limit: a value the guard gives up on is one the runtime refuses (the
+# whole upload). A lower limit here let a long first value hide a later, valid one that
+# the runtime then took — and the guard had opened nothing.
+_MAX_VALUE = MAX_FIELD_BYTES
 
 
 class FormField:

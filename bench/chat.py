@@ -282,6 +282,8 @@ def run(
                 "SANDBOX_WORKSPACE_LLM_BASE_URL": llm_url,
                 "SANDBOX_WORKSPACE_LLM_MODEL": "bench",
                 "SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none",
+                # One user ("bench") makes every run: its per-user cap must not throttle.
+                "SANDBOX_WORKSPACE_QUOTAS__RUNS_PER_USER": str(max(runs, 1)),
             }
             envs = {
                 "openai": env,

@@ -24,8 +24,10 @@ from fastapi.responses import StreamingResponse
 from .activity import Activity
 from .claim import Claimed, ClaimHeader, ClaimRequest, ClaimState
 from .confinement import Confinement
+from .download_headers import download_headers
 from .errors import ApiError, Unauthorized, install_error_handlers
 from .executor import Executor
+from .output import ResultCaps
 from .outputs import delete_output, list_outputs, open_output, write_output
 from .raw_upload import FEATURE as RAW_UPLOAD
 from .raw_upload import receive_raw_upload
@@ -47,7 +49,13 @@ from .schemas import (
     UploadResult,
 )
 from .settings import RuntimeSettings
-from .uploads import ConversationLocks, ConversationQuota, UploadLimits, receive_upload
+from .uploads import (
+    ConversationLocks,
+    ConversationQuota,
+    UploadLimits,
+    UploadTarget,
+    receive_upload,
+)
 from .workspace import Workspace
 
 _READ_CHUNK = 1024 * 1024
@@ -87,6 +95,7 @@ class RuntimeState:
             kernel_idle_seconds=settings.kernel_idle_seconds,
             limits=limits,
             session_memory=settings.session_memory,
+            result_caps=ResultCaps(settings.max_results, settings.result_cap_bytes),
             confinement=Confinement(
                 max_processes=settings.max_processes,
                 mode=settings.confinement,
@@ -192,16 +201,9 @@ async def upload(
     """Stream a multipart upload (`file`, `conversation_id`, `subdir`) into temparea
     (named `name` when given, else by the file part's filename)."""
     with state.activity.track():
+        target = _target(state, conversation_id, subdir, name)
         return await receive_upload(
-            request.stream(),
-            request.headers.get("content-type", ""),
-            state.workspace,
-            state.limits,
-            state.locks,
-            conversation_id=conversation_id,
-            subdir=subdir,
-            quota=state.quota,
-            name=name,
+            request.stream(), request.headers.get("content-type", ""), target
         )
 
 
@@ -217,17 +219,15 @@ async def upload_raw(
     """Stream a raw upload (the file's bytes, then the form's fields and the file's digest
     in a trailer: ``raw_upload``) into temparea — the API's way once it parsed the form."""
     with state.activity.track():
-        return await receive_raw_upload(
-            request.stream(),
-            state.workspace,
-            state.limits,
-            state.locks,
-            filename=filename,
-            conversation_id=conversation_id,
-            subdir=subdir,
-            quota=state.quota,
-            name=name,
-        )
+        target = _target(state, conversation_id, subdir, name)
+        return await receive_raw_upload(request.stream(), target, filename=filename)
+
+
+def _target(state, conversation_id: str | None, subdir: str | None, name: str | None):
+    """Where an upload request goes: this runtime's workspace, limits, locks and quota."""
+    return UploadTarget(
+        state.workspace, state.limits, state.locks, state.quota, conversation_id, subdir, name
+    )
 
 
 @router.get("/conversations/{conversation_id}/uploads")
@@ -248,7 +248,7 @@ async def download(conversation_id: str, name: str, state: State) -> StreamingRe
     opened = state.workspace.open_upload(conversation_id, name)
     headers = {
         "Content-Length": str(opened.size),
-        "Content-Disposition": content_disposition(opened.info.name),
+        **download_headers(opened.info.name),
         "X-Sandbox-Path": urllib.parse.quote(opened.info.path),
     }
     if not opened.info.modified:  # after code changed the bytes, the digest would lie
@@ -272,7 +272,7 @@ async def download_output(
     opened = open_output(state.workspace, conversation_id, relative_path)
     headers = {
         "Content-Length": str(opened.size),
-        "Content-Disposition": content_disposition(opened.name),
+        **download_headers(opened.name),
         "X-Sandbox-Path": urllib.parse.quote(opened.path),
     }
     return StreamingResponse(
@@ -376,13 +376,6 @@ async def _read_fd(fd: int, activity: Activity) -> AsyncIterator[bytes]:
                 yield chunk
         finally:
             os.close(fd)
-
-
-def content_disposition(name: str) -> str:
-    """``attachment`` with an ASCII fallback and the exact name in RFC 5987 form."""
-    fallback = "".join(ch if 0x20 <= ord(ch) < 0x7F and ch not in '"\\%' else "_" for ch in name)
-    quoted = urllib.parse.quote(name, safe="")
-    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quoted}"
 
 
 def create_app(settings: RuntimeSettings | None = None) -> FastAPI:

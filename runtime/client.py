@@ -13,6 +13,9 @@ Contract:
   ``RuntimeBadAnswer`` (502) — an answer that is not the runtime's error contract, or our
   token refused; ``RuntimeRefused`` — the runtime's own ``{"error"}`` answer, relayed
   with its status, code and message (``retryable`` for 409/429/5xx).
+- An execution's answer is read up to ``MAX_ANSWER_BYTES`` (a streamed one: per event
+  line); a runtime that sends more — its own caps are far below — gets
+  ``RuntimeBadAnswer``, and the caller never holds more than that.
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ from .schemas import (
 )
 
 M = TypeVar("M", bound=BaseModel)
+
+# Far above what a runtime's caps let an execution answer (stdout and stderr 1 MiB each,
+# results 8 MiB, by default; JSON escaping at most ×6): only a broken or hostile runtime
+# sends more, and the API must not hold it.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
 
 class RuntimeClientError(ApiError):
@@ -109,6 +117,12 @@ def raise_for(response: httpx.Response) -> None:
 
 def _unreachable(e: Exception) -> RuntimeUnavailable:
     return RuntimeUnavailable(f"sandbox runtime is not reachable: {e.__class__.__name__}")
+
+
+def _too_large() -> RuntimeBadAnswer:
+    return RuntimeBadAnswer(
+        f"sandbox runtime answered more than {MAX_ANSWER_BYTES} bytes for one execution"
+    )
 
 
 def _parse(model: type[M], response: httpx.Response) -> M:
@@ -235,13 +249,23 @@ class RuntimeClient:
 
     async def execute_raw(self, cid: str, request: ExecuteRequest) -> bytes:
         """The runtime's ExecutionResult JSON as is (relayed without re-encoding)."""
-        r = await self._request(
+        response = await self._open(
             "POST",
             self._conversation(cid, "execute"),
             json=request.model_dump(),
             timeout=self._exec_timeout(request),
         )
-        return r.content
+        try:
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_ANSWER_BYTES:
+                    raise _too_large()
+            return bytes(body)
+        except httpx.TransportError as e:
+            raise _unreachable(e) from e
+        finally:
+            await response.aclose()
 
     async def execute_stream(self, cid: str, request: ExecuteRequest) -> AsyncIterator[dict]:
         """Events of a streamed execution: stdout/stderr/result, then done (or error)."""
@@ -253,9 +277,19 @@ class RuntimeClient:
             timeout=self._exec_timeout(request),
         )
         try:
-            async for line in response.aiter_lines():
-                if line:
-                    yield json.loads(line)
+            pending = bytearray()  # the line being received
+            async for chunk in response.aiter_bytes():
+                lines = chunk.split(b"\n")
+                for line in lines[:-1]:
+                    pending += line
+                    if pending.strip():
+                        yield json.loads(pending)
+                    pending.clear()
+                pending += lines[-1]
+                if len(pending) > MAX_ANSWER_BYTES:
+                    raise _too_large()
+            if pending.strip():
+                yield json.loads(pending)
         finally:
             await response.aclose()
 

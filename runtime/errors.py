@@ -42,6 +42,8 @@ class ApiError(Exception):
     code = "internal_error"
     # Seconds after which a retry may succeed: sent as ``Retry-After`` when set.
     retry_after: int | None = None
+    # Whether waiting can cure it: a 429/503 that can gets the default ``Retry-After``.
+    transient = True
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -100,10 +102,27 @@ class Unavailable(ApiError):
     status, code = 503, "unavailable"
 
 
+class NotConfigured(Unavailable):
+    """This server is not configured for the request (no model, no object store): only
+    its operator can change that, so no ``Retry-After`` — a client that honours it would
+    poll forever."""
+
+    code = "not_configured"
+    transient = False
+
+
 class BadGateway(ApiError):
     """A dependency answered something we cannot use."""
 
     status, code = 502, "bad_gateway"
+
+
+class JSONLineResponse(JSONResponse):
+    """JSON that ends with a newline, so answers do not run together in a terminal
+    (``curl`` prints the body as is); parsers ignore the trailing whitespace."""
+
+    def render(self, content: Any) -> bytes:
+        return super().render(content) + b"\n"
 
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -111,7 +130,7 @@ def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
 
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None):
-    return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+    return JSONLineResponse(error_body(code, message), status_code=status, headers=headers)
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
@@ -124,13 +143,14 @@ def _describe_validation(exc: RequestValidationError) -> str:
 
 def install_error_handlers(app: FastAPI, *, default_retry_after: int | None = None) -> None:
     """``default_retry_after``: the ``Retry-After`` of a 429/503 whose error names none
-    (the API promises one on every such answer); an error's own ``retry_after`` wins."""
+    (the API promises one on every such answer that waiting can cure — not on
+    ``NotConfigured``); an error's own ``retry_after`` wins."""
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
         retry_after = exc.retry_after
-        if retry_after is None and exc.status in (429, 503):
+        if retry_after is None and exc.transient and exc.status in (429, 503):
             retry_after = default_retry_after
         if retry_after is not None:
             headers["Retry-After"] = str(retry_after)

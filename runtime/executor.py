@@ -40,7 +40,7 @@ from .cpu_cgroup import CpuGroups
 from .errors import ApiError, ConversationDeleting
 from .kernel import PythonKernel
 from .limits import Limits, classify, usage_by_call
-from .output import EventSink, OutputCollector
+from .output import EventSink, OutputCollector, ResultCaps
 from .schemas import ExecuteRequest, ExecutionError, ExecutionResult
 from .spawner import Spawner, SpawnFailed
 from .workspace import Workspace
@@ -68,7 +68,9 @@ class Executor:
         run_as: tuple[int, int] | None = None,
         limits: Limits | None = None,
         session_memory: int | None = None,
+        result_caps: ResultCaps = ResultCaps(),
     ) -> None:
+        self.result_caps = result_caps
         self.confinement = confinement
         self.limits = limits
         self.session_memory = session_memory
@@ -78,6 +80,9 @@ class Executor:
         self.kernel_idle_seconds = kernel_idle_seconds
         self._slots = asyncio.Semaphore(max_concurrent)
         self._kernels: dict[str, PythonKernel] = {}
+        # Conversations whose interpreter was reaped idle: their next call says the
+        # state is gone (``kernel_restarted``), as nobody was told when it went.
+        self._reaped: set[str] = set()
         # Bumped by stop_conversation: executions that started before it report the stop.
         self._generation: dict[str, int] = {}
         self.scratch_root = tempfile.mkdtemp(prefix="sbw-scratch-")  # mode 0700
@@ -155,7 +160,7 @@ class Executor:
         read_only = readonly.check(request, self.confinement)
         cid = self.workspace.ensure_layout(conversation_id)
         cwd = self.workspace.real_path(cid)
-        collector = OutputCollector(self.output_cap, on_event)
+        collector = OutputCollector(self.output_cap, on_event, self.result_caps)
         started = time.perf_counter()
         try:
             async with asyncio.timeout(request.timeout):
@@ -227,13 +232,17 @@ class Executor:
                 read_write=read_write,
                 guard=self._guard(cid),
                 limits=self.limits,
+                event_line_limit=self.result_caps.line_limit,
+                state_lost=cid in self._reaped,
             )
+            self._reaped.discard(cid)
             self._kernels[cid] = kernel
         return kernel
 
     async def restart(self, conversation_id: str) -> bool:
         """Kill the conversation's interpreter; the next call starts a fresh one."""
         cid = self.workspace.check_conversation_id(conversation_id)
+        self._reaped.discard(cid)  # the caller asked: its answer says so
         kernel = self._kernels.pop(cid, None)
         if kernel is None:
             return False
@@ -248,6 +257,7 @@ class Executor:
         """
         cid = self.workspace.check_conversation_id(conversation_id)
         self._generation[cid] = self._generation.get(cid, 0) + 1
+        self._reaped.discard(cid)  # a deleted conversation starts with no state to lose
         kernel = self._kernels.pop(cid, None)
         await self.spawner.stop(cid)
         if kernel is not None:
@@ -268,6 +278,7 @@ class Executor:
             if not k.busy and now - k.last_used > self.kernel_idle_seconds
         ]
         for cid in idle:
+            self._reaped.add(cid)
             await self._kernels.pop(cid).kill()
         return idle
 

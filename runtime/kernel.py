@@ -6,8 +6,12 @@ produced; the call returns only once the interpreter said ``done`` *and* the per
 sentinel arrived on both stdout and stderr, so no output is lost or attributed to the
 wrong cell. The interpreter is started through the spawner (confined, tracked with every
 process it starts). A cell over its timeout kills that whole process tree (state is
-lost; the next call starts a fresh one and says so with ``kernel_restarted``). An
-interpreter that dies mid-cell is reported as ``KernelDied``, never as an HTTP error.
+lost; the next call starts a fresh one). An interpreter that dies mid-cell is reported
+as ``KernelDied``, never as an HTTP error. ``execute`` says whether earlier state is gone
+(``kernel_restarted``) once, on the first answer that can say it: the call whose timeout
+or limit ended the interpreter, or — when it ended between calls (it died, or it was
+reaped idle: ``state_lost``) — the next call. A conversation's first call has no earlier
+state to lose: False.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .limits import Limits, limit_error
-from .output import OutputCollector
+from .output import OutputCollector, ResultCaps
 from .pipes import CodePipes
 from .schemas import ExecutionError
 from .spawner import Call, Spawner
@@ -58,8 +62,13 @@ class PythonKernel:
         read_write: list[str],
         guard: Callable[[], None] | None = None,
         limits: Limits | None = None,
+        event_line_limit: int = ResultCaps().line_limit,
+        state_lost: bool = False,
     ) -> None:
         self.cid = cid
+        self.event_line_limit = event_line_limit
+        # An interpreter of this conversation ended and no answer has said so yet.
+        self._loss_unreported = state_lost
         self.limits = limits
         self.cwd = cwd
         self.env = env
@@ -103,7 +112,9 @@ class PythonKernel:
         self._cmd_w = pipes.writers[0]
         self._ready = loop.create_future()
         self._readers = [
-            asyncio.create_task(self._read_events(await pipes.reader(pipes.readers[0]))),
+            asyncio.create_task(
+                self._read_events(await pipes.reader(pipes.readers[0], self.event_line_limit))
+            ),
             asyncio.create_task(self._read_stream("stdout", await pipes.reader(pipes.stdout))),
             asyncio.create_task(self._read_stream("stderr", await pipes.reader(pipes.stderr))),
         ]
@@ -116,11 +127,12 @@ class PythonKernel:
     async def execute(
         self, code: str, timeout: float, collector: OutputCollector
     ) -> tuple[ExecutionError | None, bool]:
-        """Run one cell; returns (error or None, whether the interpreter was (re)started)."""
+        """Run one cell; returns (error or None, whether earlier calls' state is gone)."""
         async with self._lock:
-            restarted = False
+            # ``call`` still set but exited: the interpreter died between calls.
+            restarted = self._loss_unreported or (self.call is not None and not self.alive)
+            self._loss_unreported = False
             if not self.alive:
-                restarted = True
                 try:
                     await self.start()
                 except (KernelDied, TimeoutError):
@@ -153,6 +165,7 @@ class PythonKernel:
                     await cell.streams_done["stderr"].wait()
             except TimeoutError:
                 await self.kill()
+                restarted = True
                 error = {
                     "name": "TimeoutError",
                     "value": f"execution exceeded {timeout:g}s; "
@@ -162,6 +175,7 @@ class PythonKernel:
                 call = self.call
                 code_ = await self._exit_code()
                 await self.kill()
+                restarted = True
                 if call is not None and call.limit:  # the reaper killed it past a limit
                     collector.finish()
                     return limit_error(call.limit, self.limits, state_lost=True), restarted
@@ -199,7 +213,11 @@ class PythonKernel:
 
     async def _read_events(self, reader: asyncio.StreamReader) -> None:
         try:
-            while line := await reader.readline():
+            while (line := await _read_line(reader)) != b"":
+                if line is None:  # a result past every cap: dropped unread
+                    if self._cell is not None:
+                        self._cell.collector.truncated = True
+                    continue
                 message = json.loads(line)
                 kind = message.get("type")
                 if kind == "ready" and self._ready is not None and not self._ready.done():
@@ -238,6 +256,26 @@ class PythonKernel:
             cell = self._cell
             if cell is not None:
                 cell.streams_done[name].set()
+
+
+async def _read_line(reader: asyncio.StreamReader) -> bytes | None:
+    """The next line; None when it is longer than the reader's limit (then it is
+    consumed in pieces of at most the limit, never held whole); b"" at the end."""
+    try:
+        return await reader.readuntil(b"\n")
+    except asyncio.IncompleteReadError as e:
+        return e.partial
+    except asyncio.LimitOverrunError as e:
+        consumed = e.consumed
+    while True:
+        try:
+            await reader.readexactly(consumed)  # dropped
+            await reader.readuntil(b"\n")  # the rest of the line, when within the limit
+            return None
+        except asyncio.IncompleteReadError:
+            return b""
+        except asyncio.LimitOverrunError as e:
+            consumed = e.consumed
 
 
 def _partial_suffix(data: bytes, sentinel: bytes) -> int:

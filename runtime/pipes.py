@@ -58,9 +58,10 @@ class CodePipes:
         self._owned.remove(fd)
         return fd
 
-    async def reader(self, fd: int) -> asyncio.StreamReader:
+    async def reader(self, fd: int, limit: int = _STREAM_LIMIT) -> asyncio.StreamReader:
+        """``limit``: the longest line ``readline``/``readuntil`` will hold."""
         loop = asyncio.get_running_loop()
-        stream = asyncio.StreamReader(limit=_STREAM_LIMIT)
+        stream = asyncio.StreamReader(limit=limit)
         self._owned.remove(fd)  # the transport owns it now
         transport, _ = await loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(stream), os.fdopen(fd, "rb", buffering=0)

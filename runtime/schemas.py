@@ -168,7 +168,11 @@ class ExecutionResult(BaseModel):
     duration_ms: float
     truncated: bool = Field(False, description="stdout or stderr exceeded its cap.")
     kernel_restarted: bool = Field(
-        False, description="The interpreter was (re)started for this call: earlier state is gone."
+        False,
+        description="The conversation's Python state from earlier calls is gone: this call "
+        "ended the interpreter (timeout, a limit, the interpreter exiting), or it ended since "
+        "the last call (reaped when idle, died). Said once; false on a conversation's first "
+        "call, which has no earlier state.",
     )
 
 

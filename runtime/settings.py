@@ -50,6 +50,12 @@ class RuntimeSettings(BaseSettings):
     output_cap_bytes: int = Field(
         1024 * 1024, ge=1024, description="Per execution, per stream (stdout, stderr)."
     )
+    max_results: int = Field(
+        100, ge=1, description="Rich results (display, the last value) kept per execution."
+    )
+    result_cap_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="Bytes of rich results kept per execution."
+    )
     max_concurrent_executions: int = Field(8, ge=1)
     max_processes: int = Field(
         512, ge=16, description="Ceiling on processes of executed code (fork bombs stop here)."

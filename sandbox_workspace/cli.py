@@ -16,16 +16,33 @@ import sys
 from pathlib import Path
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
-from . import __version__, logs
+from . import __version__, logs, startup
 from .server import serve
 
 
-def _settings_error(e: ValidationError) -> int:
+def _settings_error(e: ValidationError | SettingsError, prefix: str) -> int:
+    if isinstance(e, SettingsError):  # a value that is not the JSON its type needs
+        print(startup.settings_source_error(e, prefix, os.environ), file=sys.stderr)
+        return 2
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "settings"
         print(f"sandbox-workspace: invalid setting {loc}: {err['msg']}", file=sys.stderr)
     return 2
+
+
+def _serve(app, host: str, port: int, **kwargs) -> int:
+    """``serve``, with one line instead of a traceback when the address cannot be had."""
+    try:
+        serve(app, host, port, **kwargs)
+    except OSError as e:
+        message = startup.listen_error(e, host, port)
+        if message is None:
+            raise
+        print(message, file=sys.stderr, flush=True)
+        return 2
+    return 0
 
 
 def _cmd_runtime(args: argparse.Namespace) -> int:
@@ -46,8 +63,8 @@ def _cmd_runtime(args: argparse.Namespace) -> int:
     try:
         settings = RuntimeSettings(**overrides)
         app = create_app(settings)
-    except ValidationError as e:
-        return _settings_error(e)
+    except (ValidationError, SettingsError) as e:
+        return _settings_error(e, "SANDBOX_RUNTIME_")
     except ValueError as e:
         print(f"sandbox-workspace runtime: {e}", file=sys.stderr)
         return 2
@@ -60,13 +77,15 @@ def _cmd_runtime(args: argparse.Namespace) -> int:
     logging.getLogger("sandbox_workspace.runtime").info(
         "runtime ready", extra={"confinement": app.state.runtime.executor.confinement.describe()}
     )
-    serve(app, settings.host, settings.port, port_file=args.port_file, log_level=args.log_level)
-    return 0
+    return _serve(
+        app, settings.host, settings.port, port_file=args.port_file, log_level=args.log_level
+    )
 
 
 def _cmd_api(args: argparse.Namespace, *, dev: bool = False) -> int:
     from .api.app import create_app
-    from .api.settings import ApiSettings
+    from .api.routes import web
+    from .api.settings import ENV_PREFIX, ApiSettings
     from .tracing import TracingConfigError
 
     overrides: dict = {
@@ -75,10 +94,14 @@ def _cmd_api(args: argparse.Namespace, *, dev: bool = False) -> int:
     if dev:
         overrides.update(backend="local", auth_mode="dev", data_dir=args.data_dir or Path("./data"))
         overrides.setdefault("host", "127.0.0.1")
+        if f"{ENV_PREFIX}DEMO_MODEL" not in os.environ:  # chat to try with no model service
+            overrides["demo_model"] = True
+        for line in startup.dev_notices(os.environ, ENV_PREFIX):
+            print(line, file=sys.stderr, flush=True)
     try:
         settings = ApiSettings(**overrides)
-    except ValidationError as e:
-        return _settings_error(e)
+    except (ValidationError, SettingsError) as e:
+        return _settings_error(e, ENV_PREFIX)
     if settings.store == "s3":  # a missing bucket or bad credentials: refuse to start
         import asyncio
 
@@ -96,23 +119,28 @@ def _cmd_api(args: argparse.Namespace, *, dev: bool = False) -> int:
         except StoreConfigError as e:
             print(f"sandbox-workspace: {e}", file=sys.stderr, flush=True)
             return 2
-    logs.configure(settings.log_level, "text" if dev else None)
+    # dev logs text for a terminal, unless LOG_FORMAT asks otherwise.
+    explicit_format = os.environ.get(f"{ENV_PREFIX}LOG_FORMAT")
+    logs.configure(settings.log_level, "text" if dev and not explicit_format else None)
     try:
         app = create_app(settings)
     except TracingConfigError as e:
         print(f"sandbox-workspace: {e}", file=sys.stderr)
         return 2
-    if dev:
-        url = f"http://{settings.host}:{settings.port}"
-        print(
-            f"Sandbox Workspace (local backend, dev auth) on {url}\n"
-            f"  data:   {settings.data_dir.resolve()}\n"
-            f"  try:    curl -s {url}/api/v1/sessions/sb-session-dev -H 'X-User-Id: dev'\n"
-            f"  docs:   {url}/docs\n  stop:   Ctrl-C",
-            flush=True,
-        )
-    serve(app, settings.host, settings.port, port_file=args.port_file, log_level=settings.log_level)
-    return 0
+
+    def banner(port: int) -> None:  # once listening: the real port, also for --port 0
+        base = startup.url(settings.host, port)
+        print(startup.dev_banner(base, settings.data_dir, web.enabled(settings)), flush=True)
+
+    return _serve(
+        app,
+        settings.host,
+        settings.port,
+        port_file=args.port_file,
+        log_level=settings.log_level,
+        access_log=dev,  # dev: a line per request, to see what a client sends
+        on_listening=banner if dev else None,
+    )
 
 
 def _cmd_crds(args: argparse.Namespace) -> int:
@@ -144,8 +172,8 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         overrides["namespaces"] = []
     try:
         settings = OperatorSettings(**overrides)
-    except ValidationError as e:
-        return _settings_error(e)
+    except (ValidationError, SettingsError) as e:
+        return _settings_error(e, "SANDBOX_OPERATOR_")
     logs.configure(settings.log_level, settings.log_format)
     try:
         run(settings)

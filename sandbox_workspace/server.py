@@ -2,16 +2,21 @@
 
 Binding first lets callers ask for port 0 and learn the real port from ``--port-file``
 (written atomically once the socket listens), which is how the local backend starts
-runtimes without racing for free ports.
+runtimes without racing for free ports; ``on_listening(port)`` is told it too (dev's
+banner). uvicorn's own lines (start, stop, the access log when asked) go through the
+process's logging setup (``logs.configure``: text or JSON), not a format of uvicorn's.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
+
+from .http_guard import HttpGuard
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -31,18 +36,30 @@ def write_port_file(path: Path, port: int) -> None:
 
 
 def serve(
-    app, host: str, port: int, *, port_file: Path | None = None, log_level: str = "info"
+    app,
+    host: str,
+    port: int,
+    *,
+    port_file: Path | None = None,
+    log_level: str = "info",
+    access_log: bool = False,
+    on_listening: Callable[[int], None] | None = None,
 ) -> None:
     sock = bind(host, port)
     if port_file is not None:
         write_port_file(port_file, sock.getsockname()[1])
+    if on_listening is not None:
+        on_listening(sock.getsockname()[1])
     config = uvicorn.Config(
         app,
         log_level=log_level,
-        access_log=False,
+        log_config=None,
+        access_log=access_log,
         lifespan="on",
         timeout_graceful_shutdown=5,
         # Long streams (uploads, SSE) must not be cut by uvicorn's keep-alive timer.
         timeout_keep_alive=30,
+        # Header size and time bounds; an app may carry its own (api.app: from settings).
+        http=getattr(getattr(app, "state", None), "http_guard", HttpGuard()).protocol(),
     )
     uvicorn.Server(config).run(sockets=[sock])

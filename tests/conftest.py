@@ -103,15 +103,19 @@ def runtime_pids_under(path: Path) -> list[int]:
     return pids
 
 
-def _base_env(**extra: str) -> dict[str, str]:
+def _base_env(**extra: str | None) -> dict[str, str]:
+    """The tests' environment for a server; an ``extra`` value None leaves that out."""
     env = {
         k: v
         for k, v in os.environ.items()
         # OTEL_*: a developer's own collector never receives the tests' spans.
         if not k.startswith(("SANDBOX_WORKSPACE_", "SANDBOX_RUNTIME_", "OTEL_"))
     }
-    env.update(SANDBOX_WORKSPACE_LOG_FORMAT="text", **extra)
-    return env
+    # No demo model unless a test asks: a dev server without a model answers chat 503.
+    env.update(
+        {"SANDBOX_WORKSPACE_LOG_FORMAT": "text", "SANDBOX_WORKSPACE_DEMO_MODEL": "false", **extra}
+    )
+    return {k: v for k, v in env.items() if v is not None}
 
 
 @pytest.fixture
@@ -175,7 +179,7 @@ class RuntimeHandle:
 def start_server(tmp_path_factory: pytest.TempPathFactory):
     started: list[ServerProcess] = []
 
-    def start(*args: str, **env: str) -> ServerProcess:
+    def start(*args: str, **env: str | None) -> ServerProcess:
         workdir = tmp_path_factory.mktemp("server")
         server = ServerProcess(
             [PYTHON, "-m", "sandbox_workspace", *args], _base_env(**env), workdir

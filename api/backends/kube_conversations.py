@@ -11,6 +11,9 @@ Contract:
   kubectl). While the watch is not synced (starting, apiserver restarting) every answer
   is read from the apiserver and nothing is cached — a stale READY is what would let a
   write through a deletion.
+- ``ensure`` refuses a new conversation (409 ``quota_exceeded``) once its session holds
+  ``max_per_session`` ConversationWorkspaces (counted from the cache by the session
+  label; while not synced, from the apiserver), so no user can fill etcd.
 - A read answer never overrides what the watch already said: the uids of deleted
   resources are remembered (bounded), so a GET or POST that raced a DELETED event cannot
   bring the dead resource back into the cache.
@@ -34,7 +37,9 @@ from typing import Any
 import httpx
 
 from sandbox_workspace.kube import Conflict, Kube, KubeError
+from sandbox_workspace.operator.models import LABEL_SESSION
 
+from ..quotas import QuotaExceeded
 from .base import ConversationDeleting, ConversationPhase, NameTaken
 from .kube_owners import workspace_owner
 
@@ -51,6 +56,7 @@ class Known:
     uid: str
     deleting: bool
     owner: tuple[str, str] = ("", "")  # (sessionRef, conversationId)
+    session: str = ""  # the SandboxSession's name (its label)
 
     @property
     def phase(self) -> ConversationPhase:
@@ -60,14 +66,18 @@ class Known:
 def known_from(obj: dict[str, Any]) -> Known:
     meta = obj["metadata"]
     return Known(
-        uid=meta["uid"], deleting=bool(meta.get("deletionTimestamp")), owner=workspace_owner(obj)
+        uid=meta["uid"],
+        deleting=bool(meta.get("deletionTimestamp")),
+        owner=workspace_owner(obj),
+        session=(meta.get("labels") or {}).get(LABEL_SESSION, ""),
     )
 
 
 class ConversationTracker:
-    def __init__(self, kube: Kube, collection: str) -> None:
+    def __init__(self, kube: Kube, collection: str, max_per_session: int | None = None) -> None:
         """``collection``: the namespace's conversationworkspaces path."""
         self.kube = kube
+        self.max_per_session = max_per_session
         self.collection = collection
         self._known: dict[str, Known] = {}
         self._dead: OrderedDict[str, None] = OrderedDict()  # uids the watch saw deleted
@@ -112,6 +122,7 @@ class ConversationTracker:
             if known is not None:
                 _check(known, owner, conversation_id)
                 return  # the hot path: no apiserver round trip
+        await self._check_quota(body)
         try:
             self._record(await self.kube.request("POST", self.collection, body))
             return
@@ -124,6 +135,20 @@ class ConversationTracker:
         self._record(obj)
         _check(known_from(obj), owner, conversation_id)
 
+    async def _check_quota(self, body: dict[str, Any]) -> None:
+        cap = self.max_per_session
+        if cap is None:
+            return
+        session = body["metadata"].get("labels", {}).get(LABEL_SESSION, "")
+        if self.synced:
+            held = sum(1 for k in self._known.values() if k.session == session)
+        else:
+            params = {"labelSelector": f"{LABEL_SESSION}={session}", "limit": str(cap + 1)}
+            page = await self.kube.request("GET", self.collection, params=params)
+            held = len(page.get("items", []))
+        if held >= cap:
+            raise QuotaExceeded("conversations of this user", cap, "conversations_per_user")
+
     async def delete(self, name: str, owner: tuple[str, str]) -> bool:
         """Request deletion of ``owner``'s object; False when there was none to delete."""
         known = await self._lookup(name)
@@ -133,7 +158,9 @@ class ConversationTracker:
         # successor of another owner made meanwhile under the name.
         gone = not await self.kube.delete(f"{self.collection}/{name}", uid=known.uid)
         if not gone and name in self._known:  # our own writes refuse at once
-            self._known[name] = Known(known.uid, deleting=True, owner=known.owner)
+            self._known[name] = Known(
+                known.uid, deleting=True, owner=known.owner, session=known.session
+            )
         return not gone
 
     def _record(self, obj: dict[str, Any] | None) -> None:

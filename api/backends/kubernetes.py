@@ -17,7 +17,8 @@ Contract:
   written (cached: no round trip once known); ``conversation_phase`` reads the watched
   cache; ``delete_conversation`` deletes the CR and returns at once — the operator's
   finalizer deletes the files and verifies they are gone, and the CR disappears only
-  then. A conversation that never had a CR is deleted through the runtime directly.
+  then. A conversation that never had a CR is deleted through the runtime directly
+  when the session runs, and is already gone when it does not (nothing is started).
 - ``delete_session`` deletes the CR; owner references take the pod, Secret, claim and
   workspaces with it.
 - Whose object: every read compares the owner the CR records with the caller's ids
@@ -130,7 +131,9 @@ class KubernetesBackend:
         storage: models.StorageSpec | None = None,
         network_enabled: bool = False,
         limits: models.ExecutionLimits | None = None,
+        max_conversations: int | None = None,
     ) -> None:
+        """``max_conversations``: ConversationWorkspaces one session may hold."""
         self.kube = kube
         self.limits = limits
         self.network_enabled = network_enabled
@@ -142,7 +145,7 @@ class KubernetesBackend:
         self._workspace_paths: dict[tuple, str] = {}  # (endpoint, pod incarnation) → path
         self._seen_versions: dict[str, str] = {}  # CR name → resourceVersion last read
         self._names: dict[str, str] = {}  # session id → its CR's name (current or legacy)
-        self.conversations = ConversationTracker(kube, self._workspaces())
+        self.conversations = ConversationTracker(kube, self._workspaces(), max_conversations)
 
     async def start(self) -> None:
         await self.conversations.start()
@@ -433,7 +436,10 @@ class KubernetesBackend:
         owner = (self._session_name(session), conversation_id)
         if await self.conversations.delete(name, owner):
             return False  # the finalizer finishes the job; status shows progress
-        assert session.endpoint is not None
+        if session.endpoint is None:
+            # Not running, and no resource: nothing was written (a write opens the
+            # conversation's resource first), and no pod is started to find that out.
+            return True
         result = await RuntimeClient(self.http, session.endpoint).delete_conversation(
             conversation_id
         )

@@ -16,6 +16,9 @@ Contract:
   the deletion until the runtime confirmed it gone) is DELETING and refuses writes with
   409 ``conversation_deleting``; the runtime refuses them too while it deletes (its own
   409, relayed). A conversation whose directory exists is READY, else ABSENT.
+- ``delete_conversation`` never starts a runtime: a session that is down has its
+  conversation deleted in this process (the runtime's own ``Workspace`` deletion), under
+  the session's lock so that no runtime starts on the directory meanwhile.
 - ``aclose`` stops every runtime; each child also gets SIGTERM from the kernel if the API
   process dies (``PR_SET_PDEATHSIG``), so no runtime outlives its API.
 """
@@ -43,7 +46,10 @@ import httpx
 from sandbox_workspace.operator.models import FileUploadConfig
 from sandbox_workspace.operator.naming import dns_name
 from sandbox_workspace.runtime.gate import DeletionGate
+from sandbox_workspace.runtime.schemas import ConversationDeleted
+from sandbox_workspace.runtime.workspace import Workspace
 
+from ..quotas import QuotaExceeded
 from ..runtime_client import RuntimeClient
 from .base import (
     ConversationDeleting,
@@ -118,6 +124,16 @@ class _Process:
     error: str = ""
 
 
+def check_conversation_quota(workspace: Path, conversation_id: str, cap: int) -> None:
+    """Refuse a new conversation once ``workspace`` holds ``cap`` (a known one passes)."""
+    if (workspace / conversation_id).is_dir() or not workspace.is_dir():
+        return
+    with os.scandir(workspace) as entries:
+        held = sum(1 for e in entries if e.is_dir() and not e.name.startswith("."))
+    if held >= cap:
+        raise QuotaExceeded("conversations of this user", cap, "conversations_per_user")
+
+
 class LocalBackend:
     def __init__(
         self,
@@ -127,10 +143,12 @@ class LocalBackend:
         bwrap: str | None = None,
         runtime_command: list[str] | None = None,
         runtime_env: dict[str, str] | None = None,
+        max_conversations: int | None = None,
     ) -> None:
         """``bwrap``: path of bubblewrap to present workspaces at /workspace, or None;
         ``runtime_env``: further SANDBOX_RUNTIME_* settings of every runtime (confinement,
-        network)."""
+        network); ``max_conversations``: conversations one session may hold."""
+        self.max_conversations = max_conversations
         self.data_dir = data_dir.resolve()
         self.sessions_dir = self.data_dir / "sessions"
         self.http = http
@@ -259,9 +277,14 @@ class LocalBackend:
         return ConversationPhase.READY if exists else ConversationPhase.ABSENT
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
-        # The runtime creates directories on first write; only a deletion matters here.
+        # The runtime creates directories on first write; a deletion and the cap matter.
         if self._deleting.is_deleting((session.session_id, conversation_id)):
             raise ConversationDeleting(conversation_id)
+        if self.max_conversations is not None:
+            workspace = self.workspace_dir(session.session_id)
+            await asyncio.to_thread(
+                check_conversation_quota, workspace, conversation_id, self.max_conversations
+            )
 
     async def conversation_written(self, session: Session, conversation_id: str) -> None:
         # Deletion here is synchronous and the runtime refuses commits while it deletes:
@@ -279,12 +302,34 @@ class LocalBackend:
         yield StoreFence()
 
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
-        assert session.endpoint is not None
-        with self._deleting.deleting((session.session_id, conversation_id)):
-            result = await RuntimeClient(self.http, session.endpoint).delete_conversation(
-                conversation_id
-            )
+        """Through the running runtime; a session that is down stays down: its workspace
+        is deleted here, under the session's lock (no start or resume meanwhile)."""
+        sid = session.session_id
+        with self._deleting.deleting((sid, conversation_id)):
+            async with self._lock(sid):
+                if sid not in self._records:
+                    return True  # the session went, and its files with it
+                status, endpoint = await self._settled(sid)
+                if status == SessionStatus.RUNNING and endpoint is not None:
+                    result = await RuntimeClient(self.http, endpoint).delete_conversation(
+                        conversation_id
+                    )
+                else:
+                    await self._stop(sid)  # a failed runtime may still be alive
+                    result = await asyncio.to_thread(
+                        _delete_offline, self.workspace_dir(sid), conversation_id
+                    )
         return not result.exists
+
+    async def _settled(self, session_id: str) -> tuple[SessionStatus, RuntimeEndpoint | None]:
+        """The status once a runtime being started is ready or failed (bounded by its
+        start-up timeout)."""
+        deadline = time.monotonic() + _START_TIMEOUT_SECONDS
+        while True:
+            status, _, endpoint = self._status(session_id)
+            if status != SessionStatus.PENDING or time.monotonic() >= deadline:
+                return status, endpoint
+            await asyncio.sleep(_POLL_SECONDS)
 
     # -- processes -----------------------------------------------------------------------
 
@@ -381,6 +426,15 @@ class LocalBackend:
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
+
+
+def _delete_offline(root: Path, conversation_id: str) -> ConversationDeleted:
+    """What the runtime's deletion does (directory and state, verified), with no runtime."""
+    workspace = Workspace(root, str(root))
+    try:
+        return workspace.delete_conversation(conversation_id)
+    finally:
+        workspace.close()
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -49,7 +49,12 @@ from sandbox_workspace.runtime import pathsafe
 from sandbox_workspace.runtime.errors import ApiError, BadRequest
 from sandbox_workspace.runtime.raw_upload import Trailer, encode_trailer
 from sandbox_workspace.runtime.schemas import UploadResult
-from sandbox_workspace.runtime.uploads import html5_unescape, repeated_field_message
+from sandbox_workspace.runtime.uploads import (
+    MAX_FIELD_BYTES,
+    READ_FIELDS,
+    html5_unescape,
+    repeated_field_message,
+)
 from sandbox_workspace.runtime.workspace import Workspace
 from sandbox_workspace.store import ObjectStore
 from sandbox_workspace.store.layout import RESERVED
@@ -60,7 +65,7 @@ from .store_cache import UPLOADS
 _CHUNK = 1024 * 1024
 _QUEUE = 4
 _MAX_PREFIX = 256 * 1024
-_MAX_FIELD = 4096  # the runtime's limit of a form field
+_MAX_FIELD = MAX_FIELD_BYTES  # the runtime's limit of a form field
 _RUNTIME_FIELDS = (b"conversation_id", b"subdir", b"path")  # what a raw trailer carries
 
 
@@ -120,7 +125,7 @@ class _Form(FormField):
             self.filename = params.get(b"filename")
         else:
             self.field_name = name
-            if name in self.fields:
+            if name in self.fields and name.decode("latin-1") in READ_FIELDS:
                 self.invalid, self.repeated = True, name  # the runtime refuses a repeat
                 self.value = None  # and its value is not read
                 return

@@ -30,7 +30,13 @@ from sandbox_workspace.runtime.schemas import ChangedFile, MarksReport, OutputLi
 
 from ..backends.base import Session
 from ..runtime_client import RuntimeClient
-from .context import build_messages, system_prompt, workspace_context_message
+from .context import (
+    build_messages,
+    history_with_context,
+    system_prompt,
+    temparea,
+    workspace_context_message,
+)
 from .llm import Completion, LlmClient, LlmError
 from .progress import Progress
 from .run import Run, RunFailed
@@ -175,10 +181,19 @@ async def _loop(
         system = system_prompt(session.workspace_path, cid, run.session_id, uploads)
         if spec.table is not None:
             system += "\n\n" + await prepare_table(run, tools, spec.table)
+        area = temparea(session.workspace_path, cid)
+
+        def context_of(names: list[str]) -> str | None:
+            # An earlier turn's file may be gone since: its path is where it was.
+            files = [(n, area + n) for n in names]
+            return workspace_context_message(session.workspace_path, cid, run.session_id, files)
+
         messages = build_messages(
             system,
-            spec.history,
-            workspace_context_message(session.workspace_path, cid, run.session_id, selected),
+            history_with_context(spec.history, context_of),
+            workspace_context_message(
+                session.workspace_path, cid, run.session_id, [(f.name, f.path) for f in selected]
+            ),
             spec.query,
         )
         progress = Progress(messages=messages)

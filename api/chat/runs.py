@@ -11,12 +11,15 @@ Contract:
   every event, checkpoint and approval through ``Run.sink`` and makes an event visible to
   followers only once it is stored (``durable``), so every replica shows the same log.
   ``find``/``decide``/``cancel`` reach runs held by other replicas through the store.
+- An id not of the shape runs are given (``run_`` and 32 hex digits) names no run: 404
+  at once, never a store key (``run_x:lease`` addressed another key type: a 500).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 
 from sandbox_workspace.runtime.errors import NotFoundError
@@ -28,6 +31,7 @@ from .runstore.memory import MemoryRunStore
 log = logging.getLogger(__name__)
 
 _PRUNE_EVERY = 1.0
+RUN_ID = re.compile(r"run_[0-9a-f]{32}")  # chat/run.py's ids
 
 
 class RunRegistry:
@@ -48,6 +52,8 @@ class RunRegistry:
     async def find(self, run_id: str, session_id: str) -> Run:
         """``get``, or else a run another replica holds (through the store); 404 if none.
         ``session_id``: the caller's (``Caller.session_id``: tenant and user)."""
+        if not RUN_ID.fullmatch(run_id):
+            raise NotFoundError(f"run '{run_id}' not found")
         try:
             run = self.get(run_id, session_id)
             if run.relay is None:

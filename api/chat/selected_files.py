@@ -9,9 +9,14 @@ Contract: ``/chat``, ``/ui/chat``, ``/ag-ui`` (``forwardedProps.selected_files``
 - a name or path that is not this conversation's temparea (another conversation,
   outputs/, ``..``, ``/etc/passwd``, a name the path rules refuse) is a 400
   ``invalid_selected_file`` saying why;
-- a well-formed name with no session yet is a 404 ``file_not_found``; a name that is not
-  an upload of a running session fails the run (``error`` ``file_not_found``).
-``selected_names`` does the 400/404 part and returns the upload names.
+- a well-formed name that is not an upload of this conversation (no session yet, or a
+  running session's conversation has no such upload: ``routes/chat.py``'s
+  ``refuse_unknown_selected``) is a 404 ``file_not_found`` before any stream; only while
+  the sandbox is still starting does the run check it, failing with ``error``
+  ``file_not_found``.
+``selected_names`` does the 400/404 part and returns the upload names. ``history_names``
+checks an earlier turn's own selection (seed 000 §7.4) the same way, except that its
+files need not exist any more: the turn is rebuilt as it was.
 """
 
 from __future__ import annotations
@@ -126,3 +131,23 @@ def selected_names(
             )
         names.append(parsed.name)
     return names
+
+
+def history_names(
+    cid: str, workspace_path: str | None, selected: list[SelectedFileRef], index: int
+) -> list[str]:
+    """The upload names of ``history[index]``'s selection (400 as ``selected_names``)."""
+    refs = refs_of(selected)
+    try:
+        if workspace_path is not None:
+            return selected_names(cid, workspace_path, selected)
+        # No session: names are checked by the path rules; a path can name nothing here.
+        for ref in refs:
+            if "/" in ref:
+                raise BadRequest(
+                    f"selected file '{ref}' is not in this conversation's temparea",
+                    code="invalid_selected_file",
+                )
+        return [parse_file_ref(ref, cid, "/").name for ref in refs]
+    except BadRequest as e:
+        raise BadRequest(f"history[{index}]: {e.message}", code="invalid_selected_file") from e

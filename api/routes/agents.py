@@ -27,7 +27,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.runtime.errors import BadRequest, Unavailable
+from sandbox_workspace.runtime.errors import BadRequest, NotConfigured
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..chat.agents_stream import EVENT_TYPES, AgentsStream, encode, failed
@@ -42,7 +42,7 @@ from ..openapi import errors, sse
 from ..schemas import json_int
 from ..sse import SSE_HEADERS
 from ..table_source import TableSourceFailed, from_settings, identity_headers
-from .chat import HistoryMessage, _refuse_deleting, launch, require_llm
+from .chat import HistoryMessage, _refuse_deleting, launch, refuse_unknown_selected, require_llm
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])
 MAX_ITERATIONS = 15  # seed 002: maxIterations = 15
@@ -106,7 +106,7 @@ async def agents(
         raise BadRequest("send table_id or tableData, not both", code="invalid_table")
     if body.table_id is not None:
         if not settings.table_source_url:  # this server's configuration, not the request
-            raise Unavailable(
+            raise NotConfigured(
                 "table_id needs a table source (SANDBOX_WORKSPACE_TABLE_SOURCE_URL); send "
                 "tableData instead",
                 code="table_source_not_configured",
@@ -139,6 +139,7 @@ async def agents(
         plan["identity"] = "authorization" if authorization else "user_id"
     await _refuse_deleting(services, existing, cid)
     names = selected_names(cid, workspace, body.selected_files)
+    await refuse_unknown_selected(services, existing, cid, names)
     run = launch(
         services,
         caller,

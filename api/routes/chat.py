@@ -19,18 +19,24 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_workspace.operator.naming import DEFAULT_TENANT, tenant_of
-from sandbox_workspace.runtime.errors import Unavailable
+from sandbox_workspace.runtime.errors import NotConfigured, NotFoundError
 from sandbox_workspace.runtime.workspace import Workspace
 
-from ..backends.base import ConversationDeleting, ConversationPhase, Session
+from ..backends.base import ConversationDeleting, ConversationPhase, Session, SessionStatus
 from ..chat.loop import run_agent
 from ..chat.policy import Policy, effective_policies
 from ..chat.progress import Progress
 from ..chat.run import Run
-from ..chat.selected_files import SelectedFileRef, selected_files_field, selected_names
+from ..chat.selected_files import (
+    MAX_SELECTED,
+    SelectedFileRef,
+    history_names,
+    selected_files_field,
+    selected_names,
+)
 from ..chat.spec import RunSpec, spec_data, spec_from_data
 from ..chat.tools import TOOL_NAMES
 from ..deps import CallerDep, ServicesDep, StreamCallerDep
@@ -38,6 +44,7 @@ from ..event_stream import EventStream
 from ..identity import Caller
 from ..names import conversation_id_schema
 from ..openapi import CHAT_EVENTS, RUN_START_ERRORS, errors, sse
+from ..runtime_client import RuntimeClient
 from ..schemas import StreamToken, json_int
 from ..sse import SSE_HEADERS
 from ..table_source import from_settings, identity_headers
@@ -53,6 +60,20 @@ class HistoryMessage(BaseModel):
 
     role: Literal["user", "assistant"]
     content: str = Field(max_length=200_000)
+    selected_files: list[SelectedFileRef] = Field(
+        default_factory=list,
+        max_length=MAX_SELECTED,
+        strict=True,
+        description="A user turn's own selection (seed 000 §7.4): its context message is "
+        "rebuilt just before it. The same forms as the request's `selected_files`; a file "
+        "deleted since is still named (where it was).",
+    )
+
+    @model_validator(mode="after")
+    def _files_on_user_turns(self) -> HistoryMessage:
+        if self.selected_files and self.role != "user":
+            raise ValueError("selected_files belongs to user turns only")
+        return self
 
 
 class ChatRequest(BaseModel):
@@ -113,6 +134,25 @@ async def _refuse_deleting(services, session: Session | None, cid: str) -> None:
         raise ConversationDeleting(cid)
 
 
+async def refuse_unknown_selected(
+    services, session: Session | None, cid: str, names: list[str]
+) -> None:
+    """A selected name that is not an upload of this conversation (another
+    conversation's, a typo) is 404 ``file_not_found`` before any stream — when the session
+    runs; a sandbox still starting is checked by the run once it is up."""
+    if not names or session is None or session.terminating:
+        return
+    if session.status != SessionStatus.RUNNING or session.endpoint is None:
+        return
+    uploads = await RuntimeClient(services.http, session.endpoint).list_uploads(cid)
+    missing = sorted(set(names) - {f.name for f in uploads.files})
+    if missing:
+        raise NotFoundError(
+            f"selected file(s) {', '.join(missing)} are not uploads of conversation '{cid}'",
+            code="file_not_found",
+        )
+
+
 @router.post(
     "/chat",
     # Documented as Starlette's streaming response (which leaves the error bodies
@@ -130,7 +170,7 @@ async def chat(body: ChatRequest, caller: CallerDep, services: ServicesDep) -> E
 def require_llm(services):
     """The configured model, or 503 naming the settings to set."""
     if services.llm is None:
-        raise Unavailable(
+        raise NotConfigured(
             "chat needs a model: set SANDBOX_WORKSPACE_LLM_MODEL and "
             "SANDBOX_WORKSPACE_LLM_BASE_URL (SANDBOX_WORKSPACE_LLM_PROVIDER=anthropic: "
             "the base URL defaults to Anthropic's), and SANDBOX_WORKSPACE_LLM_API_KEY if "
@@ -152,13 +192,22 @@ async def start_run(body: ChatRequest, caller: Caller, services) -> Run:
     await _refuse_deleting(services, existing, cid)
     workspace = existing.workspace_path if existing is not None else None
     names = selected_names(cid, workspace, body.selected_files)
+    await refuse_unknown_selected(services, existing, cid, names)
+    history = [
+        {
+            "role": m.role,
+            "content": m.content,
+            "selected_files": history_names(cid, workspace, m.selected_files, i),
+        }
+        for i, m in enumerate(body.history)
+    ]
     return launch(
         services,
         caller,
         cid,
         llm,
         query=body.query,
-        history=[m.model_dump() for m in body.history],
+        history=history,
         selected_files=names,
         policies=policies,
         max_iterations=body.max_iterations or settings.chat_max_iterations,
@@ -203,9 +252,15 @@ def launch(
         table=table,
         write_table=write_table,
     )
-    run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
-    services.runs.add(run, spec_data(spec))
-    run.task = services.spawn(run_agent(run, spec, llm, services.http))
+    release = services.user_limits.runs.take(session_id)  # 429 when at the cap
+    try:
+        run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
+        services.runs.add(run, spec_data(spec))
+        run.task = services.spawn(run_agent(run, spec, llm, services.http))
+    except BaseException:
+        release()
+        raise
+    run.task.add_done_callback(lambda _: release())  # the slot is held while it runs
     return run
 
 
@@ -281,7 +336,10 @@ async def run_events(
     `POST /runs/{run_id}/stream-token`."""
     run = await services.runs.find(run_id, caller.session_id)
     position = after if after is not None else int(last_event_id or 0)
-    return _stream(run, position, services.settings.chat_keepalive_seconds)
+    release = services.user_limits.followers.take(caller.session_id)  # 429 when at the cap
+    stream = _stream(run, position, services.settings.chat_keepalive_seconds)
+    stream.on_close = release
+    return stream
 
 
 @router.post("/runs/{run_id}/stream-token", responses=errors(404))

@@ -3,13 +3,15 @@
 Once a deletion is accepted the conversation refuses writes (409
 ``conversation_deleting``) until its files are verified gone, and its open chat runs
 are cancelled (their streams end with ``error`` ``conversation_deleted``, then ``done``).
+The session is never started for it: a stopped one stays stopped (seed 000 §4.3), and
+deleting in a session that does not exist is a success (nothing is there).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 
+from sandbox_workspace.runtime.errors import JSONLineResponse
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..deps import CallerDep, ServicesDep
@@ -30,13 +32,16 @@ async def delete_conversation(
     conversation_id: ConversationIdPath,
     caller: CallerDep,
     services: ServicesDep,
-) -> JSONResponse:
+) -> JSONLineResponse:
     """Delete every file of the conversation: 200 when verified gone, 202 while deleting."""
     cid = Workspace.check_conversation_id(conversation_id)
-    session = await services.sessions.ensure_running(caller, session_id)
-    done = await services.backend.delete_conversation(session, cid)
-    services.runs.cancel_conversation(session.session_id, cid)
+    sid = services.sessions.own_session_id(caller, session_id)
+    # Never started for this (seed 000 §4.3: no side effects): a stopped session stays
+    # stopped; a missing one has no files, so a repeat after it went is a success too.
+    session = await services.sessions.find(caller, session_id)
+    done = session is None or await services.backend.delete_conversation(session, cid)
+    services.runs.cancel_conversation(sid, cid)
     body = ConversationDeletion(
-        session_id=session.session_id, conversation_id=cid, status="deleted" if done else "deleting"
+        session_id=sid, conversation_id=cid, status="deleted" if done else "deleting"
     )
-    return JSONResponse(body.model_dump(), status_code=200 if done else 202)
+    return JSONLineResponse(body.model_dump(), status_code=200 if done else 202)

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ConfigDict, Field
+from starlette.background import BackgroundTask
 
 from sandbox_workspace.runtime.errors import ApiError, BadGateway
 from sandbox_workspace.runtime.schemas import (
@@ -70,26 +71,44 @@ async def execute(
 ):
     """Run code in the conversation's directory (Python keeps state between calls)."""
     cid = Workspace.check_conversation_id(body.conversation_id)
-    session = await services.sessions.ensure_running(caller, session_id)
-    assert session.endpoint is not None
-    await services.backend.conversation_opened(session, cid)
-    client = RuntimeClient(services.http, session.endpoint)
-    request = ExecuteRequest(language=body.language, code=body.code, timeout=body.timeout)
-    if not body.stream:
-        # Relayed byte for byte: the runtime already produced a valid ExecutionResult.
-        raw = await client.execute_raw(cid, request)
-        await services.backend.conversation_written(session, cid)
-        return Response(raw, media_type="application/json")
-    events = _then(client.execute_stream(cid, request), services.backend, session, cid)
-    try:  # errors before the first event still get a proper status code
-        first = await anext(events)
-    except StopAsyncIteration:
-        raise BadGateway("the sandbox runtime ended the stream without a result") from None
+    release = services.user_limits.executions.take(caller.session_id)  # 429 at the cap
+    streaming = False
+    try:
+        session = await services.sessions.ensure_running(caller, session_id)
+        assert session.endpoint is not None
+        await services.backend.conversation_opened(session, cid)
+        client = RuntimeClient(services.http, session.endpoint)
+        request = ExecuteRequest(language=body.language, code=body.code, timeout=body.timeout)
+        if not body.stream:
+            # Relayed byte for byte: the runtime already produced a valid ExecutionResult.
+            raw = await client.execute_raw(cid, request)
+            await services.backend.conversation_written(session, cid)
+            return Response(raw, media_type="application/json")
+        events = _then(client.execute_stream(cid, request), services.backend, session, cid)
+        try:  # errors before the first event still get a proper status code
+            first = await anext(events)
+        except StopAsyncIteration:
+            raise BadGateway("the sandbox runtime ended the stream without a result") from None
+        streaming = True
+    finally:
+        if not streaming:
+            release()
+    # The slot is held until the stream ends: released by its end, or by the background
+    # task when the stream never started (both may run: a release is idempotent).
     return StreamingResponse(
-        with_keepalive(_sse(first, events), KEEPALIVE_SECONDS),
+        with_keepalive(_released(_sse(first, events), release), KEEPALIVE_SECONDS),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
+        background=BackgroundTask(release),
     )
+
+
+async def _released(stream: AsyncIterator[bytes], release) -> AsyncIterator[bytes]:
+    try:
+        async for frame in stream:
+            yield frame
+    finally:
+        release()
 
 
 async def _then(

@@ -49,14 +49,14 @@ import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.runtime.errors import ApiError, NotFoundError
+from sandbox_workspace.runtime.errors import ApiError, JSONLineResponse, NotFoundError
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import ConversationDeleting, ConversationPhase, Session, SessionStatus
+from ..backends.store_backend import conversation_exists
 from ..chat.table_agent import conversation_root, write_command
 from ..chat.table_run import check_read_only_enforced
 from ..deps import CallerDep, ServicesDep
@@ -117,11 +117,11 @@ class SandboxAnswer(BaseModel):
     data: Any = None
 
 
-def _failure(e: ApiError) -> JSONResponse:
+def _failure(e: ApiError) -> JSONLineResponse:
     body = SandboxAnswer(success=False, error=e.message, data={"code": e.code})
     retry = e.retry_after or (RETRY_AFTER_SECONDS if e.status in (429, 503) else None)
     headers = {"Retry-After": str(retry)} if retry else None
-    return JSONResponse(body.model_dump(), status_code=e.status, headers=headers)
+    return JSONLineResponse(body.model_dump(), status_code=e.status, headers=headers)
 
 
 class _Sandbox:
@@ -131,8 +131,9 @@ class _Sandbox:
         self.services, self.caller = services, caller
         self.cid = Workspace.check_conversation_id(cid)
         self.session_id = caller.session_id
-        # Only the store needs the top-level files mirrored under outputs/ (see above).
-        self.mirrored = services.settings.store == "s3"
+        # Only where a refill loses the top level (the store's cache) are its files
+        # mirrored under outputs/ (see above); the file service says which.
+        self.mirrored = not services.files.top_level_kept
 
     async def running(self) -> tuple[Session, RuntimeClient]:
         session = await self.services.sessions.ensure_running(self.caller, self.session_id)
@@ -164,7 +165,10 @@ class _Sandbox:
                 except ValueError:
                     state = {"readonly": True}  # unreadable: keep the stricter reading
                 return {"readonly": bool(state.get("readonly")), "has_data": rest.strip() == "+"}
-        raise NotFoundError(f"no sandbox '{self.cid}': start it first", code="sandbox_not_found")
+        raise self._not_started()
+
+    def _not_started(self) -> NotFoundError:
+        return NotFoundError(f"no sandbox '{self.cid}': start it first", code="sandbox_not_found")
 
     async def start(self, body: StartAction) -> SandboxAnswer:
         session, client = await self.running()
@@ -205,7 +209,11 @@ class _Sandbox:
 
     async def read(self, _: ReadAction) -> SandboxAnswer:
         session, client = await self.running()
-        await self.services.backend.conversation_opened(session, self.cid)
+        backend = self.services.backend
+        if not await conversation_exists(backend, session, self.cid):
+            # A read creates nothing (no resource for an id nobody started).
+            raise self._not_started()
+        await backend.conversation_opened(session, self.cid)
         state = await self._state(client)
         if not state["has_data"]:
             raise NotFoundError(f"sandbox '{self.cid}' has no data.json", code="data_not_found")

@@ -20,7 +20,8 @@ router = APIRouter(prefix="/api/v1/sessions", tags=["sessions"])
 async def create_session(
     body: CreateSessionRequest, caller: CallerDep, services: ServicesDep
 ) -> SessionResponse:
-    """Create the caller's session (409 when it exists); answers while it starts."""
+    """Create the caller's session; answers while it starts. 409 when it exists — a
+    stopped or failed one is resumed first, so its next GET says ``pending``."""
     own = caller.session_id
     if body.user_id is not None and body.user_id != caller.user_id:
         raise Forbidden(
@@ -47,7 +48,7 @@ async def create_session(
         file_upload=upload,
         ttl_seconds=body.config.ttl or services.settings.session_ttl_seconds,
     )
-    return SessionResponse.of(await services.backend.create_session(spec))
+    return SessionResponse.of(await services.sessions.create(spec))
 
 
 @router.get("/{session_id}", responses=errors(404))

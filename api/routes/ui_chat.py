@@ -196,4 +196,7 @@ async def ui_chat_stream(chat_id: str, caller: CallerDep, services: ServicesDep)
         return Response(status_code=204)
     decided = await decided_approvals(services.runs.store, run)
     translator = UiMessageStream(run.id, entry.message_id, _metadata(run), decided=decided)
-    return _respond(run, translator, 0, services.settings.chat_keepalive_seconds)
+    release = services.user_limits.followers.take(caller.session_id)  # 429 when at the cap
+    stream = _respond(run, translator, 0, services.settings.chat_keepalive_seconds)
+    stream.on_close = release
+    return stream

@@ -36,6 +36,10 @@ async function fileUrl(url) {
 async function applyIdentity() {
   const config = await fetch("config.json").then((r) => r.json()).catch(() => ({}));
   $("token-field").hidden = config.auth_mode === "dev";
+  // Which model answers, before the first message (none: chat answers 503).
+  $("model").textContent = config.model
+    ? `Answered by: ${config.model}`
+    : "No model is configured: chat needs SANDBOX_WORKSPACE_LLM_MODEL and SANDBOX_WORKSPACE_LLM_BASE_URL.";
   $("user").value = api.user;
   $("token").value = api.token;
   await refreshSession();
@@ -138,7 +142,7 @@ async function refreshUploads() {
   if (conversation) {
     try {
       const listing = await api.call("GET", `${api.sessionUrl}/files?conversation_id=${encodeURIComponent(conversation)}`);
-      files = listing.files;
+      files = listing.items; // the files; listing.files holds their names (seed 000 §6.3)
     } catch (e) {
       if (e.status !== 404) showError(e);
     }

@@ -46,6 +46,8 @@ def chat_server(start_server, scripted_llm_server):
             SANDBOX_WORKSPACE_CHAT_APPROVAL_TIMEOUT_SECONDS="30",
             SANDBOX_WORKSPACE_CHAT_KEEPALIVE_SECONDS="0.5",
             SANDBOX_WORKSPACE_LLM_TIMEOUT_SECONDS="3",
+            # test_hundred_concurrent_runs: one user's hundred runs at once.
+            SANDBOX_WORKSPACE_QUOTAS__RUNS_PER_USER="100",
         ),
     )
 

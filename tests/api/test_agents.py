@@ -261,6 +261,7 @@ def test_without_nodes_the_file_tools_work_in_the_working_directory(
 def test_bad_requests(agents, body, status, code):
     r = agents.post("/api/v1/agents", json={"prompt": "p", "conversation_id": "c", **body})
     assert (r.status_code, r.json()["error"]["code"]) == (status, code), r.text
+    assert "retry-after" not in r.headers  # none of these is cured by waiting
 
 
 def test_run_failure_ends_with_error_then_result(agents, scripted_llm):

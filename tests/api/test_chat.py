@@ -67,8 +67,8 @@ def test_run_reads_the_uploaded_csv_at_its_real_path(chat, user, scripted_llm):
     # context message, and the query untouched.
     messages = scripted_llm.requests[0]["messages"]
     assert path in messages[0]["content"] and messages[0]["role"] == "system"
-    assert messages[-2]["role"] == "user" and "Available files:" in messages[-2]["content"]
-    assert f"- sales.csv ({path})" in messages[-2]["content"]
+    assert messages[-2]["role"] == "user" and "Available files" in messages[-2]["content"]
+    assert f'- "sales.csv" ("{path}")' in messages[-2]["content"]
     assert messages[-1] == {"role": "user", "content": "What is the total of v?"}
     assert {t["function"]["name"] for t in scripted_llm.requests[0]["tools"]} >= {
         "execute_code",
@@ -291,10 +291,13 @@ def test_selected_files_must_be_this_conversations_uploads(chat, user, scripted_
             json={"query": "q", "conversation_id": "c", "selected_files": [{"file_name": bad}]},
         )
         assert r.status_code == 400, (bad, r.text)
-    # A well-formed name that is not an upload fails the run, not the request.
-    with start_chat(chat, selected_files=["missing.csv"]) as r:
-        events = Stream(r).rest()
-    assert events[-2][2]["code"] == "file_not_found"
+    # A well-formed name that is not an upload of a running session is refused before
+    # any stream, as docs/api.md says (404, not an error inside a 200).
+    r = chat.post(
+        "/api/v1/chat",
+        json={"query": "q", "conversation_id": "c", "selected_files": ["missing.csv"]},
+    )
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "file_not_found"), r.text
 
 
 @pytest.mark.parametrize(

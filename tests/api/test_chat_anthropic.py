@@ -70,7 +70,7 @@ def test_a_run_with_a_tool_call_reads_the_upload_and_answers(chat, user, scripte
     assert all(m["role"] in ("user", "assistant") for m in first["messages"])
     [turn] = first["messages"]  # the context message and the query: one user turn
     assert [b["text"] for b in turn["content"]][-1] == "Total of v?"
-    assert f"- sales.csv ({path})" in turn["content"][0]["text"]
+    assert f'- "sales.csv" ("{path}")' in turn["content"][0]["text"]
     assert {t["name"] for t in first["tools"]} >= {"execute_code", "bash", "read_file"}
     assert all("input_schema" in t for t in first["tools"])
     call, result_turn = second["messages"][-2:]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from hostile_code import ATTACKS, play, run_hostile_suite
+from polling import wait_for
 
 from sandbox_workspace.runtime import landlock
 
@@ -101,11 +101,7 @@ def _pids_with(marker: str) -> list[int]:
 
 
 def _wait(condition, what: str, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-    return value
+    return wait_for(condition, what, timeout)
 
 
 @needs_landlock

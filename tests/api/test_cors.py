@@ -47,6 +47,27 @@ def test_preflight_from_another_origin_is_refused(cors_server):
     r = preflight(f"{cors_server.url}/api/v1/sessions/sb-session-u/files", "https://evil.example")
     assert r.status_code == 400
     assert "access-control-allow-origin" not in r.headers
+    # The API's error model, like every other refusal, saying what was refused.
+    error = r.json()["error"]
+    assert error["code"] == "cors_refused" and "origin" in error["message"], error
+
+
+def test_preflight_of_every_route_a_browser_frontend_calls(cors_server):
+    """PATCH (update_workspace), a tenant's X-Tenant-Id and W3C traceparent are allowed;
+    X-File-Version (download_workspace_file) is readable."""
+    r = httpx.options(
+        f"{cors_server.url}/api/v1/sessions/sb-session-u/workspace/c1",
+        headers={
+            "Origin": ORIGIN,
+            "Access-Control-Request-Method": "PATCH",
+            "Access-Control-Request-Headers": "x-tenant-id, traceparent, content-type",
+        },
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    assert "PATCH" in r.headers["access-control-allow-methods"]
+    r = httpx.get(f"{cors_server.url}/healthz", headers={"Origin": ORIGIN})
+    assert "x-file-version" in r.headers["access-control-expose-headers"].lower()
 
 
 def test_answers_and_errors_carry_cors_headers(cors_server):

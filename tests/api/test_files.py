@@ -34,7 +34,9 @@ def upload(
 def listing(api: httpx.Client, session_url: str, cid: str) -> list[dict]:
     r = api.get(f"{session_url}/files", headers={"conversation_id": cid, "subdir": "temparea"})
     assert r.status_code == 200, r.text
-    return r.json()["files"]
+    body = r.json()
+    assert body["files"] == [f["name"] for f in body["items"]]  # names, as seed 000 §6.3
+    return body["items"]
 
 
 def workspace_of(api: httpx.Client, session_url: str) -> Path:
@@ -241,7 +243,8 @@ def test_list_without_conversation_covers_the_session(api, session_url):
     r = api.get(f"{session_url}/files")
     assert r.status_code == 200, r.text
     assert "conversation_id" not in r.json()
-    assert sorted((f["conversation_id"], f["name"]) for f in r.json()["files"]) == [
+    assert sorted(r.json()["files"]) == ["a.csv", "b.csv"]  # names, as seed 000 §6.3
+    assert sorted((f["conversation_id"], f["name"]) for f in r.json()["items"]) == [
         ("c1", "a.csv"),
         ("c2", "b.csv"),
     ]
@@ -357,3 +360,14 @@ def test_a_repeated_form_field_is_a_400_naming_it(api, session_url, fields, fiel
     for cid in ("c", "c1", "c2"):
         listing = api.get(f"{session_url}/files", params={"conversation_id": cid})
         assert listing.json()["files"] == [], listing.text
+
+
+def test_a_repeated_field_no_route_reads_is_ignored(api, session_url):
+    """The document allows fields beyond the declared ones, and they are ignored: sent
+    twice too (the contract fuzzer sent an extra field as a list, i.e. repeated)."""
+    r = api.post(
+        f"{session_url}/files/upload",
+        data={"conversation_id": "c", "extra": ["x", "y"]},
+        files={"file": ("a.csv", b"x")},
+    )
+    assert r.status_code == 201, r.text

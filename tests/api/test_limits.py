@@ -88,13 +88,15 @@ def test_a_process_tree_past_the_memory_limit_is_killed(lim):
 def test_python_cpu_spin_past_the_cpu_limit_is_stopped(lim):
     api, url = lim
     _with_neighbour(api, url)
+    run(api, url, "small = 41", cid="a")
     result = run(api, url, "while True: pass", cid="a", timeout=60)
     assert result["error"]["code"] == "cpu_limit_exceeded", result
     assert result["error"]["name"] == "CpuLimitExceeded"
     assert result["duration_ms"] < 20_000
+    assert result["kernel_restarted"] is True  # 'small' of an earlier cell is gone
     # The next cell starts a fresh interpreter, and its CPU is counted afresh.
     again = run(api, url, "sum(range(1000))", cid="a")
-    assert again["kernel_restarted"] is True and again["error"] is None
+    assert again["kernel_restarted"] is False and again["error"] is None
     _neighbour_is_intact(api, url)
 
 
@@ -121,6 +123,19 @@ def test_a_file_past_the_file_size_limit(lim):
     sh = run(api, url, "head -c 2M /dev/zero > big2", cid="a", language="bash")
     assert sh["error"]["code"] == "file_too_large", sh
     _neighbour_is_intact(api, url)
+
+
+def test_a_bash_script_that_carries_on_after_the_file_size_limit(lim):
+    """As docs/api.md says: the limit stops the write and kills the tool (exit 153, bash
+    names the signal on stderr); the script's own outcome is the answer."""
+    api, url = lim
+    code = "head -c 2M /dev/zero > big; echo status=$?; echo after"
+    sh = run(api, url, code, cid="a", language="bash")
+    assert sh["exit_code"] == 0 and sh["error"] is None, sh
+    assert sh["stdout"] == "status=153\nafter\n", sh
+    assert "File size limit exceeded" in sh["stderr"], sh
+    strict = run(api, url, "set -e\n" + code, cid="a", language="bash")
+    assert strict["error"]["code"] == "file_too_large", strict
 
 
 def test_a_conversation_past_its_quota_is_stopped(lim):

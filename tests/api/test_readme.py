@@ -30,7 +30,7 @@ def test_readme_walkthrough_works_as_written(start_server, tmp_path):
     shown = "/workspace" if shutil.which("bwrap") else str(workspace)
     assert f'"path":"{shown}/conv456/uploads/temparea/weather.csv"' in out
     assert '"status":"running"' in out
-    assert '"files":[{"name":"weather.csv"' in out
+    assert '"files":["weather.csv"]' in out  # names; "items" the files (seed 000 §6.3)
     assert "identical" in out
     assert '"status":"deleted"' in out
     assert '"deleted":true' in out

@@ -71,7 +71,7 @@ def test_every_shape_selects_the_upload_on_every_route(chat, uploaded, scripted_
         assert r.status_code == 200, r.read()
         r.read()  # the whole stream: the run has asked the model by then
     context = scripted_llm.requests[0]["messages"][-2]
-    assert context["role"] == "user" and f"- a.csv ({uploaded})" in context["content"]
+    assert context["role"] == "user" and f'- "a.csv" ("{uploaded}")' in context["content"]
 
 
 BAD = [
@@ -109,3 +109,19 @@ def test_not_a_list_and_too_many_are_422_everywhere(chat, route):
     for selected in ("a.csv", ["a.csv"] * 101):
         r = chat.post(path, json=body(selected))
         assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_request"), r.text
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_another_conversations_upload_by_name_is_404_before_any_stream(chat, uploaded, user, route):
+    """docs/api.md (agent chat): a name that is not an upload of *this* conversation is
+    refused before the run starts, like a misplaced path (400) is."""
+    path, body = ROUTES[route]
+    r = chat.post(
+        f"/api/v1/sessions/sb-session-{user}/files/upload",
+        files={"file": ("elsewhere.csv", b"x\n1\n")},
+        data={"conversation_id": "other"},
+    )
+    assert r.status_code == 201, r.text
+    r = chat.post(path, json=body(["elsewhere.csv"]))
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "file_not_found"), r.text
+    assert "not uploads of conversation 'c'" in r.json()["error"]["message"]

@@ -53,7 +53,7 @@ def test_path_names_the_file_and_the_object_is_the_one_recorded(api, store_serve
     assert record["checksum"] == hashlib.sha256(body).hexdigest()
     # The cache has it at its path (the agent's view), the store at its key.
     listing = api.get(f"/api/v1/sessions/{SID}/files", params={"conversation_id": "p1"}).json()
-    assert [f["name"] for f in listing["files"]] == ["table.csv"]
+    assert listing["files"] == ["table.csv"]
     doc = manifest(seaweedfs, bucket, SID, "p1")
     [stored] = [f for f in doc["files"] if f["file_id"] == record["file_id"]]
     key = f"workspaces/default/{SID}/p1/uploads/temparea/table.csv"
@@ -120,7 +120,7 @@ def test_path_after_the_file_names_it_too(api):
     r = api.post(url, content=form("../c.txt"), headers=headers)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path", r.text
     listing = api.get(f"/api/v1/sessions/{SID}/files", params={"conversation_id": "order"})
-    assert [f["name"] for f in listing.json()["files"]] == ["b.txt"]
+    assert listing.json()["files"] == ["b.txt"]
 
 
 def test_an_upload_the_runtime_refuses_leaves_no_object(api, store_server, seaweedfs):
@@ -284,6 +284,14 @@ REPEATED_FIELD_FORMS = [
 ]
 
 
+def _upload_url(route: str, cid: str) -> str:
+    return {
+        "workspace": f"/api/v1/sessions/{SID}/workspace/{cid}/files",
+        "tenant": f"/api/tenants/default/workspace/{cid}/files",
+        "v1": f"/api/v1/sessions/{SID}/files/upload?conversation_id={cid}",
+    }[route]
+
+
 @pytest.mark.parametrize("route", ["workspace", "tenant", "v1"])
 @pytest.mark.parametrize(("parts", "field"), REPEATED_FIELD_FORMS)
 def test_a_repeated_form_field_is_a_400_on_every_upload_route(
@@ -293,11 +301,7 @@ def test_a_repeated_form_field_is_a_400_on_every_upload_route(
     never one of its values picked — and nothing lands in the cache or the store."""
     _, bucket = store_server
     cid = f"repeated-{route}"
-    url = {
-        "workspace": f"/api/v1/sessions/{SID}/workspace/{cid}/files",
-        "tenant": f"/api/tenants/default/workspace/{cid}/files",
-        "v1": f"/api/v1/sessions/{SID}/files/upload?conversation_id={cid}",
-    }[route]
+    url = _upload_url(route, cid)
     r = api.post(
         url, content=_form(parts), headers={"content-type": "multipart/form-data; boundary=rep34t"}
     )
@@ -306,3 +310,16 @@ def test_a_repeated_form_field_is_a_400_on_every_upload_route(
     listing = api.get(f"/api/v1/sessions/{SID}/files", params={"conversation_id": cid})
     assert listing.json()["files"] == []
     assert objects(seaweedfs, bucket, f"workspaces/default/{SID}/{cid}/uploads/") == []
+
+
+@pytest.mark.parametrize("route", ["workspace", "tenant", "v1"])
+def test_a_repeated_field_no_route_reads_is_ignored_on_every_upload_route(api, store_server, route):
+    """Fields beyond the declared ones are allowed and ignored, sent twice too (the
+    contract fuzzer's extra property sent as a list)."""
+    cid = f"extra-{route}"
+    url = _upload_url(route, cid)
+    parts = [("extra", None, "x"), ("file", "f.txt", "x" * 1000), ("extra", None, "y")]
+    r = api.post(
+        url, content=_form(parts), headers={"content-type": "multipart/form-data; boundary=rep34t"}
+    )
+    assert r.status_code == 201, r.text

@@ -91,6 +91,8 @@ def test_upload_ask_approve_chart_download_delete(page, ui_server, tmp_path):
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
         sign_in(page, ui_server.url, user)
+        # Which model answers is on the page before the first message.
+        expect(page.locator("#model")).to_have_text("Answered by: scripted")
         new_conversation(page, "sales-review")
 
         # Upload with progress; the list shows name, size, time and sha256.

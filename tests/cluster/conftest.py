@@ -3,7 +3,8 @@
 - ``kube_control_plane`` (session): etcd + kube-apiserver + kube-controller-manager,
   built on first use by scripts/build-kube.sh; ``.server``, ``.token`` (admin; alias
   ``.admin_token``),
-  ``.kubeconfig``, ``.ca_file``. Applies ``crds/*.yaml`` when that directory exists.
+  ``.kubeconfig``, ``.ca_file``. Applies ``crds/*.yaml`` when that directory exists,
+  then waits until the garbage collector watches their kinds (``wait_gc_monitors``).
 - ``kube_api`` (session): a thin REST client (``kubeenv.KubeClient``) as admin.
 - ``namespace`` (function): a fresh namespace per test, deleted afterwards;
   ``make_namespace`` creates more.
@@ -95,6 +96,53 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+GC_PROBE_NAMESPACE = "gc-probe"
+
+
+def wait_gc_monitors(api: KubeClient, timeout: float = 90.0) -> None:
+    """Return once the garbage collector watches the CRDs' kinds.
+
+    kube-controller-manager's garbage collector discovers new kinds only on its periodic
+    resync (every 30 s). Before then it cannot see a session being deleted nor the
+    workspaces it owns; when it catches up, an ``Orphan`` deletion only orphans the
+    dependents already in its graph, and it then deletes the rest as children of an owner
+    that no longer exists (seen: a session deleted with ``propagationPolicy: Orphan``
+    30 s after the CRDs were applied lost cws-c2, and so c2's files). So: objects of each
+    kind owned by a ConfigMap; the ConfigMap deleted; their going proves the collector
+    watches the kind (it acts only on objects its informers have seen).
+    """
+    base = f"/apis/sandboxworkspace.io/v1alpha1/namespaces/{GC_PROBE_NAMESPACE}"
+    api.create("/api/v1/namespaces", {"metadata": {"name": GC_PROBE_NAMESPACE}})
+    owner = api.create(
+        f"/api/v1/namespaces/{GC_PROBE_NAMESPACE}/configmaps", {"metadata": {"name": "owner"}}
+    )
+    ref = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "owner",
+        "uid": owner["metadata"]["uid"],
+    }
+    probes = {
+        "sandboxsessions": ("SandboxSession", {"userId": "gc-probe"}),
+        "conversationworkspaces": (
+            "ConversationWorkspace",
+            {"conversationId": "gc-probe", "sessionRef": "gc-probe"},
+        ),
+    }
+    for plural, (kind, spec) in probes.items():
+        body = {
+            "apiVersion": "sandboxworkspace.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": "gc-probe", "ownerReferences": [ref]},
+            "spec": spec,
+        }
+        api.create(f"{base}/{plural}", body)
+    api.delete(f"/api/v1/namespaces/{GC_PROBE_NAMESPACE}/configmaps/owner")
+    for plural in probes:
+        api.wait_gone(f"{base}/{plural}/gc-probe", timeout=timeout)
+    api.delete(f"/api/v1/namespaces/{GC_PROBE_NAMESPACE}")
+
+
 @pytest.fixture(scope="session")
 def kube_control_plane(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -112,6 +160,8 @@ def kube_control_plane(
         crds = REPO_ROOT / "crds"
         if crds.is_dir() and any(crds.glob("*.yaml")):
             plane.apply_crds(crds)
+            with plane.client() as api:
+                wait_gc_monitors(api)
         yield plane
     finally:
         plane.stop()

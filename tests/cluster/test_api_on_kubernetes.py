@@ -19,7 +19,9 @@ import httpx
 import pytest
 from kubeenv.processes import clean_env
 from kubeenv.stack import Stack
+from operator_env import sbs_path, wait_phase
 from scripted_llm import Reply, ScriptedLLM, text_reply, tool_reply, tool_results
+from seed_client import SeedClient, assert_recovered
 
 pytestmark = pytest.mark.cluster
 
@@ -28,6 +30,8 @@ SUITE = [
     "tests/api/test_files.py",
     "tests/api/test_sessions.py",
     "tests/api/test_execute.py",
+    # Seed 000 §3.2's client: new user, running, three first uses at once.
+    "tests/api/test_seed_ensure.py",
     "tests/api/test_hostile_paths.py::test_api_download_and_delete_by_hostile_path",
     "tests/api/test_hostile_paths.py::test_api_list_download_delete_with_hostile_conversation_id",
     # Conversation state (the kubernetes backend's conversation_phase) and bare names.
@@ -158,3 +162,27 @@ def test_open_chat_run_awaiting_approval_counts_as_session_activity(
         assert approved.status_code == 200, approved.text
         rest = [line[7:] for line in lines if line.startswith("event: ")]
     assert rest[-2:] == ["result", "done"]
+
+
+def test_seed_client_recovers_a_session_stopped_for_idleness(kubernetes_api, kube_api, namespace):
+    """Seed 000 §3.2's EnsureSandboxSession after the operator's idle stop: GET stopped,
+    POST 409 (its resume started), then pending — never stopped — and running; the files
+    are kept (the session's volume)."""
+    user = "seed-idle"
+    sid = f"sb-session-{user}"
+    path = sbs_path(namespace, sid)
+    with httpx.Client(base_url=kubernetes_api, headers={"X-User-Id": user}, timeout=120) as api:
+        r = api.post(
+            f"/api/v1/sessions/{sid}/files/upload",
+            files={"file": ("keep.csv", b"kept")},
+            data={"conversation_id": "c"},
+        )
+        assert r.status_code == 201, r.text
+        kube_api.patch(path, {"spec": {"idleTimeoutSeconds": 2}})
+        wait_phase(kube_api, path, "Stopped", timeout=60)
+        kube_api.patch(path, {"spec": {"idleTimeoutSeconds": 3600}})  # not stopped again
+        seed = SeedClient(api, user)
+        assert seed.ensure(sid) == sid
+        assert_recovered(seed, "stopped")
+        got = api.get(f"/api/v1/sessions/{sid}/files/keep.csv", params={"conversation_id": "c"})
+        assert got.status_code == 200 and got.content == b"kept"

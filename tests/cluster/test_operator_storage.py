@@ -112,19 +112,33 @@ def test_orphaned_claim_keeps_the_finalizer_until_a_runtime_deleted_the_files(
         body={"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Orphan"},
     )
     kube_api.wait_gone(sbs_path(namespace, SESSION), timeout=TIMEOUT)
-    wait_until(
-        lambda: not owners(kube_api.get(claim_path(namespace))),
-        timeout=TIMEOUT,
-        message="the claim to be orphaned",
-    )
+    # The garbage collector strips the owner references (it removes its orphan finalizer
+    # only after that, but wait for what the rest depends on rather than assume it).
+    for path in (
+        claim_path(namespace),
+        cws_path(namespace, "cws-c1"),
+        cws_path(namespace, "cws-c2"),
+    ):
+        wait_until(
+            lambda path=path: not owners(kube_api.get(path)),
+            timeout=TIMEOUT,
+            message=f"{path} to be orphaned",
+        )
     assert (root / "c1").exists()  # the session object is gone; the files are not
 
     kube_api.delete(cws_path(namespace, "cws-c1"))
     kube_api.wait_gone(cws_path(namespace, "cws-c1"), timeout=TIMEOUT)
     assert not (root / "c1").exists()  # released only once a runtime deleted them
     assert (root / "c2" / "uploads" / "temparea" / "data.csv").exists()  # only c1's
-    events = kube_api.list(f"/api/v1/namespaces/{namespace}/events")
-    assert any(e["reason"] == "CleanupPod" for e in events)
+    # kopf posts Events from a queue of its own: wait for it, never read it once.
+    wait_until(
+        lambda: any(
+            e["reason"] == "CleanupPod"
+            for e in kube_api.list(f"/api/v1/namespaces/{namespace}/events")
+        ),
+        timeout=TIMEOUT,
+        message="the CleanupPod event",
+    )
     kube_api.wait_gone(pod_path(namespace, cleanup_pod_name(CLAIM)), timeout=TIMEOUT)
 
     # The same user's session again: the old pod is replaced, the orphaned claim adopted.

@@ -13,6 +13,7 @@ import pytest
 from kubeenv.client import wait_until
 from nodeenv.release import SESSIONS
 from scripted_llm import Reply, text_reply, tool_reply, tool_results
+from seed_client import SeedClient, assert_recovered
 from sessions import SBS, container_id, get
 
 from sandbox_workspace.operator import naming
@@ -92,6 +93,20 @@ def test_idle_stop_keeps_the_claim_and_resume_brings_the_files_back(session, kub
     assert out["stdout"].strip() == "result 42"
     assert session.pod()["metadata"]["uid"] != first_pod
     assert session.claim()["metadata"]["uid"] == claim["metadata"]["uid"]
+
+
+def test_seed_client_recovers_a_session_stopped_for_idleness(session, kube):
+    """Seed 000 §3.2's EnsureSandboxSession, ported literally, after a real idle stop:
+    GET stopped, POST 409 (its resume started), then pending, running; files kept."""
+    session.upload("seed", "keep.csv", b"kept")
+    kube.patch(f"{SBS}/{session.name}", {"spec": {"idleTimeoutSeconds": 2}})
+    session.wait_phase("Stopped", timeout=90)
+    wait_until(lambda: session.pod() is None, timeout=60, message="the idle pod to be deleted")
+    kube.patch(f"{SBS}/{session.name}", {"spec": {"idleTimeoutSeconds": 0}})
+    seed = SeedClient(session.api, session.user, prefix="")
+    assert seed.ensure(session.session_id) == session.session_id
+    assert_recovered(seed, "stopped")
+    assert session.download("seed", "keep.csv") == b"kept"
 
 
 def test_conversation_deletion_is_verified_on_the_volume_disk(session, kube):

@@ -35,15 +35,17 @@ import pytest
 _RANK = {
     "unit": 0,
     "test_docs.py": 1,
+    "test_seeds_doc.py": 1,
     "store": 2,
+    "egress": 2,  # the egress proxy on loopback: light, no build
     "api": 3,
     "clients": 4,
     "browser": 5,
-    "chart": 6,
-    "cluster": 7,
-    "test_bench.py": 8,
-    "image": 9,
-    "kind": 10,
+    "kind": 6,  # a kind cluster of its own, where Docker exists (skipped here)
+    "chart": 7,
+    "cluster": 8,
+    "test_bench.py": 9,
+    "image": 10,
     "node": 11,
 }
 # What each heavy tier needs built (steps of scripts/prebuild.sh).

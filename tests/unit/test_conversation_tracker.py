@@ -14,6 +14,7 @@ from sandbox_workspace.api.backends.base import (
     NameTaken,
 )
 from sandbox_workspace.api.backends.kube_conversations import ConversationTracker
+from sandbox_workspace.api.quotas import QuotaExceeded
 from sandbox_workspace.kube import Conflict
 
 COLLECTION = "/apis/x/v1/namespaces/ns/conversationworkspaces"
@@ -152,3 +153,23 @@ def test_a_legacy_name_is_used_only_when_it_holds_the_owners_object():
     t2, _ = tracker(synced=True)
     asyncio.run(t2.ensure("legacy", "c9", body("legacy", VICTIM)))  # another's
     assert asyncio.run(t2.resolve(["current", "legacy"], OWNER)) == "current"
+
+
+def labelled(name: str, session: str) -> dict:
+    b = body(name)
+    b["metadata"]["labels"] = {"sandboxworkspace.io/session": session}
+    return b
+
+
+def test_a_session_past_its_conversation_cap_is_refused_before_any_create():
+    kube = FakeKube()
+    t = ConversationTracker(kube, COLLECTION, max_per_session=2)  # type: ignore[arg-type]
+    t.synced = True
+    for name in ("w1", "w2"):
+        asyncio.run(t.ensure(name, name, labelled(name, "s1")))
+    posts = kube.calls.count(("POST", COLLECTION))
+    with pytest.raises(QuotaExceeded, match="cap of 2"):
+        asyncio.run(t.ensure("w3", "w3", labelled("w3", "s1")))
+    assert kube.calls.count(("POST", COLLECTION)) == posts  # nothing created
+    asyncio.run(t.ensure("w1", "w1", labelled("w1", "s1")))  # a known one passes
+    asyncio.run(t.ensure("x1", "x1", labelled("x1", "s2")))  # another session's own count

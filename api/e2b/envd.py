@@ -1,0 +1,346 @@
+"""E2B's data plane (envd and the code interpreter) at ``E2B_SANDBOX_URL=…/e2b/envd``.
+
+The SDK sends every data-plane request to that one URL with ``E2b-Sandbox-Id`` (which
+sandbox), ``E2b-Sandbox-Port`` (49983 envd, 49999 the code interpreter) and
+``X-Access-Token`` (the create answer's ``envdAccessToken``, which names the caller:
+``ids.AccessTokens``). Paths are mapped by ``paths``; all work runs through
+``conversation.Sandbox`` (the API's execution path, confined as ``/execute`` is).
+
+Served: ``GET /health``, ``GET/POST /files`` (multipart and octet-stream),
+``filesystem.Filesystem/{ListDir,Stat,MakeDir,Move,Remove}`` (Connect JSON, unary),
+``process.Process/Start`` (a server stream: start, stdout/stderr data, end), and
+``POST /execute`` (NDJSON) over the conversation's stateful Python interpreter.
+Everything else answers Connect ``unimplemented`` / HTTP 501 with what is missing.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import json
+import shlex
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from sandbox_workspace.runtime.errors import ApiError, BadRequest, TooLarge
+from sandbox_workspace.runtime.schemas import MAX_CODE_BYTES, ExecuteRequest
+
+from ..deps import Services, ServicesDep
+from ..sse import with_keepalive
+from . import connect
+from .control import NotSupported, tokens
+from .conversation import EXECUTIONS, Sandbox
+from .paths import to_e2b, to_relative
+
+router = APIRouter(prefix="/e2b/envd", tags=["e2b"], include_in_schema=False)
+KEEPALIVE_SECONDS = 15.0
+# Base64 (4/3) plus the file program itself must fit in one execution's code.
+MAX_WRITE_BYTES = (MAX_CODE_BYTES - 8 * 1024) * 3 // 4
+
+
+async def _sandbox(request: Request, services: Services) -> Sandbox:
+    caller, sandbox_id = tokens(services).verify(
+        request.headers.get("x-access-token"), request.headers.get("e2b-sandbox-id")
+    )
+    return await Sandbox.open(services, caller, sandbox_id)
+
+
+def _entry(info: dict) -> dict[str, Any]:
+    """The runtime's file info as envd's ``EntryInfo`` (proto JSON)."""
+    entry = {
+        "name": info["name"],
+        "type": "FILE_TYPE_DIRECTORY" if info["dir"] else "FILE_TYPE_FILE",
+        "path": to_e2b(info["rel"]),
+        "size": str(info["size"]),
+        "mode": info["mode"],
+        "permissions": info["perm"],
+        "owner": "user",
+        "group": "user",
+        "modifiedTime": info["mtime"],
+    }
+    if info.get("link"):
+        entry["symlinkTarget"] = info["link"]
+    return entry
+
+
+def _file_error(e: ApiError) -> JSONResponse:
+    return JSONResponse({"code": e.status, "message": e.message}, status_code=e.status)
+
+
+@router.get("/health")
+async def health() -> Response:
+    return Response(status_code=204)
+
+
+@router.get("/files")
+async def read_file(request: Request, services: ServicesDep, path: str = "") -> Response:
+    try:
+        sandbox = await _sandbox(request, services)
+        data = await sandbox.fs("read", to_relative(path))
+        return Response(base64.b64decode(data), media_type="application/octet-stream")
+    except ApiError as e:
+        return _file_error(e)
+
+
+@router.post("/files")
+async def write_files(request: Request, services: ServicesDep, path: str = "") -> Response:
+    """Octet-stream: the body is the file at ``path``; multipart: each ``file`` part is
+    written to ``path`` or, without it, to its file name."""
+    try:
+        sandbox = await _sandbox(request, services)
+        written = []
+        if request.headers.get("content-type", "").startswith("multipart/"):
+            form = await request.form()
+            for _, part in form.multi_items():
+                if isinstance(part, str):
+                    continue
+                target = path or part.filename or ""
+                written.append((to_relative(target), await part.read()))
+        else:
+            if request.headers.get("content-encoding", "identity") != "identity":
+                raise BadRequest("compressed uploads are not supported", code="not_supported")
+            written.append((to_relative(path), await request.body()))
+        answer = []
+        for rel, data in written:
+            if not rel:
+                raise BadRequest("give the file's path", code="invalid_path")
+            if len(data) > MAX_WRITE_BYTES:  # the file travels base64-encoded inside code
+                raise TooLarge(f"files over {MAX_WRITE_BYTES} bytes are not supported yet")
+            info = await sandbox.fs("write", rel, data=base64.b64encode(data).decode())
+            answer.append({"name": info["name"], "type": "file", "path": to_e2b(rel)})
+        return JSONResponse(answer)
+    except ApiError as e:
+        return _file_error(e)
+
+
+# -- filesystem.Filesystem (Connect JSON, unary) ---------------------------------------
+
+
+async def _fs_call(method: str, sandbox: Sandbox, body: dict) -> dict:
+    rel = to_relative(body.get("path"))
+    if method == "Stat":
+        return {"entry": _entry(await sandbox.fs("stat", rel))}
+    if method == "ListDir":
+        depth = max(1, int(body.get("depth") or 1))
+        return {"entries": [_entry(i) for i in await sandbox.fs("list", rel, depth=depth)]}
+    if method == "MakeDir":
+        return {"entry": _entry(await sandbox.fs("mkdir", rel))}
+    if method == "Move":
+        source = to_relative(body.get("source"))
+        info = await sandbox.fs("move", source, dest=to_relative(body.get("destination")))
+        return {"entry": _entry(info)}
+    if method == "Remove":
+        await sandbox.fs("remove", rel)
+        return {}
+    raise NotImplementedError(method)
+
+
+def _connect_error(code: str, message: str) -> JSONResponse:
+    return JSONResponse(
+        {"code": code, "message": message}, status_code=connect.HTTP_STATUS.get(code, 500)
+    )
+
+
+@router.post("/filesystem.Filesystem/{method}")
+async def filesystem(method: str, request: Request, services: ServicesDep) -> Response:
+    if method not in ("Stat", "ListDir", "MakeDir", "Move", "Remove"):
+        return _connect_error("unimplemented", f"filesystem.Filesystem/{method} is not supported")
+    try:
+        sandbox = await _sandbox(request, services)
+        return JSONResponse(await _fs_call(method, sandbox, await request.json()))
+    except ApiError as e:
+        return _connect_error(connect.code_for_status(e.status), e.message)
+    except (ValueError, TypeError) as e:
+        return _connect_error("invalid_argument", f"malformed request: {e}")
+
+
+# -- process.Process (Connect JSON) -----------------------------------------------------
+
+
+def command_of(process: dict) -> str:
+    """The bash source for envd's ProcessConfig (``/bin/bash -l -c CMD`` is the SDK's)."""
+    cmd, args = process.get("cmd", ""), list(process.get("args") or [])
+    if cmd in ("/bin/bash", "bash", "/bin/sh", "sh") and len(args) >= 2 and args[-2] == "-c":
+        source = args[-1]
+    else:
+        source = shlex.join([cmd, *args])
+    prefix = [f"export {k}={shlex.quote(v)}" for k, v in (process.get("envs") or {}).items()]
+    cwd = to_relative(process.get("cwd"))
+    if cwd:
+        prefix.append(f"cd {shlex.quote(cwd)}")
+    return "\n".join([*prefix, source])
+
+
+async def _process_events(sandbox: Sandbox, request: ExecuteRequest) -> AsyncIterator[bytes]:
+    yield connect.envelope({"event": {"start": {"pid": 1}}})
+    try:
+        async for event in sandbox.stream(request):
+            kind = event.get("type")
+            if kind in ("stdout", "stderr"):
+                data = base64.b64encode(event["text"].encode()).decode()
+                yield connect.envelope({"event": {"data": {kind: data}}})
+            elif kind == "done":
+                result = event["result"]
+                end: dict[str, Any] = {
+                    "exitCode": result["exit_code"],
+                    "exited": True,
+                    "status": f"exit status {result['exit_code']}",
+                }
+                if result.get("error"):
+                    end["error"] = result["error"]["value"]
+                yield connect.envelope({"event": {"end": end}})
+            elif kind == "error":
+                error = event["error"]
+                yield connect.end_stream("internal", error.get("message", "failed"))
+                return
+    except ApiError as e:
+        yield connect.end_stream(connect.code_for_status(e.status), e.message)
+        return
+    yield connect.end_stream()
+
+
+@router.post("/process.Process/{method}")
+async def process(method: str, request: Request, services: ServicesDep) -> Response:
+    if method != "Start":
+        return _connect_error("unimplemented", f"process.Process/{method} is not supported")
+    body = await request.body()
+    try:
+        if request.headers.get("content-type", "").startswith(connect.STREAM_MEDIA_TYPE):
+            message = connect.read_envelopes(body)[0][1]
+        else:
+            message = await request.json()
+        sandbox = await _sandbox(request, services)
+        process = message.get("process") or {}
+        timeout_ms = request.headers.get("connect-timeout-ms")
+        timeout = min(3600.0, int(timeout_ms) / 1000) if timeout_ms else 3600.0
+        execute = ExecuteRequest(language="bash", code=command_of(process), timeout=timeout)
+    except ApiError as e:
+        return _stream_error(connect.code_for_status(e.status), e.message)
+    except (ValueError, IndexError, TypeError) as e:
+        return _stream_error("invalid_argument", f"malformed request: {e}")
+    events = with_keepalive(
+        _process_events(sandbox, execute),
+        KEEPALIVE_SECONDS,
+        connect.envelope({"event": {"keepalive": {}}}),
+    )
+    return StreamingResponse(events, media_type=connect.STREAM_MEDIA_TYPE)
+
+
+def _stream_error(code: str, message: str) -> Response:
+    return Response(connect.end_stream(code, message), media_type=connect.STREAM_MEDIA_TYPE)
+
+
+# -- the code interpreter (port 49999) ---------------------------------------------------
+
+_MIME = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "image/svg+xml": "svg",
+    "application/pdf": "pdf",
+    "text/latex": "latex",
+    "application/json": "json",
+    "application/javascript": "javascript",
+}
+
+
+def result_line(data: dict[str, Any]) -> dict[str, Any]:
+    """A display bundle (MIME type → content) as the code interpreter's result line."""
+    line: dict[str, Any] = {"type": "result", "is_main_result": False}
+    for mime, value in data.items():
+        line[_MIME.get(mime, mime)] = value
+    return line
+
+
+def ends_in_expression(code: str) -> bool:
+    """Whether the cell's last statement is an expression the kernel displays."""
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return False
+    return bool(body) and isinstance(body[-1], ast.Expr)
+
+
+def mark_main(lines: list[dict[str, Any]], code: str) -> list[dict[str, Any]]:
+    """E2B's ``is_main_result``: the value of the cell's last expression. Our kernel emits
+    it as the last result before the figures it collects at the end of a cell (each a
+    bundle whose text is ``<Figure …>``), so that one is marked, when the cell ends in an
+    expression at all."""
+    if not ends_in_expression(code):
+        return lines
+    for line in reversed(lines):
+        if not str(line.get("text", "")).startswith("<Figure"):
+            line["is_main_result"] = True
+            break
+    return lines
+
+
+async def _execution_lines(sandbox: Sandbox, request: ExecuteRequest) -> AsyncIterator[dict]:
+    # Results wait for the end of the cell (``mark_main`` needs them all); output streams.
+    results: list[dict[str, Any]] = []
+    try:
+        async for event in sandbox.stream(request):
+            kind = event.get("type")
+            stamp = time.time_ns() // 1000
+            if kind in ("stdout", "stderr"):
+                yield {"type": kind, "text": event["text"], "timestamp": stamp}
+            elif kind == "result":
+                results.append(result_line(event["data"]))
+            elif kind == "done":
+                for line in mark_main(results, request.code):
+                    yield line
+                error = event["result"].get("error")
+                if error:
+                    yield {
+                        "type": "error",
+                        "name": error["name"],
+                        "value": error["value"],
+                        "traceback": error.get("traceback", ""),
+                    }
+            elif kind == "error":
+                error = event["error"]
+                yield {
+                    "type": "error",
+                    "name": error["code"],
+                    "value": error["message"],
+                    "traceback": "",
+                }
+    except ApiError as e:
+        yield {"type": "error", "name": e.code, "value": e.message, "traceback": ""}
+    count = EXECUTIONS[sandbox.cid] = EXECUTIONS.get(sandbox.cid, 0) + 1
+    yield {"type": "number_of_executions", "execution_count": count}
+    yield {"type": "end_of_execution"}
+
+
+@router.post("/execute")
+async def execute(request: Request, services: ServicesDep) -> Response:
+    try:
+        sandbox = await _sandbox(request, services)
+        body = await request.json()
+        language = (body.get("language") or "python").lower()
+        if body.get("context_id") or language not in ("python", "bash"):
+            raise NotSupported("contexts and languages other than python/bash are not supported")
+        if body.get("env_vars"):
+            raise NotSupported("env_vars on run_code are not supported")
+        execute = ExecuteRequest(language=language, code=body.get("code") or "", timeout=300)
+    except ApiError as e:
+        return _file_error(e)
+    except ValueError as e:
+        return _file_error(BadRequest(f"malformed request: {e}"))
+
+    async def lines() -> AsyncIterator[bytes]:
+        async for line in _execution_lines(sandbox, execute):
+            yield json.dumps(line).encode() + b"\n"
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
+async def unsupported(rest: str) -> Response:
+    return _file_error(NotSupported(f"/{rest} is not supported by Sandbox Workspace's envd"))

@@ -1,0 +1,42 @@
+"""E2B paths onto the conversation's directory.
+
+E2B code habitually works in ``/home/user`` (the default user's home) and with relative
+paths. Both name the conversation's directory: ``/home/user/a.txt`` and ``a.txt`` are
+``{conversation}/a.txt``; ``/home/user`` and ``""`` are the directory itself. Any other
+absolute path, and any path climbing out with ``..``, is a clear 400 — code runs
+confined to the conversation, so there is nothing else to reach.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from sandbox_workspace.runtime.errors import BadRequest
+
+HOME = "/home/user"
+
+
+def to_relative(path: str | None) -> str:
+    """The path below the conversation's directory, '/'-separated ('' for the directory)."""
+    path = (path or "").strip()
+    if path in ("", "~", HOME, HOME + "/"):
+        return ""
+    if path.startswith("~/"):
+        path = path[2:]
+    elif path.startswith(HOME + "/"):
+        path = path[len(HOME) + 1 :]
+    elif path.startswith("/"):
+        raise BadRequest(
+            f"path '{path}' is outside the sandbox's files: use {HOME}/… or a relative path",
+            code="path_not_supported",
+        )
+    if "\x00" in path:
+        raise BadRequest("path must not contain NUL", code="invalid_path")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise BadRequest(f"path '{path}' must not contain '..'", code="invalid_path")
+    return "/".join(parts)
+
+
+def to_e2b(relative: str) -> str:
+    return posixpath.join(HOME, relative) if relative else HOME

@@ -1,0 +1,115 @@
+"""Per-user caps: how many conversations a user may hold, how much one may do at once.
+
+Contract:
+- ``Quotas`` is the settings group (SANDBOX_WORKSPACE_QUOTAS__*), each cap with its
+  default; a cap is per API replica for the concurrency caps (counted in this process),
+  per cluster (or data directory) for conversations (counted where they are tracked).
+- ``QuotaExceeded`` (409 ``quota_exceeded``) names the cap and its setting: waiting does
+  not help, deleting conversations does.
+- ``Concurrency(kind, cap, setting).take(key)`` takes one of ``cap`` slots of ``key``
+  (the caller's session id: tenant and user) and returns its release (idempotent), or
+  raises ``TooManyAtOnce`` (429 with ``Retry-After``); ``hold(key)`` is the same as a
+  context manager. Counters are dropped when they reach zero, so the map holds only
+  keys with something in progress (it is bounded by what is in progress, not by users).
+- ``UserLimits(quotas)``: this process's three concurrency caps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+from pydantic import BaseModel, Field
+
+from sandbox_workspace.runtime.errors import ApiError, Conflict
+
+_PREFIX = "SANDBOX_WORKSPACE_QUOTAS__"
+
+
+class Quotas(BaseModel):
+    """SANDBOX_WORKSPACE_QUOTAS__*: caps per user."""
+
+    conversations_per_user: int = Field(
+        1000, ge=1, description="Conversations one user may hold (then 409 quota_exceeded)."
+    )
+    runs_per_user: int = Field(
+        8, ge=1, description="Chat/agent runs of one user in progress at once (then 429)."
+    )
+    followers_per_user: int = Field(
+        32, ge=1, description="Event streams (SSE) one user may follow at once (then 429)."
+    )
+    executions_per_user: int = Field(
+        32, ge=1, description="/execute calls of one user in progress at once (then 429)."
+    )
+
+
+class QuotaExceeded(Conflict):
+    """A count cap is reached; the message names it and its setting."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, what: str, cap: int, setting: str) -> None:
+        super().__init__(
+            f"{what}: the cap of {cap} is reached ({_PREFIX}{setting.upper()}); delete some first"
+        )
+
+
+class TooManyAtOnce(ApiError):
+    """A concurrency cap is reached; retrying after ``Retry-After`` may succeed."""
+
+    status, code = 429, "too_many_requests"
+    retry_after = 1
+
+
+class Concurrency:
+    def __init__(self, kind: str, cap: int, setting: str) -> None:
+        self.kind = kind
+        self.cap = cap
+        self.setting = setting
+        self._held: dict[str, int] = {}
+
+    def held(self, key: str) -> int:
+        return self._held.get(key, 0)
+
+    def take(self, key: str) -> Callable[[], None]:
+        count = self._held.get(key, 0)
+        if count >= self.cap:
+            raise TooManyAtOnce(
+                f"{self.kind}: at most {self.cap} at once per user "
+                f"({_PREFIX}{self.setting.upper()}); retry when one has finished"
+            )
+        self._held[key] = count + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            left = self._held[key] - 1
+            if left:
+                self._held[key] = left
+            else:
+                del self._held[key]
+
+        return release
+
+    @contextlib.contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        release = self.take(key)
+        try:
+            yield
+        finally:
+            release()
+
+
+class UserLimits:
+    def __init__(self, quotas: Quotas) -> None:
+        self.quotas = quotas
+        self.runs = Concurrency("runs", quotas.runs_per_user, "runs_per_user")
+        self.followers = Concurrency(
+            "event streams", quotas.followers_per_user, "followers_per_user"
+        )
+        self.executions = Concurrency(
+            "executions", quotas.executions_per_user, "executions_per_user"
+        )

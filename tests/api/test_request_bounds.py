@@ -1,0 +1,190 @@
+"""Attacks on the API's memory and connections, against a real API process whose peak
+RSS and /healthz are watched: oversized bodies (declared or chunked) are refused before
+they are read and before authentication, headers are bounded in size and time, a body
+that trickles is cut; uploads still stream past the body limit."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+from rss_watch import PeakWatch
+
+pytestmark = pytest.mark.local_backend
+
+LIMIT = 1024 * 1024
+SERVICE_TOKEN = "bounds-service-token-0123456789"
+BOUNDS = {
+    "SANDBOX_WORKSPACE_BOUNDS__MAX_BODY_BYTES": str(LIMIT),
+    "SANDBOX_WORKSPACE_BOUNDS__BODY_TIMEOUT_SECONDS": "2",
+    "SANDBOX_WORKSPACE_BOUNDS__MAX_HEADER_BYTES": "16384",
+    "SANDBOX_WORKSPACE_BOUNDS__HEADER_TIMEOUT_SECONDS": "2",
+}
+
+
+class Watched:
+    """The API process: its peak RSS growth since the start of the attack, its health."""
+
+    def __init__(self, server) -> None:
+        self.server = server
+        self.peak = PeakWatch(server.proc.pid)
+
+    def assert_unharmed(self) -> None:
+        self.peak.check()
+        assert httpx.get(self.server.url + "/healthz", timeout=5).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def bounded_api(start_server):
+    return start_server(
+        "api",
+        SANDBOX_WORKSPACE_AUTH_MODE="required",
+        SANDBOX_WORKSPACE_SERVICE_TOKEN=SERVICE_TOKEN,
+        SANDBOX_WORKSPACE_DATA_DIR="data",
+        SANDBOX_WORKSPACE_SANDBOX_MOUNT="none",
+        **BOUNDS,
+    )
+
+
+def connect(server) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return sock
+
+
+def read_answer(sock: socket.socket, deadline: float = 10.0) -> bytes:
+    """Everything the server sends until it closes (or ``deadline`` seconds pass)."""
+    sock.settimeout(deadline)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except (ConnectionResetError, TimeoutError):
+        pass
+    return data
+
+
+def flood(server, head: bytes, chunk: bytes, total: int) -> bytes:
+    """Send ``head`` then ``chunk`` until ``total`` bytes or the server stops reading,
+    while reading what the server answers; that answer."""
+    sock = connect(server)
+
+    def send() -> None:
+        try:
+            sock.sendall(head)
+            sent = 0
+            while sent < total:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass  # the server refused and closed: what the test expects
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    answer = read_answer(sock)
+    sock.close()
+    thread.join(30)
+    return answer
+
+
+def test_a_declared_oversized_body_is_refused_before_it_is_read(bounded_api):
+    """3 GiB declared, no credentials: 413 arrives while the body is still being sent."""
+    watched = Watched(bounded_api)
+    for _ in range(4):
+        head = (
+            b"POST /api/v1/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (3 << 30)
+        )
+        answer = flood(bounded_api, head, b"0" * 65536, 256 << 20)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert b"body_too_large" in answer and b"MAX_BODY_BYTES" in answer
+    watched.assert_unharmed()
+
+
+def test_a_chunked_body_past_the_limit_is_cut_at_the_limit(bounded_api):
+    """No length given: the body is counted as it arrives and refused one byte past the
+    limit, before any route or authentication runs."""
+    watched = Watched(bounded_api)
+    head = (
+        b"POST /api/v1/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    block = b"0" * 65536
+    answer = flood(bounded_api, head, b"%x\r\n%b\r\n" % (len(block), block), 512 << 20)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    watched.assert_unharmed()
+
+
+def test_a_body_within_the_limit_reaches_authentication(bounded_api):
+    r = httpx.post(bounded_api.url + "/api/v1/chat", content=b"{}" + b" " * (LIMIT - 2))
+    assert r.status_code == 401  # read, then refused for want of credentials
+    chunked = httpx.post(bounded_api.url + "/api/v1/chat", content=iter([b"{", b"}"]))
+    assert chunked.status_code == 401
+
+
+def test_a_trickling_body_is_cut_after_the_body_timeout(bounded_api):
+    sock = connect(bounded_api)
+    sock.sendall(
+        b"POST /api/v1/chat HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n"
+    )
+    started = time.monotonic()
+    answer = read_answer(sock, deadline=15)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert time.monotonic() - started < 10
+
+
+def test_headers_past_the_limit_answer_431(bounded_api):
+    watched = Watched(bounded_api)
+    pad = b"X-Pad: " + b"a" * 1000 + b"\r\n"
+    answer = flood(bounded_api, b"GET /healthz HTTP/1.1\r\nHost: x\r\n", pad, 64 << 20)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    watched.assert_unharmed()
+
+
+def test_slow_headers_are_cut_and_the_api_keeps_answering(bounded_api):
+    """Slowloris: many connections trickling header bytes are closed after the header
+    timeout; meanwhile and after, /healthz answers."""
+    socks = [connect(bounded_api) for _ in range(50)]
+    for sock in socks:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    started = time.monotonic()
+    closed = set()
+    while len(closed) < len(socks) and time.monotonic() - started < 15:
+        assert httpx.get(bounded_api.url + "/healthz", timeout=5).status_code == 200
+        for i, sock in enumerate(socks):
+            if i in closed:
+                continue
+            try:
+                sock.sendall(b"X")  # one more byte of a header that never ends
+                sock.settimeout(0.01)
+                if sock.recv(1) == b"":
+                    closed.add(i)
+            except TimeoutError:
+                pass
+            except OSError:
+                closed.add(i)
+        time.sleep(0.2)
+    for sock in socks:
+        sock.close()
+    assert len(closed) == len(socks), f"{len(socks) - len(closed)} connections still open"
+    assert time.monotonic() - started < 10
+
+
+def test_uploads_stream_past_the_body_limit(bounded_api):
+    """The upload routes are not bounded by max_body_bytes: their own per-session limit
+    holds, and the body streams (tests/api/test_streaming_memory.py)."""
+    headers = {"Authorization": f"Bearer {SERVICE_TOKEN}", "X-User-Id": "big"}
+    with httpx.Client(base_url=bounded_api.url, headers=headers, timeout=60) as api:
+        assert api.post("/api/v1/sessions", json={}).status_code == 201
+        r = api.post(
+            "/api/v1/sessions/sb-session-big/files/upload",
+            data={"conversation_id": "c"},
+            files={"file": ("big.csv", b"x" * (3 * LIMIT))},
+        )
+        assert r.status_code == 201, r.text
+        assert r.json()["size"] == 3 * LIMIT
+        api.delete("/api/v1/sessions/sb-session-big")

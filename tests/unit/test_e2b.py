@@ -1,0 +1,100 @@
+"""The pure parts of E2B compatibility: Connect framing, paths, tokens, results."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox_workspace.api.e2b import connect
+from sandbox_workspace.api.e2b.envd import command_of, mark_main, result_line
+from sandbox_workspace.api.e2b.ids import (
+    AccessTokens,
+    E2BUnauthorized,
+    caller_for_api_key,
+    sandbox_of,
+)
+from sandbox_workspace.api.e2b.paths import to_e2b, to_relative
+from sandbox_workspace.api.identity import Caller
+from sandbox_workspace.runtime.errors import BadRequest
+
+
+def test_connect_envelopes_round_trip_and_end_the_stream():
+    body = connect.envelope({"a": 1}) + connect.end_stream("not_found", "gone")
+    assert body[:5] == b"\x00\x00\x00\x00\x07"
+    assert connect.read_envelopes(body) == [
+        (0, {"a": 1}),
+        (connect.END_STREAM, {"error": {"code": "not_found", "message": "gone"}}),
+    ]
+    assert connect.read_envelopes(connect.end_stream()) == [(2, {})]
+    with pytest.raises(ValueError):
+        connect.read_envelopes(body[:-1])
+
+
+def test_connect_codes_for_statuses():
+    assert connect.code_for_status(404) == "not_found"
+    assert connect.code_for_status(418) == "invalid_argument"
+    assert connect.code_for_status(502) == "internal"
+
+
+@pytest.mark.parametrize(
+    ("given", "relative"),
+    [
+        ("/home/user", ""),
+        ("", ""),
+        ("~/a", "a"),
+        ("/home/user/a/b.txt", "a/b.txt"),
+        ("a//./b", "a/b"),
+    ],
+)
+def test_home_and_relative_paths_name_the_conversation(given, relative):
+    assert to_relative(given) == relative
+    assert to_e2b(relative) == ("/home/user/" + relative if relative else "/home/user")
+
+
+@pytest.mark.parametrize("given", ["/etc/passwd", "/home/userx", "a/../../b", "/home/user/.."])
+def test_other_paths_are_refused(given):
+    with pytest.raises(BadRequest):
+        to_relative(given)
+
+
+def test_access_tokens_name_their_caller_and_sandbox_only():
+    tokens = AccessTokens(b"k")
+    caller = Caller("alice", "e2b-key", "acme")
+    token = tokens.issue(caller, "0" * 20)
+    assert tokens.verify(token, "0" * 20) == (Caller("alice", "e2b-token", "acme"), "0" * 20)
+    for bad_token, sandbox in [(token, "1" * 20), (token + "0", "0" * 20), (None, "0" * 20)]:
+        with pytest.raises(E2BUnauthorized):
+            tokens.verify(bad_token, sandbox)
+    with pytest.raises(E2BUnauthorized):
+        AccessTokens(b"other").verify(token, "0" * 20)
+
+
+def test_api_keys_have_e2b_form_and_only_dev_accepts_them():
+    assert caller_for_api_key("e2b_00ff00ff", "dev").user_id.startswith("e2b-")
+    assert caller_for_api_key("e2b_00ff00ff", "dev") != caller_for_api_key("e2b_11ff00ff", "dev")
+    for key, mode in [("sk-123", "dev"), (None, "dev"), ("e2b_00ff00ff", "required")]:
+        with pytest.raises(E2BUnauthorized):
+            caller_for_api_key(key, mode)
+
+
+def test_only_e2b_conversations_are_sandboxes():
+    assert sandbox_of("e2b-" + "a" * 20) == "a" * 20
+    assert sandbox_of("chat-1") is None and sandbox_of("e2b-short") is None
+
+
+def test_commands_keep_the_sdks_shell_form_env_and_cwd():
+    assert command_of({"cmd": "/bin/bash", "args": ["-l", "-c", "ls -l"]}) == "ls -l"
+    assert command_of({"cmd": "ls", "args": ["a b"]}) == "ls 'a b'"
+    code = command_of(
+        {"cmd": "/bin/bash", "args": ["-c", "pwd"], "envs": {"A": "x y"}, "cwd": "/home/user/d"}
+    )
+    assert code == "export A='x y'\ncd d\npwd"
+
+
+def test_main_result_is_the_last_expression_before_figures():
+    figure = result_line({"text/plain": "<Figure size 640x480>", "image/png": "iVBO"})
+    value = result_line({"text/plain": "42"})
+    lines = mark_main([value, figure], "x = 1\nx + 41")
+    assert [line["is_main_result"] for line in lines] == [True, False]
+    assert value["text"] == "42" and figure["png"] == "iVBO"
+    plain = [result_line({"text/plain": "1"})]
+    assert mark_main(plain, "x = 1")[0]["is_main_result"] is False
