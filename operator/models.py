@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from sandbox_workspace.runtime.quantity import parse_bytes
 
+from . import naming
 from .idrules import (
     CONVERSATION_ID_PATTERN,
     MAX_BYTES,
@@ -452,6 +453,11 @@ class SandboxSession(BaseModel):
     annotations: dict[str, str] = Field(default_factory=dict)
     spec: SandboxSessionSpec
     status: SandboxSessionStatus = Field(default_factory=SandboxSessionStatus)
+
+    @property
+    def legacy_children(self) -> bool:
+        """Its pod, Secret and claim keep the names of before 2026-11-28 (naming)."""
+        return naming.legacy_children(self.annotations)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> SandboxSession:

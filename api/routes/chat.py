@@ -21,6 +21,7 @@ from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sandbox_workspace.operator.naming import DEFAULT_TENANT, tenant_of
 from sandbox_workspace.runtime.errors import NotConfigured, NotFoundError
 from sandbox_workspace.runtime.workspace import Workspace
 
@@ -288,7 +289,9 @@ def _session_callbacks(services, caller: Caller, session_id: str, cid: str):
 
 def resume_run(services, run: Run, data: dict, checkpoint: dict | None):
     """Carry on a run taken over from another replica (see chat/runstore/takeover.py)."""
-    caller = Caller(user_id=run.user_id, via="resumed")
+    # The run's session names its tenant: the resumed caller acts in it, as the starter did.
+    tenant = tenant_of(run.session_id) or DEFAULT_TENANT
+    caller = Caller(user_id=run.user_id, via="resumed", tenant=tenant)
     ensure, before_tool, after_write, record_activity = _session_callbacks(
         services, caller, run.session_id, run.conversation_id
     )
@@ -331,7 +334,7 @@ async def run_events(
 
     Authenticate as usual, or — for EventSource — with `?token=` from
     `POST /runs/{run_id}/stream-token`."""
-    run = await services.runs.find(run_id, caller.user_id)
+    run = await services.runs.find(run_id, caller.session_id)
     position = after if after is not None else int(last_event_id or 0)
     release = services.user_limits.followers.take(caller.session_id)  # 429 when at the cap
     stream = _stream(run, position, services.settings.chat_keepalive_seconds)
@@ -345,8 +348,8 @@ async def create_stream_token(
 ) -> StreamToken:
     """A short-lived token that lets a browser's EventSource read this run's events
     (`GET /runs/{run_id}/events?token=…`); it grants nothing else."""
-    run = await services.runs.find(run_id, caller.user_id)
-    token, expires = services.stream_tokens.issue(run.id, caller.user_id)
+    run = await services.runs.find(run_id, caller.session_id)
+    token, expires = services.stream_tokens.issue(run.id, caller.user_id, tenant=caller.tenant)
     url = f"/api/v1/runs/{quote(run.id, safe='')}/events?token={quote(token, safe='')}"
     return StreamToken(run_id=run.id, token=token, expires_at=expires, events_url=url)
 
@@ -356,7 +359,7 @@ async def approve(
     run_id: RunIdPath, body: ApprovalRequest, caller: CallerDep, services: ServicesDep
 ) -> ApprovalResult:
     """Approve or reject a tool call the run is waiting on (a second decision is 409)."""
-    run = await services.runs.find(run_id, caller.user_id)
+    run = await services.runs.find(run_id, caller.session_id)
     await services.runs.decide(run, body.tool_call_id, body.approved, body.reason)
     return ApprovalResult(
         run_id=run.id,
@@ -368,6 +371,6 @@ async def approve(
 @router.post("/runs/{run_id}/cancel", responses=errors(404))
 async def cancel(run_id: RunIdPath, caller: CallerDep, services: ServicesDep) -> CancelResult:
     """Stop a run; its stream ends with error (cancelled) and done."""
-    run = await services.runs.find(run_id, caller.user_id)
+    run = await services.runs.find(run_id, caller.session_id)
     cancelled = await services.runs.cancel(run)
     return CancelResult(run_id=run.id, status="cancelling" if cancelled else "finished")
