@@ -65,7 +65,9 @@ def build_runtime_secret(session: SandboxSession, token: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _metadata(naming.runtime_secret_name(session.name), session),
+        "metadata": _metadata(
+            naming.runtime_secret_name(session.name, legacy=session.legacy_children), session
+        ),
         "type": "Opaque",
         "stringData": {TOKEN_KEY: token},
     }
@@ -84,7 +86,9 @@ def build_workspace_pvc(session: SandboxSession) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _metadata(naming.workspace_claim_name(session.name), session),
+        "metadata": _metadata(
+            naming.workspace_claim_name(session.name, legacy=session.legacy_children), session
+        ),
         "spec": spec,
     }
 
@@ -112,7 +116,7 @@ def runtime_env(
     """SANDBOX_RUNTIME_* settings of the runtime (runtime/settings.py); the token comes
     from ``secret`` (default: the session's runtime Secret)."""
     upload = session.spec.file_upload_config
-    secret = secret or naming.runtime_secret_name(session.name)
+    secret = secret or naming.runtime_secret_name(session.name, legacy=session.legacy_children)
     env = RuntimeSettings.env(
         max_file_size_bytes=upload.max_file_size_bytes,
         max_file_count=upload.max_file_count,
@@ -142,7 +146,7 @@ def needs_claim(session: SandboxSession, settings: OperatorSettings) -> bool:
 def _workspace_volume(session: SandboxSession, settings: OperatorSettings) -> dict[str, Any]:
     storage = session.spec.storage
     if needs_claim(session, settings):
-        claim = naming.workspace_claim_name(session.name)
+        claim = naming.workspace_claim_name(session.name, legacy=session.legacy_children)
         return {"name": "workspace", "persistentVolumeClaim": {"claimName": claim}}
     return {"name": "workspace", "emptyDir": {"sizeLimit": storage.size}}
 
@@ -253,7 +257,7 @@ def _runtime_pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _metadata(
-            naming.runtime_pod_name(session.name),
+            naming.runtime_pod_name(session.name, legacy=session.legacy_children),
             session,
             **{LABEL_COMPONENT: COMPONENT_RUNTIME, "app.kubernetes.io/component": "runtime"},
         ),

@@ -34,6 +34,8 @@ from sandbox_workspace.contract.ids import (
 from sandbox_workspace.contract.quantity import parse_bytes
 from sandbox_workspace.runtime.settings import RuntimeSettings
 
+from . import naming
+
 SizeUnit = Literal["B", "KB", "MB", "GB"]
 _UNIT_BYTES = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
 
@@ -406,6 +408,11 @@ class SandboxSession(BaseModel):
     annotations: dict[str, str] = Field(default_factory=dict)
     spec: SandboxSessionSpec
     status: SandboxSessionStatus = Field(default_factory=SandboxSessionStatus)
+
+    @property
+    def legacy_children(self) -> bool:
+        """Its pod, Secret and claim keep the names of before 2026-11-28 (naming)."""
+        return naming.legacy_children(self.annotations)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> SandboxSession:

@@ -57,7 +57,7 @@ def observe_pod(pod: dict[str, Any] | None) -> PodState:
 def session_pod_name(session: SandboxSession) -> str:
     """The name of the session's pod: its own (``runtime_pod_name``), or the one it
     claimed from the warm pool, which keeps its name (recorded in ``status.podName``)."""
-    return session.status.pod_name or runtime_pod_name(session.name)
+    return session.status.pod_name or runtime_pod_name(session.name, legacy=session.legacy_children)
 
 
 def _observe_pod(pod: dict[str, Any] | None) -> PodState:

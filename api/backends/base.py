@@ -146,3 +146,9 @@ class Backend(Protocol):
         raises ``ConversationDeleting`` when the conversation is being deleted or gone;
         while held, a deletion does not count the prefix empty — so no object can land
         under a prefix the deletion already found empty."""
+
+
+class NameTaken(Conflict):
+    """The name (resource or directory) holds another owner's object: never shared."""
+
+    code = "name_taken"

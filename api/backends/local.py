@@ -4,6 +4,10 @@ Contract:
 - A session is a directory ``{data_dir}/sessions/{dns_name(session_id)}/`` holding
   ``session.json`` (the spec), ``workspace/`` (the runtime's root, kept while the session
   exists, also across restarts of the API) and ``runtime.log``.
+- Whose directory is in its ``session.json``, not its name: at start each session is
+  found where its record is (a directory made before 2026-11-28 keeps its legacy 32-bit
+  name and files), and a new session never takes a directory whose record names another
+  session (409 ``name_taken``) — it is never overwritten or shared.
 - Its runtime is started on create and on resume, on port 0 (the real port comes back
   through a port file), with a fresh bearer token and the session's upload limits.
   Status: no process → ``stopped``; starting → ``pending``; answering health →
@@ -51,6 +55,7 @@ from ..quotas import QuotaExceeded
 from ..runtime_client import RuntimeClient
 from .base import (
     ConversationPhase,
+    NameTaken,
     RuntimeEndpoint,
     Session,
     SessionExists,
@@ -168,6 +173,7 @@ class LocalBackend:
         ]
         self.runtime_env = dict(runtime_env or {})
         self._records: dict[str, _Record] = {}
+        self._dirs: dict[str, Path] = {}  # session id → the directory its record is in
         self._procs: dict[str, _Process] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiters: set[asyncio.Task] = set()
@@ -184,6 +190,7 @@ class LocalBackend:
                 log.warning("ignoring unreadable session record %s: %s", path, e)
                 continue
             self._records[record.session_id] = record
+            self._dirs[record.session_id] = path.parent
 
     async def aclose(self) -> None:
         await asyncio.gather(*(self._stop(sid) for sid in list(self._procs)))
@@ -193,7 +200,7 @@ class LocalBackend:
     # -- sessions ------------------------------------------------------------------------
 
     def _dir(self, session_id: str) -> Path:
-        return self.sessions_dir / dns_name(session_id)
+        return self._dirs.get(session_id) or self.sessions_dir / dns_name(session_id)
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         return self._locks.setdefault(session_id, asyncio.Lock())
@@ -234,9 +241,11 @@ class LocalBackend:
                 raise SessionExists(f"session '{spec.session_id}' already exists")
             record = _Record.from_spec(spec)
             directory = self._dir(spec.session_id)
+            _refuse_taken(directory, spec.session_id)
             (directory / "workspace").mkdir(parents=True, exist_ok=True)
             _write_json(directory / "session.json", asdict(record))
             self._records[spec.session_id] = record
+            self._dirs[spec.session_id] = directory
             await self._spawn(record)
         session = await self.get_session(spec.session_id)
         assert session is not None
@@ -262,6 +271,7 @@ class LocalBackend:
             await self._stop(session_id)
             del self._records[session_id]
             await asyncio.to_thread(shutil.rmtree, self._dir(session_id), True)
+            self._dirs.pop(session_id, None)
         return True
 
     async def wait_changed(self, session_id: str, timeout: float) -> None:
@@ -437,3 +447,15 @@ def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
+
+
+def _refuse_taken(directory: Path, session_id: str) -> None:
+    """A directory whose record names another session is that session's: never ours."""
+    try:
+        owner = json.loads((directory / "session.json").read_text()).get("session_id")
+    except FileNotFoundError:
+        return
+    except ValueError:
+        owner = None  # unreadable: not provably ours either
+    if owner != session_id:
+        raise NameTaken(f"session '{session_id}': its directory holds another session's files")

@@ -19,6 +19,7 @@ from typing import Any
 
 from sandbox_workspace.contract import ids
 from sandbox_workspace.contract.errors import ConversationDeleting, NotConfigured, NotFoundError
+from sandbox_workspace.operator.naming import DEFAULT_TENANT, tenant_of
 
 from ..backends.base import ConversationPhase, Session, SessionStatus
 from ..identity import Caller
@@ -187,7 +188,9 @@ class ServiceConversation:
 
 def resume_run(services, run: Run, data: dict, checkpoint: dict | None):
     """Carry on a run taken over from another replica (see chat/runstore/takeover.py)."""
-    caller = Caller(user_id=run.user_id, via="resumed")
+    # The run's session names its tenant: the resumed caller acts in it, as the starter did.
+    tenant = tenant_of(run.session_id) or DEFAULT_TENANT
+    caller = Caller(user_id=run.user_id, via="resumed", tenant=tenant)
     spec = spec_from_data(data)
     table = spec.table or {}
     settings = services.settings

@@ -82,7 +82,7 @@ async def answer_approvals(
             "the approvals answered belong to different runs; answer one run's at a time",
             code="mixed_runs",
         )
-    run = await services.runs.find(run_ids.pop(), caller.user_id)
+    run = await services.runs.find(run_ids.pop(), caller.session_id)
     events = await events_of(services.runs.store, run)
     positions = [approval_event_id(run.id, events, call_id) for _, _, call_id in targets]
     for answer, _, call_id in targets:

@@ -97,7 +97,7 @@ async def run_events(
 
     Authenticate as usual, or — for EventSource — with `?token=` from
     `POST /runs/{run_id}/stream-token`."""
-    run = await services.runs.find(run_id, caller.user_id)
+    run = await services.runs.find(run_id, caller.session_id)
     position = after if after is not None else int(last_event_id or 0)
     release = services.user_limits.followers.take(caller.session_id)  # 429 when at the cap
     stream = _stream(run, position, services.settings.chat_keepalive_seconds)
@@ -111,8 +111,8 @@ async def create_stream_token(
 ) -> StreamToken:
     """A short-lived token that lets a browser's EventSource read this run's events
     (`GET /runs/{run_id}/events?token=…`); it grants nothing else."""
-    run = await services.runs.find(run_id, caller.user_id)
-    token, expires = services.stream_tokens.issue(run.id, caller.user_id)
+    run = await services.runs.find(run_id, caller.session_id)
+    token, expires = services.stream_tokens.issue(run.id, caller.user_id, tenant=caller.tenant)
     url = f"/api/v1/runs/{quote(run.id, safe='')}/events?token={quote(token, safe='')}"
     return StreamToken(run_id=run.id, token=token, expires_at=expires, events_url=url)
 
@@ -122,7 +122,7 @@ async def approve(
     run_id: RunIdPath, body: ApprovalRequest, caller: CallerDep, services: ServicesDep
 ) -> ApprovalResult:
     """Approve or reject a tool call the run is waiting on (a second decision is 409)."""
-    run = await services.runs.find(run_id, caller.user_id)
+    run = await services.runs.find(run_id, caller.session_id)
     await services.runs.decide(run, body.tool_call_id, body.approved, body.reason)
     return ApprovalResult(
         run_id=run.id,
@@ -134,6 +134,6 @@ async def approve(
 @router.post("/runs/{run_id}/cancel", responses=errors(404))
 async def cancel(run_id: RunIdPath, caller: CallerDep, services: ServicesDep) -> CancelResult:
     """Stop a run; its stream ends with error (cancelled) and done."""
-    run = await services.runs.find(run_id, caller.user_id)
+    run = await services.runs.find(run_id, caller.session_id)
     cancelled = await services.runs.cancel(run)
     return CancelResult(run_id=run.id, status="cancelling" if cancelled else "finished")

@@ -155,7 +155,7 @@ async def list_runs(
     runs = [
         r
         for r in await services.runs.conversation_runs(sid, cid)
-        if r.user_id == caller.user_id
+        if r.session_id == sid
         # A view from the store has no ``finished_at``: the store expires finished runs.
         and (getattr(r, "finished_at", None) is None or now - r.finished_at <= retention)
     ]

@@ -59,10 +59,22 @@ def _never_written(spec: dict[str, Any]) -> str | None:
 
 async def storage_facts(ctx: OperatorContext, namespace: str, session_ref: str) -> StorageFacts:
     """What the API holds about the storage of session ``session_ref``."""
-    claim_name = naming.workspace_claim_name(session_ref)
     session = await ctx.api.get(custom_path(namespace, SESSION_PLURAL, session_ref))
-    claim = await ctx.api.get(core_path(namespace, "persistentvolumeclaims", claim_name))
-    pod = await ctx.api.get(core_path(namespace, "pods", naming.runtime_pod_name(session_ref)))
+    # Its children's names as it was made (naming.legacy_children); with the session
+    # gone, either: a claim of either name may outlive it (orphaned) and hold files.
+    schemes = (
+        [naming.legacy_children((session.get("metadata") or {}).get("annotations"))]
+        if session is not None
+        else [False, True]
+    )
+    claim_names = [naming.workspace_claim_name(session_ref, legacy=legacy) for legacy in schemes]
+    claim = None
+    for claim_name in claim_names:
+        claim = await ctx.api.get(core_path(namespace, "persistentvolumeclaims", claim_name))
+        if claim is not None:
+            break
+    pod_name = naming.runtime_pod_name(session_ref, legacy=schemes[0])
+    pod = await ctx.api.get(core_path(namespace, "pods", pod_name))
     if pod is None:  # a pod claimed from the warm pool keeps its own name (operator/pool)
         pods = await ctx.api.list(core_path(namespace, "pods"), f"{LABEL_SESSION}={session_ref}")
         pod = pods[0] if pods else None
@@ -70,7 +82,7 @@ async def storage_facts(ctx: OperatorContext, namespace: str, session_ref: str) 
     if claim is None:  # a bound claim's volume holds nothing the claim does not decide
         for pv in await ctx.api.list("/api/v1/persistentvolumes"):
             ref = (pv.get("spec") or {}).get("claimRef") or {}
-            if (ref.get("namespace"), ref.get("name")) == (namespace, claim_name):
+            if ref.get("namespace") == namespace and ref.get("name") in claim_names:
                 volumes.append(pv)
     return StorageFacts(session=session, claim=claim, pod=pod, volumes=volumes)
 

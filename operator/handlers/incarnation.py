@@ -38,7 +38,9 @@ def _new(session: SandboxSession) -> bool:
 async def _ensure_secret(ctx: OperatorContext, session: SandboxSession, body: dict) -> str | None:
     """The session's token Secret, or why we wait for it."""
     ns = session.namespace
-    path = core_path(ns, "secrets", naming.runtime_secret_name(session.name))
+    path = core_path(
+        ns, "secrets", naming.runtime_secret_name(session.name, legacy=session.legacy_children)
+    )
     secret = None if _new(session) else await ctx.api.get(path)
     state = judge(secret, session.uid)
     if state == "absent":
@@ -62,7 +64,7 @@ async def _ensure_secret(ctx: OperatorContext, session: SandboxSession, body: di
 async def _ensure_claim(ctx: OperatorContext, session: SandboxSession, body: dict) -> str | None:
     """The session's workspace claim, or why we wait for it."""
     ns = session.namespace
-    name = naming.workspace_claim_name(session.name)
+    name = naming.workspace_claim_name(session.name, legacy=session.legacy_children)
     path = core_path(ns, "persistentvolumeclaims", name)
     claim = None if _new(session) else await ctx.api.get(path)
     state = judge(claim, session.uid)

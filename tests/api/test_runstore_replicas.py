@@ -49,9 +49,11 @@ async def until(condition, timeout: float = 30.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def follow(urls, user, body=None, run_id="") -> tuple[Followed, asyncio.Task]:
+def follow(urls, user, body=None, run_id="", tenant=None) -> tuple[Followed, asyncio.Task]:
     watched = Followed()
-    task = asyncio.create_task(start_and_follow(urls, user, body, run_id=run_id, followed=watched))
+    task = asyncio.create_task(
+        start_and_follow(urls, user, body, run_id=run_id, followed=watched, tenant=tenant)
+    )
     return watched, task
 
 
@@ -141,6 +143,37 @@ def test_a_killed_owners_runs_are_taken_over_or_ended_cleanly(replicas, scripted
         assert resumed and talk.kinds()[-2:] == ["result", "done"]
         assert work.kinds()[-3:] == ["tool_start", "error", "done"]
         assert work.events[-2][2]["code"] == "run_interrupted"
+
+    asyncio.run(scenario())
+
+
+def test_a_run_taken_over_carries_on_in_its_tenant(replicas, scripted_llm):
+    # Security review M6: the resumed run's caller lost its tenant, so its session (one
+    # per tenant and user) was "not found" on the replica that took it over.
+    a, b = replicas
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    turns: list[str] = []
+
+    def respond(body):
+        turns.append("x")
+        if len(turns) == 1:
+            return slow_text(40, 0.1)  # on A: killed in the middle of it
+        if not tool_results(body):  # resumed on B: a tool, in the run's own session
+            return tool_reply("execute_code", {"code": "print('in-' + 'tenant')"})
+        return text_reply("finished")
+
+    scripted_llm.responder = respond
+
+    async def scenario():
+        talk, done = follow(on(a, b), user, {"query": "q", "conversation_id": "c"}, tenant="t1")
+        await until(lambda: "text" in talk.kinds())
+        a.stop(signal.SIGKILL)
+        await done
+        assert_complete(talk)
+        assert any(k == "status" and d["stage"] == "resumed" for _, k, d in talk.events)
+        tool_end = next(d for _, k, d in talk.events if k == "tool_end")
+        assert tool_end["ok"] and "in-tenant" in tool_end["output"], tool_end
+        assert talk.kinds()[-2:] == ["result", "done"]
 
     asyncio.run(scenario())
 

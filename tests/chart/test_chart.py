@@ -335,6 +335,10 @@ def test_api_deployment_and_service(rendered: tuple[str, list[dict[str, Any]]]) 
         assert token == {"name": full, "key": "service-token"}
         secret = one(docs, "Secret", full)
         assert len(secret["data"]["service-token"]) >= 48
+        # One stream-token key for every replica (security review M5), kept in the Secret.
+        stream = env["SANDBOX_WORKSPACE_STREAM_TOKEN_SECRET"]["secretKeyRef"]
+        assert stream == {"name": full, "key": "stream-token-secret"}
+        assert len(secret["data"]["stream-token-secret"]) >= 48
         assert "SANDBOX_WORKSPACE_LLM_API_KEY" not in env
         assert json.loads(env["SANDBOX_WORKSPACE_FILE_UPLOAD"]) == {
             "maxFileSize": 100,
@@ -345,6 +349,8 @@ def test_api_deployment_and_service(rendered: tuple[str, list[dict[str, Any]]]) 
     else:
         assert not by_kind(docs, "Secret"), "existing Secrets only: the chart creates none"
         assert token == {"name": "platform-backend-token", "key": "token"}
+        stream = env["SANDBOX_WORKSPACE_STREAM_TOKEN_SECRET"]["secretKeyRef"]
+        assert stream == {"name": "platform-stream-token", "key": "hmac"}
         assert env["SANDBOX_WORKSPACE_JWT_SECRET"]["secretKeyRef"] == {
             "name": "platform-jwt",
             "key": "hs256",
@@ -399,6 +405,21 @@ def test_the_redis_run_store_needs_the_secret_of_its_url(tools: Tools) -> None:
     result = render_text(tools, set_values={"chat.runStore": "redis"}, check=False)
     assert result.returncode != 0
     assert "chat.runStore=redis needs chat.redis.existingSecret" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "jwt_values",
+    [
+        pytest.param({"auth.jwt.jwksUrl": "https://id.example/jwks"}, id="jwks"),
+        pytest.param(
+            {"auth.jwt.existingSecret": "k", "auth.jwt.audience": "sandbox"}, id="hs256-no-iss"
+        ),
+    ],
+)
+def test_jwts_need_an_audience_and_an_issuer(tools: Tools, jwt_values: dict) -> None:
+    result = render_text(tools, set_values=jwt_values, check=False)
+    assert result.returncode != 0
+    assert "auth.jwt.audience and auth.jwt.issuer are required" in result.stderr
 
 
 def test_operator_workload(rendered: tuple[str, list[dict[str, Any]]]) -> None:

@@ -94,6 +94,14 @@ class FakeKube:
             }
         return copy.deepcopy(self.put(full, obj))
 
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        """The API backend's create: POST raises ``Conflict`` on a name taken (as Kube)."""
+        assert method == "POST", method
+        obj = await self.create(path, body)
+        if obj is None:
+            raise KubeConflict(409, f"{path}/{body['metadata']['name']} exists", "AlreadyExists")
+        return obj
+
     async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         self.calls.append(("patch", path))
         target_path = path.removesuffix("/status")

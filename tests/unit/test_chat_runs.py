@@ -10,10 +10,11 @@ import pytest
 
 from sandbox_workspace.api.chat.runs import Run, RunRegistry
 from sandbox_workspace.contract.errors import NotFoundError
+from sandbox_workspace.operator.naming import session_id_for
 
 
-def _run(user: str = "u") -> Run:
-    return Run(user_id=user, session_id="s", conversation_id="c")
+def _run(user: str = "u", tenant: str = "default") -> Run:
+    return Run(user_id=user, session_id=session_id_for(user, tenant), conversation_id="c")
 
 
 def test_each_event_is_kept_as_one_sse_frame_with_its_id():
@@ -100,14 +101,14 @@ async def test_a_follower_that_goes_away_leaves_the_run_untouched():
 async def test_a_finished_run_is_gone_once_its_retention_has_passed():
     registry = RunRegistry(retention_seconds=0.05)
     run = registry.add(_run("ann"))
-    assert registry.get(run.id, "ann") is run
+    assert registry.get(run.id, session_id_for("ann")) is run
     with pytest.raises(NotFoundError):
-        registry.get(run.id, "bob")  # another user's run does not exist for them
+        registry.get(run.id, session_id_for("bob"))  # another user's run: none for them
     run.finish()
     await asyncio.sleep(0.1)
     # Pruning walks all runs at most once a second, but a lookup is exact.
     with pytest.raises(NotFoundError):
-        registry.get(run.id, "ann")
+        registry.get(run.id, session_id_for("ann"))
 
 
 async def test_cancel_conversation_ends_only_that_conversations_open_runs():
@@ -152,3 +153,12 @@ async def test_cancel_conversation_ends_only_that_conversations_open_runs():
     for run in (other_conv, other_session):
         run.cancel()
     await asyncio.gather(other_conv.task, other_session.task)
+
+
+async def test_a_run_is_its_tenants_a_user_id_repeated_in_another_tenant_finds_nothing():
+    registry = RunRegistry(retention_seconds=60)
+    run = registry.add(_run("42", "acme"))
+    assert await registry.find(run.id, session_id_for("42", "acme")) is run
+    for other in (session_id_for("42", "globex"), session_id_for("42")):
+        with pytest.raises(NotFoundError):
+            await registry.find(run.id, other)

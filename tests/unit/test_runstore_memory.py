@@ -23,9 +23,9 @@ async def test_runs_are_found_decided_and_cancelled_in_process_only():
     registry = RunRegistry(60)
     run = registry.add(Run(user_id="u", session_id="s", conversation_id="c"), {"query": "q"})
     assert run.sink is None and run.durable is None  # emit wakes followers directly
-    assert await registry.find(run.id, "u") is run
+    assert await registry.find(run.id, "s") is run
     with pytest.raises(NotFoundError):
-        await registry.find("run_elsewhere", "u")
+        await registry.find("run_elsewhere", "s")
     run.open_approval("call_1", "bash")
     await registry.decide(run, "call_1", True)
     with pytest.raises(Conflict):

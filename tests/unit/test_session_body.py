@@ -7,7 +7,7 @@ import pytest
 from sandbox_workspace.api.backends.base import SessionSpec
 from sandbox_workspace.api.backends.kubernetes import session_body
 from sandbox_workspace.contract import crd
-from sandbox_workspace.operator import models
+from sandbox_workspace.operator import models, naming
 
 
 def _expected_spec(**extra) -> dict:
@@ -43,7 +43,11 @@ def test_session_body_carries_the_api_defaults_for_new_sessions(network_enabled,
         "metadata": {
             "name": "sb-session-alice",
             "labels": {crd.LABEL_USER: "alice"},
-            "annotations": {crd.ANNOTATION_USER_ID: "alice"},
+            "annotations": {
+                crd.ANNOTATION_USER_ID: "alice",
+                # Made with current (64-bit) names for its pod, Secret and claim.
+                naming.ANNOTATION_NAMES: naming.NAMES_CURRENT,
+            },
         },
         "spec": full,
     }

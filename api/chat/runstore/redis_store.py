@@ -281,17 +281,18 @@ class RedisRunStore(RunStore):
         stored.update(zip([r.id for r in here], await super().last_event_ids(here), strict=True))
         return [stored[r.id] for r in runs]
 
-    def _chat_key(self, user_id: str, chat_id: str) -> str:
-        # The user's length first: no two (user, chat) pairs share a key.
-        return f"{self.keys.prefix}chat:{len(user_id)}:{user_id}:{chat_id}"
+    def _chat_key(self, session_id: str, chat_id: str) -> str:
+        # The session's length first: no two (session, chat) pairs share a key.
+        return f"{self.keys.prefix}chat:{len(session_id)}:{session_id}:{chat_id}"
 
-    async def chat_run(self, user_id: str, chat_id: str) -> ChatRun | None:
-        raw = await self.redis.get(self._chat_key(user_id, chat_id))
+    async def chat_run(self, session_id: str, chat_id: str) -> ChatRun | None:
+        raw = await self.redis.get(self._chat_key(session_id, chat_id))
         return None if raw is None else ChatRun(**json.loads(raw))
 
-    async def set_chat_run(self, user_id: str, chat_id: str, entry: ChatRun, ttl: float) -> None:
+    async def set_chat_run(self, session_id: str, chat_id: str, entry: ChatRun, ttl: float) -> None:
         value = json.dumps({"run_id": entry.run_id, "message_id": entry.message_id})
-        await self.redis.set(self._chat_key(user_id, chat_id), value, px=max(1, int(ttl * 1000)))
+        key = self._chat_key(session_id, chat_id)
+        await self.redis.set(key, value, px=max(1, int(ttl * 1000)))
 
     # -- background work --------------------------------------------------------------------
     async def _heartbeat(self) -> None:

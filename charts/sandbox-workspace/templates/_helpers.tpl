@@ -58,7 +58,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* Does the chart's own Secret "<fullname>-api" have anything to hold? */}}
 {{- define "sw.chartSecretNeeded" -}}
-{{- if or (and .Values.auth.serviceToken.enabled (not .Values.auth.serviceToken.existingSecret)) (and .Values.chat.apiKey.value (not .Values.chat.apiKey.existingSecret)) -}}true{{- end -}}
+{{- if or (and .Values.auth.serviceToken.enabled (not .Values.auth.serviceToken.existingSecret)) (and .Values.chat.apiKey.value (not .Values.chat.apiKey.existingSecret)) (not .Values.auth.streamToken.existingSecret) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the stream-token key: the user's, else the chart's own. */}}
+{{- define "sw.streamTokenSecret" -}}
+{{- default (include "sw.apiName" .) .Values.auth.streamToken.existingSecret -}}
 {{- end -}}
 
 {{/*
