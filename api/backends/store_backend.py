@@ -81,6 +81,9 @@ class WorkspaceDisabled(Conflict):
 
 
 _FILL_CONCURRENCY = 8
+# Files one write-back copies at a time: enough to keep the store busy with small files,
+# few enough that a large one holds at most this many × the store's part buffers.
+WRITE_BACK_CONCURRENCY = 16
 _MAX_RUNTIMES_KNOWN = 10_000  # runtimes whose raw-upload answer is kept
 _NAMING_HEADERS = ("content-disposition", "x-sandbox-path")
 
@@ -473,33 +476,35 @@ class StoreBackend:
         newly = [p for p in presented if p in known and not known[p]]
         if not copies and not newly:
             return []
-        recorded = []
         async with self._fenced(session, cid):
-            for path, opener, mime_type, uploaded, seen in copies:
-                response = await opener()
-                recorded.append(
-                    await self._copy(scope, cid, path, response, mime_type, uploaded=uploaded)
-                )
-                if seen is not None:
-                    self._seen[seen[0]] = seen[1]
-            if newly:
-                recorded += await self.meta.mark_presented(scope, cid, newly)
+            # The copies run a few at a time; what they wrote is recorded in one change
+            # (``Metadata.record_writes``) — even when some failed, so nothing copied is
+            # left unrecorded — and the first failure is raised after.
+            gate = asyncio.Semaphore(WRITE_BACK_CONCURRENCY)
+
+            async def copy(path, opener, mime_type, uploaded) -> Written:
+                async with gate:
+                    return await self._copy(scope, cid, path, await opener(), mime_type)
+
+            done = await asyncio.gather(*(copy(*c[:4]) for c in copies), return_exceptions=True)
+            writes = [(w, c[3]) for c, w in zip(copies, done, strict=True)
+                      if isinstance(w, Written)]  # fmt: skip
+            recorded = await self.meta.record_writes(scope, cid, writes, newly)
+            for c, w in zip(copies, done, strict=True):
+                if isinstance(w, Written) and c[4] is not None:
+                    self._seen[c[4][0]] = c[4][1]
+        failed = [e for e in done if isinstance(e, BaseException)]
+        if failed:
+            raise failed[0]
         return recorded
 
     async def _copy(
-        self,
-        scope: Scope,
-        cid: str,
-        path: str,
-        response: httpx.Response,
-        mime_type: str,
-        *,
-        uploaded: bool,
-    ) -> FileRecord:
+        self, scope: Scope, cid: str, path: str, response: httpx.Response, mime_type: str
+    ) -> Written:
+        """Stream one file of the cache to its object; answer what was written."""
         body = Hashing(response.aiter_raw())
         try:
             etag = await self.store.put(self.layout.file(scope, cid, path), body)
         finally:
             await response.aclose()
-        written = Written(path, body.size, body.digest.hexdigest(), mime_type, etag)
-        return await self.meta.record_write(scope, cid, written, uploaded=uploaded)
+        return Written(path, body.size, body.digest.hexdigest(), mime_type, etag)
