@@ -61,8 +61,9 @@ from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Wri
 from ..runtime_client import RuntimeClient
 from ..upload_guard import GuardedBody
 from .base import Backend, ConversationDeleting, Session
-from .store_cache import OUTPUTS, UPLOADS, Hashing, drop_cached, fill_upload
+from .store_cache import OUTPUTS, UPLOADS, drop_cached, fill_upload
 from .store_upload import TeeUpload
+from .store_writeback import Copy, copy_all
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +82,6 @@ class WorkspaceDisabled(Conflict):
 
 
 _FILL_CONCURRENCY = 8
-# Files one write-back copies at a time: enough to keep the store busy with small files,
-# few enough that a large one holds at most this many × the store's part buffers.
-WRITE_BACK_CONCURRENCY = 16
 _MAX_RUNTIMES_KNOWN = 10_000  # runtimes whose raw-upload answer is kept
 _NAMING_HEADERS = ("content-disposition", "x-sandbox-path")
 
@@ -451,60 +449,48 @@ class StoreBackend:
         client = RuntimeClient(self.http, session.endpoint)
         manifest = await self.meta.get(scope, cid)
         uploads, outputs = await self._listings(client, cid)
-        copies = []  # (path, opener, mime type, uploaded, seen key and stamp)
+        copies: list[Copy] = []
+        stamps: dict[str, tuple] = {}  # output path → its seen key and stamp
         for name, f in uploads.items():
             path = UPLOADS + name
             old = manifest.active(path) if manifest else None
             if old is not None and not f.modified and old.checksum == f.sha256:
                 continue
             opener = partial(client.open_download, cid, name)
-            copies.append((path, opener, f.mime_type, not f.modified, None))
+            key = self.layout.file(scope, cid, path)
+            copies.append(Copy(path, key, opener, f.mime_type, uploaded=not f.modified))
         for rel, f in outputs.items():
             path = OUTPUTS + rel
             seen = ((session.session_id, cid, path), (f.size, f.modified_at.isoformat()))
             if self._seen.get(seen[0]) == seen[1] and manifest and manifest.active(path):
                 continue
-            copies.append((path, partial(client.open_output, cid, rel.split("/")), f.mime_type,
-                           False, seen))  # fmt: skip
+            opener = partial(client.open_output, cid, rel.split("/"))
+            key = self.layout.file(scope, cid, path)
+            copies.append(Copy(path, key, opener, f.mime_type, output=rel, size=f.size))
+            stamps[path] = seen
         # present_file's marks (kept by the runtime at the end of a run) → is_presented.
         presented = [UPLOADS + n for n, f in uploads.items() if f.presented] + [
             OUTPUTS + r for r, f in outputs.items() if f.presented
         ]
         known = {r.file_path: r.is_presented for r in (manifest.files if manifest else [])
                  if r.active}  # fmt: skip
-        known.update({c[0]: known.get(c[0], False) for c in copies})
+        known.update({c.path: known.get(c.path, False) for c in copies})
         newly = [p for p in presented if p in known and not known[p]]
         if not copies and not newly:
             return []
         async with self._fenced(session, cid):
-            # The copies run a few at a time; what they wrote is recorded in one change
-            # (``Metadata.record_writes``) — even when some failed, so nothing copied is
-            # left unrecorded — and the first failure is raised after.
-            gate = asyncio.Semaphore(WRITE_BACK_CONCURRENCY)
-
-            async def copy(path, opener, mime_type, uploaded) -> Written:
-                async with gate:
-                    return await self._copy(scope, cid, path, await opener(), mime_type)
-
-            done = await asyncio.gather(*(copy(*c[:4]) for c in copies), return_exceptions=True)
-            writes = [(w, c[3]) for c, w in zip(copies, done, strict=True)
+            # Copied a batch at a time (``store_writeback``); every success is recorded
+            # in one metadata change, so nothing copied is left unrecorded, and the first
+            # failure is raised after.
+            done = await copy_all(self.store, client, cid, copies)
+            writes = [(w, c.uploaded) for c, w in zip(copies, done, strict=True)
                       if isinstance(w, Written)]  # fmt: skip
             recorded = await self.meta.record_writes(scope, cid, writes, newly)
-            for c, w in zip(copies, done, strict=True):
-                if isinstance(w, Written) and c[4] is not None:
-                    self._seen[c[4][0]] = c[4][1]
+            for w in done:
+                if isinstance(w, Written) and w.file_path in stamps:
+                    key, stamp = stamps[w.file_path]
+                    self._seen[key] = stamp
         failed = [e for e in done if isinstance(e, BaseException)]
         if failed:
             raise failed[0]
         return recorded
-
-    async def _copy(
-        self, scope: Scope, cid: str, path: str, response: httpx.Response, mime_type: str
-    ) -> Written:
-        """Stream one file of the cache to its object; answer what was written."""
-        body = Hashing(response.aiter_raw())
-        try:
-            etag = await self.store.put(self.layout.file(scope, cid, path), body)
-        finally:
-            await response.aclose()
-        return Written(path, body.size, body.digest.hexdigest(), mime_type, etag)
