@@ -83,6 +83,8 @@ pods' AWS credential chain. Call with (dict "prefix" "…" "store" .Values.store
   value: {{ $s.s3.region | quote }}
 - name: {{ $p }}S3__VIRTUAL_HOSTED_STYLE
   value: {{ $s.s3.virtualHostedStyle | quote }}
+- name: {{ $p }}S3__VERSIONED_BUCKET
+  value: {{ $s.s3.versionedBucket | default "refuse" | quote }}
 {{- if not (kindIs "invalid" $s.s3.signPayload) }}
 - name: {{ $p }}S3__SIGN_PAYLOAD
   value: {{ $s.s3.signPayload | quote }}
