@@ -93,6 +93,7 @@ class RuntimeState:
                 max_processes=settings.max_processes,
                 mode=settings.confinement,
                 network=settings.network,
+                min_abi=settings.confinement_min_abi,
             ),
         )
 
