@@ -9,7 +9,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 DATA   ?= ./data
 
-.PHONY: dev test setup lint format bench clean
+.PHONY: dev test fuzz setup lint format bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=...)")'
@@ -35,6 +35,12 @@ test: lint
 	bash scripts/install-system-deps.sh
 	bash scripts/install-node-deps.sh
 	$(BIN)/pytest
+
+# The contract fuzzer with new seeds and more examples (the test command's seed is fixed,
+# so it never fails at random): run before each landing; a failure prints its seed.
+fuzz: $(STAMP)
+	SANDBOX_FUZZ_SEED=random SANDBOX_FUZZ_EXAMPLES=$(or $(EXAMPLES),40) \
+	  $(BIN)/pytest -s tests/api/test_contract_schemathesis.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -30,6 +30,7 @@ from .chat.runs import RunRegistry
 from .chat.runstore.factory import build_store
 from .chat.tools import TOOL_NAMES
 from .deps import Services
+from .files import CacheFiles, FileService
 from .identity import Authenticator, StreamTokens
 from .metrics import install_metrics
 from .routes import (
@@ -127,17 +128,29 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     http = httpx.AsyncClient(timeout=timeout, transport=transport)
     backend = backend or build_backend(settings, http)
     store = None
+    file_service: FileService = CacheFiles(backend, http)
     if settings.store == "s3":  # the store becomes the files' source of truth
         from sandbox_workspace.store import S3Store
         from sandbox_workspace.store.layout import Layout
 
         from .backends.store_backend import StoreBackend
+        from .files.stored import StoredFiles
 
         store = S3Store(settings.s3)
         backend = StoreBackend(backend, http, store, Layout(settings.s3.prefix))
+        file_service = StoredFiles(backend, http)
+    elif settings.backend == "local":  # the embedded default: seed 003's records beside it
+        from sandbox_workspace.store import DirStore
+
+        from .backends.cache_records import RecordsBackend
+
+        records = RecordsBackend(backend, http, DirStore(settings.data_dir / "records"))
+        backend = records
+        file_service = CacheFiles(backend, http, records)
     services = Services(
         settings=settings,
         backend=backend,
+        files=file_service,
         sessions=SessionService(
             backend,
             default_upload=settings.file_upload,

@@ -16,6 +16,7 @@ from sandbox_workspace.store import ObjectStore
 from .backends.base import Backend
 from .chat.llm import LlmClient
 from .chat.runs import RunRegistry
+from .files import FileService
 from .identity import Authenticator, Caller, StreamTokens
 from .sessions import SessionService
 from .settings import ApiSettings
@@ -27,6 +28,7 @@ class Services:
 
     settings: ApiSettings
     backend: Backend
+    files: FileService  # every file route's way to the files (one per mode)
     sessions: SessionService
     authenticator: Authenticator
     http: httpx.AsyncClient

@@ -60,7 +60,7 @@ TAGS = [
     {"name": "health", "description": "Liveness and readiness."},
     {
         "name": "workspace",
-        "description": "Seed 003's workspace: files with metadata, by file_id (store mode).",
+        "description": "Seed 003's workspace: files with metadata, by file_id.",
     },
 ]
 

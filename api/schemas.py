@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from sandbox_workspace.operator.models import FileUploadConfig
-from sandbox_workspace.runtime.schemas import UploadedFile, UploadList, UploadResult
+from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR, UploadedFile, UploadResult
 
 from .backends.base import Session
 from .identity import MAX_USER_ID
@@ -122,6 +122,10 @@ class SessionResponse(BaseModel):
     workspace_path: str
     message: str = ""
     file_upload_config: UploadConfig
+    info: dict[str, str] = Field(
+        description="Seed 000 §4.2's free-form `info` map: the session's workspace path, "
+        "user, agent and business domain (the same values as the fields above)."
+    )
 
     @classmethod
     def of(cls, s: Session) -> SessionResponse:
@@ -136,6 +140,12 @@ class SessionResponse(BaseModel):
             workspace_path=s.workspace_path,
             message=s.message,
             file_upload_config=UploadConfig.of(s.spec.file_upload),
+            info={
+                "workspace_path": s.workspace_path,
+                "user_id": s.spec.user_id,
+                "agent_id": s.spec.agent_id,
+                "business_domain_id": s.spec.business_domain_id,
+            },
         )
 
 
@@ -144,19 +154,68 @@ class SessionDeleted(BaseModel):
     deleted: bool = True
 
 
-class FileUploaded(UploadResult):
-    session_id: str
+class FileItem(BaseModel):
+    """One user upload of a listing (seed 001 §5.2's size and time, its digest and type)."""
+
+    name: str
+    path: str = Field(description="Full path as code in the sandbox opens it.")
+    size: int
+    sha256: str
+    mime_type: str
+    uploaded_at: datetime
+    conversation_id: str = Field(description="Its conversation (names repeat across them).")
+    subdir: str = UPLOAD_SUBDIR
+    modified: bool = Field(
+        False,
+        description="True when executed code changed the file after the upload (its bytes "
+        "or its inode: write, chmod, link): size is the current one, sha256 the uploaded "
+        "bytes' digest.",
+    )
+    presented: bool = Field(False, description="A run presented this file to the user.")
+
+    @classmethod
+    def of(cls, f: UploadedFile) -> FileItem:
+        """From the runtime's wire model (the one mapping of an upload to the public)."""
+        return cls.model_validate({k: getattr(f, k) for k in cls.model_fields})
 
 
-class FileList(UploadList):
+class FileUploaded(FileItem):
+    """The upload answer: the file, with seed 000 §8.6's ``file_name``."""
+
     session_id: str
+    file_name: str = Field(description="The file's name, as `selected_files` names it.")
+    replaced: bool = Field(False, description="True when a file of that name was overwritten.")
+
+    @classmethod
+    def answer(cls, f: UploadResult, session_id: str) -> FileUploaded:
+        item = FileItem.of(f).model_dump()
+        return cls(**item, session_id=session_id, file_name=f.name, replaced=f.replaced)
 
 
 class SessionFileList(BaseModel):
-    """Uploads of every conversation of the session (each file names its conversation)."""
+    """Uploads of every conversation of the session: ``files`` their names, as seed 000
+    §6.3's frontend reads them, ``items`` the files (each names its conversation)."""
 
     session_id: str
-    files: list[UploadedFile]
+    files: list[str] = Field(description='The files\' names (`["data.csv", …]`).')
+    items: list[FileItem] = Field(description="The files, in the order of `files`.")
+
+    @classmethod
+    def of(cls, session_id: str, uploads: list[UploadedFile], **more: Any):
+        return cls(
+            session_id=session_id,
+            files=[f.name for f in uploads],
+            items=[FileItem.of(f) for f in uploads],
+            **more,
+        )
+
+
+class FileList(SessionFileList):
+    """Uploads of one conversation (``files`` names, ``items`` the files)."""
+
+    conversation_id: str
+    subdir: str = UPLOAD_SUBDIR
+    path: str = Field(description="The temparea directory as code in the sandbox sees it.")
 
 
 class FileDeleted(BaseModel):

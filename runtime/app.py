@@ -49,7 +49,13 @@ from .schemas import (
     UploadResult,
 )
 from .settings import RuntimeSettings
-from .uploads import ConversationLocks, ConversationQuota, UploadLimits, receive_upload
+from .uploads import (
+    ConversationLocks,
+    ConversationQuota,
+    UploadLimits,
+    UploadTarget,
+    receive_upload,
+)
 from .workspace import Workspace
 
 _READ_CHUNK = 1024 * 1024
@@ -195,16 +201,9 @@ async def upload(
     """Stream a multipart upload (`file`, `conversation_id`, `subdir`) into temparea
     (named `name` when given, else by the file part's filename)."""
     with state.activity.track():
+        target = _target(state, conversation_id, subdir, name)
         return await receive_upload(
-            request.stream(),
-            request.headers.get("content-type", ""),
-            state.workspace,
-            state.limits,
-            state.locks,
-            conversation_id=conversation_id,
-            subdir=subdir,
-            quota=state.quota,
-            name=name,
+            request.stream(), request.headers.get("content-type", ""), target
         )
 
 
@@ -220,17 +219,15 @@ async def upload_raw(
     """Stream a raw upload (the file's bytes, then the form's fields and the file's digest
     in a trailer: ``raw_upload``) into temparea — the API's way once it parsed the form."""
     with state.activity.track():
-        return await receive_raw_upload(
-            request.stream(),
-            state.workspace,
-            state.limits,
-            state.locks,
-            filename=filename,
-            conversation_id=conversation_id,
-            subdir=subdir,
-            quota=state.quota,
-            name=name,
-        )
+        target = _target(state, conversation_id, subdir, name)
+        return await receive_raw_upload(request.stream(), target, filename=filename)
+
+
+def _target(state, conversation_id: str | None, subdir: str | None, name: str | None):
+    """Where an upload request goes: this runtime's workspace, limits, locks and quota."""
+    return UploadTarget(
+        state.workspace, state.limits, state.locks, state.quota, conversation_id, subdir, name
+    )
 
 
 @router.get("/conversations/{conversation_id}/uploads")

@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from .errors import ApiError, BadRequest, TooLarge
 from .schemas import UploadResult
-from .uploads import ConversationLocks, ConversationQuota, UploadLimits, commit_staged, drain
+from .uploads import StagedUpload, UploadLimits, UploadTarget, commit_staged, drain
 from .workspace import Workspace
 
 FEATURE = "raw_upload"  # in the runtime's /healthz features
@@ -58,18 +58,11 @@ def encode_trailer(trailer: Trailer) -> bytes:
 
 
 async def receive_raw_upload(
-    body: AsyncIterator[bytes],
-    workspace: Workspace,
-    limits: UploadLimits,
-    locks: ConversationLocks,
-    *,
-    filename: str | None,
-    conversation_id: str | None = None,
-    subdir: str | None = None,
-    quota: ConversationQuota | None = None,
-    name: str | None = None,
+    body: AsyncIterator[bytes], target: UploadTarget, *, filename: str | None
 ) -> UploadResult:
     """Stream one raw upload into a conversation's temparea; see the module contract."""
+    workspace, limits, quota = target.workspace, target.limits, target.quota
+    conversation_id, name = target.conversation_id, target.name
     if not filename and name is None:
         raise BadRequest("the 'file' field must carry a filename")
     file_name = workspace.check_file_name(name or filename or "")
@@ -94,21 +87,9 @@ async def receive_raw_upload(
         trailer = _cut_trailer(fd, received)
         if trailer.size > limits.max_file_size:
             raise _too_large(limits)
-        result = await commit_staged(
-            staged,
-            fd,
-            file_name,
-            trailer.size,
-            trailer.sha256,
-            trailer.fields,
-            workspace,
-            limits,
-            locks,
-            conversation_id=conversation_id,
-            subdir=subdir,
-            quota=quota,
-            name=name,
-        )
+        file = StagedUpload(target, staged, fd, file_name, trailer.size, trailer.sha256,
+                            trailer.fields)  # fmt: skip
+        result = await commit_staged(file)
         os.close(fd)
         return result
     except ApiError:

@@ -118,6 +118,7 @@ class _Receiver:
         self.header_field = bytearray()
         self.header_value = bytearray()
         self.fields: dict[str, str] = {}
+        self.seen: set[str] = set()  # every part's field name so far
         self.staged: _StagedFile | None = None
         self.file_name: str | None = None
         self.finished = False
@@ -167,6 +168,11 @@ class _Receiver:
             part.file_name = html5_unescape(raw_file.decode()) if raw_file is not None else None
         except UnicodeDecodeError as e:
             raise BadRequest("form field and file names must be UTF-8") from e
+        if part.field_name != "file" and part.field_name in self.seen:
+            # Every small field is single-valued: a repeat would silently pick one value
+            # (the fuzzer found `path` sent three times, one of them "[]", stored as "[]").
+            raise BadRequest(repeated_field_message(part.field_name))
+        self.seen.add(part.field_name)
         if part.field_name == "file":
             if self.staged is not None or self.file_name is not None:
                 raise BadRequest("send one file per request in the 'file' field")
@@ -220,20 +226,26 @@ class _Receiver:
             self.staged = None
 
 
+@dataclass(frozen=True)
+class UploadTarget:
+    """Where one upload request goes and what holds it back: the workspace, its limits,
+    locks and quota, and the request's own parameters (checked against the form's)."""
+
+    workspace: Workspace
+    limits: UploadLimits
+    locks: ConversationLocks
+    quota: ConversationQuota | None = None
+    conversation_id: str | None = None
+    subdir: str | None = None
+    name: str | None = None  # names the file instead of the part's filename
+
+
 async def receive_upload(
-    body: AsyncIterator[bytes],
-    content_type: str,
-    workspace: Workspace,
-    limits: UploadLimits,
-    locks: ConversationLocks,
-    *,
-    conversation_id: str | None = None,
-    subdir: str | None = None,
-    quota: ConversationQuota | None = None,
-    name: str | None = None,
+    body: AsyncIterator[bytes], content_type: str, target: UploadTarget
 ) -> UploadResult:
-    """Stream one multipart upload into a conversation's temparea; see the module contract.
-    ``name`` (when given) names the file instead of the part's filename."""
+    """Stream one multipart upload into a conversation's temparea; see the module contract."""
+    workspace, limits, quota = target.workspace, target.limits, target.quota
+    conversation_id, name = target.conversation_id, target.name
     mime, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if mime != b"multipart/form-data" or not boundary:
@@ -259,19 +271,15 @@ async def receive_upload(
         if staged is None or receiver.file_name is None:
             raise BadRequest("the form has no 'file' field")
         result = await commit_staged(
-            staged.name,
-            staged.fd,
-            receiver.file_name,
-            staged.size,
-            staged.digest.hexdigest(),
-            receiver.fields,
-            workspace,
-            limits,
-            locks,
-            conversation_id=conversation_id,
-            subdir=subdir,
-            quota=quota,
-            name=name,
+            StagedUpload(
+                target,
+                staged.name,
+                staged.fd,
+                receiver.file_name,
+                staged.size,
+                staged.digest.hexdigest(),
+                receiver.fields,
+            )
         )
         receiver.discard()  # closes our descriptor; the name has moved already
         return result
@@ -284,39 +292,41 @@ async def receive_upload(
         raise
 
 
-async def commit_staged(
-    staged_name: str,
-    fd: int,
-    file_name: str,
-    size: int,
-    sha256: str,
-    fields: dict[str, str],
-    workspace: Workspace,
-    limits: UploadLimits,
-    locks: ConversationLocks,
-    *,
-    conversation_id: str | None,
-    subdir: str | None,
-    quota: ConversationQuota | None,
-    name: str | None,
-) -> UploadResult:
+@dataclass(frozen=True)
+class StagedUpload:
+    """A complete staged file and where it goes: what ``commit_staged`` moves into place
+    (built by the form route and by the raw route alike)."""
+
+    target: UploadTarget
+    staged_name: str
+    fd: int  # open on the staged file
+    file_name: str  # the part's filename (or the target's ``name``)
+    size: int
+    sha256: str
+    fields: dict[str, str]  # the form's: ``conversation_id``, ``subdir``, ``path``
+
+
+async def commit_staged(upload: StagedUpload) -> UploadResult:
     """Move a complete staged file (``fd`` open on it) into its conversation's temparea,
     applying the form's ``fields`` (``conversation_id``, ``subdir``, ``path``) against the
     query's values and every limit under the conversation's lock. The caller discards the
     staged file afterwards (a no-op once it moved) and on any error."""
-    cid = _pick("conversation_id", fields.get("conversation_id"), conversation_id)
+    target, fields = upload.target, upload.fields
+    workspace, limits, quota = target.workspace, target.limits, target.quota
+    file_name, size, fd = upload.file_name, upload.size, upload.fd
+    cid = _pick("conversation_id", fields.get("conversation_id"), target.conversation_id)
     if cid is None:
         raise BadRequest("conversation_id is required (form field or query parameter)")
     cid = workspace.check_conversation_id(cid)
-    workspace.check_subdir(_pick("subdir", fields.get("subdir"), subdir))
+    workspace.check_subdir(_pick("subdir", fields.get("subdir"), target.subdir))
     if (path := fields.get("path")) is not None:  # seed 003's name for it
         named = workspace.check_file_name(path)
-        if name is not None and named != name:
+        if target.name is not None and named != target.name:
             raise BadRequest("path in the form and the name parameter disagree")
         limits.check_type(named)
         file_name = named
     await anyio.to_thread.run_sync(os.fsync, fd)
-    async with locks.get(cid):
+    async with target.locks.get(cid):
         # Checked again in commit_upload, synchronously with the rename: a deletion
         # that starts while we waited for the lock still wins.
         workspace.refuse_if_deleting(cid)
@@ -331,7 +341,7 @@ async def commit_staged(
                 "limit; delete one first",
                 code="file_count_exceeded",
             )
-        info = workspace.commit_upload(staged_name, fd, cid, file_name, size, sha256)
+        info = workspace.commit_upload(upload.staged_name, fd, cid, file_name, size, upload.sha256)
         return UploadResult(**info.model_dump(), replaced=replaced)
 
 
@@ -356,6 +366,11 @@ def html5_unescape(name: str) -> str:
     # Browsers (HTML5 form encoding) and httpx send '"', CR and LF in multipart filenames
     # as %22, %0D and %0A; undo exactly that (CR/LF are then refused as control chars).
     return name.replace("%22", '"').replace("%0D", "\r").replace("%0A", "\n")
+
+
+def repeated_field_message(field: str) -> str:
+    """What every upload route answers (400) to a small form field sent more than once."""
+    return f"form field '{field}' was sent more than once; send each field once"
 
 
 def _pick(what: str, from_form: str | None, from_query: str | None) -> str | None:

@@ -49,6 +49,13 @@ if [[ "${1:-}" == "--check" ]]; then
 fi
 why="$(usable)" || die "$why" 3
 
+# One build at a time on this machine (the test run's background prebuild, a tier and a
+# developer may start one together): two debootstraps of the base would race.
+if command -v flock >/dev/null 2>&1; then
+  exec 8>"${TMPDIR:-/tmp}/sandbox-workspace-build-image.lock"
+  flock -n 8 || { log "another image build holds the lock; waiting"; flock 8; }
+fi
+
 # ---- base image -------------------------------------------------------------------
 if "${PODMAN[@]}" image exists "$BASE_IMAGE"; then
   log "base $BASE_IMAGE: cached"

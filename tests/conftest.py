@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prebuild import Prebuild, order
 from redis_server import missing_reason, start_redis
 from seaweedfs import SeaweedFS, start_seaweedfs
 from seaweedfs import missing_reason as seaweedfs_missing
@@ -195,7 +196,13 @@ def start_server(tmp_path_factory: pytest.TempPathFactory):
 EXTERNAL_API = os.environ.get("SANDBOX_TEST_API_URL")
 
 
+REPO = Path(__file__).resolve().parents[1]
+INSIDE_NODE_TIER = os.environ.get("SANDBOX_NODE_NETNS") == "1"  # no network: no builds
+_prebuild = Prebuild(REPO)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    order(items, REPO / "tests")  # light tiers first; the heavy ones find their builds done
     if not EXTERNAL_API:
         return
     skip = pytest.mark.skip(
@@ -205,6 +212,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "local_backend" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(trylast=True)  # after the tiers' own hooks have marked what they skip
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not session.config.option.collectonly and not INSIDE_NODE_TIER:
+        _prebuild.start(session.items)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: outside pytest-timeout's timer
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    _prebuild.wait(item)
+    return (yield)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _prebuild.stop()
 
 
 @pytest.fixture(scope="session")

@@ -50,7 +50,6 @@ from typing import Any
 import httpx
 
 from sandbox_workspace.operator import naming
-from sandbox_workspace.runtime.client import RuntimeRefused
 from sandbox_workspace.runtime.errors import Conflict, NotFoundError
 from sandbox_workspace.runtime.raw_upload import FEATURE as RAW_UPLOAD
 from sandbox_workspace.runtime.schemas import UploadResult
@@ -61,7 +60,7 @@ from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Wri
 from ..runtime_client import RuntimeClient
 from ..upload_guard import GuardedBody
 from .base import Backend, ConversationDeleting, Session
-from .store_cache import OUTPUTS, UPLOADS, drop_cached, fill_upload
+from .store_cache import OUTPUTS, UPLOADS, drop_cached, fill_upload, listings
 from .store_upload import TeeUpload
 from .store_writeback import Copy, copy_all
 
@@ -105,7 +104,39 @@ class StoredResponse:
         await self.download.aclose()
 
 
-class StoreBackend:
+class MetadataDecorator:
+    """What the decorators that keep seed 003's metadata share (``StoreBackend`` here,
+    ``cache_records.RecordsBackend``): the inner backend for everything else, the store
+    checked at start and closed at the end, a disabled workspace refused."""
+
+    inner: Backend
+    store: ObjectStore
+    meta: Metadata
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the inner backend's
+        return getattr(self.inner, name)
+
+    @staticmethod
+    def scope(session: Session | str) -> Scope:
+        """The session's keys: its tenant (read from its id) and the session."""
+        sid = session if isinstance(session, str) else session.session_id
+        return Scope(naming.tenant_of(sid) or DEFAULT_TENANT, sid)
+
+    async def start(self) -> None:
+        await self.store.check()
+        await self.inner.start()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+        await self.store.aclose()
+
+    async def refuse_disabled(self, session: Session, conversation_id: str) -> None:
+        manifest = await self.meta.get(self.scope(session), conversation_id)
+        if manifest is not None and not manifest.workspace_enabled:
+            raise WorkspaceDisabled(conversation_id)
+
+
+class StoreBackend(MetadataDecorator):
     def __init__(
         self, inner: Backend, http: httpx.AsyncClient, store: ObjectStore, layout: Layout
     ) -> None:
@@ -119,15 +150,6 @@ class StoreBackend:
         self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._takes_raw: dict[tuple[str, str], bool] = {}  # runtime → takes raw uploads
-
-    def __getattr__(self, name: str) -> Any:  # everything else is the inner backend's
-        return getattr(self.inner, name)
-
-    @staticmethod
-    def scope(session: Session | str) -> Scope:
-        """The session's keys: its tenant (read from its id) and the session."""
-        sid = session if isinstance(session, str) else session.session_id
-        return Scope(naming.tenant_of(sid) or DEFAULT_TENANT, sid)
 
     def _lock(self, session: Session, cid: str) -> asyncio.Lock:
         return self._locks.setdefault((session.session_id, cid), asyncio.Lock())
@@ -148,37 +170,41 @@ class StoreBackend:
                 await asyncio.shield(self.store.delete_prefix(prefix))
                 raise ConversationDeleting(cid)
 
-    # -- lifecycle ------------------------------------------------------------------
-
-    async def start(self) -> None:
-        await self.store.check()
-        await self.inner.start()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-        await self.store.aclose()
-
     # -- the hooks ------------------------------------------------------------------
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
         """Before a write: tracked, filled, and refused when the workspace is disabled."""
         await self.ensure_filled(session, conversation_id)
-        manifest = await self.meta.get(self.scope(session), conversation_id)
-        if manifest is not None and not manifest.workspace_enabled:
-            raise WorkspaceDisabled(conversation_id)
+        await self.refuse_disabled(session, conversation_id)
+
+    def _fill_key(self, session: Session, conversation_id: str) -> tuple[str, str, str] | None:
+        ep = session.endpoint
+        if ep is None:
+            return None
+        return (session.session_id, f"{ep.url} {ep.token} {ep.incarnation}", conversation_id)
 
     async def ensure_filled(self, session: Session, conversation_id: str) -> None:
         await self.inner.conversation_opened(session, conversation_id)
-        if session.endpoint is None:
-            return
-        ep = session.endpoint
-        key = (session.session_id, f"{ep.url} {ep.token} {ep.incarnation}", conversation_id)
-        if key in self._filled:
+        key = self._fill_key(session, conversation_id)
+        if key is None or key in self._filled:
             return
         async with self._lock(session, conversation_id):
             if key not in self._filled:
                 await self.fill(session, conversation_id)
                 self._filled.add(key)
+
+    async def filled_for_reading(self, session: Session, conversation_id: str) -> None:
+        """Before a read of the cache (a listing, a download): a conversation the store
+        holds is filled first, so a read never misses a file the store has (a new
+        runtime, an API restart); one the store does not know, or one being deleted, is
+        read as the cache has it — a read creates nothing."""
+        key = self._fill_key(session, conversation_id)
+        if key is None or key in self._filled:
+            return
+        if await self.meta.get(self.scope(session), conversation_id) is None:
+            return
+        with contextlib.suppress(ConversationDeleting):
+            await self.ensure_filled(session, conversation_id)
 
     async def conversation_written(self, session: Session, conversation_id: str) -> None:
         await self.inner.conversation_written(session, conversation_id)
@@ -383,7 +409,7 @@ class StoreBackend:
         if manifest is None:
             return 0
         client = RuntimeClient(self.http, session.endpoint)
-        uploads, outputs = await self._listings(client, cid)
+        uploads, outputs = await listings(client, cid)
         missing = []
         for record in manifest.files:
             path = record.file_path
@@ -432,23 +458,13 @@ class StoreBackend:
 
     # -- write-back: cache → store ----------------------------------------------------
 
-    async def _listings(self, client: RuntimeClient, cid: str) -> tuple[dict, dict]:
-        try:
-            uploads = {f.name: f for f in (await client.list_uploads(cid)).files}
-            outputs = {f.relative_path: f for f in (await client.list_outputs(cid)).files}
-        except RuntimeRefused as e:
-            if e.status != 404:
-                raise
-            return {}, {}
-        return uploads, outputs
-
     async def write_back(self, session: Session, cid: str) -> list[FileRecord]:
         """Copy every new or changed file of the cache to the store and record it (with
         ``_lock`` held; fenced when there is anything to write)."""
         scope = self.scope(session)
         client = RuntimeClient(self.http, session.endpoint)
         manifest = await self.meta.get(scope, cid)
-        uploads, outputs = await self._listings(client, cid)
+        uploads, outputs = await listings(client, cid)
         copies: list[Copy] = []
         stamps: dict[str, tuple] = {}  # output path → its seen key and stamp
         for name, f in uploads.items():

@@ -99,3 +99,16 @@ async def drop_cached(client: RuntimeClient, cid: str, file_path: str) -> None:
     except RuntimeRefused as e:
         if e.status != 404:
             raise
+
+
+async def listings(client: RuntimeClient, cid: str) -> tuple[dict, dict]:
+    """The conversation's uploads by name and outputs by relative path (none when the
+    runtime does not know the conversation)."""
+    try:
+        uploads = {f.name: f for f in (await client.list_uploads(cid)).files}
+        outputs = {f.relative_path: f for f in (await client.list_outputs(cid)).files}
+    except RuntimeRefused as e:
+        if e.status != 404:
+            raise
+        return {}, {}
+    return uploads, outputs

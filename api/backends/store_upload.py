@@ -49,7 +49,7 @@ from sandbox_workspace.runtime import pathsafe
 from sandbox_workspace.runtime.errors import ApiError, BadRequest
 from sandbox_workspace.runtime.raw_upload import Trailer, encode_trailer
 from sandbox_workspace.runtime.schemas import UploadResult
-from sandbox_workspace.runtime.uploads import html5_unescape
+from sandbox_workspace.runtime.uploads import html5_unescape, repeated_field_message
 from sandbox_workspace.runtime.workspace import Workspace
 from sandbox_workspace.store import ObjectStore
 from sandbox_workspace.store.layout import RESERVED
@@ -101,6 +101,7 @@ class _Form(FormField):
         self.filename: bytes | None = None
         self.field_name = b""
         self.too_long: bytes | None = None  # a field longer than the runtime takes
+        self.repeated: bytes | None = None  # a small field sent twice
         self.in_file = self.file_seen = self.file_done = self.second_file = False
         self.data: list[bytes] = []  # the file's bytes not yet handed on
         self.pending = 0
@@ -119,6 +120,10 @@ class _Form(FormField):
             self.filename = params.get(b"filename")
         else:
             self.field_name = name
+            if name in self.fields:
+                self.invalid, self.repeated = True, name  # the runtime refuses a repeat
+                self.value = None  # and its value is not read
+                return
             self.value = self.fields[name] = bytearray()
             if self.file_seen:
                 self.after_file.add(name)
@@ -130,7 +135,7 @@ class _Form(FormField):
             self.data.append(piece)
             self.pending += end - start
             self.size += end - start
-        else:
+        elif not self.invalid:  # a field refused already (repeated) is not read on
             super()._data(data, start, end)
             if self.invalid and self.too_long is None:
                 self.too_long = self.field_name
@@ -190,6 +195,9 @@ class TeeUpload:
             held += len(chunk)
             self.form.feed(chunk)
         params: dict[str, str] = {}
+        if self.form.repeated is not None:
+            self.error = BadRequest(repeated_field_message(self.form.repeated.decode("latin-1")))
+            raise self.error
         if (path := self.form.field(b"path")) is not None:
             self.name = params["name"] = check_upload_path(path)
         cid = self.given or self.form.field(b"conversation_id")
@@ -282,6 +290,8 @@ class TeeUpload:
         form = self.form
         if form.second_file:
             return BadRequest("send one file per request in the 'file' field")
+        if form.repeated is not None:
+            return BadRequest(repeated_field_message(form.repeated.decode("latin-1")))
         if form.malformed:
             return BadRequest("malformed multipart body")
         if final and not form.complete:

@@ -6,8 +6,13 @@ from a ``conversation_id`` header (as the seed's frontend sends it), an
 sandbox path ``{workspace}/{conversation_id}/uploads/temparea/{name}``. A bare name with no
 conversation (seed 000 §6.4's ``downloadFile``) resolves within the caller's session:
 exactly one conversation holds it → that file; several → 409 naming them; none → 404.
-Without a conversation, the listing covers every conversation of the session.
-sandbox path ``{workspace}/{conversation_id}/uploads/temparea/{name}``.
+Without a conversation, the listing covers every conversation of the session. A
+listing's ``files`` are the names (seed 000 §6.3's frontend reads ``data.files`` as
+``["data.csv", …]``), its ``items`` the files themselves.
+
+Every handler is a translation: the files are the file service's (``api/files``), the
+same in both store modes — with the object store, a deletion here removes the file from
+the store too, so no refill brings it back.
 
 An upload never lands in a conversation that is not tracked: the conversation is
 opened (kubernetes: its ConversationWorkspace, finalizer included, is created) before
@@ -18,31 +23,24 @@ that no deletion slipped in between (``conversation_written``).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from sandbox_workspace.runtime.errors import Conflict, NotFoundError, TooLarge
 from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session
-from ..backends.store_backend import StoreBackend
 from ..deps import CallerDep, ServicesDep
-from ..file_refs import FileRef, parse_file_ref
+from ..files import Upload
 from ..names import NAME_RULES, SessionIdPath, conversation_id_schema, name_schema
 from ..openapi import SESSION_ERRORS, errors
-from ..runtime_client import RuntimeClient
 from ..schemas import FileDeleted, FileList, FileUploaded, SessionFileList
-from ..upload_guard import GuardedBody
 
 router = APIRouter(prefix="/api/v1/sessions/{session_id}/files", tags=["files"])
 
-# Multipart framing around the file: boundaries, part headers, small form fields.
-_MULTIPART_OVERHEAD = 64 * 1024
 _RELAYED_HEADERS = ("content-length", "content-disposition", "x-content-sha256", "x-sandbox-path")
 _HEADER_NOTE = "Header form of `conversation_id` (needs `underscores_in_headers on` in nginx)."
 
@@ -99,29 +97,8 @@ FileRefPath = Annotated[
 ]
 
 
-async def _running(services, caller, session_id: str) -> tuple[Session, RuntimeClient]:
-    session = await services.sessions.ensure_running(caller, session_id)
-    assert session.endpoint is not None
-    return session, RuntimeClient(services.http, session.endpoint)
-
-
-async def _resolve(
-    client: RuntimeClient, session: Session, ref: str, cid: str | None, *, outputs: bool
-) -> FileRef:
-    """A file reference; a bare name without conversation is looked up in the session."""
-    if cid is not None or "/" in ref:
-        return parse_file_ref(ref, cid, session.workspace_path, allow_outputs=outputs)
-    name = Workspace.check_file_name(ref)
-    holders = await client.list_conversations(holding=name)
-    if not holders:
-        raise NotFoundError(f"no conversation of this session has an upload named '{name}'")
-    if len(holders) > 1:
-        raise Conflict(
-            f"'{name}' exists in several conversations ({', '.join(holders)}); "
-            "name one with conversation_id",
-            code="ambiguous_file_name",
-        )
-    return FileRef(holders[0], "uploads", (name,))
+async def _running(services, caller, session_id: str) -> Session:
+    return await services.sessions.ensure_running(caller, session_id)
 
 
 _UPLOAD_BODY = {
@@ -160,52 +137,41 @@ async def upload_file(
 
     A file of the same name is replaced (`replaced: true`).
     """
-    session, client = await _running(services, caller, session_id)
-    limit = session.spec.file_upload.max_file_size_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit + _MULTIPART_OVERHEAD:
-        raise TooLarge(f"file is larger than the limit of {limit} bytes")
+    session = await _running(services, caller, session_id)
     params = {}
     for key in ("conversation_id", "subdir"):  # header/query forms, as for the listing
         header = request.headers.get(key) or request.headers.get("x-" + key.replace("_", "-"))
         if value := request.query_params.get(key) or header:
             params[key] = value
-    given = params.get("conversation_id")
-    if given is not None:  # known up front: refuse before the body is sent
-        given = Workspace.check_conversation_id(given)
-        await services.backend.conversation_opened(session, given)
-    content_type = request.headers.get("content-type", "")
-    backend = services.backend
-    if isinstance(backend, StoreBackend):  # one pass to the cache and the store
-        result, _ = await backend.upload(session, request.stream(), content_type, params, given)
-        return FileUploaded(**result.model_dump(), session_id=session.session_id)
-    body = GuardedBody(
-        request.stream(), content_type, given, lambda cid: backend.conversation_opened(session, cid)
+    upload = Upload(
+        request.stream(),
+        request.headers.get("content-type", ""),
+        request.headers.get("content-length"),
+        params,
     )
-    try:
-        result = await client.upload(aiter(body), content_type, params)
-    except Exception:
-        if body.error is not None:  # the guard cut the body short: say why
-            raise body.error from None
-        raise
-    await backend.conversation_written(session, result.conversation_id)
-    return FileUploaded(**result.model_dump(), session_id=session.session_id)
+    result = await services.files.upload(session, upload)
+    return FileUploaded.answer(result, session.session_id)
 
 
 @router.get("", responses=errors(*SESSION_ERRORS))
 async def list_files(
     session_id: SessionIdPath, cid: ConversationParam, caller: CallerDep, services: ServicesDep
 ) -> FileList | SessionFileList:
-    """The user's uploads in one conversation (name, size, time, sha256, type); without a
-    conversation, the uploads of every conversation of the session."""
-    session, client = await _running(services, caller, session_id)
+    """The user's uploads in one conversation: `files` their names (seed 000 §6.3),
+    `items` the files (name, size, time, sha256, type); without a conversation, the
+    uploads of every conversation of the session (each item names its conversation)."""
+    session = await _running(services, caller, session_id)
     if cid is not None:
-        listing = await client.list_uploads(cid)
-        return FileList(**listing.model_dump(), session_id=session.session_id)
-    ids = await client.list_conversations()
-    listings = await asyncio.gather(*(client.list_uploads(c) for c in ids))
-    files = [f for listing in listings for f in listing.files]
-    return SessionFileList(session_id=session.session_id, files=files)
+        listing = await services.files.listing(session, cid)
+        return FileList.of(
+            session.session_id,
+            listing.files,
+            conversation_id=listing.conversation_id,
+            subdir=listing.subdir,
+            path=listing.path,
+        )
+    uploads = await services.files.session_listing(session)
+    return SessionFileList.of(session.session_id, uploads)
 
 
 @router.get(
@@ -227,16 +193,9 @@ async def download_file(
     services: ServicesDep,
 ) -> StreamingResponse:
     """Stream one uploaded file, by name (+ conversation) or by its full sandbox path."""
-    session, client = await _running(services, caller, session_id)
-    ref = await _resolve(client, session, name, cid, outputs=True)
-    if ref.area == "outputs":
-        response = await client.open_output(ref.conversation_id, list(ref.parts))
-    else:
-        response = await client.open_download(ref.conversation_id, ref.name)
-    if isinstance(services.backend, StoreBackend):  # store mode: only what the store holds
-        path = f"{ref.area}/{'/'.join(ref.parts)}" if ref.area == "outputs" else None
-        path = path or f"uploads/{UPLOAD_SUBDIR}/{ref.name}"
-        response = await services.backend.verified(session, ref.conversation_id, path, response)
+    session = await _running(services, caller, session_id)
+    ref = await services.files.resolve(session, name, cid, outputs=True)
+    response = await services.files.open(session, ref)
     headers = {k: response.headers[k] for k in _RELAYED_HEADERS if k in response.headers}
     return StreamingResponse(
         response.aiter_raw(),
@@ -254,10 +213,11 @@ async def delete_file(
     caller: CallerDep,
     services: ServicesDep,
 ) -> FileDeleted:
-    """Delete one uploaded file (a bare name resolves as for downloads)."""
-    session, client = await _running(services, caller, session_id)
-    ref = await _resolve(client, session, name, cid, outputs=False)
-    await client.delete_upload(ref.conversation_id, ref.name)
+    """Delete one uploaded file (a bare name resolves as for downloads); with the object
+    store, its object and record too, so no refill brings it back."""
+    session = await _running(services, caller, session_id)
+    ref = await services.files.resolve(session, name, cid, outputs=False)
+    await services.files.delete(session, ref)
     return FileDeleted(
         session_id=session.session_id, conversation_id=ref.conversation_id, name=ref.name
     )

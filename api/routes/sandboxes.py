@@ -131,8 +131,9 @@ class _Sandbox:
         self.services, self.caller = services, caller
         self.cid = Workspace.check_conversation_id(cid)
         self.session_id = caller.session_id
-        # Only the store needs the top-level files mirrored under outputs/ (see above).
-        self.mirrored = services.settings.store == "s3"
+        # Only where a refill loses the top level (the store's cache) are its files
+        # mirrored under outputs/ (see above); the file service says which.
+        self.mirrored = not services.files.top_level_kept
 
     async def running(self) -> tuple[Session, RuntimeClient]:
         session = await self.services.sessions.ensure_running(self.caller, self.session_id)

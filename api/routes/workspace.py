@@ -1,46 +1,53 @@
 """Seed 003's workspace operations: information, upload, download and delete by file_id.
 
-Served twice, on the same handlers: under the caller's session
+One definition (``_serve``) served twice: under the caller's session
 (``/api/v1/sessions/{session_id}/workspace/{conversation_id}…``) and at seed 003's paths
 (``/api/tenants/{tenant_id}/workspace/{conversation_id}…``), where the session is the
 caller's own and ``tenant_id`` must be the caller's tenant (a JWT claim or
-``X-Tenant-Id``) — any other answers 404, as a foreign session does.
+``X-Tenant-Id``) — any other answers 404, as a foreign session does. The two differ only
+in how the place is named (``v1_place``, ``seed_place``) and in the operations' names.
 
-They need the object store (``SANDBOX_WORKSPACE_STORE=s3``): without it they answer 503
-``store_not_configured``. Files are those of the store's metadata (seed 003's records);
+The files and their records are the file service's (``api/files``), with one contract in
+both store modes: the object store's metadata in ``s3`` mode; on the embedded default (the
+local backend) the same records kept beside the sessions (``cache_records``). Only the
+kubernetes backend without a store has nowhere to keep them: 503 ``store_not_configured``.
 ``workspace_enabled=false`` (``PATCH``) makes uploads, executions and chat tool calls in
 the conversation answer 409 ``workspace_disabled``.
 """
 
-from __future__ import annotations
-
+from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from sandbox_workspace.runtime.errors import NotFoundError, TooLarge, Unavailable
+from sandbox_workspace.runtime.errors import NotFoundError
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session
-from ..backends.store_backend import StoreBackend
 from ..deps import CallerDep, ServicesDep
+from ..files import Upload
 from ..identity import Caller
 from ..names import ConversationIdPath, SessionIdPath, name_schema
 from ..openapi import SESSION_ERRORS, errors
-from ..runtime_client import RuntimeClient
 from ..schemas import StoredFile, WorkspaceInfo, WorkspaceSettings
 
 router = APIRouter(tags=["workspace"])
 
 V1 = "/api/v1/sessions/{session_id}/workspace/{conversation_id}"
 SEED = "/api/tenants/{tenant_id}/workspace/{conversation_id}"
-_MULTIPART_OVERHEAD = 64 * 1024
 _MAX_DESCRIPTION = 4096
 
 TenantPath = Annotated[str, Path(description="The caller's tenant (JWT claim or X-Tenant-Id).")]
-FileIdPath = Annotated[str, Path(description="The file's `file_id` (a UUID).")]
+
+
+async def _file_id(file_id: Annotated[str, Path(description="The file's `file_id` (a UUID).")]):
+    return file_id
+
+
+# A dependency, so that it follows the place's parameters in the document, as in the path.
+FileIdPath = Annotated[str, Depends(_file_id)]
 
 
 _UPLOAD_BODY = {
@@ -66,97 +73,6 @@ _UPLOAD_BODY = {
         }
     },
 }
-
-
-def _backend(services) -> StoreBackend:
-    backend = services.backend
-    if not isinstance(backend, StoreBackend):
-        raise Unavailable(
-            "the workspace API needs the object store: set SANDBOX_WORKSPACE_STORE=s3 "
-            "and SANDBOX_WORKSPACE_S3__BUCKET",
-            code="store_not_configured",
-        )
-    return backend
-
-
-def _own_tenant(caller: Caller, tenant_id: str) -> None:
-    if tenant_id != caller.tenant:
-        raise NotFoundError(f"tenant '{tenant_id}' not found")
-
-
-async def _session(services, caller: Caller, session_id: str | None) -> Session:
-    sid = session_id or caller.session_id
-    return await services.sessions.ensure_running(caller, sid)
-
-
-async def _info(services, caller, session_id: str | None, cid: str) -> WorkspaceInfo:
-    backend = _backend(services)
-    cid = Workspace.check_conversation_id(cid)
-    session = await _session(services, caller, session_id)
-    await backend.ensure_filled(session, cid)
-    manifest = await backend.meta.get(backend.scope(session), cid)
-    active = [f for f in (manifest.files if manifest else []) if f.active]
-    info = await RuntimeClient(services.http, session.endpoint).conversation_info(cid)
-    return WorkspaceInfo(
-        conversation_id=cid,
-        session_id=session.session_id,
-        workspace_enabled=manifest.workspace_enabled if manifest else True,
-        workspace_path=info.path,
-        store_prefix=backend.layout.conversation(backend.scope(session), cid),
-        workspace_created_at=manifest.workspace_created_at if manifest else None,
-        file_count=len(active),
-        total_size=sum(f.file_size for f in active),
-        files=[StoredFile.of(f) for f in active],
-    )
-
-
-async def _upload(services, caller, session_id, cid, request: Request) -> StoredFile:
-    backend = _backend(services)
-    cid = Workspace.check_conversation_id(cid)
-    session = await _session(services, caller, session_id)
-    limit = session.spec.file_upload.max_file_size_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit + _MULTIPART_OVERHEAD:
-        raise TooLarge(f"file is larger than the limit of {limit} bytes")
-    await backend.conversation_opened(session, cid)  # refuses a disabled workspace
-    content_type = request.headers.get("content-type", "")
-    params = {"conversation_id": cid}
-    _, record = await backend.upload(session, request.stream(), content_type, params, cid)
-    return StoredFile.of(record)
-
-
-async def _download(services, caller, session_id, cid, file_id) -> StreamingResponse:
-    backend = _backend(services)
-    cid = Workspace.check_conversation_id(cid)
-    session = await _session(services, caller, session_id)
-    record, download = await backend.open_file(session, cid, file_id)
-    return StreamingResponse(
-        aiter(download),
-        media_type=record.mime_type,
-        headers={
-            "content-length": str(record.file_size),
-            "x-content-sha256": record.checksum,
-            "x-file-version": str(record.version),
-        },
-        background=BackgroundTask(download.aclose),
-    )
-
-
-async def _delete(services, caller, session_id, cid, file_id) -> StoredFile:
-    backend = _backend(services)
-    cid = Workspace.check_conversation_id(cid)
-    session = await _session(services, caller, session_id)
-    return StoredFile.of(await backend.delete_file(session, cid, file_id))
-
-
-async def _patch(services, caller, session_id, cid, body: WorkspaceSettings) -> WorkspaceInfo:
-    backend = _backend(services)
-    session = await _session(services, caller, session_id)
-    cid = Workspace.check_conversation_id(cid)
-    await backend.set_enabled(session, cid, body.workspace_enabled)
-    return await _info(services, caller, session_id, cid)
-
-
 _DOWNLOAD = {
     200: {
         # Any type: a file is answered with its own mime_type.
@@ -166,102 +82,158 @@ _DOWNLOAD = {
     **errors(*SESSION_ERRORS),
 }
 
-# -- under the caller's session -------------------------------------------------------
+
+@dataclass(frozen=True)
+class Place:
+    """A conversation of the caller's session: the session named (v1), or the caller's
+    own (None: seed 003's paths)."""
+
+    session_id: str | None
+    conversation_id: str
+
+    async def session(self, services, caller: Caller) -> Session:
+        sid = self.session_id or caller.session_id
+        return await services.sessions.ensure_running(caller, sid)
 
 
-@router.get(V1, responses=errors(*SESSION_ERRORS))
-async def get_workspace(
-    session_id: SessionIdPath, conversation_id: ConversationIdPath, caller: CallerDep,
-    services: ServicesDep,
-) -> WorkspaceInfo:  # fmt: skip
-    """Seed 003's workspace information: enabled, path, created, file count, size, files."""
-    return await _info(services, caller, session_id, conversation_id)
+async def v1_place(session_id: SessionIdPath, conversation_id: ConversationIdPath) -> Place:
+    return Place(session_id, Workspace.check_conversation_id(conversation_id))
 
 
-@router.patch(V1, responses=errors(*SESSION_ERRORS))
-async def update_workspace(
-    session_id: SessionIdPath, conversation_id: ConversationIdPath, body: WorkspaceSettings,
-    caller: CallerDep, services: ServicesDep,
-) -> WorkspaceInfo:  # fmt: skip
-    """Turn the conversation's workspace on or off (`workspace_enabled`)."""
-    return await _patch(services, caller, session_id, conversation_id, body)
+async def seed_place(
+    tenant_id: TenantPath, conversation_id: ConversationIdPath, caller: CallerDep
+) -> Place:
+    if tenant_id != caller.tenant:
+        raise NotFoundError(f"tenant '{tenant_id}' not found")
+    return Place(None, Workspace.check_conversation_id(conversation_id))
 
 
-@router.post(
-    V1 + "/files",
-    status_code=201,
-    responses=errors(*SESSION_ERRORS, 409, 413, 415),
-    openapi_extra={"requestBody": _UPLOAD_BODY},
+async def _info(services, caller: Caller, place: Place) -> WorkspaceInfo:
+    session = await place.session(services, caller)
+    records = await services.files.records(session, place.conversation_id)
+    return WorkspaceInfo(
+        conversation_id=place.conversation_id,
+        session_id=session.session_id,
+        workspace_enabled=records.enabled,
+        workspace_path=records.path,
+        store_prefix=records.store_prefix,
+        workspace_created_at=records.created_at,
+        file_count=len(records.files),
+        total_size=sum(f.file_size for f in records.files),
+        files=[StoredFile.of(f) for f in records.files],
+    )
+
+
+def _serve(prefix: str, locate, names: dict[str, str], docs: dict[str, str]) -> None:
+    """Seed 003's operations at ``prefix``, the place named by the ``locate`` dependency;
+    ``names`` and ``docs`` by operation (``info``, ``patch`` when served, ``upload``,
+    ``download``, ``delete``)."""
+    # Evaluated here (this module does not postpone annotations): one alias per family.
+    PlaceDep = Annotated[Place, Depends(locate)]
+
+    async def info(place: PlaceDep, caller: CallerDep, services: ServicesDep) -> WorkspaceInfo:
+        return await _info(services, caller, place)
+
+    async def patch(
+        place: PlaceDep, body: WorkspaceSettings, caller: CallerDep, services: ServicesDep
+    ) -> WorkspaceInfo:
+        session = await place.session(services, caller)
+        await services.files.set_enabled(session, place.conversation_id, body.workspace_enabled)
+        return await _info(services, caller, place)
+
+    async def upload(
+        place: PlaceDep, request: Request, caller: CallerDep, services: ServicesDep
+    ) -> StoredFile:
+        session = await place.session(services, caller)
+        given = Upload(
+            request.stream(),
+            request.headers.get("content-type", ""),
+            request.headers.get("content-length"),
+        )
+        return StoredFile.of(
+            await services.files.upload_record(session, place.conversation_id, given)
+        )
+
+    async def download(
+        place: PlaceDep, file_id: FileIdPath, caller: CallerDep, services: ServicesDep
+    ) -> StreamingResponse:
+        session = await place.session(services, caller)
+        record, body = await services.files.open_record(session, place.conversation_id, file_id)
+        return StreamingResponse(
+            aiter(body),
+            media_type=record.mime_type,
+            headers={
+                "content-length": str(record.file_size),
+                "x-content-sha256": record.checksum,
+                "x-file-version": str(record.version),
+            },
+            background=BackgroundTask(body.aclose),
+        )
+
+    async def delete(
+        place: PlaceDep, file_id: FileIdPath, caller: CallerDep, services: ServicesDep
+    ) -> StoredFile:
+        session = await place.session(services, caller)
+        return StoredFile.of(
+            await services.files.delete_record(session, place.conversation_id, file_id)
+        )
+
+    def add(op: str, path: str, endpoint, method: str, **more) -> None:
+        router.add_api_route(
+            path, endpoint, methods=[method], name=names[op], description=docs[op], **more
+        )
+
+    add("info", prefix, info, "GET", responses=errors(*SESSION_ERRORS))
+    if "patch" in names:
+        add("patch", prefix, patch, "PATCH", responses=errors(*SESSION_ERRORS))
+    add(
+        "upload",
+        prefix + "/files",
+        upload,
+        "POST",
+        status_code=201,
+        responses=errors(*SESSION_ERRORS, 409, 413, 415),
+        openapi_extra={"requestBody": _UPLOAD_BODY},
+    )
+    files = prefix + "/files/{file_id}"
+    add("download", files, download, "GET", responses=_DOWNLOAD, response_class=StreamingResponse)
+    add("delete", files, delete, "DELETE", responses=errors(*SESSION_ERRORS, 409))
+
+
+_serve(
+    V1,
+    v1_place,
+    {
+        "info": "get_workspace",
+        "patch": "update_workspace",
+        "upload": "upload_workspace_file",
+        "download": "download_workspace_file",
+        "delete": "delete_workspace_file",
+    },
+    {
+        "info": "Seed 003's workspace information: enabled, path, created, file count, size, "
+        "files.",
+        "patch": "Turn the conversation's workspace on or off (`workspace_enabled`).",
+        "upload": "Upload a file (multipart `file`, `path`, `description`) to the store and "
+        "the sandbox.",
+        "download": "Stream a file by its file_id, from the store.",
+        "delete": "Delete a file by its file_id: its objects and cache copy go, its record "
+        "says deleted.",
+    },
 )
-async def upload_workspace_file(
-    session_id: SessionIdPath, conversation_id: ConversationIdPath, request: Request,
-    caller: CallerDep, services: ServicesDep,
-) -> StoredFile:  # fmt: skip
-    """Upload a file (multipart `file`, `path`, `description`) to the store and the sandbox."""
-    return await _upload(services, caller, session_id, conversation_id, request)
-
-
-@router.get(V1 + "/files/{file_id}", responses=_DOWNLOAD, response_class=StreamingResponse)
-async def download_workspace_file(
-    session_id: SessionIdPath, conversation_id: ConversationIdPath, file_id: FileIdPath,
-    caller: CallerDep, services: ServicesDep,
-) -> StreamingResponse:  # fmt: skip
-    """Stream a file by its file_id, from the store."""
-    return await _download(services, caller, session_id, conversation_id, file_id)
-
-
-@router.delete(V1 + "/files/{file_id}", responses=errors(*SESSION_ERRORS, 409))
-async def delete_workspace_file(
-    session_id: SessionIdPath, conversation_id: ConversationIdPath, file_id: FileIdPath,
-    caller: CallerDep, services: ServicesDep,
-) -> StoredFile:  # fmt: skip
-    """Delete a file by its file_id: its objects and cache copy go, its record says deleted."""
-    return await _delete(services, caller, session_id, conversation_id, file_id)
-
-
-# -- seed 003's paths -------------------------------------------------------------------
-
-
-@router.get(SEED, responses=errors(*SESSION_ERRORS))
-async def get_tenant_workspace(
-    tenant_id: TenantPath, conversation_id: ConversationIdPath, caller: CallerDep,
-    services: ServicesDep,
-) -> WorkspaceInfo:  # fmt: skip
-    """Seed 003's workspace information, in the caller's tenant and session."""
-    _own_tenant(caller, tenant_id)
-    return await _info(services, caller, None, conversation_id)
-
-
-@router.post(
-    SEED + "/files",
-    status_code=201,
-    responses=errors(*SESSION_ERRORS, 409, 413, 415),
-    openapi_extra={"requestBody": _UPLOAD_BODY},
+_serve(
+    SEED,
+    seed_place,
+    {
+        "info": "get_tenant_workspace",
+        "upload": "upload_tenant_workspace_file",
+        "download": "download_tenant_workspace_file",
+        "delete": "delete_tenant_workspace_file",
+    },
+    {
+        "info": "Seed 003's workspace information, in the caller's tenant and session.",
+        "upload": "Seed 003's upload (multipart `file`, `path`, `description`).",
+        "download": "Seed 003's download by file_id.",
+        "delete": "Seed 003's delete by file_id.",
+    },
 )
-async def upload_tenant_workspace_file(
-    tenant_id: TenantPath, conversation_id: ConversationIdPath, request: Request,
-    caller: CallerDep, services: ServicesDep,
-) -> StoredFile:  # fmt: skip
-    """Seed 003's upload (multipart `file`, `path`, `description`)."""
-    _own_tenant(caller, tenant_id)
-    return await _upload(services, caller, None, conversation_id, request)
-
-
-@router.get(SEED + "/files/{file_id}", responses=_DOWNLOAD, response_class=StreamingResponse)
-async def download_tenant_workspace_file(
-    tenant_id: TenantPath, conversation_id: ConversationIdPath, file_id: FileIdPath,
-    caller: CallerDep, services: ServicesDep,
-) -> StreamingResponse:  # fmt: skip
-    """Seed 003's download by file_id."""
-    _own_tenant(caller, tenant_id)
-    return await _download(services, caller, None, conversation_id, file_id)
-
-
-@router.delete(SEED + "/files/{file_id}", responses=errors(*SESSION_ERRORS, 409))
-async def delete_tenant_workspace_file(
-    tenant_id: TenantPath, conversation_id: ConversationIdPath, file_id: FileIdPath,
-    caller: CallerDep, services: ServicesDep,
-) -> StoredFile:  # fmt: skip
-    """Seed 003's delete by file_id."""
-    _own_tenant(caller, tenant_id)
-    return await _delete(services, caller, None, conversation_id, file_id)

@@ -138,7 +138,7 @@ async function refreshUploads() {
   if (conversation) {
     try {
       const listing = await api.call("GET", `${api.sessionUrl}/files?conversation_id=${encodeURIComponent(conversation)}`);
-      files = listing.files;
+      files = listing.items; // the files; listing.files holds their names (seed 000 §6.3)
     } catch (e) {
       if (e.status !== 404) showError(e);
     }

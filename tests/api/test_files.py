@@ -34,7 +34,9 @@ def upload(
 def listing(api: httpx.Client, session_url: str, cid: str) -> list[dict]:
     r = api.get(f"{session_url}/files", headers={"conversation_id": cid, "subdir": "temparea"})
     assert r.status_code == 200, r.text
-    return r.json()["files"]
+    body = r.json()
+    assert body["files"] == [f["name"] for f in body["items"]]  # names, as seed 000 §6.3
+    return body["items"]
 
 
 def workspace_of(api: httpx.Client, session_url: str) -> Path:
@@ -241,7 +243,8 @@ def test_list_without_conversation_covers_the_session(api, session_url):
     r = api.get(f"{session_url}/files")
     assert r.status_code == 200, r.text
     assert "conversation_id" not in r.json()
-    assert sorted((f["conversation_id"], f["name"]) for f in r.json()["files"]) == [
+    assert sorted(r.json()["files"]) == ["a.csv", "b.csv"]  # names, as seed 000 §6.3
+    assert sorted((f["conversation_id"], f["name"]) for f in r.json()["items"]) == [
         ("c1", "a.csv"),
         ("c2", "b.csv"),
     ]
@@ -334,3 +337,26 @@ def test_agent_outputs_download_by_full_path_but_never_list(api, session_url):
         assert r.status_code in (400, 404), (bad, r.text)
     r = api.delete(f"{session_url}/files/{workspace}/c-out/outputs/charts/sum.csv")
     assert r.status_code == 400, "outputs cannot be deleted through the files API"
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        pytest.param({"conversation_id": ["c1", "c2"]}, "conversation_id", id="cid"),
+        pytest.param(
+            {"conversation_id": "c", "subdir": ["temparea", "temparea"]},
+            "subdir",
+            id="subdir",
+        ),
+    ],
+)
+def test_a_repeated_form_field_is_a_400_naming_it(api, session_url, fields, field):
+    """Without a store the runtime reads the form itself: a small field sent twice is
+    refused, not resolved to one of its values (the last one counted before)."""
+    r = api.post(f"{session_url}/files/upload", data=fields, files={"file": ("a.csv", b"x")})
+    assert r.status_code == 400, r.text
+    assert f"form field '{field}' was sent more than once" in r.json()["error"]["message"]
+    assert_no_staged_files(workspace_of(api, session_url))
+    for cid in ("c", "c1", "c2"):
+        listing = api.get(f"{session_url}/files", params={"conversation_id": cid})
+        assert listing.json()["files"] == [], listing.text

@@ -564,7 +564,7 @@ class ApiScene:
     def files(self, cid: str) -> list[str]:
         r = self.client.get(f"{self.url}/files", params={"conversation_id": cid})
         assert r.status_code == 200, r.text
-        return [f["name"] for f in r.json()["files"]]
+        return r.json()["files"]
 
 
 def _upload(client: httpx.Client, url: str, cid: str, name: str, data: bytes) -> httpx.Response:

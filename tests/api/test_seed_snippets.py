@@ -59,10 +59,12 @@ def test_seed_frontend_snippets_work_verbatim(node, dev_server, dev_user):
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["first"]["name"] == "model.csv", out["first"]
+    # §8.6: the frontend builds selected_files from the upload answer's file_name.
+    assert (out["first"]["file_name"], out["uploaded"]["file_name"]) == ("model.csv", "data.csv")
     assert out["uploaded"]["path"].endswith(f"/{cid}/uploads/temparea/data.csv")
     assert out["uploaded"]["session_id"] == "sb-session-dev"
     assert out["listed"] == ["data.csv", "model.csv"]
     assert out["downloaded"] == "a,b\n3,4\n"
     # The same files, seen through the API directly.
     listing = client.get("/api/v1/sessions/sb-session-dev/files", params={"conversation_id": cid})
-    assert sorted(f["name"] for f in listing.json()["files"]) == ["data.csv", "model.csv"]
+    assert sorted(listing.json()["files"]) == ["data.csv", "model.csv"]

@@ -21,6 +21,13 @@ def test_create_then_running_then_409(api, session_url, user, wait_status):
     assert body["status"] in ("pending", "running")
     assert (body["agent_id"], body["business_domain_id"]) == ("agent-1", "bd-1")
     assert body["file_upload_config"]["max_file_size_unit"] == "MB"
+    # Seed 000 §4.2's CreateSessionResp carries an `info` map.
+    assert body["info"] == {
+        "workspace_path": body["workspace_path"],
+        "user_id": user,
+        "agent_id": "agent-1",
+        "business_domain_id": "bd-1",
+    }
     running = wait_status(api, session_url, "running")
     assert Path(running["workspace_path"]).is_dir()
     again = api.post("/api/v1/sessions", json={})
@@ -100,7 +107,7 @@ def test_crashed_runtime_is_reported_and_replaced_with_files_intact(
     assert "exited" in crashed["message"]
     # The next file operation ensures the session: a new runtime, the same files.
     r = api.get(f"{session_url}/files", params={"conversation_id": "c"})
-    assert r.status_code == 200 and [f["name"] for f in r.json()["files"]] == ["keep.csv"]
+    assert r.status_code == 200 and r.json()["files"] == ["keep.csv"]
     assert api.get(session_url).json()["status"] == "running"
     [new_pid] = runtime_pids(session_dir)
     assert new_pid != pid

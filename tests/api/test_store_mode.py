@@ -159,7 +159,7 @@ def test_files_live_in_the_store_and_come_back_after_the_cache_is_lost(
             "made by code",
         ]
         listing = api.get(f"{url}/files", params={"conversation_id": "c1"}).json()
-        assert [f["name"] for f in listing["files"]] == ["in.csv"]
+        assert listing["files"] == ["in.csv"]
         # An output deleted by file_id leaves the store and the cache.
         r = api.delete(f"{url}/workspace/c1/files/{report['file_id']}")
         assert r.status_code == 200 and r.json()["status"] == "deleted"
@@ -169,6 +169,68 @@ def test_files_live_in_the_store_and_come_back_after_the_cache_is_lost(
         r = api.delete(f"{url}/conversations/c1")
         assert r.status_code in (200, 202), r.text
     assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/c1/") == []
+
+
+def test_a_file_deleted_through_the_v1_route_never_comes_back(
+    tmp_path, start_server, seaweedfs, s3_bucket
+):
+    """Issue 33 item 2 (review H2): ``DELETE …/files/{name}`` — the web page's Delete —
+    removes the object and marks the record deleted, not just the cache's copy. Then a
+    refill (the API restarts with its data directory gone, so the cache is rebuilt from the
+    store, as on a resume or another replica) brings back the file kept and never the one
+    deleted, on any route."""
+    import shutil
+
+    import httpx
+    from api_calls import execute
+
+    data = tmp_path / "data"
+    env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none", **seaweedfs.env(s3_bucket)}
+    server = start_server("dev", "--data-dir", str(data), **env)
+    user, cid = "gone-user", "c1"
+    sid = f"sb-session-{user}"
+    url = f"/api/v1/sessions/{sid}"
+    prefix = f"workspaces/default/{sid}/{cid}/"
+    listed = "import os; print(sorted(os.listdir('uploads/temparea')))"
+
+    def check_only_kept(api: httpx.Client) -> None:
+        listing = api.get(f"{url}/files", params={"conversation_id": cid}).json()
+        assert listing["files"] == ["keep.csv"], listing
+        assert api.get(f"{url}/files", params={}).json()["files"] == ["keep.csv"]
+        r = api.get(f"{url}/files/gone.csv", params={"conversation_id": cid})
+        assert r.status_code == 404, r.text
+        info = api.get(f"{url}/workspace/{cid}").json()
+        assert [f["file_path"] for f in info["files"]] == ["uploads/temparea/keep.csv"]
+
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api:
+        for name in ("keep.csv", "gone.csv"):
+            r = api.post(
+                f"{url}/files/upload",
+                files={"file": (name, f"bytes of {name}".encode())},
+                data={"conversation_id": cid},
+            )
+            assert r.status_code == 201, r.text
+        r = api.delete(f"{url}/files/gone.csv", params={"conversation_id": cid})
+        assert r.status_code == 200 and r.json()["deleted"] is True, r.text
+        check_only_kept(api)
+        assert execute(api, url, listed, cid=cid)["stdout"].strip() == "['keep.csv']"
+    doc = manifest(seaweedfs, s3_bucket, sid, cid)
+    states = {f["file_path"]: f["status"] for f in doc["files"]}
+    assert states == {"uploads/temparea/keep.csv": "active", "uploads/temparea/gone.csv": "deleted"}
+    assert objects(seaweedfs, s3_bucket, prefix) == [
+        f"{prefix}.sbw/files.json",
+        f"{prefix}uploads/temparea/keep.csv",
+    ]
+
+    server.stop()
+    shutil.rmtree(data)  # the cache is lost: the first use refills it from the store
+    server = start_server("dev", "--data-dir", str(data), **env)
+    with httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60) as api:
+        # The first read refills the new cache from the store: the file kept, not the other.
+        got = api.get(f"{url}/files/keep.csv", params={"conversation_id": cid})
+        assert got.content == b"bytes of keep.csv"
+        check_only_kept(api)
+        assert execute(api, url, listed, cid=cid)["stdout"].strip() == "['keep.csv']"
 
 
 def test_a_chat_run_writes_back_after_its_tools_and_marks_presented_files(
@@ -207,13 +269,12 @@ def test_a_chat_run_writes_back_after_its_tools_and_marks_presented_files(
     assert record["outputs/r.txt"]["is_presented"] is True
 
 
-def test_seed_003_operations_by_file_id_and_tenant(tmp_path, start_server, seaweedfs, s3_bucket):
-    """Seed 003's routes: upload with a description, workspace information, download and
-    delete by file_id — in the caller's tenant only; a disabled workspace refuses writes."""
+def seed_003_contract(server) -> tuple[str, dict]:
+    """Seed 003's routes as a client uses them: upload with a description, workspace
+    information, download and delete by file_id — in the caller's tenant only; a disabled
+    workspace refuses writes. Answers the session's own id and the file's record."""
     import httpx
 
-    env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none", **seaweedfs.env(s3_bucket)}
-    server = start_server("dev", "--data-dir", str(tmp_path / "data"), **env)
     user, sid = "seed3-user", "sb-session-seed3-user"  # names the caller's acme session
     own = "sb-tenant-4-acme-seed3-user"  # that session's own id (one per tenant and user)
     seed = "/api/tenants/acme/workspace/c9"
@@ -276,6 +337,57 @@ def test_seed_003_operations_by_file_id_and_tenant(tmp_path, start_server, seawe
         assert api.delete(f"{seed}/files/{record['file_id']}").status_code == 404
         listing = api.get(f"/api/v1/sessions/{sid}/files", params={"conversation_id": "c9"})
         assert listing.json()["files"] == []
+    return own, record
+
+
+@pytest.mark.parametrize("mode", ["s3", "local"])
+def test_seed_003_operations_by_file_id_and_tenant(tmp_path, start_server, request, mode):
+    """The same contract in both store modes (issue 36 item 8): with the object store,
+    the records and objects are the bucket's; on the embedded default, the records are
+    kept beside the sessions and the files are the workspace's."""
+    import httpx
+
+    env = {"SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none"}
+    if mode == "s3":
+        seaweedfs, s3_bucket = (request.getfixturevalue(f) for f in ("seaweedfs", "s3_bucket"))
+        env |= seaweedfs.env(s3_bucket)
+    server = start_server("dev", "--data-dir", str(tmp_path / "data"), **env)
+    own, record = seed_003_contract(server)
+    sid, headers = "sb-session-seed3-user", {"X-User-Id": "seed3-user", "X-Tenant-Id": "acme"}
+    if mode == "local":  # the records follow the workspace: code's writes, v1's deletes
+        import hashlib
+
+        from api_calls import execute
+
+        v1 = f"/api/v1/sessions/{sid}"
+        with httpx.Client(base_url=server.url, headers=headers, timeout=60) as api:
+            r = api.post(
+                f"{v1}/files/upload",
+                files={"file": ("v1.txt", b"by v1")},
+                data={"conversation_id": "c9"},
+            )
+            assert r.status_code == 201, r.text
+            execute(api, v1, "printf hi > outputs/made.txt", cid="c9", language="bash")
+            files = {f["file_path"]: f for f in api.get(f"{v1}/workspace/c9").json()["files"]}
+            assert set(files) == {"uploads/temparea/v1.txt", "outputs/made.txt"}
+            made = files["outputs/made.txt"]
+            assert (made["source"], made["checksum"]) == (
+                "ai_created",
+                hashlib.sha256(b"hi").hexdigest(),
+            )
+            got = api.get(f"/api/tenants/acme/workspace/c9/files/{made['file_id']}")
+            assert got.content == b"hi" and got.headers["x-file-version"] == "1"
+            assert api.delete(f"{v1}/files/v1.txt", params={"conversation_id": "c9"}).is_success
+            execute(api, v1, "rm outputs/made.txt", cid="c9", language="bash")
+            assert api.get(f"{v1}/workspace/c9").json()["files"] == []
+            r = api.get(f"/api/tenants/acme/workspace/c9/files/{made['file_id']}")
+            assert r.status_code == 404
+        records = tmp_path / "data" / "records" / "objects" / "workspaces" / "acme"
+        assert [p.name for p in records.iterdir()] == [own]
+        r = httpx.delete(f"{server.url}/api/v1/sessions/{sid}", headers=headers, timeout=60)
+        assert r.status_code in (200, 202, 204), r.text
+        assert list(records.iterdir()) == []  # the session's records went with it
+        return
     doc = manifest(seaweedfs, s3_bucket, own, "c9", tenant="acme")
     assert [(f["file_id"], f["status"]) for f in doc["files"]] == [(record["file_id"], "deleted")]
     assert objects(seaweedfs, s3_bucket, f"workspaces/acme/{own}/c9/") == [
@@ -326,7 +438,7 @@ def test_one_user_id_in_two_tenants_has_two_sessions_and_sees_only_its_own_files
         base = f"/api/v1/sessions/{sids[tenant]}"
         with client(tenant) as api:
             listing = api.get(f"{base}/files", params={"conversation_id": "c1"}).json()
-            assert [(f["name"], f["size"]) for f in listing["files"]] == [("same.txt", len(mine))]
+            assert [(f["name"], f["size"]) for f in listing["items"]] == [("same.txt", len(mine))]
             got = api.get(f"{base}/files/same.txt", params={"conversation_id": "c1"})
             assert got.content == mine
             cat = execute(api, base, "cat uploads/temparea/same.txt", cid="c1", language="bash")
@@ -351,8 +463,3 @@ def test_one_user_id_in_two_tenants_has_two_sessions_and_sees_only_its_own_files
                     assert api.get(f"/api/tenants/{other}/workspace/c1").status_code == 404
         key = f"workspaces/{tenant}/{sids[tenant]}/c1/uploads/temparea/same.txt"
         assert key in objects(seaweedfs, s3_bucket, f"workspaces/{tenant}/{sids[tenant]}/")
-
-
-def test_seed_003_operations_need_the_store(api, session_url):
-    r = api.get(f"{session_url}/workspace/c1")
-    assert r.status_code == 503 and r.json()["error"]["code"] == "store_not_configured"

@@ -53,7 +53,7 @@ def test_path_names_the_file_and_the_object_is_the_one_recorded(api, store_serve
     assert record["checksum"] == hashlib.sha256(body).hexdigest()
     # The cache has it at its path (the agent's view), the store at its key.
     listing = api.get(f"/api/v1/sessions/{SID}/files", params={"conversation_id": "p1"}).json()
-    assert [f["name"] for f in listing["files"]] == ["table.csv"]
+    assert listing["files"] == ["table.csv"]
     doc = manifest(seaweedfs, bucket, SID, "p1")
     [stored] = [f for f in doc["files"] if f["file_id"] == record["file_id"]]
     key = f"workspaces/default/{SID}/p1/uploads/temparea/table.csv"
@@ -120,7 +120,7 @@ def test_path_after_the_file_names_it_too(api):
     r = api.post(url, content=form("../c.txt"), headers=headers)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_path", r.text
     listing = api.get(f"/api/v1/sessions/{SID}/files", params={"conversation_id": "order"})
-    assert [f["name"] for f in listing.json()["files"]] == ["b.txt"]
+    assert listing.json()["files"] == ["b.txt"]
 
 
 def test_an_upload_the_runtime_refuses_leaves_no_object(api, store_server, seaweedfs):
@@ -235,6 +235,74 @@ def test_what_the_runtime_refuses_in_a_form_is_refused_when_sent_raw(
     )
     assert r.status_code == 400, r.text
     assert says in r.json()["error"]["message"], r.text
+    listing = api.get(f"/api/v1/sessions/{SID}/files", params={"conversation_id": cid})
+    assert listing.json()["files"] == []
+    assert objects(seaweedfs, bucket, f"workspaces/default/{SID}/{cid}/uploads/") == []
+
+
+def _form(parts: list[tuple[str, str | None, str]], boundary: str = "rep34t") -> bytes:
+    """A multipart body of ``(field, filename, value)`` parts, in order."""
+    body = ""
+    for field, filename, value in parts:
+        disposition = f'form-data; name="{field}"' + (
+            f'; filename="{filename}"' if filename else ""
+        )
+        body += f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n{value}\r\n"
+    return (body + f"--{boundary}--\r\n").encode()
+
+
+REPEATED_FIELD_FORMS = [
+    # What the contract fuzzer sent: `path` three times, one of them "[]" (stored as "[]").
+    pytest.param(
+        [
+            ("path", None, "a.txt"),
+            ("path", None, "[]"),
+            ("path", None, "b.txt"),
+            ("file", "f.txt", "x" * 1000),
+        ],
+        "path",
+        id="path-thrice-before-the-file",
+    ),
+    pytest.param(
+        [
+            ("file", "f.txt", "x" * 300_000),
+            ("description", None, "one"),
+            ("description", None, "two"),
+        ],
+        "description",
+        id="description-twice-after-the-file",
+    ),
+    pytest.param(
+        [
+            ("subdir", None, "temparea"),
+            ("file", "f.txt", "x" * 300_000),
+            ("subdir", None, "temparea"),
+        ],
+        "subdir",
+        id="subdir-around-the-file",
+    ),
+]
+
+
+@pytest.mark.parametrize("route", ["workspace", "tenant", "v1"])
+@pytest.mark.parametrize(("parts", "field"), REPEATED_FIELD_FORMS)
+def test_a_repeated_form_field_is_a_400_on_every_upload_route(
+    api, store_server, seaweedfs, route, parts, field
+):
+    """A small field is single-valued: sent twice it is refused (400, naming the field),
+    never one of its values picked — and nothing lands in the cache or the store."""
+    _, bucket = store_server
+    cid = f"repeated-{route}"
+    url = {
+        "workspace": f"/api/v1/sessions/{SID}/workspace/{cid}/files",
+        "tenant": f"/api/tenants/default/workspace/{cid}/files",
+        "v1": f"/api/v1/sessions/{SID}/files/upload?conversation_id={cid}",
+    }[route]
+    r = api.post(
+        url, content=_form(parts), headers={"content-type": "multipart/form-data; boundary=rep34t"}
+    )
+    assert r.status_code == 400, r.text
+    assert f"form field '{field}' was sent more than once" in r.json()["error"]["message"]
     listing = api.get(f"/api/v1/sessions/{SID}/files", params={"conversation_id": cid})
     assert listing.json()["files"] == []
     assert objects(seaweedfs, bucket, f"workspaces/default/{SID}/{cid}/uploads/") == []

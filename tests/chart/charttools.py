@@ -43,7 +43,7 @@ class Tools:
     kubernetes_version: str
 
 
-def _present() -> bool:
+def tools_present() -> bool:
     return all((TOOLS_BIN / name).exists() for name in ("helm", "kubeconform", "k8s-openapi.json"))
 
 
@@ -52,7 +52,7 @@ def build_tools(stream: IO[str] | None = None) -> Tools:
     build_with_go(
         BUILD_SCRIPT,
         REPO,
-        present=_present,
+        present=tools_present,
         missing=ToolsMissing,
         what=f"helm/kubeconform in {TOOLS_BIN}",
         stream=stream,

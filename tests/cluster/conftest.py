@@ -51,8 +51,9 @@ def _skip_reason() -> str | None:
 
 
 def _build(config: pytest.Config) -> None:
-    """Build (or reuse) the binaries before the first test, outside any test timeout,
-    with the build's progress on the terminal."""
+    """Build (or reuse) the binaries, with the build's progress on the terminal: seconds
+    after the run's background prebuild, which the first cluster test waits for outside
+    its timeout."""
     if "built" in _state or "skip" in _state or "error" in _state:
         return
     capman = config.pluginmanager.getplugin("capturemanager")
@@ -81,8 +82,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     items = [i for i in session.items if i.get_closest_marker("cluster")]
     if not items or session.config.option.collectonly:
         return
-    if _skip_reason() is None:
-        _build(session.config)
+    if _skip_reason() is None and not binaries_present() and find_go() is None:
+        _state["skip"] = (
+            "cluster tier needs Go to build its binaries: no `go` on PATH or "
+            "/usr/local/go/bin/go (set GO=) and no cached binaries in .cache/kube/bin"
+        )
+    # The build itself: the run's background prebuild (tests/support/prebuild.py) while
+    # the light tiers run, then the first fixture (seconds: the binaries are cached).
     reason = _skip_reason()
     if reason:
         for item in items:

@@ -330,7 +330,7 @@ def test_chart_identities_run_the_whole_flow(
         )
         assert upload.status_code in (200, 201), upload.text
         listed = client.get("/sessions/sb-session-alice/files", params={"conversation_id": "conv1"})
-        assert [f["name"] for f in listed.json()["files"]] == ["weather.csv"]
+        assert listed.json()["files"] == ["weather.csv"]
 
         # The sandbox pod passed `restricted` admission, has no token, runs as 10001.
         status = kube_api.get(f"{base}/sandboxsessions/sb-session-alice")["status"]

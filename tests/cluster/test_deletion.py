@@ -104,7 +104,7 @@ def test_a_conversation_written_while_the_operator_is_down_is_deleted_once_it_is
         listing = client.get(
             f"/api/v1/sessions/sb-session-{user}/files", params={"conversation_id": "c1"}
         ).json()
-        assert [f["name"] for f in listing["files"]] == ["fresh.txt"]
+        assert listing["files"] == ["fresh.txt"]
 
 
 def test_execute_creates_the_tracked_workspace_before_code_runs(stack, kube_api, namespace):

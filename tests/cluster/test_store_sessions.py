@@ -72,7 +72,7 @@ def test_a_stopped_session_resumes_on_a_new_pod_with_every_file_from_the_store(
         assert r.status_code == 201, r.text
         assert execute(api, BASE, WRITE_OUTPUTS, cid="c1")["exit_code"] == 0
         before = execute(api, BASE, HASH_ALL, cid="c1")["stdout"].splitlines()
-        paths = api.get(f"{BASE}/files", params={"conversation_id": "c1"}).json()["files"]
+        paths = api.get(f"{BASE}/files", params={"conversation_id": "c1"}).json()["items"]
     assert len(before) == 3, before
 
     # No claim at all; /workspace is the pod's emptyDir.
@@ -106,12 +106,12 @@ def test_a_stopped_session_resumes_on_a_new_pod_with_every_file_from_the_store(
     new_pod = kube_api.get(_pod_path(namespace))
     assert new_pod["metadata"]["uid"] != old_uid
     assert after == before  # same paths, same bytes
-    assert [f["name"] for f in listing["files"]] == ["in.csv"]
+    assert listing["files"] == ["in.csv"]
     # The path code opens is the same below the pod's /workspace (the test node agent
     # gives each pod its own directory where a kubelet mounts the emptyDir there).
     new_storage = node_agent.data_dir_of(namespace, new_pod["metadata"]["name"])
     assert new_storage is not None
-    assert [str(Path(f["path"]).relative_to(new_storage)) for f in listing["files"]] == [
+    assert [str(Path(f["path"]).relative_to(new_storage)) for f in listing["items"]] == [
         str(Path(f["path"]).relative_to(storage)) for f in paths
     ]
     assert got.content == payload

@@ -1,6 +1,8 @@
 """Fixtures of the image smoke tests: the project's image, built with podman.
 
-After collection (outside any test timeout) ``scripts/build-image.sh --no-smoke`` builds
+The run's background prebuild (tests/support/prebuild.py, outside any test timeout)
+builds the image while the light tiers run; the ``image`` fixture then runs
+``scripts/build-image.sh --no-smoke`` again, which finds it built (seconds). It builds
 the image — the Debian base with debootstrap the first time, then the Dockerfile, which
 podman's layer cache makes quick when only the code changed. The tests are SKIPPED with
 the reason when podman is not usable here (not installed, no runc, not root...) or when
@@ -31,7 +33,8 @@ def podman_command() -> list[str]:
     return ["podman", "--runtime", str(runc)] if runc.exists() else ["podman"]
 
 
-def _prepare(config: pytest.Config) -> None:
+def _check() -> None:
+    """Whether podman can build here (``_state["skip"]`` says why not); seconds."""
     if _state:
         return
     if os.environ.get("SANDBOX_SKIP_IMAGE", "") not in ("", "0"):
@@ -40,6 +43,13 @@ def _prepare(config: pytest.Config) -> None:
     check = subprocess.run(["bash", str(SCRIPT), "--check"], capture_output=True, text=True)
     if check.returncode != 0:
         _state["skip"] = f"podman is not usable here: {check.stdout.strip() or check.stderr}"
+        return
+    _state["usable"] = "1"
+
+
+def _prepare(config: pytest.Config) -> None:
+    _check()
+    if "usable" not in _state or "image" in _state or "error" in _state:
         return
     capman = config.pluginmanager.getplugin("capturemanager")
     cm = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
@@ -71,7 +81,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     items = [i for i in session.items if HERE in Path(str(i.path)).parents]
     if not items or session.config.option.collectonly:
         return
-    _prepare(session.config)
+    _check()  # the build itself: the run's background prebuild, then the fixture (seconds)
     if "skip" in _state:
         for item in items:
             item.add_marker(pytest.mark.skip(reason=_state["skip"]))

@@ -5,7 +5,8 @@ In the calling session (outside): tests marked ``node`` are SKIPPED with the rea
 where the machine cannot host them (not root, no ``unshare``, no containerd/runc/CNI
 plugins/podman, no Go for the binaries, or SANDBOX_SKIP_NODE=1). Otherwise the binaries
 (scripts/build-kube.sh, scripts/build-tools.sh) and images (scripts/node/images.sh) are
-built before the first test, and the first node test runs all selected node tests in one
+built in the background while the light tiers run (tests/support/prebuild.py), checked
+again (seconds) when the first node test starts, and that test runs all selected node tests in one
 inner pytest session inside the namespaces (``nodeenv.netns``), whose reports are
 replayed here.
 
@@ -64,14 +65,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not items or session.config.option.collectonly or network.inside():
         return
     reason = skip_reason()
-    if reason is None:
-        capman = session.config.pluginmanager.getplugin("capturemanager")
-        cm = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
-        with cm:
-            try:
-                _state["env"] = prepare(sys.stderr)
-            except PrepareFailed as exc:
-                _state["error"] = str(exc)
     if reason:
         for item in items:
             item.add_marker(pytest.mark.skip(reason=reason))
@@ -89,6 +82,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return None
     inner = _state.get("inner")
     if inner is None:
+        # The builds: seconds by now — the run's background prebuild (tests/support/
+        # prebuild.py) made them while the light tiers ran, and was waited for outside
+        # this test's timer; here the scripts only check their caches.
+        capman = item.config.pluginmanager.getplugin("capturemanager")
+        cm = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
+        with cm:
+            try:
+                _state["env"] = prepare(sys.stderr)
+            except PrepareFailed as exc:
+                _state["error"] = str(exc)
         workdir = Path(item.config._tmp_path_factory.mktemp("node-tier"))  # type: ignore[attr-defined]
         inner = netns.InnerSession(
             item.config,

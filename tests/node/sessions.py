@@ -54,7 +54,7 @@ class UserSession:
     def listing(self, cid: str) -> list[str]:
         r = self.api.get(f"{self.url}/files", params={"conversation_id": cid})
         assert r.status_code == 200, r.text
-        return sorted(f["name"] for f in r.json()["files"])
+        return sorted(r.json()["files"])
 
     def execute(
         self, code: str, cid: str = "c", timeout: float = 120, language: str = "python"

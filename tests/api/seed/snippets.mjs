@@ -154,6 +154,6 @@ await downloadFile({
 console.log(JSON.stringify({
   first,
   uploaded,
-  listed: files.map((f) => f.name).sort(),
+  listed: [...files].sort(), // the seed's names, as listTempAreaFiles answers them
   downloaded: await downloads[0].text(),
 }));
