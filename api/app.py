@@ -83,6 +83,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             )
         runtime_env = {
             "SANDBOX_RUNTIME_CONFINEMENT": settings.confinement,
+            "SANDBOX_RUNTIME_CONFINEMENT_MIN_ABI": str(settings.confinement_min_abi),
             "SANDBOX_RUNTIME_NETWORK": settings.session_network,
             **settings.limits.runtime_env(),
             "SANDBOX_RUNTIME_SESSION_MEMORY": str(parse_bytes(settings.local_session_memory)),

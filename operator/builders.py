@@ -129,6 +129,10 @@ def runtime_env(
         },
         {"name": "SANDBOX_RUNTIME_CONFINEMENT", "value": settings.confinement},
         {
+            "name": "SANDBOX_RUNTIME_CONFINEMENT_MIN_ABI",
+            "value": str(settings.confinement_min_abi),
+        },
+        {
             "name": "SANDBOX_RUNTIME_NETWORK",
             "value": "allow" if session.spec.network.enabled else "deny",
         },

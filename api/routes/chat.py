@@ -233,8 +233,9 @@ def launch(
     run store (its JSON half, for another replica) and spawned."""
     settings = services.settings
     session_id = caller.session_id
+    run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
     ensure, before_tool, after_write, record_activity = _session_callbacks(
-        services, caller, session_id, cid
+        services, caller, session_id, cid, run.id
     )
     spec = RunSpec(
         query=query,
@@ -254,7 +255,6 @@ def launch(
     )
     release = services.user_limits.runs.take(session_id)  # 429 when at the cap
     try:
-        run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
         services.runs.add(run, spec_data(spec))
         run.task = services.spawn(run_agent(run, spec, llm, services.http))
     except BaseException:
@@ -264,7 +264,7 @@ def launch(
     return run
 
 
-def _session_callbacks(services, caller: Caller, session_id: str, cid: str):
+def _session_callbacks(services, caller: Caller, session_id: str, cid: str, run_id: str):
     """What a run calls back: ensure its session (opening the conversation), check the
     conversation again before each tool call, record activity."""
     opened: list[Session] = []
@@ -276,6 +276,9 @@ def _session_callbacks(services, caller: Caller, session_id: str, cid: str):
         return session
 
     async def before_tool():
+        # The lease fence first: a replica cut off from the run store starts no tool
+        # that the replica taking the run over would run again.
+        await services.runs.store.before_tool(run_id)
         if opened:  # a deletion accepted by another replica reaches us this way
             await services.backend.conversation_opened(opened[0], cid)
 
@@ -293,7 +296,7 @@ def resume_run(services, run: Run, data: dict, checkpoint: dict | None):
     tenant = tenant_of(run.session_id) or DEFAULT_TENANT
     caller = Caller(user_id=run.user_id, via="resumed", tenant=tenant)
     ensure, before_tool, after_write, record_activity = _session_callbacks(
-        services, caller, run.session_id, run.conversation_id
+        services, caller, run.session_id, run.conversation_id, run.id
     )
     spec = spec_from_data(data, ensure, record_activity)
     spec.before_tool = before_tool
