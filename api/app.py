@@ -86,6 +86,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         runtime_env = {
             **RuntimeSettings.env(
                 confinement=settings.confinement,
+                confinement_min_abi=settings.confinement_min_abi,
                 network=settings.session_network,
                 session_memory=parse_bytes(settings.local_session_memory),
             ),

@@ -87,6 +87,12 @@ class ApiSettings(BaseSettings):
         description="Local backend: how runtimes confine executed code with Landlock "
         "(`auto`: when the kernel allows; `require`: refuse to run code otherwise; `none`).",
     )
+    confinement_min_abi: int = Field(
+        6,
+        ge=1,
+        description="Local backend, with `require`: the lowest Landlock ABI runtimes accept "
+        "(3: truncate confined, 6: signals scoped; docs/security.md).",
+    )
     session_network: Literal["deny", "allow"] = Field(
         "deny",
         description="Whether executed code of new sessions may open TCP connections (local "

@@ -122,6 +122,7 @@ def runtime_env(
         max_file_count=upload.max_file_count,
         allowed_file_types=upload.allowed_file_types,
         confinement=settings.confinement,
+        confinement_min_abi=settings.confinement_min_abi,
         network="allow" if session.spec.network.enabled else "deny",
     )
     return [

@@ -72,6 +72,16 @@ class RuntimeSettings(BaseSettings):
         "say so loudly when not; `require`: refuse to run code unconfined (execute answers "
         "503 confinement_unavailable); `none`: no Landlock (a baseline for benchmarks).",
     )
+    confinement_min_abi: int = Field(
+        6,
+        ge=1,
+        description="With `require`: the lowest Landlock ABI accepted (below it execute "
+        "answers 503). 1 (Linux 5.13): file access confined, not truncate(2); 2 (5.19): "
+        "refer; 3 (6.2): truncate; 4 (6.7): TCP; 5 (6.10): device ioctl; 6 (6.12): "
+        "signals and abstract unix sockets scoped (below it code can signal the runtime "
+        "and other conversations' interpreters). No ABI mediates chmod, chown, utime, "
+        "setxattr or stat.",
+    )
     network: Literal["deny", "allow"] = Field(
         "deny", description="TCP bind/connect for executed code (Landlock ABI >= 4)."
     )

@@ -127,7 +127,8 @@ def launch(
     another replica), and spawned with its ``ServiceConversation``."""
     settings = services.settings
     session_id = caller.session_id
-    conversation = ServiceConversation(services, caller, session_id, cid, write_table)
+    run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
+    conversation = ServiceConversation(services, caller, session_id, cid, run.id, write_table)
     spec = RunSpec(
         query=query,
         history=history,
@@ -141,7 +142,6 @@ def launch(
     )
     release = services.user_limits.runs.take(session_id)  # 429 when at the cap
     try:
-        run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
         services.runs.add(run, spec_data(spec))
         run.task = services.spawn(run_agent(run, spec, conversation, llm, services.http))
     except BaseException:
@@ -162,9 +162,11 @@ class ServiceConversation:
         caller: Caller,
         session_id: str,
         cid: str,
+        run_id: str,
         table_writer: Callable[[Any], Awaitable[None]] | None = None,
     ) -> None:
         self.services, self.caller, self.session_id, self.cid = services, caller, session_id, cid
+        self.run_id = run_id
         self.table_writer = table_writer
         self._opened: Session | None = None
 
@@ -175,6 +177,9 @@ class ServiceConversation:
         return session
 
     async def before_tool(self) -> None:
+        # The lease fence first: a replica cut off from the run store starts no tool that
+        # the replica taking the run over would run again.
+        await self.services.runs.store.before_tool(self.run_id)
         if self._opened is not None:  # a deletion accepted by another replica: seen here
             await self.services.backend.conversation_opened(self._opened, self.cid)
 
@@ -203,7 +208,7 @@ def resume_run(services, run: Run, data: dict, checkpoint: dict | None):
             source.put, table["table_id"], headers=identity_headers(caller, None)
         )
     conversation = ServiceConversation(
-        services, caller, run.session_id, run.conversation_id, table_writer
+        services, caller, run.session_id, run.conversation_id, run.id, table_writer
     )
     progress = None if checkpoint is None else Progress.from_data(checkpoint)
     return services.spawn(

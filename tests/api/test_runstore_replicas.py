@@ -5,6 +5,7 @@ cleanly; a rolling restart of both loses no run and no event."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 import uuid
@@ -207,3 +208,71 @@ def test_a_rolling_restart_of_both_replicas_loses_no_run(replicas, scripted_llm)
             assert followed.events[-2][2]["answer"] == "after the update"
 
     asyncio.run(scenario())
+
+
+def test_a_replica_cut_off_from_redis_starts_no_tool_the_other_also_runs(
+    start_server, scripted_llm, chat_env_factory, redis_url
+):
+    """Replica A reaches Redis through a proxy the test cuts while A's run waits on a
+    model turn; B takes the run over and runs its tool. A's model turn then ends with the
+    same tool call: fenced (no renewal for two thirds of a lease), A does not start it and
+    is not ready meanwhile: while cut off, the tool ran once (the model received its
+    result once); A is ready again once the partition heals."""
+    from tcp_proxy import TcpProxy
+
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    proxy = TcpProxy("127.0.0.1", port).start()
+    common = dict(
+        SANDBOX_WORKSPACE_CHAT_RUN_STORE="redis",
+        SANDBOX_WORKSPACE_CHAT_REDIS_PREFIX=f"t{uuid.uuid4().hex[:8]}:",
+        SANDBOX_WORKSPACE_CHAT_RUN_LEASE_SECONDS="1.5",
+        SANDBOX_WORKSPACE_CHAT_KEEPALIVE_SECONDS="0.5",
+    )
+    a = start_server(
+        "dev", "--data-dir", "data",
+        **chat_env_factory(scripted_llm, SANDBOX_WORKSPACE_CHAT_REDIS_URL=
+                           f"redis://127.0.0.1:{proxy.port}/0", **common),
+    )  # fmt: skip
+    b = start_server(
+        "dev", "--data-dir", "data",
+        **chat_env_factory(scripted_llm, SANDBOX_WORKSPACE_CHAT_REDIS_URL=redis_url, **common),
+    )  # fmt: skip
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    turns: list[str] = []  # "model" per model turn started, "result" per tool result seen
+
+    def respond(body):
+        if tool_results(body):
+            turns.append("result")
+            return text_reply("done")
+        turns.append("model")
+        reply = tool_reply("execute_code", {"code": "print('ran')"})
+        reply.stall_seconds = 4.0  # A's turn outlasts the lease while it is cut off
+        return reply
+
+    scripted_llm.responder = respond
+
+    def ready(server) -> int:
+        return httpx.get(f"{server.url}/readyz", timeout=5).status_code
+
+    async def scenario():
+        body = {"query": "work", "conversation_id": "c1"}
+        work, done = follow(on(a, b), user, body)
+        await until(lambda: work.run_id and turns == ["model"])  # A's turn under way
+        proxy.cut()
+        # B takes the run over, calls the model again and runs the tool: one result.
+        await until(lambda: "result" in turns, timeout=60)
+        await until(lambda: ready(a) == 503)  # cut off for a whole lease: not ready
+        await asyncio.sleep(3)  # A's own model turn ended meanwhile, with the tool call
+        assert turns.count("result") == 1, turns  # the tool ran once, on B
+        proxy.heal()
+        await until(lambda: ready(a) == 200, timeout=30)
+        done.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await done
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        proxy.stop()
+        for server in (a, b):
+            server.stop(signal.SIGTERM)

@@ -422,6 +422,27 @@ def test_jwts_need_an_audience_and_an_issuer(tools: Tools, jwt_values: dict) -> 
     assert "auth.jwt.audience and auth.jwt.issuer are required" in result.stderr
 
 
+def _operator_env(docs: list[dict[str, Any]]) -> dict[str, str]:
+    workload = one(docs, "StatefulSet", f"{RELEASE}-sandbox-workspace-operator")
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    return env_of(container)
+
+
+def test_gvisor_without_landlock_must_choose_confinement_explicitly(tools: Tools) -> None:
+    """gVisor has no Landlock: with the default ``require`` every execution would answer
+    503, so the install is refused until ``sandbox.confinement=auto`` is chosen."""
+    result = render_text(tools, set_values={"sandbox.runtimeClassName": "gvisor"}, check=False)
+    assert result.returncode != 0
+    assert "Set sandbox.confinement=auto" in result.stderr
+    chosen = {"sandbox.runtimeClassName": "gvisor", "sandbox.confinement": "auto"}
+    assert _operator_env(render(tools, set_values=chosen))["SANDBOX_OPERATOR_CONFINEMENT"] == "auto"
+    env = _operator_env(render(tools, set_values={"sandbox.confinementMinAbi": "3"}))
+    assert (env["SANDBOX_OPERATOR_CONFINEMENT"], env["SANDBOX_OPERATOR_CONFINEMENT_MIN_ABI"]) == (
+        "require",
+        "3",
+    )
+
+
 def test_operator_workload(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     name, docs = rendered
     full = f"{RELEASE}-sandbox-workspace-operator"
@@ -451,7 +472,8 @@ def test_operator_workload(rendered: tuple[str, list[dict[str, Any]]]) -> None:
             "registry.example.internal/platform/sandbox-runtime:0.1.0-py311"
         )
         assert env["SANDBOX_OPERATOR_CHECK_INTERVAL_SECONDS"] == "15"
-    assert env["SANDBOX_OPERATOR_CONFINEMENT"] == ("require" if name == "hardened" else "auto")
+    # Fail closed by default; the hardened values (gVisor) chose auto explicitly.
+    assert env["SANDBOX_OPERATOR_CONFINEMENT"] == ("auto" if name == "hardened" else "require")
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"health": 8081, "metrics": 9090}
 
@@ -525,8 +547,10 @@ def test_the_processes_accept_the_charts_settings(
             assert settings.liveness_endpoint == "http://0.0.0.0:8081/healthz"
             assert settings.metrics_port == 9090
             assert settings.standalone is False  # two peered replicas by default
-            # The hardened values refuse to run code unconfined.
-            assert settings.confinement == ("require" if name == "hardened" else "auto")
+            # Every install refuses to run code unconfined unless it chose otherwise: the
+            # hardened values run gVisor (no Landlock) and chose auto.
+            assert settings.confinement == ("auto" if name == "hardened" else "require")
+            assert settings.confinement_min_abi == 6
             _assert_store(name, settings.store, settings.s3)
 
 

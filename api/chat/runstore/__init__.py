@@ -49,6 +49,16 @@ Resume = Callable[["Run", dict, "dict | None"], Any]
 class RunStore(ABC):
     replicated: bool = False
 
+    @property
+    def reachable(self) -> bool:
+        """Whether the store answered recently enough to serve (``/readyz``)."""
+        return True
+
+    async def before_tool(self, run_id: str) -> None:
+        """Called before each tool call of run ``run_id`` starts: a replicated store waits
+        while it cannot be sure this replica holds the run's lease (no tool runs twice)."""
+        return None
+
     @abstractmethod
     def register(self, run: Run, spec: dict | None) -> None: ...
 

@@ -56,7 +56,10 @@ while a <= #ARGV do
   local i = a + 1
   a = stop + 1
   results[r] = 0
-  if ARGV[i] == 'n' then
+  -- A new run takes its lease; a retried 'n' (its first reply lost) only while the run
+  -- is still ours: another replica may have taken it over, or finished it, meanwhile.
+  if ARGV[i] == 'n' and (redis.call('EXISTS', meta) == 0
+      or redis.call('GET', lease) == ARGV[1]) then
     redis.call('SET', lease, ARGV[1], 'PX', ARGV[3])
   elseif redis.call('GET', lease) ~= ARGV[1] then
     results[r] = -1
