@@ -44,6 +44,8 @@ async def listen(store: RedisStoreState, pubsub) -> None:
             async for item in pubsub.listen():
                 _received(store, item)
         except Exception:
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise  # a cancellation redis-py answered as a connection error
             log.warning("run store control channel failed; reconnecting", exc_info=True)
             await asyncio.sleep(1.0)
 

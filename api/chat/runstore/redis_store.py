@@ -333,7 +333,7 @@ class RedisRunStore(RunStore):
         return self.fenced or (run_id in self.local and run_id not in self.writer.stored)
 
     async def _heartbeat(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.lease_seconds / 3)
             started = time.monotonic()
             for run_id in [i for i, r in self.local.items() if r.finished]:
@@ -358,6 +358,10 @@ class RedisRunStore(RunStore):
                         self._lost(self.local[run_id])
                 await control.reconcile(self)
             except Exception:
+                # redis-py may answer a cancellation inside a command with a connection
+                # error: swallowed here, the task would never end (aclose waits for it).
+                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    raise
                 log.warning("lease renewal failed", exc_info=True)
 
     async def _scan(self) -> None:

@@ -192,6 +192,8 @@ class Writer:
                 try:
                     pipe = await Pipe.open(self._redis, self._reply)
                 except (RedisError, OSError) as e:
+                    if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                        raise  # a cancellation redis-py answered as a connection error
                     log.warning("run store connection failed, retrying", extra={"error": str(e)})
                     await self._backoff()
                     continue
