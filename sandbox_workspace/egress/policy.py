@@ -12,7 +12,9 @@ Contract:
   raw address would skip both the name check and the proxy's own resolution.
 - Addresses in ``forbidden`` networks are refused after the proxy resolves an allowed
   name (DNS rebinding: a permitted name pointing at the metadata service or the cluster).
-  IPv4-mapped and NAT64-embedded IPv6 forms are checked as the IPv4 address they carry.
+  IPv4-mapped, NAT64 (64:ff9b::/96), 6to4 and Teredo IPv6 forms are checked as the IPv4
+  address they carry; the local-use NAT64 prefix 64:ff9b:1::/48 (where the address sits
+  depends on the deployment) and IPv4-compatible ::/96 are refused whole.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ DEFAULT_FORBIDDEN: tuple[IPNetwork, ...] = tuple(
         "240.0.0.0/4",
         "::/128",
         "::1/128",
+        "::/96",  # IPv4-compatible (deprecated): ::a.b.c.d may still reach a.b.c.d
+        "64:ff9b:1::/48",  # local-use NAT64 (RFC 8215): the embedded IPv4 can't be located
         "fc00::/7",
         "fe80::/10",
         "ff00::/8",
@@ -175,11 +179,16 @@ def forbidden_networks(extra: Iterable[str] = ()) -> tuple[IPNetwork, ...]:
 
 
 def embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 one carries (mapped ::ffff:a.b.c.d, NAT64 64:ff9b::/96)."""
+    """The IPv4 address an IPv6 one carries (mapped ::ffff:a.b.c.d, NAT64 64:ff9b::/96,
+    6to4 2002:aabb:ccdd::/48, Teredo's client address): the one a relay would reach."""
     if isinstance(address, ipaddress.IPv4Address):
         return None
     if address.ipv4_mapped is not None:
         return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
     if address in ipaddress.ip_network("64:ff9b::/96"):
         return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return None

@@ -101,6 +101,10 @@ def test_rule_validation(kwargs, message):
         "fd00:ec2::254",  # the IPv6 metadata address
         "::ffff:169.254.169.254",  # IPv4-mapped
         "64:ff9b::a9fe:a9fe",  # NAT64 of 169.254.169.254
+        "64:ff9b:1::a9fe:a9fe",  # local-use NAT64 prefix (RFC 8215)
+        "2002:a9fe:a9fe::1",  # 6to4 of 169.254.169.254
+        "2001:0:4136:e378:8000:63bf:f5fe:f5fe",  # Teredo, client 10.1.10.1 (obfuscated)
+        "::a9fe:a9fe",  # IPv4-compatible (deprecated) 169.254.169.254
         "0.0.0.0",
     ],
 )
