@@ -16,9 +16,10 @@ from fastapi_offline import FastAPIOffline
 from httpx_aiohttp import AiohttpTransport
 
 from sandbox_workspace import __version__, tracing
+from sandbox_workspace.contract.errors import JSONLineResponse, install_error_handlers
+from sandbox_workspace.contract.quantity import parse_bytes
 from sandbox_workspace.http_guard import HttpGuard
-from sandbox_workspace.runtime.errors import JSONLineResponse, install_error_handlers
-from sandbox_workspace.runtime.quantity import parse_bytes
+from sandbox_workspace.runtime.settings import RuntimeSettings
 
 from . import cors, dev_guard, garbage, openapi, request_bounds
 from .backends.base import Backend
@@ -30,6 +31,7 @@ from .chat.openai_chat import OpenAiClient
 from .chat.policy import allowed_policies
 from .chat.runs import RunRegistry
 from .chat.runstore.factory import build_store
+from .chat.service import resume_run
 from .chat.tools import TOOL_NAMES
 from .deps import Services
 from .e2b import control as e2b_control
@@ -82,10 +84,13 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
                 "SANDBOX_WORKSPACE_SANDBOX_MOUNT=bwrap but bubblewrap is not installed"
             )
         runtime_env = {
-            "SANDBOX_RUNTIME_CONFINEMENT": settings.confinement,
-            "SANDBOX_RUNTIME_NETWORK": settings.session_network,
+            **RuntimeSettings.env(
+                confinement=settings.confinement,
+                confinement_min_abi=settings.confinement_min_abi,
+                network=settings.session_network,
+                session_memory=parse_bytes(settings.local_session_memory),
+            ),
             **settings.limits.runtime_env(),
-            "SANDBOX_RUNTIME_SESSION_MEMORY": str(parse_bytes(settings.local_session_memory)),
         }
         return LocalBackend(
             settings.data_dir,
@@ -200,7 +205,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await backend.start()
-        await services.runs.store.start(lambda *a: chat.resume_run(services, *a))
+        await services.runs.store.start(lambda *a: resume_run(services, *a))
         garbage.tune()
         try:
             yield

@@ -15,7 +15,7 @@ from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
-from sandbox_workspace.runtime.errors import error_response
+from sandbox_workspace.contract.errors import error_response
 
 from .openapi import CORS_EXPOSED_HEADERS, CORS_REQUEST_HEADERS
 

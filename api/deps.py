@@ -9,7 +9,6 @@ from typing import Annotated
 
 import httpx
 from fastapi import Depends, Query, Request
-from starlette.concurrency import run_in_threadpool
 
 from sandbox_workspace.store import ObjectStore
 
@@ -57,9 +56,8 @@ async def get_services(request: Request) -> Services:
 
 async def get_caller(request: Request) -> Caller:
     authenticator: Authenticator = request.app.state.services.authenticator
-    if authenticator.may_block:  # a JWKS fetch is blocking I/O: keep it off the loop
-        return await run_in_threadpool(authenticator.authenticate, request.headers)
-    return authenticator.authenticate(request.headers)
+    # On the loop: no thread hop for any credential (a JWKS refresh alone leaves it).
+    return await authenticator.authenticate(request.headers)
 
 
 async def get_stream_caller(

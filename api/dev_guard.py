@@ -23,7 +23,7 @@ from typing import Any
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sandbox_workspace.runtime.errors import error_response
+from sandbox_workspace.contract.errors import error_response
 
 from .request_bounds import has_body, streaming_routes, streams
 

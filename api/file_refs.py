@@ -13,10 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sandbox_workspace.runtime import pathsafe
-from sandbox_workspace.runtime.errors import BadRequest
+from sandbox_workspace.contract import ids
+from sandbox_workspace.contract.errors import BadRequest
 from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
-from sandbox_workspace.runtime.workspace import Workspace
 
 Area = Literal["uploads", "outputs"]
 
@@ -42,9 +41,9 @@ def parse_file_ref(
                 code="missing_conversation_id",
             )
         return FileRef(
-            Workspace.check_conversation_id(conversation_id),
+            ids.conversation_id_or_400(conversation_id),
             "uploads",
-            (Workspace.check_file_name(ref),),
+            (ids.file_name_or_400(ref),),
         )
     root = workspace_path.rstrip("/")
     shapes = f"{root}/{{conversation_id}}/uploads/temparea/{{name}}"
@@ -67,7 +66,7 @@ def parse_file_ref(
             "the path's conversation differs from conversation_id", code="conversation_mismatch"
         )
     try:
-        checked = tuple(pathsafe.check_name(p, what="path component") for p in rest)
-    except pathsafe.UnsafePath as e:
+        checked = tuple(ids.check_name(p, what="path component") for p in rest)
+    except ids.UnsafePath as e:
         raise BadRequest(str(e), code="invalid_file_name") from e
-    return FileRef(Workspace.check_conversation_id(parts[0]), area, checked)
+    return FileRef(ids.conversation_id_or_400(parts[0]), area, checked)

@@ -5,6 +5,11 @@ Contract (DESIGN "Identity and isolation"):
 - ``required`` mode: ``Authorization: Bearer <service token>`` plus ``X-User-Id`` (the
   platform backend speaking for a user), or ``Bearer <JWT>`` whose ``sub`` is the user
   (HS256 with a shared secret, or keys from a JWKS URL). Anything else is 401.
+- A JWT must name this API: ``iss`` and ``aud`` are required and checked (settings refuse
+  JWT configuration without them), with ``jwt_leeway_seconds`` of clock skew allowed.
+- ``authenticate`` runs on the event loop: the service token, HS256 and JWKS keys held
+  are checked with no I/O and no thread hop; only a due JWKS refresh leaves the loop
+  (``jwks.JwksKeys``: rate-limited, unknown kids remembered).
 User ids must be 1–128 printable characters without ``/`` or ``\\`` (they become part of
 ``sb-session-{user_id}`` in URLs).
 """
@@ -22,9 +27,10 @@ from dataclasses import dataclass
 import jwt
 from starlette.datastructures import Headers
 
+from sandbox_workspace.contract.errors import ApiError, BadRequest, Unauthorized
 from sandbox_workspace.operator.naming import session_id_for
-from sandbox_workspace.runtime.errors import ApiError, BadRequest, Unauthorized
 
+from .jwks import JwksKeys
 from .settings import ApiSettings
 
 DEV_USER = "dev"
@@ -83,14 +89,15 @@ def check_user_id(user_id: str) -> str:
 class Authenticator:
     def __init__(self, settings: ApiSettings) -> None:
         self.settings = settings
-        self._jwks = jwt.PyJWKClient(settings.jwt_jwks_url) if settings.jwt_jwks_url else None
+        self._jwks = (
+            JwksKeys(
+                settings.jwt_jwks_url, min_refresh_seconds=settings.jwt_jwks_min_refresh_seconds
+            )
+            if settings.jwt_jwks_url
+            else None
+        )
 
-    @property
-    def may_block(self) -> bool:
-        """Whether ``authenticate`` may do network I/O (fetching a JWKS)."""
-        return self._jwks is not None
-
-    def authenticate(self, headers: Headers) -> Caller:
+    async def authenticate(self, headers: Headers) -> Caller:
         s = self.settings
         if s.auth_mode == "dev":
             return Caller(
@@ -115,7 +122,7 @@ class Authenticator:
             )
         if s.jwt_secret is None and self._jwks is None:
             raise Unauthorized("invalid bearer token")
-        claims = self._verify_jwt(token)
+        claims = await self._verify_jwt(token)
         tenant = claims.get(s.jwt_tenant_claim)
         return Caller(
             check_user_id(claims["sub"]),
@@ -123,31 +130,24 @@ class Authenticator:
             check_tenant(tenant if isinstance(tenant, str) else None),
         )
 
-    def _verify_jwt(self, token: str) -> dict:
+    async def _verify_jwt(self, token: str) -> dict:
         s = self.settings
-        options = {"require": ["sub", "exp"], "verify_aud": s.jwt_audience is not None}
+        checks = {
+            "audience": s.jwt_audience,
+            "issuer": s.jwt_issuer,
+            "leeway": s.jwt_leeway_seconds,
+            "options": {"require": ["sub", "exp", "iss", "aud"]},
+        }
         try:
-            if s.jwt_secret is not None and jwt.get_unverified_header(token).get("alg") == "HS256":
-                claims = jwt.decode(
-                    token,
-                    s.jwt_secret.get_secret_value(),
-                    algorithms=["HS256"],
-                    audience=s.jwt_audience,
-                    issuer=s.jwt_issuer,
-                    options=options,
-                )
+            header = jwt.get_unverified_header(token)
+            if s.jwt_secret is not None and header.get("alg") == "HS256":
+                key, algorithms = s.jwt_secret.get_secret_value(), ["HS256"]
             elif self._jwks is not None:
-                key = self._jwks.get_signing_key_from_jwt(token)
-                claims = jwt.decode(
-                    token,
-                    key.key,
-                    algorithms=["RS256", "ES256", "EdDSA"],
-                    audience=s.jwt_audience,
-                    issuer=s.jwt_issuer,
-                    options=options,
-                )
+                kid = header.get("kid")
+                key, algorithms = (await self._jwks.key(kid)).key, ["RS256", "ES256", "EdDSA"]
             else:
                 raise Unauthorized("JWT must be signed with HS256")
+            claims = jwt.decode(token, key, algorithms=algorithms, **checks)
         except jwt.PyJWTError as e:
             raise Unauthorized(f"invalid JWT: {e}") from e
         sub = claims.get("sub")
@@ -161,7 +161,8 @@ class StreamTokens:
 
     A browser's ``EventSource`` cannot send an ``Authorization`` header, so a client that
     is authenticated asks ``POST /runs/{id}/stream-token`` and puts the answer in the URL.
-    A token names one run and one user and expires after ``ttl`` seconds; it is an HMAC
+    A token names one run, one user and the user's tenant (a user id may repeat across
+    tenants; runs are the session's) and expires after ``ttl`` seconds; it is an HMAC
     over those, so any replica sharing the key verifies it without shared state. It grants
     nothing but reading that run's events.
     """
@@ -174,10 +175,12 @@ class StreamTokens:
         digest = hmac.new(self.key, payload, hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
-    def issue(self, run_id: str, user_id: str, now: float | None = None) -> tuple[str, int]:
+    def issue(
+        self, run_id: str, user_id: str, now: float | None = None, tenant: str = DEFAULT_TENANT
+    ) -> tuple[str, int]:
         """A token for ``run_id`` and its expiry (Unix seconds)."""
         expires = int((time.time() if now is None else now) + self.ttl)
-        payload = json.dumps([run_id, user_id, expires], separators=(",", ":")).encode()
+        payload = json.dumps([run_id, user_id, expires, tenant], separators=(",", ":")).encode()
         body = base64.urlsafe_b64encode(payload).rstrip(b"=").decode()
         return f"{body}.{self._mac(payload)}", expires
 
@@ -186,7 +189,8 @@ class StreamTokens:
         body, _, mac = token.partition(".")
         try:
             payload = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
-            token_run, user, expires = json.loads(payload)
+            # Three fields: a token from before tenants were in it (the default tenant's).
+            token_run, user, expires, *tenant = json.loads(payload)
         except (ValueError, TypeError):
             raise Unauthorized("malformed stream token") from None
         # As bytes: compare_digest refuses a str with non-ASCII characters (a TypeError,
@@ -197,4 +201,4 @@ class StreamTokens:
             raise Unauthorized("this stream token is for another run")
         if (time.time() if now is None else now) > expires:
             raise Unauthorized("stream token expired; ask POST /runs/{run_id}/stream-token again")
-        return Caller(str(user), "stream-token")
+        return Caller(str(user), "stream-token", str(tenant[0]) if tenant else DEFAULT_TENANT)

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 
-from sandbox_workspace.runtime.errors import _STATUS_CODES, error_response
+from sandbox_workspace.contract.errors import _STATUS_CODES, error_response
 
 from .openapi_deployment import document_deployment
 from .openapi_security import document_security

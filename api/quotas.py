@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 
 from pydantic import BaseModel, Field
 
-from sandbox_workspace.runtime.errors import ApiError, Conflict
+from sandbox_workspace.contract.errors import ApiError, Conflict
 
 _PREFIX = "SANDBOX_WORKSPACE_QUOTAS__"
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandbox_workspace.runtime.errors import error_response
+from sandbox_workspace.contract.errors import error_response
 
 _STREAMS = "__streams_body__"
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 import time
 
 from sandbox_workspace import tracing
+from sandbox_workspace.contract.errors import NotFoundError, Unavailable
 from sandbox_workspace.operator.models import FileUploadConfig
 from sandbox_workspace.operator.naming import session_id_for
-from sandbox_workspace.runtime.errors import NotFoundError, Unavailable
 
 from .backends.base import (
     Backend,

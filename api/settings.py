@@ -13,13 +13,13 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sandbox_workspace.contract.quantity import parse_bytes
 from sandbox_workspace.operator.models import (
     ExecutionLimits,
     FileUploadConfig,
     Quantity,
     StorageSpec,
 )
-from sandbox_workspace.runtime.quantity import parse_bytes
 from sandbox_workspace.store.settings import S3Settings, StoreMode
 
 from .quotas import Quotas
@@ -57,8 +57,22 @@ class ApiSettings(BaseSettings):
     service_token: SecretStr | None = None
     jwt_secret: SecretStr | None = Field(None, description="HS256 key for caller JWTs.")
     jwt_jwks_url: str | None = Field(None, description="JWKS URL for RS/ES-signed JWTs.")
-    jwt_audience: str | None = None
-    jwt_issuer: str | None = None
+    jwt_audience: str | None = Field(
+        None, description="Required `aud` of caller JWTs (needed whenever JWTs are accepted)."
+    )
+    jwt_issuer: str | None = Field(
+        None, description="Required `iss` of caller JWTs (needed whenever JWTs are accepted)."
+    )
+    jwt_leeway_seconds: int = Field(
+        30, ge=0, le=300, description="Clock skew allowed on a JWT's exp, nbf and iat."
+    )
+    jwt_jwks_min_refresh_seconds: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        description="At most one JWKS fetch per this many seconds, however many unknown key "
+        "ids callers send (a rotated key is picked up within it).",
+    )
     jwt_tenant_claim: str = Field(
         "tenant_id", description="JWT claim naming the caller's tenant (seed 003's routes)."
     )
@@ -72,6 +86,12 @@ class ApiSettings(BaseSettings):
         "auto",
         description="Local backend: how runtimes confine executed code with Landlock "
         "(`auto`: when the kernel allows; `require`: refuse to run code otherwise; `none`).",
+    )
+    confinement_min_abi: int = Field(
+        6,
+        ge=1,
+        description="Local backend, with `require`: the lowest Landlock ABI runtimes accept "
+        "(3: truncate confined, 6: signals scoped; docs/security.md).",
     )
     session_network: Literal["deny", "allow"] = Field(
         "deny",
@@ -237,6 +257,13 @@ class ApiSettings(BaseSettings):
             raise ValueError(
                 f"auth_mode=required needs {ENV_PREFIX}SERVICE_TOKEN, {ENV_PREFIX}JWT_SECRET "
                 f"or {ENV_PREFIX}JWT_JWKS_URL"
+            )
+        if (self.jwt_secret or self.jwt_jwks_url) and not (self.jwt_audience and self.jwt_issuer):
+            # Without them any token the IdP signs for another application is accepted.
+            raise ValueError(
+                f"JWT authentication ({ENV_PREFIX}JWT_SECRET or {ENV_PREFIX}JWT_JWKS_URL) "
+                f"needs {ENV_PREFIX}JWT_AUDIENCE and {ENV_PREFIX}JWT_ISSUER: the `aud` and "
+                "`iss` your IdP puts in tokens for this API"
             )
         if self.chat_run_store == "redis" and self.chat_redis_url is None:
             raise ValueError(

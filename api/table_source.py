@@ -3,8 +3,9 @@
 Contract: ``GET {url}/{table_id}`` answers the table resource, JSON whose ``data`` is the
 table; ``PUT {url}/{table_id}`` with ``{"data": …}`` replaces it, the whole table in one
 request (never a part of it). Both carry the caller's identity as the API received it:
-``X-User-Id`` (the caller as this API identified it) and the caller's own
-``Authorization`` header when it sent one, so the platform checks its own access rules.
+``X-User-Id`` and ``X-Tenant-Id`` (the caller as this API identified it: a user id may
+repeat across tenants) and the caller's own ``Authorization`` header when it sent one, so
+the platform checks its own access rules.
 - a 403 or 404 from the source is ``TableNotFound`` (our 404: another user's table and
   a missing one look alike);
 - anything else — refused connection, no answer within ``timeout`` seconds, another
@@ -20,7 +21,7 @@ from urllib.parse import quote
 
 import httpx
 
-from sandbox_workspace.runtime.errors import ApiError, NotFoundError
+from sandbox_workspace.contract.errors import ApiError, NotFoundError
 
 from .identity import Caller
 
@@ -41,7 +42,7 @@ def from_settings(http: httpx.AsyncClient, settings) -> TableSource:
 
 
 def identity_headers(caller: Caller, authorization: str | None) -> dict[str, str]:
-    headers = {"X-User-Id": caller.user_id}
+    headers = {"X-User-Id": caller.user_id, "X-Tenant-Id": caller.tenant}
     if authorization:
         headers["Authorization"] = authorization
     return headers

@@ -26,9 +26,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from sandbox_workspace.runtime.errors import ApiError
+from sandbox_workspace.contract import ids
+from sandbox_workspace.contract.errors import ApiError
 from sandbox_workspace.runtime.uploads import MAX_FIELD_BYTES
-from sandbox_workspace.runtime.workspace import Workspace
 
 _FIELD = b"conversation_id"
 # The runtime's own limit: a value the guard gives up on is one the runtime refuses (the
@@ -141,7 +141,7 @@ class GuardedBody:
         if cid is None:
             return None
         try:
-            return Workspace.check_conversation_id(cid)
+            return ids.conversation_id_or_400(cid)
         except ApiError:
             return None
 

@@ -49,6 +49,7 @@ class Trial:
     threads: list[threading.Thread] = field(default_factory=list)
     statuses: list[int] = field(default_factory=list)  # racing writes' answers
     released_early: bool = False  # the resource went while its files still existed
+    release: threading.Event | None = None  # a held upload's client, freed by kill_api
 
 
 def background(fn: Any, *args: Any) -> threading.Thread:
@@ -201,6 +202,63 @@ def start_upload(world: Any, trial: Trial) -> None:
     time.sleep(world.rng.uniform(0.0, 0.3))  # somewhere in the body, or past it
 
 
+def _store_uploads(world: Any, trial: Trial) -> list:
+    """Incomplete multipart uploads under the trial's conversation (a listing misses them)."""
+    import asyncio
+
+    from sandbox_workspace.operator import naming
+    from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
+    from sandbox_workspace.store.s3_admin import S3Admin
+
+    scope = Scope(DEFAULT_TENANT, naming.session_name_for(trial.user))
+    prefix = Layout("workspaces/").conversation(scope, trial.cid)
+
+    async def listing() -> list:
+        admin = S3Admin(world.store.settings(world.bucket))
+        try:
+            return await admin.uploads(prefix)
+        finally:
+            await admin.aclose()
+
+    return asyncio.run(listing())
+
+
+def start_held_upload(world: Any, trial: Trial) -> None:
+    """A large upload whose client stops sending mid-body, once the store holds parts of
+    its multipart upload: the API is then killed with the parts in the bucket."""
+    held = threading.Event()
+    trial.threads.append(background(_held_upload, world, trial, held))
+    deadline = time.monotonic() + 30
+    while not _store_uploads(world, trial) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    trial.notes.append(f"multipart uploads under way: {len(_store_uploads(world, trial))}")
+    trial.release = held  # set after the API was killed (``kill_api``)
+
+
+def _held_upload(world: Any, trial: Trial, held: threading.Event) -> None:
+    boundary = "heldupload"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="conversation_id"\r\n\r\n'
+        f'{trial.cid}\r\n--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+        'filename="held.csv"\r\nContent-Type: text/csv\r\n\r\n'
+    ).encode()
+
+    def body():
+        yield head
+        for i in range(40):
+            if i == 24:
+                held.wait(120)
+            yield b"x" * (1024 * 1024)
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    with contextlib.suppress(httpx.HTTPError):
+        world.client(trial.user).post(
+            f"/api/v1/sessions/sb-session-{trial.user}/files/upload",
+            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+            content=body(),
+        )
+
+
 def kill_api(world: Any, trial: Trial) -> None:
     """SIGKILL the API (an upload between its store write and its cache write, the
     DELETE in its hands), then start it again; clients follow it to its new port."""
@@ -209,6 +267,8 @@ def kill_api(world: Any, trial: Trial) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    if trial.release is not None:
+        trial.release.set()  # the held upload's client may end now
     world.stack.api = None
     world.owner.submit(world.stack.start_api).result()
     world.api_moved()
@@ -246,4 +306,7 @@ STORE_FAULTS = [
     Fault("store: pod lost with an output not yet written back", kill_runtime, start_late_output),
     Fault("store: API killed between the store write and the cache write", kill_api, start_upload),
     Fault("store: operator killed mid-delete", kill_operator),
+    Fault(
+        "store: API killed mid-upload (multipart parts in the bucket)", kill_api, start_held_upload
+    ),
 ]

@@ -15,7 +15,8 @@ strikes ``uniform(0, 0.25)`` s later (``bench.fault_injection``). Then, within a
 - stuck: the resource still exists at the deadline (``Deleting`` forever);
 - released early: at the first look after the resource went, its files still existed;
 - leaked objects (the store phase): objects left under the conversation's prefix in
-  the bucket after the resource went (a release while some existed is early too);
+  the bucket after the resource went (a release while some existed is early too),
+  counting what a listing misses: incomplete multipart uploads and object versions;
 - leaked files: files of the conversation on disk after the resource went and a settle
   time passed (a writer that outlived the deletion has had time to write again). A
   write that raced the deletion may legitimately start the conversation afresh: files
@@ -147,7 +148,25 @@ def _objects(world: World, trial: Trial) -> int:
 
     scope = Scope(DEFAULT_TENANT, naming.session_name_for(trial.user))
     prefix = Layout("workspaces/").conversation(scope, trial.cid)
-    return len(world.store.list_keys(world.bucket, prefix))
+    # What a listing misses counts too: incomplete multipart uploads (a killed API's
+    # parts) and non-current versions (``s3_admin``).
+    return len(world.store.list_keys(world.bucket, prefix)) + _hidden(world, prefix)
+
+
+def _hidden(world: World, prefix: str) -> int:
+    import asyncio
+
+    from sandbox_workspace.store.s3_admin import S3Admin
+
+    async def count() -> int:
+        admin = S3Admin(world.store.settings(world.bucket))
+        try:
+            versions = [v for v in await admin.versions(prefix) if v[1] != "null"]
+            return len(await admin.uploads(prefix)) + len(versions)
+        finally:
+            await admin.aclose()
+
+    return asyncio.run(count())
 
 
 def _on_disk(world: World, trial: Trial) -> list[Path]:

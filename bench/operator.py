@@ -61,7 +61,7 @@ from kubeenv.controlplane import (  # noqa: E402
 from kubeenv.nodeagent import RUNTIME_LABEL  # noqa: E402
 from kubeenv.stack import Stack  # noqa: E402
 
-from sandbox_workspace.operator.models import LABEL_SESSION  # noqa: E402
+from sandbox_workspace.contract.crd import LABEL_SESSION  # noqa: E402
 
 API = "/apis/sandboxworkspace.io/v1alpha1"
 MB = 1024 * 1024

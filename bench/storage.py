@@ -25,7 +25,9 @@ Figures, each beside a baseline measured in the same run on the same server:
   against a cold first execution in an empty conversation;
 - write-back: an execution writing a 1 MB output, end to end in s3 mode (the answer comes
   once the output is in the store) against the same execution in local mode; the
-  difference is the time from the end of the execution to its output being stored.
+  difference is the time from the end of the execution to its output being stored;
+- write-back of 2,000 small outputs against a plain client's 2,000 PUTs, and another
+  user's latency meanwhile (``bench.writeback``).
 Results: ``bench/results/storage.json`` (``storage-quick.json`` in quick mode).
 """
 
@@ -47,6 +49,7 @@ import httpx
 import obstore
 from obstore.store import HTTPStore
 
+from . import writeback
 from .harness import Figure, cpu_seconds, dev_server, runtime_pid
 
 REPO = Path(__file__).resolve().parents[1]
@@ -483,6 +486,7 @@ def run(quick: bool) -> list[Figure]:
                 timings["local"],
             )
         )
+        figures += writeback.run(env, store, quick)
     finally:
         server.stop()
     results = RESULTS.with_name("storage-quick.json") if quick else RESULTS

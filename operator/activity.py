@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from sandbox_workspace.contract.conditions import ConditionType
+from sandbox_workspace.contract.crd import ANNOTATION_LAST_ACTIVITY
 from sandbox_workspace.runtime.schemas import RuntimeStats
 
-from .models import ANNOTATION_LAST_ACTIVITY, SandboxSession
+from .models import SandboxSession
 from .status import condition, expires_at
 
 
@@ -70,7 +72,7 @@ def next_due(
         last = last_activity(known, session.annotations)
         if session.spec.idle_timeout_seconds > 0:
             dues.append(last + timedelta(seconds=session.spec.idle_timeout_seconds))
-        restart = condition(status, "RestartRequired")
+        restart = condition(status, ConditionType.RESTART_REQUIRED)
         if restart is not None and restart.status == "True":
             dues.append(last + timedelta(seconds=interval))
     return min((d for d in dues if d is not None), default=None)
@@ -87,7 +89,7 @@ def after_stats(
         last = last_activity(stats.last_activity_at, session.annotations)
         if session.spec.idle_timeout_seconds > 0:
             dues.append(last + timedelta(seconds=session.spec.idle_timeout_seconds))
-        restart = condition(session.status, "RestartRequired")
+        restart = condition(session.status, ConditionType.RESTART_REQUIRED)
         if restart is not None and restart.status == "True":
             dues.append(last + timedelta(seconds=interval))
     return min((d for d in dues if d is not None), default=None)

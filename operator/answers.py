@@ -30,6 +30,8 @@ from typing import Any
 
 import httpx
 
+from sandbox_workspace.contract.conditions import Reason
+
 from .settings import RUNTIME_PORT
 from .status import PodState, observe_pod
 
@@ -75,7 +77,7 @@ class RuntimeAnswers:
                 self._settled.add(uid)
             return state
         if state.ip and self.answered(uid):
-            return replace(state, kind="ready", reason="RuntimeReady", message=ANSWERS)
+            return replace(state, kind="ready", reason=Reason.RUNTIME_READY, message=ANSWERS)
         return state
 
     def watch(

@@ -21,8 +21,7 @@ import hashlib
 import json
 from typing import Any
 
-from . import naming
-from .models import (
+from sandbox_workspace.contract.crd import (
     ANNOTATION_POD_SPEC,
     ANNOTATION_USER_ID,
     COMPONENT_RUNTIME,
@@ -30,9 +29,11 @@ from .models import (
     LABEL_COMPONENT,
     LABEL_SESSION,
     LABEL_USER,
-    ResourceList,
-    SandboxSession,
 )
+from sandbox_workspace.runtime.settings import RuntimeSettings
+
+from . import naming
+from .models import ResourceList, SandboxSession
 from .settings import RUNTIME_PORT, RUNTIME_UID, OperatorSettings
 
 TOKEN_KEY = "token"
@@ -64,7 +65,9 @@ def build_runtime_secret(session: SandboxSession, token: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _metadata(naming.runtime_secret_name(session.name), session),
+        "metadata": _metadata(
+            naming.runtime_secret_name(session.name, legacy=session.legacy_children), session
+        ),
         "type": "Opaque",
         "stringData": {TOKEN_KEY: token},
     }
@@ -83,7 +86,9 @@ def build_workspace_pvc(session: SandboxSession) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _metadata(naming.workspace_claim_name(session.name), session),
+        "metadata": _metadata(
+            naming.workspace_claim_name(session.name, legacy=session.legacy_children), session
+        ),
         "spec": spec,
     }
 
@@ -111,23 +116,21 @@ def runtime_env(
     """SANDBOX_RUNTIME_* settings of the runtime (runtime/settings.py); the token comes
     from ``secret`` (default: the session's runtime Secret)."""
     upload = session.spec.file_upload_config
-    secret = secret or naming.runtime_secret_name(session.name)
+    secret = secret or naming.runtime_secret_name(session.name, legacy=session.legacy_children)
+    env = RuntimeSettings.env(
+        max_file_size_bytes=upload.max_file_size_bytes,
+        max_file_count=upload.max_file_count,
+        allowed_file_types=upload.allowed_file_types,
+        confinement=settings.confinement,
+        confinement_min_abi=settings.confinement_min_abi,
+        network="allow" if session.spec.network.enabled else "deny",
+    )
     return [
         {
-            "name": "SANDBOX_RUNTIME_TOKEN",
+            "name": RuntimeSettings.env_name("token"),
             "valueFrom": {"secretKeyRef": {"name": secret, "key": TOKEN_KEY}},
         },
-        {"name": "SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES", "value": str(upload.max_file_size_bytes)},
-        {"name": "SANDBOX_RUNTIME_MAX_FILE_COUNT", "value": str(upload.max_file_count)},
-        {
-            "name": "SANDBOX_RUNTIME_ALLOWED_FILE_TYPES",
-            "value": ",".join(upload.allowed_file_types),
-        },
-        {"name": "SANDBOX_RUNTIME_CONFINEMENT", "value": settings.confinement},
-        {
-            "name": "SANDBOX_RUNTIME_NETWORK",
-            "value": "allow" if session.spec.network.enabled else "deny",
-        },
+        *({"name": k, "value": v} for k, v in env.items()),
         *({"name": k, "value": v} for k, v in session.spec.limits.runtime_env().items()),
         # The root filesystem is read-only; tools that want a home get the scratch space.
         {"name": "HOME", "value": "/tmp"},
@@ -144,7 +147,7 @@ def needs_claim(session: SandboxSession, settings: OperatorSettings) -> bool:
 def _workspace_volume(session: SandboxSession, settings: OperatorSettings) -> dict[str, Any]:
     storage = session.spec.storage
     if needs_claim(session, settings):
-        claim = naming.workspace_claim_name(session.name)
+        claim = naming.workspace_claim_name(session.name, legacy=session.legacy_children)
         return {"name": "workspace", "persistentVolumeClaim": {"claimName": claim}}
     return {"name": "workspace", "emptyDir": {"sizeLimit": storage.size}}
 
@@ -255,7 +258,7 @@ def _runtime_pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _metadata(
-            naming.runtime_pod_name(session.name),
+            naming.runtime_pod_name(session.name, legacy=session.legacy_children),
             session,
             **{LABEL_COMPONENT: COMPONENT_RUNTIME, "app.kubernetes.io/component": "runtime"},
         ),

@@ -19,6 +19,8 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from sandbox_workspace.contract.conditions import Reason
+from sandbox_workspace.contract.crd import ANNOTATION_USER_ID
 from sandbox_workspace.kube import core_path
 from sandbox_workspace.runtime.client import RuntimeClient
 
@@ -26,7 +28,7 @@ from . import naming
 from .builders import TOKEN_KEY, build_cleanup_pod, build_cleanup_secret
 from .children import uid_of
 from .context import OperatorContext
-from .models import ANNOTATION_USER_ID, SandboxSession, SandboxSessionSpec
+from .models import SandboxSession, SandboxSessionSpec
 from .settings import RUNTIME_PORT
 from .status import observe_pod
 
@@ -69,7 +71,7 @@ async def cleanup_runtime(ctx: OperatorContext, claim: dict[str, Any]) -> Runtim
     if pod is None:
         await ctx.api.create(core_path(ns, "pods"), build_cleanup_pod(stand_in, ctx.settings, name))
         message = f"started a cleanup pod on claim {name}"
-        kopf.event(claim, type="Normal", reason="CleanupPod", message=message)
+        kopf.event(claim, type="Normal", reason=Reason.CLEANUP_POD, message=message)
         raise NotReady(f"starting a cleanup pod on orphaned claim {name}")
     state = observe_pod(pod)
     if state.kind in ("failed", "broken"):

@@ -137,14 +137,28 @@ class OperatorContext:
     ) -> str | None:
         if uid and uid in self._tokens:
             return self._tokens[uid]
-        secret = await self.api.get(
-            core_path(namespace, "secrets", naming.runtime_secret_name(session_name))
-        )
+        secret = await self._runtime_secret(namespace, session_name, uid)
         data = (secret or {}).get("data") or {}
         token = base64.b64decode(data["token"]).decode() if "token" in data else None
         if token and uid:
             self._tokens[uid] = token
         return token
+
+    async def _runtime_secret(
+        self, namespace: str, session_name: str, uid: str | None
+    ) -> dict | None:
+        """The session's token Secret under its current name, else under its legacy name
+        (a session made before 2026-11-28, naming) — that one only when owned by ``uid``
+        (when given): a legacy name may be another session's."""
+        for legacy in (False, True):
+            name = naming.runtime_secret_name(session_name, legacy=legacy)
+            secret = await self.api.get(core_path(namespace, "secrets", name))
+            if secret is None:
+                continue
+            owners = (secret.get("metadata") or {}).get("ownerReferences") or []
+            if not legacy or uid is None or any(o.get("uid") == uid for o in owners):
+                return secret
+        return None
 
     async def runtime(
         self, namespace: str, session_name: str, endpoint: str, uid: str | None = None

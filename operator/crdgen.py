@@ -20,6 +20,8 @@ import yaml
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema
 
+from sandbox_workspace.contract import crd
+
 from . import models
 from .pool import resource as pool_resource
 
@@ -194,8 +196,8 @@ AGE = Column("Age", ".metadata.creationTimestamp", "date")
 
 KINDS = (
     Kind(
-        kind=models.SESSION_KIND,
-        plural=models.SESSION_PLURAL,
+        kind=crd.SESSION_KIND,
+        plural=crd.SESSION_PLURAL,
         short_names=("sbs",),
         description="A user's sandbox: a pod running the Sandbox Workspace runtime, its "
         "bearer-token Secret and (when persistent) the PersistentVolumeClaim of /workspace. "
@@ -213,8 +215,8 @@ KINDS = (
         ),
     ),
     Kind(
-        kind=models.WORKSPACE_KIND,
-        plural=models.WORKSPACE_PLURAL,
+        kind=crd.WORKSPACE_KIND,
+        plural=crd.WORKSPACE_PLURAL,
         short_names=("cws",),
         description="A conversation's directory inside its user's SandboxSession. Deleting "
         "it deletes the files: the finalizer sandboxworkspace.io/files is released only once "
@@ -259,7 +261,7 @@ def build_crd(kind: Kind) -> dict[str, Any]:
         "properties": {
             "apiVersion": {
                 "type": "string",
-                "description": f"Versioned schema of this representation (`{models.API_VERSION}`).",
+                "description": f"Versioned schema of this representation (`{crd.API_VERSION}`).",
             },
             "kind": {"type": "string", "description": f"`{kind.kind}`."},
             "metadata": {"type": "object"},
@@ -272,11 +274,11 @@ def build_crd(kind: Kind) -> dict[str, Any]:
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{kind.plural}.{models.GROUP}",
+            "name": f"{kind.plural}.{crd.GROUP}",
             "labels": {"app.kubernetes.io/part-of": "sandbox-workspace"},
         },
         "spec": {
-            "group": models.GROUP,
+            "group": crd.GROUP,
             "scope": "Namespaced",
             "names": {
                 "kind": kind.kind,
@@ -288,7 +290,7 @@ def build_crd(kind: Kind) -> dict[str, Any]:
             },
             "versions": [
                 {
-                    "name": models.VERSION,
+                    "name": crd.VERSION,
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},

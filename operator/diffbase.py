@@ -37,7 +37,7 @@ from typing import Any
 
 import kopf
 
-from .models import SESSION_KIND
+from sandbox_workspace.contract.crd import SESSION_KIND
 
 KEY = "last-handled-configuration"
 # The sessions' change handlers (handlers/__init__.py): create and resume, and update of

@@ -9,8 +9,8 @@ Contract:
 - Every field has a description: it is what ``kubectl explain`` shows.
 - Spec models refuse unknown fields; status models ignore them (an older operator must
   be able to read what a newer one wrote).
-- The names of the resources, labels, annotations and the finalizer are constants here,
-  because they are the contract the API and the operator share.
+- The names of the resources, labels, annotations and the finalizer are the contract's
+  (``sandbox_workspace/contract/crd.py``).
 """
 
 from __future__ import annotations
@@ -22,63 +22,19 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from sandbox_workspace.runtime.quantity import parse_bytes
-
-from .idrules import (
-    CONVERSATION_ID_PATTERN,
-    MAX_BYTES,
-    NAME_PATTERN,
-    NOT_DOTS,
+from sandbox_workspace.contract.ids import (
+    CRD_CONVERSATION_ID_PATTERN,
+    CRD_MAX_BYTES,
+    CRD_NAME_PATTERN,
+    CRD_NOT_DOTS,
     check_conversation_id,
     check_user_id,
-    runtime_rule,
+    pydantic_rule,
 )
+from sandbox_workspace.contract.quantity import parse_bytes
+from sandbox_workspace.runtime.settings import RuntimeSettings
 
-GROUP = "sandboxworkspace.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-SESSION_KIND = "SandboxSession"
-SESSION_PLURAL = "sandboxsessions"
-WORKSPACE_KIND = "ConversationWorkspace"
-WORKSPACE_PLURAL = "conversationworkspaces"
-
-# Labels and annotations (prefix = the API group, so they never clash with others').
-PREFIX = GROUP
-LABEL_COMPONENT = f"{PREFIX}/component"  # "runtime" on sandbox pods (NetworkPolicy, agent)
-LABEL_SESSION = f"{PREFIX}/session"  # the SandboxSession's name, on every child
-LABEL_USER = f"{PREFIX}/user"  # DNS slug of the user id (label values are restricted)
-LABEL_CONVERSATION = f"{PREFIX}/conversation"  # DNS slug of the conversation id
-ANNOTATION_USER_ID = f"{PREFIX}/user-id"  # the user id verbatim
-ANNOTATION_CONVERSATION_ID = f"{PREFIX}/conversation-id"
-# The caller's tenant verbatim, on the sessions and workspaces of a tenant other than
-# "default" (whose sessions are one per tenant and user: naming.session_id_for).
-ANNOTATION_TENANT_ID = f"{PREFIX}/tenant-id"
-# Set (any value, conventionally an RFC 3339 time) by the API to start a Stopped session
-# again; the operator recreates the pod and removes the annotation.
-ANNOTATION_RESUME = f"{PREFIX}/resume-requested"
-# Set by the API while chat runs are open or approvals pending (activity the runtime
-# cannot see); the idle check uses the later of this and the runtime's own activity.
-ANNOTATION_LAST_ACTIVITY = f"{PREFIX}/last-activity"
-# Written by the API with a create or a resume request when it traces (sandbox_workspace/
-# tracing.py): the W3C traceparent of its request, whose child the operator's handler of
-# that change becomes.
-ANNOTATION_TRACEPARENT = f"{PREFIX}/traceparent"
-# On a sandbox pod: digest of the spec it was built from (a different digest: the session's
-# spec changed in a way that needs a new pod).
-ANNOTATION_POD_SPEC = f"{PREFIX}/pod-spec"
-# On a cleanup pod and its Secret: the orphaned claim it serves.
-LABEL_CLEANUP = f"{PREFIX}/cleanup-of"
-# On a warm-pool sandbox pod for its whole life: "free", then "claimed" (operator/pool).
-LABEL_POOL = f"{PREFIX}/pool"
-FINALIZER_FILES = f"{PREFIX}/files"
-# On a ConversationWorkspace while an API process writes to its store prefix (store mode
-# s3): one annotation per writer, ``writers.sandboxworkspace.io/w-{id}: {lease end, Unix
-# s}``. The finalizer does not look for the prefix to be empty while a live one is there
-# (so no object lands after it looked); one whose lease ended (its API process died) is
-# removed, and the prefix cleared after it.
-ANNOTATION_WRITER_PREFIX = f"writers.{PREFIX}/"
-WRITER_LEASE_SECONDS = 30
-COMPONENT_RUNTIME = "runtime"
+from . import naming
 
 SizeUnit = Literal["B", "KB", "MB", "GB"]
 _UNIT_BYTES = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
@@ -271,12 +227,12 @@ class ExecutionLimits(CamelModel):
 
     def runtime_env(self) -> dict[str, str]:
         """The runtime's settings (runtime/settings.py) carrying these limits, in bytes."""
-        return {
-            "SANDBOX_RUNTIME_LIMIT_MEMORY": str(self.memory_bytes),
-            "SANDBOX_RUNTIME_LIMIT_CPU_SECONDS": str(self.cpu_seconds),
-            "SANDBOX_RUNTIME_LIMIT_FILE_SIZE": str(self.file_size_bytes),
-            "SANDBOX_RUNTIME_LIMIT_CONVERSATION_SIZE": str(self.conversation_size_bytes),
-        }
+        return RuntimeSettings.env(
+            limit_memory=self.memory_bytes,
+            limit_cpu_seconds=self.cpu_seconds,
+            limit_file_size=self.file_size_bytes,
+            limit_conversation_size=self.conversation_size_bytes,
+        )
 
 
 class SandboxSessionSpec(CamelModel):
@@ -285,11 +241,11 @@ class SandboxSessionSpec(CamelModel):
     user_id: str = Field(
         min_length=1,
         max_length=253,
-        pattern=NAME_PATTERN,
+        pattern=CRD_NAME_PATTERN,
         description="The platform's user id (verbatim; the resource name is its DNS slug). "
         "A name as the runtime accepts it: no '/', '\\', control characters or surrounding "
         "whitespace, not '.' or '..'.",
-        json_schema_extra=_cel(_immutable("userId"), NOT_DOTS, MAX_BYTES),
+        json_schema_extra=_cel(_immutable("userId"), CRD_NOT_DOTS, CRD_MAX_BYTES),
     )
     agent_id: str | None = Field(None, max_length=253, description="Agent the session serves.")
     business_domain_id: str | None = Field(
@@ -334,7 +290,7 @@ class SandboxSessionSpec(CamelModel):
     )
 
     # "before": the runtime's own message says what is wrong, not the pattern's.
-    _user_rule = field_validator("user_id", mode="before")(runtime_rule(check_user_id))
+    _user_rule = field_validator("user_id", mode="before")(pydantic_rule(check_user_id))
 
 
 SessionPhase = Literal["Pending", "Running", "Stopped", "Error"]
@@ -388,11 +344,11 @@ class ConversationWorkspaceSpec(CamelModel):
     conversation_id: str = Field(
         min_length=1,
         max_length=255,
-        pattern=CONVERSATION_ID_PATTERN,
+        pattern=CRD_CONVERSATION_ID_PATTERN,
         description="The conversation id; the directory is `/workspace/{conversationId}`. "
         "One directory name as the runtime accepts it: no '/', '\\', control characters, "
         "leading '.' or surrounding whitespace; at most 255 bytes in UTF-8.",
-        json_schema_extra=_cel(_immutable("conversationId"), MAX_BYTES),
+        json_schema_extra=_cel(_immutable("conversationId"), CRD_MAX_BYTES),
     )
     session_ref: str = Field(
         min_length=1,
@@ -405,16 +361,16 @@ class ConversationWorkspaceSpec(CamelModel):
     user_id: str | None = Field(
         None,
         max_length=253,
-        pattern=NAME_PATTERN,
+        pattern=CRD_NAME_PATTERN,
         description="User owning the conversation (the rules of SandboxSession `userId`).",
-        json_schema_extra=_cel(NOT_DOTS, MAX_BYTES),
+        json_schema_extra=_cel(CRD_NOT_DOTS, CRD_MAX_BYTES),
     )
 
     _id_rule = field_validator("conversation_id", mode="before")(
-        runtime_rule(check_conversation_id)
+        pydantic_rule(check_conversation_id)
     )
     # "before": the runtime's own message says what is wrong, not the pattern's.
-    _user_rule = field_validator("user_id", mode="before")(runtime_rule(check_user_id))
+    _user_rule = field_validator("user_id", mode="before")(pydantic_rule(check_user_id))
 
 
 class ConversationWorkspaceStatus(StatusModel):
@@ -452,6 +408,11 @@ class SandboxSession(BaseModel):
     annotations: dict[str, str] = Field(default_factory=dict)
     spec: SandboxSessionSpec
     status: SandboxSessionStatus = Field(default_factory=SandboxSessionStatus)
+
+    @property
+    def legacy_children(self) -> bool:
+        """Its pod, Secret and claim keep the names of before 2026-11-28 (naming)."""
+        return naming.legacy_children(self.annotations)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> SandboxSession:

@@ -62,6 +62,12 @@ class OperatorSettings(BaseSettings):
         "(SANDBOX_RUNTIME_CONFINEMENT): auto confines when the node's kernel allows and "
         "reports it (condition Confined); require refuses to run code unconfined.",
     )
+    confinement_min_abi: int = Field(
+        6,
+        ge=1,
+        description="With require: the lowest Landlock ABI sandbox pods accept "
+        "(SANDBOX_RUNTIME_CONFINEMENT_MIN_ABI; 3: truncate confined, 6: signals scoped).",
+    )
     tmp_size_limit: str = Field("256Mi", description="sizeLimit of the /tmp emptyDir.")
     termination_grace_seconds: int = Field(
         10, ge=0, description="Grace period of sandbox pods (the runtime stops fast)."

@@ -15,14 +15,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from .models import (
-    ANNOTATION_RESUME,
-    LABEL_POOL,
-    Condition,
-    SandboxSession,
-    SandboxSessionStatus,
-    SessionPhase,
-)
+from sandbox_workspace.contract.conditions import ConditionType, Reason
+from sandbox_workspace.contract.crd import ANNOTATION_RESUME, LABEL_POOL
+
+from .models import Condition, SandboxSession, SandboxSessionStatus, SessionPhase
 from .naming import runtime_pod_name
 from .settings import RUNTIME_PORT
 
@@ -61,16 +57,18 @@ def observe_pod(pod: dict[str, Any] | None) -> PodState:
 def session_pod_name(session: SandboxSession) -> str:
     """The name of the session's pod: its own (``runtime_pod_name``), or the one it
     claimed from the warm pool, which keeps its name (recorded in ``status.podName``)."""
-    return session.status.pod_name or runtime_pod_name(session.name)
+    return session.status.pod_name or runtime_pod_name(session.name, legacy=session.legacy_children)
 
 
 def _observe_pod(pod: dict[str, Any] | None) -> PodState:
     if pod is None:
-        return PodState("missing", "PodMissing", "the sandbox pod does not exist")
+        return PodState("missing", Reason.POD_MISSING, "the sandbox pod does not exist")
     meta, status = pod.get("metadata", {}), pod.get("status") or {}
     name, ip = meta.get("name"), status.get("podIP") or None
     if meta.get("deletionTimestamp"):
-        return PodState("terminating", "PodTerminating", "the sandbox pod is stopping", name=name)
+        return PodState(
+            "terminating", Reason.POD_TERMINATING, "the sandbox pod is stopping", name=name
+        )
     phase = status.get("phase") or "Pending"
     containers = status.get("containerStatuses") or []
     state = (containers[0].get("state") or {}) if containers else {}
@@ -78,21 +76,21 @@ def _observe_pod(pod: dict[str, Any] | None) -> PodState:
         term = state.get("terminated") or {}
         code = term.get("exitCode")
         detail = f"the runtime exited with code {code}" if code is not None else "pod failed"
-        reason = status.get("reason") or "PodFailed"
+        reason = status.get("reason") or Reason.POD_FAILED
         return PodState("failed", reason, status.get("message") or detail, ip=ip, name=name)
     waiting = state.get("waiting") or {}
     unschedulable = next(
         (
             c
             for c in status.get("conditions") or []
-            if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+            if c.get("type") == "PodScheduled" and c.get("reason") == Reason.UNSCHEDULABLE
         ),
         None,
     )
     if unschedulable is not None and phase == "Pending":
         # Reported, not replaced: the scheduler retries, and a new pod would wait the same.
         message = unschedulable.get("message") or "no node can run the sandbox pod"
-        return PodState("pending", "Unschedulable", message, name=name)
+        return PodState("pending", Reason.UNSCHEDULABLE, message, name=name)
     # "failed to sync secret/configmap cache": the kubelet's watch is not synced yet (a
     # node just started); it retries by itself, so this one waits like any pending pod.
     transient = "failed to sync" in waiting.get("message", "")
@@ -104,12 +102,12 @@ def _observe_pod(pod: dict[str, Any] | None) -> PodState:
         for c in status.get("conditions") or []
     )
     if phase == "Running" and ready and ip:
-        return PodState("ready", "RuntimeReady", "the runtime answers", ip, started, name)
+        return PodState("ready", Reason.RUNTIME_READY, "the runtime answers", ip, started, name)
     if phase == "Running":
-        reason = waiting.get("reason") or "RuntimeNotReady"
+        reason = waiting.get("reason") or Reason.RUNTIME_NOT_READY
         msg = waiting.get("message") or "the runtime is starting"
         return PodState("starting", reason, msg, ip, started, name)
-    reason = waiting.get("reason") or "PodPending"
+    reason = waiting.get("reason") or Reason.POD_PENDING
     return PodState(
         "pending", reason, waiting.get("message") or "waiting for the pod", ip, name=name
     )
@@ -165,7 +163,7 @@ def session_status(
     now: datetime,
     *,
     stopped: bool = False,
-    stop_reason: tuple[str, str] = ("IdleTimeout", "stopped after idleTimeoutSeconds"),
+    stop_reason: tuple[str, str] = (Reason.IDLE_TIMEOUT, "stopped after idleTimeoutSeconds"),
     restart_required: bool = False,
 ) -> SandboxSessionStatus:
     """The whole status of ``session`` given its pod (``stopped``: the pod is gone on
@@ -179,38 +177,58 @@ def session_status(
     if restart_required:
         conds = set_condition(
             conds,
-            "RestartRequired",
+            ConditionType.RESTART_REQUIRED,
             True,
-            "SpecChanged",
+            Reason.SPEC_CHANGED,
             "the spec changed; the pod is replaced with the new spec once the session is idle",
             now,
         )
-    elif condition(prev, "RestartRequired") is not None:
+    elif condition(prev, ConditionType.RESTART_REQUIRED) is not None:
         conds = set_condition(
-            conds, "RestartRequired", False, "UpToDate", "the pod runs the current spec", now
+            conds,
+            ConditionType.RESTART_REQUIRED,
+            False,
+            Reason.UP_TO_DATE,
+            "the pod runs the current spec",
+            now,
         )
     if stopped:
         phase: SessionPhase = "Stopped"
-        old = condition(prev, "Stopped")
+        old = condition(prev, ConditionType.STOPPED)
         reason, message = (old.reason, old.message) if old and old.status == "True" else stop_reason
-        conds = set_condition(conds, "Ready", False, "Stopped", "the session is stopped", now)
-        conds = set_condition(conds, "Stopped", True, reason, message, now)
+        conds = set_condition(
+            conds, ConditionType.READY, False, Reason.STOPPED, "the session is stopped", now
+        )
+        conds = set_condition(conds, ConditionType.STOPPED, True, reason, message, now)
     else:
         phase = _PHASES[pod.kind]
-        conds = set_condition(conds, "Ready", pod.kind == "ready", pod.reason, pod.message, now)
-        was_stopped = condition(prev, "Stopped")
+        conds = set_condition(
+            conds, ConditionType.READY, pod.kind == "ready", pod.reason, pod.message, now
+        )
+        was_stopped = condition(prev, ConditionType.STOPPED)
         if was_stopped and was_stopped.status == "True":
-            conds = set_condition(conds, "Stopped", False, "Resumed", "resumed on request", now)
+            conds = set_condition(
+                conds, ConditionType.STOPPED, False, Reason.RESUMED, "resumed on request", now
+            )
         elif was_stopped is None:
-            conds = set_condition(conds, "Stopped", False, "Active", "the session is active", now)
+            conds = set_condition(
+                conds, ConditionType.STOPPED, False, Reason.ACTIVE, "the session is active", now
+            )
     expiry = expires_at(session)
-    old_expired = condition(prev, "Expired")
+    old_expired = condition(prev, ConditionType.EXPIRED)
     if not (old_expired and old_expired.status == "True"):
         if expiry is None:
-            conds = set_condition(conds, "Expired", False, "NoTTL", "ttlSeconds is not set", now)
+            conds = set_condition(
+                conds, ConditionType.EXPIRED, False, Reason.NO_TTL, "ttlSeconds is not set", now
+            )
         else:
             conds = set_condition(
-                conds, "Expired", False, "NotExpired", f"expires at {expiry.isoformat()}", now
+                conds,
+                ConditionType.EXPIRED,
+                False,
+                Reason.NOT_EXPIRED,
+                f"expires at {expiry.isoformat()}",
+                now,
             )
     running = phase == "Running"
     return SandboxSessionStatus(
@@ -235,14 +253,20 @@ def confined_condition(report: Mapping[str, Any] | None) -> tuple[bool, str, str
     if report.get("confined"):
         abi, network = report.get("landlock_abi", 0), report.get("network", "")
         features = ", ".join(report.get("features") or [])
-        return True, "Landlock", f"Landlock ABI {abi}; network {network}; {features}".strip()
+        return True, Reason.LANDLOCK, f"Landlock ABI {abi}; network {network}; {features}".strip()
     reason = str(report.get("reason") or "")
     if report.get("mode") == "none":
-        return False, "ConfinementDisabled", reason or "confinement is turned off (mode none)"
-    return False, "LandlockUnavailable", reason or "the kernel offers no Landlock"
+        return False, Reason.CONFINEMENT_DISABLED, reason or "confinement is turned off (mode none)"
+    return False, Reason.LANDLOCK_UNAVAILABLE, reason or "the kernel offers no Landlock"
 
 
-_ORDER = {"Ready": 0, "Stopped": 1, "Expired": 2, "Confined": 3, "RestartRequired": 4}
+_ORDER = {
+    ConditionType.READY: 0,
+    ConditionType.STOPPED: 1,
+    ConditionType.EXPIRED: 2,
+    ConditionType.CONFINED: 3,
+    ConditionType.RESTART_REQUIRED: 4,
+}
 
 
 def ordered(conds: list[Condition]) -> list[Condition]:

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandbox_workspace.contract.conditions import Reason
+
 from .children import judge
 
 
@@ -83,9 +85,11 @@ def _claim(facts: StorageFacts, live: str) -> Decision:
     if state == "orphaned":
         return CleanupRuntime(facts.claim)
     if state == "terminating":
-        return Wait("ClaimTerminating", f"claim {name} is being deleted; then its volume decides")
+        return Wait(
+            Reason.CLAIM_TERMINATING, f"claim {name} is being deleted; then its volume decides"
+        )
     return Wait(
-        "ClaimOfOldSession",
+        Reason.CLAIM_OF_OLD_SESSION,
         f"claim {name} belongs to a session incarnation that is deleted or being deleted; "
         "waiting for the garbage collector to delete it (then its volume decides)",
     )
@@ -96,12 +100,12 @@ def _volume(pv: dict[str, Any]) -> Wait:
     spec, phase = pv.get("spec") or {}, (pv.get("status") or {}).get("phase", "")
     if spec.get("persistentVolumeReclaimPolicy") == "Retain" and phase != "Bound":
         return Wait(
-            "VolumeRetained",
+            Reason.VOLUME_RETAINED,
             f"PersistentVolume {name} (reclaim policy Retain, {phase or 'no phase'}) still "
             "holds the files; bind it to the session's claim again (then the runtime deletes "
             "the directory) or wipe and delete the volume to release this finalizer",
         )
-    return Wait("VolumeReclaiming", f"PersistentVolume {name} ({phase}) is being reclaimed")
+    return Wait(Reason.VOLUME_RECLAIMING, f"PersistentVolume {name} ({phase}) is being reclaimed")
 
 
 def decide(facts: StorageFacts) -> Decision:
@@ -118,5 +122,5 @@ def decide(facts: StorageFacts) -> Decision:
             return SessionRuntime(f"pod {name} holds the session's emptyDir workspace")
         if state == "orphaned" and not live:
             return DeletePod(facts.pod)
-        return Wait("PodTerminating", f"pod {name} still exists; its emptyDir goes with it")
+        return Wait(Reason.POD_TERMINATING, f"pod {name} still exists; its emptyDir goes with it")
     return Release("no claim, volume or pod of the session exists: its storage is gone")

@@ -19,15 +19,17 @@ from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
+
+from sandbox_workspace.contract.errors import ApiError, Unauthorized, install_error_handlers
 
 from .activity import Activity
 from .claim import Claimed, ClaimHeader, ClaimRequest, ClaimState
 from .confinement import Confinement
 from .download_headers import download_headers
-from .errors import ApiError, Unauthorized, install_error_handlers
 from .executor import Executor
 from .output import ResultCaps
+from .output_batch import read_outputs
 from .outputs import delete_output, list_outputs, open_output, write_output
 from .raw_upload import FEATURE as RAW_UPLOAD
 from .raw_upload import receive_raw_upload
@@ -41,6 +43,7 @@ from .schemas import (
     KernelRestarted,
     Marks,
     MarksReport,
+    OutputBatchRequest,
     OutputFile,
     OutputList,
     ProcessesStopped,
@@ -100,6 +103,7 @@ class RuntimeState:
                 max_processes=settings.max_processes,
                 mode=settings.confinement,
                 network=settings.network,
+                min_abi=settings.confinement_min_abi,
             ),
         )
 
@@ -262,6 +266,22 @@ async def download(conversation_id: str, name: str, state: State) -> StreamingRe
 async def outputs(conversation_id: str, state: State) -> OutputList:
     """Files code wrote under outputs/ (for result events and present_file)."""
     return await anyio.to_thread.run_sync(list_outputs, state.workspace, conversation_id)
+
+
+@router.post("/conversations/{conversation_id}/outputs-batch")
+async def read_output_batch(
+    conversation_id: str, body: OutputBatchRequest, state: State
+) -> Response:
+    """Many small outputs in one answer, framed (``output_batch``): the write-back's read
+    of thousands of small files in a few requests."""
+
+    def frames() -> bytes:
+        return b"".join(read_outputs(state.workspace, cid, body.paths, body.max_bytes))
+
+    cid = state.workspace.check_conversation_id(conversation_id)
+    with state.activity.track():
+        data = await anyio.to_thread.run_sync(frames)
+    return Response(data, media_type="application/octet-stream")
 
 
 @router.get("/conversations/{conversation_id}/outputs/{relative_path:path}")

@@ -22,7 +22,7 @@ from typing import Annotated
 from fastapi import Header
 from pydantic import BaseModel, Field
 
-from .errors import Conflict, NotFoundError, Unauthorized
+from sandbox_workspace.contract.errors import Conflict, NotFoundError, Unauthorized
 
 
 class ClaimRequest(BaseModel):

@@ -28,7 +28,9 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from .errors import ApiError
+from sandbox_workspace.contract.errors import ApiError
+
+from .output_frames import Frame, parse_frames
 from .schemas import (
     ConversationDeleted,
     ConversationIds,
@@ -39,6 +41,7 @@ from .schemas import (
     KernelRestarted,
     Marks,
     MarksReport,
+    OutputBatchRequest,
     OutputFile,
     OutputList,
     ProcessesStopped,
@@ -313,6 +316,12 @@ class RuntimeClient:
     async def open_output(self, cid: str, parts: list[str]) -> httpx.Response:
         """Start the download of ``outputs/{parts...}`` (same contract as open_download)."""
         return await self._open("GET", self._conversation(cid, "outputs", *parts))
+
+    async def read_outputs(self, cid: str, paths: list[str], max_bytes: int) -> list[Frame]:
+        """Many small outputs in one request (``output_batch``: a frame per path)."""
+        body = OutputBatchRequest(paths=paths, max_bytes=max_bytes).model_dump()
+        r = await self._request("POST", self._conversation(cid, "outputs-batch"), json=body)
+        return parse_frames(r.content)
 
     async def put_output(
         self, cid: str, parts: list[str], body: AsyncIterator[bytes]

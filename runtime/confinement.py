@@ -4,7 +4,8 @@ Contract: ``Confinement(settings…)`` probes the machine and holds the decision
 ``report()`` says what is applied (``/v1/stats``); ``spawner_config(…)`` is the plain data
 the spawner process needs to confine every code process it starts;
 ``check_can_execute()`` raises ``ConfinementUnavailable`` (503) when the mode is
-``require`` and Landlock is missing.
+``require`` and Landlock is missing or its ABI is below ``min_abi`` (``GUARANTEES`` says
+what each ABI adds; the default, 6, asks for all of them).
 
 What a code process gets, when Landlock is available (highest ABI, best effort):
 - read-only (read, execute, list): the system (``/usr``, ``/lib*``, ``/bin``, ``/sbin``,
@@ -36,8 +37,9 @@ import sys
 import time
 from pathlib import Path
 
+from sandbox_workspace.contract.errors import ApiError
+
 from . import landlock, prctl, seccomp
-from .errors import ApiError
 from .schemas import ConfinementReport
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,18 @@ _SYSTEM_READ_ONLY = (
 )  # fmt: skip
 _DEV_READ_WRITE = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty")
 _DEV_READ_ONLY = ("/dev/random", "/dev/urandom")
+# What each Landlock ABI adds to the confinement of code (``confinement_min_abi``). No ABI
+# mediates chmod, chown, utime, setxattr or stat: docs/security.md, residual risks.
+GUARANTEES = (
+    (1, "file access confined to the conversation and read-only system paths"),
+    (2, "refer: no link or rename across directories"),
+    (3, "truncate: no truncate(2) of other conversations' files"),
+    (4, "TCP bind/connect denied"),
+    (5, "ioctl on devices"),
+    (6, "signals and abstract unix sockets scoped: no signal to the runtime or other "
+        "conversations' interpreters"),
+)  # fmt: skip
+MIN_ABI = 6  # ``require``'s default: every guarantee above
 
 
 class ConfinementUnavailable(ApiError):
@@ -63,15 +77,24 @@ def harden_runtime_process() -> None:
 
 
 class Confinement:
-    def __init__(self, *, max_processes: int, mode: str = "auto", network: str = "deny") -> None:
+    def __init__(
+        self, *, max_processes: int, mode: str = "auto", network: str = "deny",
+        min_abi: int = MIN_ABI, abi: int | None = None,
+    ) -> None:  # fmt: skip
         self.mode = mode
+        self.min_abi = min_abi
         self.network = network
         self.max_processes = max_processes
         self.root = os.geteuid() == 0
-        self.abi, self.unavailable = self._probe() if mode != "none" else (0, "")
+        self.abi, self.unavailable = self._probe(abi) if mode != "none" else (0, "")
         self.cgroup = self._make_cgroup() if mode != "none" and self.root else None
         wants_filter = mode != "none" and network != "allow"
         self.no_filter = seccomp.available() if wants_filter else "not needed"
+        if mode == "require" and 0 < self.abi < min_abi:
+            log.warning(
+                "EXECUTED CODE IS REFUSED: Landlock ABI %s is below the required %s (%s)",
+                self.abi, min_abi, "; ".join(self.missing_below(min_abi)),
+            )  # fmt: skip
         if mode != "none" and not self.abi:
             log.warning(
                 "EXECUTED CODE IS NOT CONFINED: Landlock is unavailable (%s); mode %s %s",
@@ -82,9 +105,10 @@ class Confinement:
             )
 
     @staticmethod
-    def _probe() -> tuple[int, str]:
-        abi = landlock.abi_version()
-        return abi, ("" if abi else landlock.unavailable_reason())
+    def _probe(given: int | None = None) -> tuple[int, str]:
+        """The kernel's Landlock ABI (``given``: a stated one, for tests of the rules)."""
+        abi = landlock.abi_version() if given is None else given
+        return abi, ("" if abi else landlock.unavailable_reason() if given is None else "")
 
     @property
     def confined(self) -> bool:
@@ -156,6 +180,10 @@ class Confinement:
         """One line per applied measure, for the start-up log."""
         return self.features()
 
+    def missing_below(self, abi: int) -> list[str]:
+        """What the running ABI lacks of ``abi``'s guarantees (``GUARANTEES``)."""
+        return [f"ABI {n}: {what}" for n, what in GUARANTEES if self.abi < n <= abi]
+
     def check_can_execute(self) -> None:
         if self.mode == "require" and not self.confined:
             raise ConfinementUnavailable(
@@ -163,6 +191,14 @@ class Confinement:
                 f"Landlock is unavailable: {self.unavailable}. Run on Linux >= 5.13 with "
                 "Landlock enabled (lsm=…,landlock), allow the landlock_* syscalls in the "
                 "seccomp profile, or set confinement to auto"
+            )
+        if self.mode == "require" and self.abi < self.min_abi:
+            raise ConfinementUnavailable(
+                f"this sandbox refuses to run code (confinement: require) with Landlock ABI "
+                f"{self.abi}, below the required {self.min_abi}: the kernel lacks "
+                f"{'; '.join(self.missing_below(self.min_abi))}. Run on a newer kernel, or "
+                "lower the minimum ABI (SANDBOX_RUNTIME_CONFINEMENT_MIN_ABI; chart "
+                "sandbox.confinementMinAbi) accepting what it loses"
             )
 
     def read_only_rules(self, *, protected: list[str]) -> list[tuple[str, int]]:

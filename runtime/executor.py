@@ -32,12 +32,13 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from sandbox_workspace.contract.errors import ApiError, ConversationDeleting
+
 from . import pathsafe, readonly, shm
 from .activity import Activity
 from .bash import run_bash
 from .confinement import Confinement
 from .cpu_cgroup import CpuGroups
-from .errors import ApiError, ConversationDeleting
 from .kernel import PythonKernel
 from .limits import Limits, classify, usage_by_call
 from .output import EventSink, OutputCollector, ResultCaps
@@ -147,9 +148,7 @@ class Executor:
     def _guard(self, cid: str) -> Callable[[], None]:
         def check() -> None:
             if self.workspace.is_deleting(cid):
-                raise ConversationDeleting(
-                    f"conversation '{cid}' is being deleted; retry once deletion completes"
-                )
+                raise ConversationDeleting(cid)
 
         return check
 

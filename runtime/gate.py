@@ -13,7 +13,7 @@ import contextlib
 import threading
 from collections.abc import Hashable, Iterator
 
-from .errors import ConversationDeleting
+from sandbox_workspace.contract.errors import ConversationDeleting
 
 
 class DeletionGate:
@@ -43,6 +43,4 @@ class DeletionGate:
 
     def refuse(self, cid: str) -> None:
         if self.is_deleting(cid):
-            raise ConversationDeleting(
-                f"conversation '{cid}' is being deleted; retry once the deletion completes"
-            )
+            raise ConversationDeleting(cid)

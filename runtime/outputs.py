@@ -20,8 +20,9 @@ import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from sandbox_workspace.contract.errors import BadRequest, Conflict, NotFoundError, TooLarge
+
 from . import pathsafe
-from .errors import BadRequest, Conflict, NotFoundError, TooLarge
 from .schemas import OutputFile, OutputList
 from .upload_files import guess_mime
 from .workspace import Workspace

@@ -1,12 +1,8 @@
 """Path safety: the one place where untrusted names become file-system locations.
 
 Contract:
-- ``check_name`` accepts a single path component (a file name or a conversation id) or
-  raises ``UnsafePath`` saying what is wrong. Refused: empty, ``.``/``..``, ``/``, ``\\``,
-  NUL and other control or invisible formatting characters, names over 255 UTF-8 bytes,
-  and names that some other layer could *normalise* into one of those (NFKC lookalikes
-  such as ``U+2025`` "‥" or fullwidth solidus). Accepted names are returned in NFC so the
-  same visible name always maps to the same file.
+- ``check_name``, ``split_relative`` and ``UnsafePath`` are the contract's id rules
+  (``sandbox_workspace/contract/ids.py``), re-exported for the runtime's file code.
 - ``SafeRoot`` walks beneath a root directory file descriptor one component at a time with
   ``O_NOFOLLOW``; a symlink anywhere under the root is never followed (it raises
   ``UnsafePath``), whatever code running in the sandbox planted. Nothing here resolves a
@@ -21,72 +17,26 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import unicodedata
 from collections.abc import Iterator, Sequence
+
+from sandbox_workspace.contract.ids import MAX_NAME_BYTES, UnsafePath, check_name, split_relative
 
 from .tree import DIR_FLAGS as _DIR_FLAGS
 from .tree import grant_owner_access, remove_tree
 
-__all__ = ["NotFound", "SafeRoot", "UnsafePath", "check_name", "remove_tree", "split_relative"]
-
-MAX_NAME_BYTES = 255
-
-
-class UnsafePath(ValueError):
-    """A name or path that must not be used; the message says why."""
+__all__ = [
+    "MAX_NAME_BYTES",
+    "NotFound",
+    "SafeRoot",
+    "UnsafePath",
+    "check_name",
+    "remove_tree",
+    "split_relative",
+]
 
 
 class NotFound(FileNotFoundError):
     """The safe path does not exist (or is not the kind of entry asked for)."""
-
-
-def _is_invisible_or_control(ch: str) -> bool:
-    # Cc: C0/C1 controls incl. NUL, newline, DEL. Cf: bidi overrides, zero-width joiners —
-    # they make two different names look identical in a file list.
-    # Zs other than the plain space: no-break/ideographic spaces render like a space.
-    category = unicodedata.category(ch)
-    return category in ("Cc", "Cf", "Zl", "Zp") or (category == "Zs" and ch != " ")
-
-
-def check_name(name: str, *, what: str = "name") -> str:
-    """Validate one path component and return it in NFC, or raise ``UnsafePath``."""
-    if not isinstance(name, str) or name == "":
-        raise UnsafePath(f"{what} must not be empty")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError as e:  # lone surrogates cannot be a file name
-        raise UnsafePath(f"{what} must be valid Unicode") from e
-    for ch in name:
-        if ch == "\x00":
-            raise UnsafePath(f"{what} must not contain NUL")
-        if ch in "/\\":
-            raise UnsafePath(f"{what} must be a single name without '/' or '\\'")
-        if _is_invisible_or_control(ch):
-            raise UnsafePath(f"{what} must not contain control or invisible characters")
-    normalized = unicodedata.normalize("NFC", name)
-    if normalized in (".", ".."):
-        raise UnsafePath(f"{what} must not be '.' or '..'")
-    # Another layer (a browser, a zip tool, a filesystem) may apply NFKC; a name must not
-    # turn into a separator or a dot-dot there either.
-    folded = unicodedata.normalize("NFKC", name)
-    if folded in (".", "..") or "/" in folded or "\\" in folded or "\x00" in folded:
-        raise UnsafePath(f"{what} contains characters that normalise to a path separator or '..'")
-    if name.strip() != name:
-        raise UnsafePath(f"{what} must not start or end with whitespace")
-    if len(normalized.encode("utf-8")) > MAX_NAME_BYTES:
-        raise UnsafePath(f"{what} is longer than {MAX_NAME_BYTES} bytes in UTF-8")
-    return normalized
-
-
-def split_relative(path: str, *, what: str = "path") -> list[str]:
-    """Split a relative path into checked components; absolute paths are refused."""
-    if not path:
-        raise UnsafePath(f"{what} must not be empty")
-    if path.startswith("/"):
-        raise UnsafePath(f"{what} must be relative, not absolute")
-    if "\\" in path:
-        raise UnsafePath(f"{what} must not contain '\\'")
-    return [check_name(part, what=what) for part in path.split("/")]
 
 
 class SafeRoot:

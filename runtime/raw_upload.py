@@ -27,7 +27,8 @@ from collections.abc import AsyncIterator
 
 from pydantic import BaseModel, Field, ValidationError
 
-from .errors import ApiError, BadRequest, TooLarge
+from sandbox_workspace.contract.errors import ApiError, BadRequest, TooLarge
+
 from .schemas import UploadResult
 from .uploads import StagedUpload, UploadLimits, UploadTarget, commit_staged, drain
 from .workspace import Workspace

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import os
 
+from sandbox_workspace.contract.errors import BadRequest
+
 from . import pathsafe
 from .confinement import Confinement, ConfinementUnavailable
-from .errors import BadRequest
 from .schemas import ExecuteRequest
 
 

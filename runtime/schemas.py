@@ -223,6 +223,13 @@ class Marks(BaseModel):
     presented: list[str] = Field(description="Paths runs presented, oldest first.")
 
 
+class OutputBatchRequest(BaseModel):
+    """Small outputs to read in one answer (``POST .../outputs-batch``; ``output_batch``)."""
+
+    paths: list[Annotated[str, Field(max_length=4096)]] = Field(max_length=512)
+    max_bytes: int = Field(ge=0, description="Bytes of files the answer may hold at most.")
+
+
 class OutputList(BaseModel):
     conversation_id: str
     path: str

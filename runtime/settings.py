@@ -1,19 +1,25 @@
 """Runtime settings, read from ``SANDBOX_RUNTIME_*`` environment variables or CLI flags.
 
 The runtime knows nothing about Kubernetes: whoever starts it (the operator's pod spec,
-the local backend, a test) passes the token, the workspace root and the upload limits.
+the local backend, a test) passes the token, the workspace root and the upload limits —
+written by ``RuntimeSettings.env`` (and ``env_name`` for a value from elsewhere, such as
+a Secret), the one writer of this environment: a field name it does not know raises
+there, so a misspelt setting fails the writer's test instead of being ignored here.
+Reading stays lenient (``extra="ignore"``): a runtime of an older release, meeting a
+setting a newer writer added (during an upgrade), starts and ignores it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from sandbox_workspace.contract.quantity import parse_bytes
+
 from .limits import Limits
-from .quantity import parse_bytes
 
 
 class RuntimeSettings(BaseSettings):
@@ -66,6 +72,16 @@ class RuntimeSettings(BaseSettings):
         "say so loudly when not; `require`: refuse to run code unconfined (execute answers "
         "503 confinement_unavailable); `none`: no Landlock (a baseline for benchmarks).",
     )
+    confinement_min_abi: int = Field(
+        6,
+        ge=1,
+        description="With `require`: the lowest Landlock ABI accepted (below it execute "
+        "answers 503). 1 (Linux 5.13): file access confined, not truncate(2); 2 (5.19): "
+        "refer; 3 (6.2): truncate; 4 (6.7): TCP; 5 (6.10): device ioctl; 6 (6.12): "
+        "signals and abstract unix sockets scoped (below it code can signal the runtime "
+        "and other conversations' interpreters). No ABI mediates chmod, chown, utime, "
+        "setxattr or stat.",
+    )
     network: Literal["deny", "allow"] = Field(
         "deny", description="TCP bind/connect for executed code (Landlock ABI >= 4)."
     )
@@ -113,6 +129,24 @@ class RuntimeSettings(BaseSettings):
             )
         return self
 
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        """The environment variable of one field (``KeyError`` for a name it has not)."""
+        if field not in cls.model_fields:
+            raise KeyError(f"RuntimeSettings has no setting {field!r}")
+        return f"{cls.model_config['env_prefix']}{field.upper()}"
+
+    @classmethod
+    def env(cls, **values: Any) -> dict[str, str]:
+        """The environment starting a runtime with these settings, in the order given:
+        ``SANDBOX_RUNTIME_<FIELD>`` per value (a list comma-separated, None left out).
+        The values are validated as the runtime will read them, so what is written is
+        what starts; an unknown field name raises ``KeyError``."""
+        given = {k: v for k, v in values.items() if v is not None}
+        names = {k: cls.env_name(k) for k in given}
+        _Given(**given)  # the runtime's own checks, on these values alone
+        return {names[k]: _env_value(v) for k, v in given.items()}
+
     def limits(self) -> Limits | None:
         if self.limit_memory is None:
             return None
@@ -154,3 +188,22 @@ class RuntimeSettings(BaseSettings):
     @property
     def visible_root(self) -> str:
         return (self.workspace_path or str(self.root)).rstrip("/") or "/"
+
+
+class _Given(RuntimeSettings):
+    """RuntimeSettings from the values given only: ``env`` checks what it writes without
+    this process's own environment taking part."""
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, **_sources):
+        return (init_settings,)
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -20,8 +20,9 @@ import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from sandbox_workspace.contract.errors import BadRequest, NotFoundError
+
 from . import pathsafe
-from .errors import BadRequest, NotFoundError
 from .metastore import UploadMeta
 from .schemas import UploadedFile
 

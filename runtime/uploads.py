@@ -31,7 +31,14 @@ import anyio
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from .errors import ApiError, BadRequest, Conflict, TooLarge, UnsupportedType
+from sandbox_workspace.contract.errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    TooLarge,
+    UnsupportedType,
+)
+
 from .limits import disk_usage, size_text
 from .schemas import UploadResult
 from .workspace import Workspace

@@ -26,8 +26,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from sandbox_workspace.contract import ids
+from sandbox_workspace.contract.errors import ApiError, BadRequest, Conflict, NotFoundError
+
 from . import pathsafe, tree
-from .errors import ApiError, BadRequest, Conflict, NotFoundError
 from .gate import DeletionGate
 from .marks import MarksStore
 from .metastore import MetaStore
@@ -84,24 +86,9 @@ class Workspace(UploadFiles):
 
     # -- names ------------------------------------------------------------------------
 
-    @staticmethod
-    def check_conversation_id(conversation_id: str) -> str:
-        try:
-            cid = pathsafe.check_name(conversation_id, what="conversation_id")
-        except pathsafe.UnsafePath as e:
-            raise BadRequest(str(e), code="invalid_conversation_id") from e
-        if cid.startswith("."):
-            raise BadRequest(
-                "conversation_id must not start with '.'", code="invalid_conversation_id"
-            )
-        return cid
-
-    @staticmethod
-    def check_file_name(name: str) -> str:
-        try:
-            return pathsafe.check_name(name, what="file name")
-        except pathsafe.UnsafePath as e:
-            raise BadRequest(str(e), code="invalid_file_name") from e
+    # The contract's id rules, as 400s (sandbox_workspace/contract/ids.py).
+    check_conversation_id = staticmethod(ids.conversation_id_or_400)
+    check_file_name = staticmethod(ids.file_name_or_400)
 
     @staticmethod
     def check_subdir(subdir: str | None) -> str:

@@ -7,8 +7,8 @@ Contract: ``load_credentials`` finds the cluster the way kubectl does (explicit
 kubeconfig, ``$KUBECONFIG``, ``~/.kube/config``, then the pod's service account);
 ``Credentials.connection_info()`` gives kopf the same cluster, so the operator has one
 notion of "the cluster". ``Kube`` speaks JSON with the verbs the handlers need; every
-non-2xx answer raises a ``KubeError`` subclass saying what happened (404 ``NotFound``,
-409 ``Conflict``), so callers can treat "already exists" and "already gone" as success.
+non-2xx answer raises a ``KubeError`` subclass saying what happened (404 ``KubeNotFound``,
+409 ``KubeConflict``), so callers can treat "already exists" and "already gone" as success.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import httpx
 import yaml
 from httpx_aiohttp import AiohttpTransport
 
+from sandbox_workspace.contract.crd import GROUP, VERSION
+
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -39,11 +41,11 @@ class KubeError(Exception):
         self.status, self.reason = status, reason
 
 
-class NotFound(KubeError):
+class KubeNotFound(KubeError):
     """The object does not exist (404)."""
 
 
-class Conflict(KubeError):
+class KubeConflict(KubeError):
     """The object exists already, or changed under us (409)."""
 
 
@@ -171,7 +173,7 @@ def _error(response: httpx.Response) -> KubeError:
         message, reason = body.get("message", ""), body.get("reason", "")
     except ValueError:
         message, reason = response.text[:500], ""
-    cls = {404: NotFound, 409: Conflict}.get(response.status_code, KubeError)
+    cls = {404: KubeNotFound, 409: KubeConflict}.get(response.status_code, KubeError)
     return cls(response.status_code, message, reason)
 
 
@@ -239,7 +241,7 @@ class Kube:
         """The object, or None when it does not exist."""
         try:
             return await self.request("GET", path)
-        except NotFound:
+        except KubeNotFound:
             return None
 
     async def list(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
@@ -250,14 +252,14 @@ class Kube:
         """Create; None when it exists already (create-if-absent, 409 tolerated)."""
         try:
             return await self.request("POST", path, body)
-        except Conflict:
+        except KubeConflict:
             return None
 
     async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """Merge-patch; None when the object is gone."""
         try:
             return await self.request("PATCH", path, body, MERGE_PATCH)
-        except NotFound:
+        except KubeNotFound:
             return None
 
     async def delete(self, path: str, uid: str | None = None) -> bool:
@@ -267,9 +269,9 @@ class Kube:
             body["preconditions"] = {"uid": uid}
         try:
             await self.request("DELETE", path, body)
-        except NotFound:
+        except KubeNotFound:
             return False
-        except Conflict:  # the uid precondition failed: that incarnation is gone
+        except KubeConflict:  # the uid precondition failed: that incarnation is gone
             return False
         return True
 
@@ -280,8 +282,6 @@ def core_path(namespace: str, plural: str, name: str | None = None) -> str:
 
 
 def custom_path(namespace: str, plural: str, name: str | None = None) -> str:
-    """A path of the custom resources (group and version: the operator's CRD contract)."""
-    from sandbox_workspace.operator.models import GROUP, VERSION
-
+    """A path of the custom resources (group and version: the contract's)."""
     base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}"
     return f"{base}/{name}" if name else base

@@ -14,8 +14,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
 
+from sandbox_workspace.contract.errors import Conflict, Unavailable
 from sandbox_workspace.operator.models import FileUploadConfig
-from sandbox_workspace.runtime.errors import Conflict, Unavailable
 
 
 class SessionStatus(StrEnum):
@@ -88,20 +88,6 @@ class ConversationPhase(StrEnum):
     ABSENT = "absent"  # never opened, or deleted: the next write starts it afresh
 
 
-class ConversationDeleting(Conflict):
-    """The conversation is being deleted: writes are refused until it is gone."""
-
-    code = "conversation_deleting"
-    retry_after = 1
-
-    def __init__(self, conversation_id: str) -> None:
-        super().__init__(
-            f"conversation '{conversation_id}' is being deleted; its files cannot be "
-            "written now. Retry once the deletion completes (the same id then starts a "
-            "fresh, empty conversation)."
-        )
-
-
 @dataclass
 class StoreFence:
     """One writer's hold on a conversation's store prefix (``Backend.store_writing``).
@@ -160,3 +146,9 @@ class Backend(Protocol):
         raises ``ConversationDeleting`` when the conversation is being deleted or gone;
         while held, a deletion does not count the prefix empty — so no object can land
         under a prefix the deletion already found empty."""
+
+
+class NameTaken(Conflict):
+    """The name (resource or directory) holds another owner's object: never shared."""
+
+    code = "name_taken"

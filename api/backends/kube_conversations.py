@@ -17,6 +17,11 @@ Contract:
 - A read answer never overrides what the watch already said: the uids of deleted
   resources are remembered (bounded), so a GET or POST that raced a DELETED event cannot
   bring the dead resource back into the cache.
+- Every answer is for one owner, (``sessionRef``, ``conversationId``) (kube_owners): an
+  object of another owner under the name is ABSENT to ``phase``, ``NameTaken`` (409) to
+  ``ensure`` (never adopted), and left alone by ``delete`` (which deletes by uid).
+  ``resolve`` picks, of a conversation's candidate names (current, legacy), the one
+  holding its own object, else the current one.
 """
 
 from __future__ import annotations
@@ -31,11 +36,13 @@ from typing import Any
 
 import httpx
 
-from sandbox_workspace.kube import Conflict, Kube, KubeError
-from sandbox_workspace.operator.models import LABEL_SESSION
+from sandbox_workspace.contract.crd import LABEL_SESSION
+from sandbox_workspace.contract.errors import ConversationDeleting
+from sandbox_workspace.kube import Kube, KubeConflict, KubeError
 
 from ..quotas import QuotaExceeded
-from .base import ConversationDeleting, ConversationPhase
+from .base import ConversationPhase, NameTaken
+from .kube_owners import workspace_owner
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,7 @@ _TOMBSTONES = 10_000
 class Known:
     uid: str
     deleting: bool
+    owner: tuple[str, str] = ("", "")  # (sessionRef, conversationId)
     session: str = ""  # the SandboxSession's name (its label)
 
     @property
@@ -61,6 +69,7 @@ def known_from(obj: dict[str, Any]) -> Known:
     return Known(
         uid=meta["uid"],
         deleting=bool(meta.get("deletionTimestamp")),
+        owner=workspace_owner(obj),
         session=(meta.get("labels") or {}).get(LABEL_SESSION, ""),
     )
 
@@ -87,33 +96,45 @@ class ConversationTracker:
 
     # -- reads and writes ------------------------------------------------------------
 
-    async def phase(self, name: str) -> ConversationPhase:
+    async def _lookup(self, name: str) -> Known | None:
         if self.synced:
-            known = self._known.get(name)
-            return known.phase if known else ConversationPhase.ABSENT
+            return self._known.get(name)
         obj = await self.kube.get(f"{self.collection}/{name}")
-        return known_from(obj).phase if obj else ConversationPhase.ABSENT
+        return known_from(obj) if obj else None
+
+    async def resolve(self, names: list[str], owner: tuple[str, str]) -> str:
+        """The first of ``names`` holding ``owner``'s object, else the first (current)."""
+        for name in names:
+            known = await self._lookup(name)
+            if known is not None and known.owner == owner:
+                return name
+        return names[0]
+
+    async def phase(self, name: str, owner: tuple[str, str]) -> ConversationPhase:
+        known = await self._lookup(name)
+        if known is None or known.owner != owner:
+            return ConversationPhase.ABSENT  # another owner's object is none of ours
+        return known.phase
 
     async def ensure(self, name: str, conversation_id: str, body: dict[str, Any]) -> None:
+        owner = workspace_owner(body)
         if self.synced:
             known = self._known.get(name)
             if known is not None:
-                if known.deleting:
-                    raise ConversationDeleting(conversation_id)
+                _check(known, owner, conversation_id)
                 return  # the hot path: no apiserver round trip
         await self._check_quota(body)
         try:
             self._record(await self.kube.request("POST", self.collection, body))
             return
-        except Conflict:
+        except KubeConflict:
             pass
         obj = await self.kube.get(f"{self.collection}/{name}")
         if obj is None:  # deleted between our create and our read: create afresh
             self._record(await self.kube.request("POST", self.collection, body))
             return
         self._record(obj)
-        if known_from(obj).deleting:
-            raise ConversationDeleting(conversation_id)
+        _check(known_from(obj), owner, conversation_id)
 
     async def _check_quota(self, body: dict[str, Any]) -> None:
         cap = self.max_per_session
@@ -129,11 +150,18 @@ class ConversationTracker:
         if held >= cap:
             raise QuotaExceeded("conversations of this user", cap, "conversations_per_user")
 
-    async def delete(self, name: str) -> bool:
-        """Request deletion; False when there was nothing to delete."""
-        gone = not await self.kube.delete(f"{self.collection}/{name}")
+    async def delete(self, name: str, owner: tuple[str, str]) -> bool:
+        """Request deletion of ``owner``'s object; False when there was none to delete."""
+        known = await self._lookup(name)
+        if known is None or known.owner != owner:
+            return False
+        # By uid: what is deleted is the object whose owner was compared, never a
+        # successor of another owner made meanwhile under the name.
+        gone = not await self.kube.delete(f"{self.collection}/{name}", uid=known.uid)
         if not gone and name in self._known:  # our own writes refuse at once
-            self._known[name] = Known(self._known[name].uid, deleting=True)
+            self._known[name] = Known(
+                known.uid, deleting=True, owner=known.owner, session=known.session
+            )
         return not gone
 
     def _record(self, obj: dict[str, Any] | None) -> None:
@@ -220,3 +248,14 @@ class ConversationTracker:
                 del self._known[name]
             return
         self._known[name] = known_from(obj)
+
+
+def _check(known: Known, owner: tuple[str, str], conversation_id: str) -> None:
+    if known.owner != owner:
+        log.warning("conversation %r: its resource name holds %r's object", owner, known.owner)
+        raise NameTaken(
+            f"conversation '{conversation_id}': its resource name is taken by another "
+            "owner's ConversationWorkspace; use another conversation id"
+        )
+    if known.deleting:
+        raise ConversationDeleting(conversation_id)

@@ -7,8 +7,8 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from sandbox_workspace.contract.errors import error_response
 from sandbox_workspace.kube import KubeError, Unreachable
-from sandbox_workspace.runtime.errors import error_response
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,10 @@ Contract:
   when the session runs, and is already gone when it does not (nothing is started).
 - ``delete_session`` deletes the CR; owner references take the pod, Secret, claim and
   workspaces with it.
+- Whose object: every read compares the owner the CR records with the caller's ids
+  (``kube_owners``); another owner's CR under the name is absent (404), never shared,
+  adopted or deleted. A session or conversation made before 2026-11-28 keeps its legacy
+  (32-bit hash) name: it is found there when its current name holds nothing of its own.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -38,14 +43,16 @@ from typing import Any
 import httpx
 
 from sandbox_workspace import tracing
-from sandbox_workspace.kube import Conflict, Kube, core_path, custom_path
+from sandbox_workspace.contract import crd
+from sandbox_workspace.contract.conditions import ConditionType
+from sandbox_workspace.contract.errors import ApiError, ConversationDeleting
+from sandbox_workspace.kube import Kube, KubeConflict, core_path, custom_path
 from sandbox_workspace.operator import models, naming
-from sandbox_workspace.runtime.errors import ApiError
 
 from ..runtime_client import RuntimeClient
 from .base import (
-    ConversationDeleting,
     ConversationPhase,
+    NameTaken,
     RuntimeEndpoint,
     Session,
     SessionExists,
@@ -54,6 +61,14 @@ from .base import (
     StoreFence,
 )
 from .kube_conversations import ConversationTracker
+from .kube_owners import (
+    session_candidates,
+    session_owned,
+    workspace_candidates,
+    workspace_owner,
+)
+
+log = logging.getLogger(__name__)
 
 _PHASES = {
     "Pending": SessionStatus.PENDING,
@@ -90,12 +105,17 @@ def session_body(
         **({"limits": limits} if limits is not None else {}),
     )
     return {
-        "apiVersion": models.API_VERSION,
-        "kind": models.SESSION_KIND,
+        "apiVersion": crd.API_VERSION,
+        "kind": crd.SESSION_KIND,
         "metadata": {
             "name": naming.session_name(spec.session_id),
-            "labels": {models.LABEL_USER: naming.dns_name(spec.user_id)},
-            "annotations": {models.ANNOTATION_USER_ID: spec.user_id, **_tenant(spec.session_id)},
+            "labels": {crd.LABEL_USER: naming.dns_name(spec.user_id)},
+            "annotations": {
+                crd.ANNOTATION_USER_ID: spec.user_id,
+                # Its pod, Secret and claim get current (64-bit hash) names.
+                naming.ANNOTATION_NAMES: naming.NAMES_CURRENT,
+                **_tenant(spec.session_id),
+            },
         },
         "spec": body_spec.model_dump(by_alias=True, exclude_none=True),
     }
@@ -125,6 +145,7 @@ class KubernetesBackend:
         self._tokens: dict[str, str] = {}  # session uid → runtime token
         self._workspace_paths: dict[tuple, str] = {}  # (endpoint, pod incarnation) → path
         self._seen_versions: dict[str, str] = {}  # CR name → resourceVersion last read
+        self._names: dict[str, str] = {}  # session id → its CR's name (current or legacy)
         self.conversations = ConversationTracker(kube, self._workspaces(), max_conversations)
 
     async def start(self) -> None:
@@ -137,27 +158,36 @@ class KubernetesBackend:
     # -- paths -------------------------------------------------------------------------
 
     def _sessions(self, name: str | None = None) -> str:
-        return custom_path(self.namespace, models.SESSION_PLURAL, name)
+        return custom_path(self.namespace, crd.SESSION_PLURAL, name)
 
     def _workspaces(self, name: str | None = None) -> str:
-        return custom_path(self.namespace, models.WORKSPACE_PLURAL, name)
+        return custom_path(self.namespace, crd.WORKSPACE_PLURAL, name)
 
-    @staticmethod
-    def _name(session_id: str) -> str | None:
-        return naming.session_name(session_id)
+    def _name(self, session_id: str) -> str | None:
+        """The CR name last read as this session's own (``_read``), else the current one."""
+        return self._names.get(session_id) or naming.session_name(session_id)
 
     # -- sessions ----------------------------------------------------------------------
 
+    async def _read(self, session_id: str) -> dict[str, Any] | None:
+        """The session's own CR: under its current name, else its legacy one; an object
+        of another owner under either is not it (kube_owners)."""
+        for name in session_candidates(session_id):
+            obj = await self.kube.get(self._sessions(name))
+            if obj is None:
+                self._seen_versions.pop(name, None)
+            elif session_owned(obj, session_id):
+                self._seen_versions[name] = obj["metadata"]["resourceVersion"]
+                _bounded(self._names)
+                self._names[session_id] = name
+                return obj
+            else:
+                log.warning("session %r: CR %s belongs to another owner", session_id, name)
+        return None
+
     async def get_session(self, session_id: str) -> Session | None:
-        name = self._name(session_id)
-        if name is None:
-            return None
-        obj = await self.kube.get(self._sessions(name))
-        if obj is None:
-            self._seen_versions.pop(name, None)
-            return None
-        self._seen_versions[name] = obj["metadata"]["resourceVersion"]
-        return await self._to_session(session_id, obj)
+        obj = await self._read(session_id)
+        return None if obj is None else await self._to_session(session_id, obj)
 
     async def _to_session(self, session_id: str, obj: dict[str, Any]) -> Session:
         spec = models.SandboxSessionSpec.model_validate(obj.get("spec", {}))
@@ -197,17 +227,16 @@ class KubernetesBackend:
             message=_message(status),
             endpoint=endpoint,
             terminating=bool(meta.get("deletionTimestamp")),
-            resume_pending=models.ANNOTATION_RESUME in (meta.get("annotations") or {}),
+            resume_pending=crd.ANNOTATION_RESUME in (meta.get("annotations") or {}),
         )
 
     async def _token(self, obj: dict[str, Any]) -> str | None:
         uid = obj["metadata"]["uid"]
         if uid not in self._tokens:
-            secret = await self.kube.get(
-                core_path(
-                    self.namespace, "secrets", naming.runtime_secret_name(obj["metadata"]["name"])
-                )
-            )
+            meta = obj["metadata"]
+            legacy = naming.legacy_children(meta.get("annotations"))
+            name = naming.runtime_secret_name(meta["name"], legacy=legacy)
+            secret = await self.kube.get(core_path(self.namespace, "secrets", name))
             data = (secret or {}).get("data", {}).get("token")
             if not data:
                 return None
@@ -233,10 +262,10 @@ class KubernetesBackend:
             network_enabled=self.network_enabled,
             limits=self.limits,
         )
-        tracing.with_traceparent(body["metadata"]["annotations"], models.ANNOTATION_TRACEPARENT)
+        tracing.with_traceparent(body["metadata"]["annotations"], crd.ANNOTATION_TRACEPARENT)
         try:
             obj = await self.kube.request("POST", self._sessions(), body)
-        except Conflict as e:
+        except KubeConflict as e:
             raise SessionExists(f"session '{spec.session_id}' already exists") from e
         assert obj is not None
         return await self._to_session(spec.session_id, obj)
@@ -246,9 +275,9 @@ class KubernetesBackend:
         assert name is not None
         stamp = datetime.now(UTC).isoformat()
         annotations = {
-            models.ANNOTATION_RESUME: stamp,
+            crd.ANNOTATION_RESUME: stamp,
             # The operator's resume is a child of this request (none: an old one is removed).
-            models.ANNOTATION_TRACEPARENT: tracing.traceparent(),
+            crd.ANNOTATION_TRACEPARENT: tracing.traceparent(),
         }
         patched = await self.kube.patch(
             self._sessions(name), {"metadata": {"annotations": annotations}}
@@ -261,10 +290,11 @@ class KubernetesBackend:
         return session
 
     async def delete_session(self, session_id: str) -> bool:
-        name = self._name(session_id)
-        if name is None:
+        obj = await self._read(session_id)
+        if obj is None:
             return False
-        return await self.kube.delete(self._sessions(name))
+        meta = obj["metadata"]
+        return await self.kube.delete(self._sessions(meta["name"]), uid=meta["uid"])
 
     async def wait_changed(self, session_id: str, timeout: float) -> None:
         """Return when the session's CR changes, or after ``timeout`` seconds."""
@@ -297,46 +327,56 @@ class KubernetesBackend:
         stamp = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         await self.kube.patch(
             self._sessions(name),
-            {"metadata": {"annotations": {models.ANNOTATION_LAST_ACTIVITY: stamp}}},
+            {"metadata": {"annotations": {crd.ANNOTATION_LAST_ACTIVITY: stamp}}},
         )
 
     # -- conversations -------------------------------------------------------------------
 
-    @staticmethod
-    def _workspace_name(session: Session, conversation_id: str) -> str:
-        return naming.workspace_name(_session_name(session), conversation_id)
+    def _session_name(self, session: Session) -> str:
+        name = self._name(session.session_id)
+        assert name is not None, "sessions are made only under ids of naming's forms"
+        return name
+
+    async def _workspace_name(self, session: Session, conversation_id: str) -> str:
+        """The conversation's CR name: current, or legacy where its own object is."""
+        ref = self._session_name(session)
+        return await self.conversations.resolve(
+            workspace_candidates(ref, conversation_id), (ref, conversation_id)
+        )
 
     async def conversation_phase(self, session: Session, conversation_id: str) -> ConversationPhase:
-        return await self.conversations.phase(self._workspace_name(session, conversation_id))
+        name = await self._workspace_name(session, conversation_id)
+        owner = (self._session_name(session), conversation_id)
+        return await self.conversations.phase(name, owner)
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
-        session_name = _session_name(session)
+        session_name = self._session_name(session)
         spec = models.ConversationWorkspaceSpec(
             conversation_id=conversation_id,
             session_ref=session_name,
             agent_id=session.spec.agent_id or None,
             user_id=session.spec.user_id,
         )
-        name = naming.workspace_name(session_name, conversation_id)
+        name = await self._workspace_name(session, conversation_id)
         body = {
-            "apiVersion": models.API_VERSION,
-            "kind": models.WORKSPACE_KIND,
+            "apiVersion": crd.API_VERSION,
+            "kind": crd.WORKSPACE_KIND,
             "metadata": {
                 "name": name,
                 # Set at creation, not when the operator first sees it: a deletion while
                 # the operator is down must still wait for the files to be deleted.
-                "finalizers": [models.FINALIZER_FILES],
+                "finalizers": [crd.FINALIZER_FILES],
                 "labels": {
-                    models.LABEL_SESSION: session_name,
-                    models.LABEL_CONVERSATION: naming.dns_name(conversation_id),
+                    crd.LABEL_SESSION: session_name,
+                    crd.LABEL_CONVERSATION: naming.dns_name(conversation_id),
                 },
                 "annotations": tracing.with_traceparent(
                     {
-                        models.ANNOTATION_CONVERSATION_ID: conversation_id,
-                        models.ANNOTATION_USER_ID: session.spec.user_id,
+                        crd.ANNOTATION_CONVERSATION_ID: conversation_id,
+                        crd.ANNOTATION_USER_ID: session.spec.user_id,
                         **_tenant(session.session_id),
                     },
-                    models.ANNOTATION_TRACEPARENT,
+                    crd.ANNOTATION_TRACEPARENT,
                 ),
             },
             "spec": spec.model_dump(by_alias=True, exclude_none=True),
@@ -366,19 +406,23 @@ class KubernetesBackend:
         self, session: Session, conversation_id: str
     ) -> AsyncIterator[StoreFence]:
         """The writer announces itself on the ConversationWorkspace (an annotation with a
-        lease, ``models.ANNOTATION_WRITER_PREFIX``) and withdraws when done. The patch's
+        lease, ``crd.ANNOTATION_WRITER_PREFIX``) and withdraws when done. The patch's
         answer is the apiserver's current object: being deleted (or gone) → refused before
         anything is written. The finalizer waits while a live announcement is there, so
         every object of an announced writer has landed before it lists the prefix; a
         writer that outlived its lease (the finalizer may have gone on) is ``late``."""
-        path = self._workspaces(self._workspace_name(session, conversation_id))
-        key = f"{models.ANNOTATION_WRITER_PREFIX}w-{secrets.token_hex(8)}"
-        lease_end = time.time() + models.WRITER_LEASE_SECONDS
+        path = self._workspaces(await self._workspace_name(session, conversation_id))
+        owner = (self._session_name(session), conversation_id)
+        key = f"{crd.ANNOTATION_WRITER_PREFIX}w-{secrets.token_hex(8)}"
+        lease_end = time.time() + crd.WRITER_LEASE_SECONDS
         obj = await self.kube.patch(path, _annotate(key, str(int(lease_end))))
         fence = StoreFence()
-        if obj is None or obj["metadata"].get("deletionTimestamp"):
+        foreign = obj is not None and workspace_owner(obj) != owner
+        if obj is None or foreign or obj["metadata"].get("deletionTimestamp"):
             if obj is not None:
                 await self.kube.patch(path, _annotate(key, None))
+            if foreign:  # another owner's object under the name: withdrawn, refused
+                raise NameTaken(f"conversation '{conversation_id}': its name is taken")
             raise ConversationDeleting(conversation_id)
         try:
             yield fence
@@ -389,7 +433,9 @@ class KubernetesBackend:
             fence.late = bool(ending) and time.time() > lease_end - _LEASE_MARGIN
 
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
-        if await self.conversations.delete(self._workspace_name(session, conversation_id)):
+        name = await self._workspace_name(session, conversation_id)
+        owner = (self._session_name(session), conversation_id)
+        if await self.conversations.delete(name, owner):
             return False  # the finalizer finishes the job; status shows progress
         if session.endpoint is None:
             # Not running, and no resource: nothing was written (a write opens the
@@ -404,17 +450,11 @@ class KubernetesBackend:
 _CACHE_LIMIT = 10_000
 
 
-def _session_name(session: Session) -> str:
-    name = naming.session_name(session.session_id)
-    assert name is not None, "sessions are made only under ids of naming's forms"
-    return name
-
-
 def _tenant(session_id: str) -> dict[str, str]:
     """The tenant annotation of a session's resources; none in the default tenant (its
     resources stay exactly as before tenants had sessions of their own)."""
     tenant = naming.tenant_of(session_id)
-    return {} if tenant in (None, naming.DEFAULT_TENANT) else {models.ANNOTATION_TENANT_ID: tenant}
+    return {} if tenant in (None, naming.DEFAULT_TENANT) else {crd.ANNOTATION_TENANT_ID: tenant}
 
 
 _LEASE_MARGIN = 5.0
@@ -432,6 +472,6 @@ def _bounded(cache: dict) -> None:
 
 def _message(status: models.SandboxSessionStatus) -> str:
     for condition in status.conditions:
-        if condition.type == "Ready" and condition.status != "True":
+        if condition.type == ConditionType.READY and condition.status != "True":
             return condition.message or condition.reason
     return ""

@@ -4,6 +4,10 @@ Contract:
 - A session is a directory ``{data_dir}/sessions/{dns_name(session_id)}/`` holding
   ``session.json`` (the spec), ``workspace/`` (the runtime's root, kept while the session
   exists, also across restarts of the API) and ``runtime.log``.
+- Whose directory is in its ``session.json``, not its name: at start each session is
+  found where its record is (a directory made before 2026-11-28 keeps its legacy 32-bit
+  name and files), and a new session never takes a directory whose record names another
+  session (409 ``name_taken``) — it is never overwritten or shared.
 - Its runtime is started on create and on resume, on port 0 (the real port comes back
   through a port file), with a fresh bearer token and the session's upload limits.
   Status: no process → ``stopped``; starting → ``pending``; answering health →
@@ -39,17 +43,19 @@ from pathlib import Path
 
 import httpx
 
+from sandbox_workspace.contract.errors import ConversationDeleting
 from sandbox_workspace.operator.models import FileUploadConfig
 from sandbox_workspace.operator.naming import dns_name
 from sandbox_workspace.runtime.gate import DeletionGate
 from sandbox_workspace.runtime.schemas import ConversationDeleted
+from sandbox_workspace.runtime.settings import RuntimeSettings
 from sandbox_workspace.runtime.workspace import Workspace
 
 from ..quotas import QuotaExceeded
 from ..runtime_client import RuntimeClient
 from .base import (
-    ConversationDeleting,
     ConversationPhase,
+    NameTaken,
     RuntimeEndpoint,
     Session,
     SessionExists,
@@ -129,6 +135,17 @@ def check_conversation_quota(workspace: Path, conversation_id: str, cap: int) ->
         raise QuotaExceeded("conversations of this user", cap, "conversations_per_user")
 
 
+def session_runtime_env(token: str, root: str | Path, upload: FileUploadConfig) -> dict[str, str]:
+    """The runtime settings of one session's runtime: its token, root and upload limits."""
+    return RuntimeSettings.env(
+        token=token,
+        root=str(root),
+        max_file_size_bytes=upload.max_file_size_bytes,
+        max_file_count=upload.max_file_count,
+        allowed_file_types=upload.allowed_file_types,
+    )
+
+
 class LocalBackend:
     def __init__(
         self,
@@ -156,6 +173,7 @@ class LocalBackend:
         ]
         self.runtime_env = dict(runtime_env or {})
         self._records: dict[str, _Record] = {}
+        self._dirs: dict[str, Path] = {}  # session id → the directory its record is in
         self._procs: dict[str, _Process] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiters: set[asyncio.Task] = set()
@@ -172,6 +190,7 @@ class LocalBackend:
                 log.warning("ignoring unreadable session record %s: %s", path, e)
                 continue
             self._records[record.session_id] = record
+            self._dirs[record.session_id] = path.parent
 
     async def aclose(self) -> None:
         await asyncio.gather(*(self._stop(sid) for sid in list(self._procs)))
@@ -181,7 +200,7 @@ class LocalBackend:
     # -- sessions ------------------------------------------------------------------------
 
     def _dir(self, session_id: str) -> Path:
-        return self.sessions_dir / dns_name(session_id)
+        return self._dirs.get(session_id) or self.sessions_dir / dns_name(session_id)
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         return self._locks.setdefault(session_id, asyncio.Lock())
@@ -222,9 +241,11 @@ class LocalBackend:
                 raise SessionExists(f"session '{spec.session_id}' already exists")
             record = _Record.from_spec(spec)
             directory = self._dir(spec.session_id)
+            _refuse_taken(directory, spec.session_id)
             (directory / "workspace").mkdir(parents=True, exist_ok=True)
             _write_json(directory / "session.json", asdict(record))
             self._records[spec.session_id] = record
+            self._dirs[spec.session_id] = directory
             await self._spawn(record)
         session = await self.get_session(spec.session_id)
         assert session is not None
@@ -250,6 +271,7 @@ class LocalBackend:
             await self._stop(session_id)
             del self._records[session_id]
             await asyncio.to_thread(shutil.rmtree, self._dir(session_id), True)
+            self._dirs.pop(session_id, None)
         return True
 
     async def wait_changed(self, session_id: str, timeout: float) -> None:
@@ -341,13 +363,7 @@ class LocalBackend:
         env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
         env.update(self.runtime_env)
         env.update(
-            {
-                "SANDBOX_RUNTIME_TOKEN": token,
-                "SANDBOX_RUNTIME_ROOT": SANDBOX_WORKSPACE if self.bwrap else str(workspace),
-                "SANDBOX_RUNTIME_MAX_FILE_SIZE_BYTES": str(upload.max_file_size_bytes),
-                "SANDBOX_RUNTIME_MAX_FILE_COUNT": str(upload.max_file_count),
-                "SANDBOX_RUNTIME_ALLOWED_FILE_TYPES": ",".join(upload.allowed_file_types),
-            }
+            session_runtime_env(token, SANDBOX_WORKSPACE if self.bwrap else workspace, upload)
         )
         log_fd = os.open(directory / "runtime.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
@@ -431,3 +447,15 @@ def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
+
+
+def _refuse_taken(directory: Path, session_id: str) -> None:
+    """A directory whose record names another session is that session's: never ours."""
+    try:
+        owner = json.loads((directory / "session.json").read_text()).get("session_id")
+    except FileNotFoundError:
+        return
+    except ValueError:
+        owner = None  # unreadable: not provably ours either
+    if owner != session_id:
+        raise NameTaken(f"session '{session_id}': its directory holds another session's files")

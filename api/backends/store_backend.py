@@ -49,8 +49,8 @@ from typing import Any
 
 import httpx
 
+from sandbox_workspace.contract.errors import Conflict, ConversationDeleting, NotFoundError
 from sandbox_workspace.operator import naming
-from sandbox_workspace.runtime.errors import Conflict, NotFoundError
 from sandbox_workspace.runtime.raw_upload import FEATURE as RAW_UPLOAD
 from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.store import Download, ObjectStore
@@ -60,9 +60,10 @@ from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Wri
 from ..keyed_locks import KeyedLocks
 from ..runtime_client import RuntimeClient
 from ..upload_guard import GuardedBody
-from .base import Backend, ConversationDeleting, ConversationPhase, Session
-from .store_cache import OUTPUTS, UPLOADS, Hashing, drop_cached, fill_upload, listings
+from .base import Backend, ConversationPhase, Session
+from .store_cache import OUTPUTS, UPLOADS, drop_cached, fill_upload, listings
 from .store_upload import TeeUpload
+from .store_writeback import Copy, copy_all
 
 log = logging.getLogger(__name__)
 
@@ -465,61 +466,51 @@ class StoreBackend(MetadataDecorator):
         client = RuntimeClient(self.http, session.endpoint)
         manifest = await self.meta.get(scope, cid)
         uploads, outputs = await listings(client, cid)
-        copies = []  # (path, opener, mime type, uploaded, seen key and stamp)
+        copies: list[Copy] = []
+        stamps: dict[str, tuple] = {}  # output path → its seen key and stamp
         for name, f in uploads.items():
             path = UPLOADS + name
             old = manifest.active(path) if manifest else None
             if old is not None and not f.modified and old.checksum == f.sha256:
                 continue
             opener = partial(client.open_download, cid, name)
-            copies.append((path, opener, f.mime_type, not f.modified, None))
+            key = self.layout.file(scope, cid, path)
+            copies.append(Copy(path, key, opener, f.mime_type, uploaded=not f.modified))
         for rel, f in outputs.items():
             path = OUTPUTS + rel
             seen = ((session.session_id, cid, path), (f.size, f.modified_at.isoformat()))
             if self._seen.get(seen[0]) == seen[1] and manifest and manifest.active(path):
                 continue
-            copies.append((path, partial(client.open_output, cid, rel.split("/")), f.mime_type,
-                           False, seen))  # fmt: skip
+            opener = partial(client.open_output, cid, rel.split("/"))
+            key = self.layout.file(scope, cid, path)
+            copies.append(Copy(path, key, opener, f.mime_type, output=rel, size=f.size))
+            stamps[path] = seen
         # present_file's marks (kept by the runtime at the end of a run) → is_presented.
         presented = [UPLOADS + n for n, f in uploads.items() if f.presented] + [
             OUTPUTS + r for r, f in outputs.items() if f.presented
         ]
         known = {r.file_path: r.is_presented for r in (manifest.files if manifest else [])
                  if r.active}  # fmt: skip
-        known.update({c[0]: known.get(c[0], False) for c in copies})
+        known.update({c.path: known.get(c.path, False) for c in copies})
         newly = [p for p in presented if p in known and not known[p]]
         if not copies and not newly:
             return []
-        recorded = []
         async with self._fenced(session, cid):
-            for path, opener, mime_type, uploaded, seen in copies:
-                response = await opener()
-                recorded.append(
-                    await self._copy(scope, cid, path, response, mime_type, uploaded=uploaded)
-                )
-                if seen is not None:
-                    self._seen[seen[0]] = seen[1]
-            if newly:
-                recorded += await self.meta.mark_presented(scope, cid, newly)
+            # Copied a batch at a time (``store_writeback``); every success is recorded
+            # in one metadata change, so nothing copied is left unrecorded, and the first
+            # failure is raised after.
+            done = await copy_all(self.store, client, cid, copies)
+            writes = [(w, c.uploaded) for c, w in zip(copies, done, strict=True)
+                      if isinstance(w, Written)]  # fmt: skip
+            recorded = await self.meta.record_writes(scope, cid, writes, newly)
+            for w in done:
+                if isinstance(w, Written) and w.file_path in stamps:
+                    key, stamp = stamps[w.file_path]
+                    self._seen[key] = stamp
+        failed = [e for e in done if isinstance(e, BaseException)]
+        if failed:
+            raise failed[0]
         return recorded
-
-    async def _copy(
-        self,
-        scope: Scope,
-        cid: str,
-        path: str,
-        response: httpx.Response,
-        mime_type: str,
-        *,
-        uploaded: bool,
-    ) -> FileRecord:
-        body = Hashing(response.aiter_raw())
-        try:
-            etag = await self.store.put(self.layout.file(scope, cid, path), body)
-        finally:
-            await response.aclose()
-        written = Written(path, body.size, body.digest.hexdigest(), mime_type, etag)
-        return await self.meta.record_write(scope, cid, written, uploaded=uploaded)
 
 
 async def conversation_exists(backend: Backend, session: Session, cid: str) -> bool:

@@ -3,7 +3,9 @@
 The runtime stays store-free: the API writes a file into the cache through the
 runtime's upload route (uploads, so the runtime records them as uploads); outputs go
 through its output route (``RuntimeClient.put_output``).
-``Hashing`` passes a stream through, counting and hashing it (the write-back's SHA-256).
+``Hashing`` passes a stream through, counting and hashing it (the write-back's SHA-256);
+``small_or_stream`` reads a small file whole, so the store gets one plain PUT for it
+rather than a multipart upload (three requests: what made small files slow).
 """
 
 from __future__ import annotations
@@ -34,6 +36,31 @@ class Hashing:
             self.digest.update(chunk)
             self.size += len(chunk)
             yield chunk
+
+
+SMALL = 1024 * 1024  # a file up to this is put whole: ≤ WRITE_BACK_CONCURRENCY MiB held
+
+
+async def small_or_stream(chunks: AsyncIterator[bytes], limit: int = SMALL):
+    """The whole body as ``bytes`` when it is at most ``limit`` bytes, else an iterator
+    of the same chunks (the ones read ahead first): memory stays bounded either way."""
+    head: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        head.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            break
+    else:
+        return b"".join(head)
+
+    async def rest() -> AsyncIterator[bytes]:
+        for chunk in head:
+            yield chunk
+        async for chunk in chunks:
+            yield chunk
+
+    return rest()
 
 
 async def fill_upload(

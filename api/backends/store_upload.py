@@ -45,8 +45,8 @@ from collections.abc import AsyncIterator, Callable
 
 from python_multipart.multipart import parse_options_header
 
-from sandbox_workspace.runtime import pathsafe
-from sandbox_workspace.runtime.errors import ApiError, BadRequest
+from sandbox_workspace.contract import ids
+from sandbox_workspace.contract.errors import ApiError, BadRequest
 from sandbox_workspace.runtime.raw_upload import Trailer, encode_trailer
 from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.runtime.uploads import (
@@ -55,7 +55,6 @@ from sandbox_workspace.runtime.uploads import (
     html5_unescape,
     repeated_field_message,
 )
-from sandbox_workspace.runtime.workspace import Workspace
 from sandbox_workspace.store import ObjectStore
 from sandbox_workspace.store.layout import RESERVED
 
@@ -75,8 +74,8 @@ def check_upload_path(path: str) -> str:
     (400 ``invalid_path``, saying why): empty, absolute, ``..``/``.``, NUL, ``\\``, control
     characters, a name over 255 bytes, the metadata's ``.sbw/``, any subdirectory."""
     try:
-        parts = pathsafe.split_relative(path, what="path")
-    except pathsafe.UnsafePath as e:
+        parts = ids.split_relative(path, what="path")
+    except ids.UnsafePath as e:
         raise BadRequest(str(e), code="invalid_path") from e
     if len(parts) > 1 and parts[0] == RESERVED:
         raise BadRequest(
@@ -89,7 +88,7 @@ def check_upload_path(path: str) -> str:
             f"(kept at {UPLOADS}{{name}})",
             code="invalid_path",
         )
-    return Workspace.check_file_name(parts[0])
+    return ids.file_name_or_400(parts[0])
 
 
 class _Abandoned(Exception):
@@ -208,10 +207,10 @@ class TeeUpload:
         cid = self.given or self.form.field(b"conversation_id")
         if self.raw_ok and self.form.file_seen and not self.form.invalid and cid is not None:
             try:
-                cid = Workspace.check_conversation_id(cid)
+                cid = ids.conversation_id_or_400(cid)
                 if self.name is None:
                     raw = (self.form.filename or b"").decode()
-                    self.name = Workspace.check_file_name(html5_unescape(raw))
+                    self.name = ids.file_name_or_400(html5_unescape(raw))
                 self.key = self.key_for(cid, self.name)
                 self.conversation = cid
             except (ApiError, UnicodeDecodeError, ValueError):

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from sandbox_workspace import tracing
-from sandbox_workspace.runtime.errors import ApiError
+from sandbox_workspace.contract.errors import ApiError
 from sandbox_workspace.runtime.schemas import ChangedFile, MarksReport, OutputList, UploadedFile
 
 from ..backends.base import Session
@@ -37,6 +37,7 @@ from .context import (
     temparea,
     workspace_context_message,
 )
+from .conversation import RunConversation
 from .llm import Completion, LlmClient, LlmError
 from .progress import Progress
 from .run import Run, RunFailed
@@ -51,6 +52,7 @@ _STATUS_EVERY = 2.0
 async def run_agent(
     run: Run,
     spec: RunSpec,
+    conversation: RunConversation,
     llm: LlmClient,
     http,
     progress: Progress | None = None,
@@ -70,12 +72,12 @@ async def run_agent(
 
     def started(session: Session) -> None:
         nonlocal heartbeat  # from the moment the session exists until the run ends
-        heartbeat = asyncio.create_task(_heartbeat(spec))
+        heartbeat = asyncio.create_task(_heartbeat(conversation))
 
     try:
         async with asyncio.timeout(spec.deadline_seconds):
             with tracing.span("chat.run", _run_attributes(run)):
-                await _loop(run, spec, llm, http, started, progress)
+                await _loop(run, spec, conversation, llm, http, started, progress)
     except TimeoutError:
         run.emit(
             "error",
@@ -114,17 +116,17 @@ def _run_attributes(run: Run) -> dict[str, str]:
     }
 
 
-async def _heartbeat(spec: RunSpec) -> None:
+async def _heartbeat(conversation: RunConversation) -> None:
     """Open runs (and pending approvals) count as session activity."""
     while True:
         with contextlib.suppress(Exception):
-            await spec.record_activity()
+            await conversation.record_activity()
         await asyncio.sleep(30)
 
 
-async def _ensure(run: Run, spec: RunSpec) -> Session:
+async def _ensure(run: Run, conversation: RunConversation) -> Session:
     run.emit("status", {"stage": "session", "message": "starting the sandbox session"})
-    task = asyncio.ensure_future(spec.ensure_session())
+    task = asyncio.ensure_future(conversation.ensure_session())
     started = time.monotonic()
     while True:
         done, _ = await asyncio.wait({task}, timeout=_STATUS_EVERY)
@@ -156,12 +158,13 @@ def _resolve_selected(names: list[str], uploads: list[UploadedFile]) -> list[Upl
 async def _loop(
     run: Run,
     spec: RunSpec,
+    conversation: RunConversation,
     llm: LlmClient,
     http,
     started: Callable[[Session], None],
     progress: Progress | None = None,
 ) -> None:
-    session = await _ensure(run, spec)
+    session = await _ensure(run, conversation)
     started(session)
     assert session.endpoint is not None
     client = RuntimeClient(http, session.endpoint)
@@ -220,10 +223,10 @@ async def _loop(
             if not completion.tool_calls:
                 files = [] if before is None else _changed(before, await _outputs(client, cid))
                 await _record_marks(client, cid, files, [p.path for p in tools.presented])
-                await spec.after_write()
+                await conversation.after_write()
                 outcome = {"success": True}
                 if spec.table is not None:
-                    outcome = await finish_table(run, tools, spec.table, spec.write_table)
+                    outcome = await finish_table(run, tools, spec.table, conversation.table_writer)
                 run.emit(
                     "result",
                     {
@@ -246,7 +249,14 @@ async def _loop(
         while progress.calls:
             call = progress.calls[0]
             output = await _act(
-                run, spec, tools, call["id"], call["name"], call["arguments"], progress
+                run,
+                spec,
+                conversation,
+                tools,
+                call["id"],
+                call["name"],
+                call["arguments"],
+                progress,
             )
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
             progress.calls.pop(0)
@@ -259,6 +269,7 @@ async def _loop(
 async def _act(
     run: Run,
     spec: RunSpec,
+    conversation: RunConversation,
     tools: SandboxTools,
     call_id: str,
     name: str,
@@ -299,7 +310,7 @@ async def _act(
                 },
             )
         with contextlib.suppress(Exception):  # a pending approval is activity, now
-            await spec.record_activity()
+            await conversation.record_activity()
         decision = await run.decision(call_id, timeout)
         if not decision.approved:
             why = decision.reason or "no reason given"
@@ -314,13 +325,13 @@ async def _act(
                 },
             )
             return f"The user rejected this tool call ({why}). Do not retry it unchanged."
-    await spec.before_tool()
+    await conversation.before_tool()
     progress.in_flight = call_id  # from here on, this step must not be repeated elsewhere
     run.checkpoint(progress)
     run.emit("tool_start", {"tool_call_id": call_id, "name": name, "arguments": arguments})
     with tracing.span("chat.tool", {"gen_ai.tool.name": name, "gen_ai.tool.call.id": call_id}):
         outcome = await tools.call(name, arguments)
-    await spec.after_write()
+    await conversation.after_write()
     run.emit(
         "tool_end",
         {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from sandbox_workspace.runtime.errors import BadRequest
+from sandbox_workspace.contract.errors import BadRequest
 
 Policy = Literal["auto", "require_approval", "deny"]
 _RANK = {"auto": 0, "require_approval": 1, "deny": 2}

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox_workspace.runtime.errors import Conflict, NotFoundError
+from sandbox_workspace.contract.errors import Conflict, NotFoundError
 
 from ..sse import encode_event
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Any
 
-from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
+from sandbox_workspace.contract.errors import BadRequest, NotFoundError
 
 from ..event_stream import EventStream
 from .run import Run

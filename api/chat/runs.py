@@ -1,8 +1,9 @@
 """Runs of this process and where they live: ``RunRegistry`` (one ``Run`` is ``run.py``).
 
 Contract:
-- ``RunRegistry`` owns runs per process: only the user who started a run can see it (any
-  other answers 404), finished runs are dropped after ``retention`` seconds.
+- ``RunRegistry`` owns runs per process: only the session (tenant and user) that started
+  a run can see it — any other, also the same user id in another tenant, answers 404;
+  finished runs are dropped after ``retention`` seconds.
   ``cancel_conversation`` cancels every open run of a conversation being deleted: each
   stream ends with ``error`` (code ``conversation_deleted``) and ``done``.
 - Where runs live beyond this process is the registry's ``RunStore`` (``runstore/``): the
@@ -21,7 +22,7 @@ import logging
 import re
 import time
 
-from sandbox_workspace.runtime.errors import NotFoundError
+from sandbox_workspace.contract.errors import NotFoundError
 
 from .run import Run
 from .runstore import RunStore
@@ -48,18 +49,19 @@ class RunRegistry:
         self.store.register(run, spec)
         return run
 
-    async def find(self, run_id: str, user_id: str) -> Run:
-        """``get``, or else a run another replica holds (through the store); 404 if none."""
+    async def find(self, run_id: str, session_id: str) -> Run:
+        """``get``, or else a run another replica holds (through the store); 404 if none.
+        ``session_id``: the caller's (``Caller.session_id``: tenant and user)."""
         if not RUN_ID.fullmatch(run_id):
             raise NotFoundError(f"run '{run_id}' not found")
         try:
-            run = self.get(run_id, user_id)
+            run = self.get(run_id, session_id)
             if run.relay is None:
                 return run
         except NotFoundError:
             run = None
         remote = await self.store.lookup(run_id)  # held elsewhere, or moved on from here
-        if remote is None or remote.user_id != user_id:
+        if remote is None or remote.session_id != session_id:
             if run is not None:
                 return run
             raise NotFoundError(f"run '{run_id}' not found")
@@ -86,12 +88,12 @@ class RunRegistry:
     ) -> bool:
         return await self.store.cancel(run, code, message)
 
-    def get(self, run_id: str, user_id: str) -> Run:
+    def get(self, run_id: str, session_id: str) -> Run:
         run = self._runs.get(run_id)
         if run is not None and self._expired(run, time.monotonic()):
             del self._runs[run_id]
             run = None
-        if run is None or run.user_id != user_id:
+        if run is None or run.session_id != session_id:
             raise NotFoundError(f"run '{run_id}' not found")
         return run
 

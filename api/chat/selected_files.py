@@ -26,7 +26,7 @@ from typing import Annotated, Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
+from sandbox_workspace.contract.errors import BadRequest, NotFoundError
 
 from ..file_refs import parse_file_ref
 from ..names import name_schema

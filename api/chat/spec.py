@@ -1,20 +1,17 @@
-"""What a run needs, resolved and validated before it starts: ``RunSpec``.
+"""What a run needs, resolved and validated before it starts: ``RunSpec``, plain data.
 
-``spec_data`` / ``spec_from_data``: the JSON-able half of a ``RunSpec`` (the request and
-its limits, with the deadline as a wall-clock time) and its inverse, given the
-callbacks the resuming replica binds to its own services. The loop (``loop.py``) and the
-progress a replicated store keeps (``progress.py``) both import from here, never the
-reverse.
+``spec_data`` / ``spec_from_data``: a ``RunSpec`` as JSON (the deadline as a wall-clock
+time) and back, for the replica that carries a run on. What a run reaches outside the
+model — its session, files and activity — is not data: the engine gets it as a
+``RunConversation`` (``conversation.py``). The loop (``loop.py``) and the progress a
+replicated store keeps (``progress.py``) both import from here, never the reverse.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from ..backends.base import Session
 from .policy import Policy
 
 
@@ -30,23 +27,9 @@ class RunSpec:
     deadline_seconds: float
     approval_timeout: float
     tool_timeout: float
-    ensure_session: Callable[[], Awaitable[Session]]
-    record_activity: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
-    # Before each tool call: raises when the conversation may no longer be written.
-    before_tool: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
     # /agents (seed 002): the table plan — its nodes as data.json files, merged back at
     # the end (chat/table_agent.py); None for every other route.
     table: dict | None = None
-    # /agents with table_id: PUTs the merged table to the table source (not kept with the
-    # run: it carries the caller's credential; a run resumed elsewhere has none).
-    write_table: Callable[[Any], Awaitable[None]] | None = None
-    # After each tool call and after the run's marks: the conversation may have changed
-    # (store mode writes it back; the kubernetes backend re-checks a racing deletion).
-    after_write: Callable[[], Awaitable[None]] = field(default=lambda: _noop())
-
-
-async def _noop() -> None:
-    return None
 
 
 _SPEC_FIELDS = (
@@ -68,16 +51,10 @@ def spec_data(spec: RunSpec) -> dict:
     return data
 
 
-def spec_from_data(
-    data: dict,
-    ensure_session: Callable[[], Awaitable[Any]],
-    record_activity: Callable[[], Awaitable[None]],
-) -> RunSpec:
+def spec_from_data(data: dict) -> RunSpec:
     remaining = data["deadline_at"] - time.time()
     return RunSpec(
         # A run stored before /agents existed has no "table".
         **{name: data[name] if name != "table" else data.get(name) for name in _SPEC_FIELDS},
         deadline_seconds=max(0.001, remaining),
-        ensure_session=ensure_session,
-        record_activity=record_activity,
     )

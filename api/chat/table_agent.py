@@ -26,8 +26,8 @@ import base64
 import json
 from typing import Any
 
-from sandbox_workspace.runtime import pathsafe
-from sandbox_workspace.runtime.errors import BadRequest
+from sandbox_workspace.contract import ids
+from sandbox_workspace.contract.errors import BadRequest
 
 from . import json_pointer
 from .json_pointer import MISSING, PointerError
@@ -69,9 +69,9 @@ def working_directory(value: str | None, cid: str, workspace_path: str | None) -
     try:
         for part in parts:
             if part == "..":
-                raise pathsafe.UnsafePath("'..' is not allowed")
-            pathsafe.check_name(part, what="workingDirectory component")
-    except pathsafe.UnsafePath as e:
+                raise ids.UnsafePath("'..' is not allowed")
+            ids.check_name(part, what="workingDirectory component")
+    except ids.UnsafePath as e:
         raise BadRequest(f"workingDirectory: {e}", code="invalid_working_directory") from e
     return "/".join(parts)
 

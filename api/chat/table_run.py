@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sandbox_workspace.runtime.errors import ApiError, Unavailable
+from sandbox_workspace.contract.errors import ApiError, Unavailable
 
 from ..runtime_client import RuntimeClient
 from .run import Run, RunFailed

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 from pydantic import ValidationError
 
-from sandbox_workspace.runtime.errors import ApiError
+from sandbox_workspace.contract.errors import ApiError
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionError, ExecutionResult
 
 from ..file_refs import parse_file_ref

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response
 
-from sandbox_workspace.runtime.errors import ApiError, BadRequest
+from sandbox_workspace.contract.errors import ApiError, BadRequest
 
 from ..deps import Services, ServicesDep
 from ..identity import Caller

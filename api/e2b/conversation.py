@@ -15,7 +15,7 @@ import shlex
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from sandbox_workspace.runtime.errors import ApiError, BadGateway, BadRequest, NotFoundError
+from sandbox_workspace.contract.errors import ApiError, BadGateway, BadRequest, NotFoundError
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult
 
 from ..backends.base import Session

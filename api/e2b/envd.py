@@ -26,7 +26,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from sandbox_workspace.runtime.errors import ApiError, BadRequest, TooLarge
+from sandbox_workspace.contract.errors import ApiError, BadRequest, TooLarge
 from sandbox_workspace.runtime.schemas import MAX_CODE_BYTES, ExecuteRequest
 
 from ..deps import Services, ServicesDep

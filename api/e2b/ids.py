@@ -21,7 +21,7 @@ import json
 import re
 import secrets
 
-from sandbox_workspace.runtime.errors import ApiError
+from sandbox_workspace.contract.errors import ApiError
 
 from ..identity import Caller
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import posixpath
 
-from sandbox_workspace.runtime.errors import BadRequest
+from sandbox_workspace.contract.errors import BadRequest
 
 HOME = "/home/user"
 

@@ -10,7 +10,7 @@ implementation once, from ``SANDBOX_WORKSPACE_STORE``:
   a deletion removes the object and marks its record deleted, so no later fill (resume,
   new pod, API restart, another replica) brings the file back.
 Routes never branch on the mode; they parse the protocol, find the session and call the
-service. Errors are the API's (``runtime.errors``): 400 for a malformed request, 404 for
+service. Errors are the API's (``contract.errors``): 400 for a malformed request, 404 for
 a file that is not there, 409 while a conversation is being deleted, 413 for a body over
 the session's limit.
 
@@ -29,14 +29,9 @@ from typing import Protocol
 
 import httpx
 
-from sandbox_workspace.runtime.errors import (
-    Conflict,
-    NotConfigured,
-    NotFoundError,
-    TooLarge,
-)
+from sandbox_workspace.contract import ids
+from sandbox_workspace.contract.errors import Conflict, NotConfigured, NotFoundError, TooLarge
 from sandbox_workspace.runtime.schemas import UploadedFile, UploadList, UploadResult
-from sandbox_workspace.runtime.workspace import Workspace
 from sandbox_workspace.store import Download
 from sandbox_workspace.store.metadata import FileRecord
 
@@ -62,7 +57,7 @@ class Upload:
     def conversation_id(self) -> str | None:
         """The conversation given outside the form, checked; None when the form says."""
         given = self.params.get("conversation_id")
-        return None if given is None else Workspace.check_conversation_id(given)
+        return None if given is None else ids.conversation_id_or_400(given)
 
 
 class Opened(Protocol):
@@ -167,7 +162,7 @@ class RuntimeFiles:
         session: exactly one conversation holds it, else 404 (none) or 409 (several)."""
         if cid is not None or "/" in ref:
             return parse_file_ref(ref, cid, session.workspace_path, allow_outputs=outputs)
-        name = Workspace.check_file_name(ref)
+        name = ids.file_name_or_400(ref)
         holders = await self.client(session).list_conversations(holding=name)
         if not holders:
             raise NotFoundError(f"no conversation of this session has an upload named '{name}'")

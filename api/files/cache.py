@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import httpx
 
-from sandbox_workspace.runtime.errors import NotFoundError
+from sandbox_workspace.contract.errors import NotFoundError
 from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.store.metadata import FileRecord
 

@@ -19,18 +19,18 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.runtime.errors import BadRequest
+from sandbox_workspace.contract.errors import BadRequest
 
 from ..chat.ag_ui import AgUiStream
 from ..chat.run import Run
 from ..chat.run_events import encode_data, translated
 from ..chat.selected_files import MAX_SELECTED, parse_selected
+from ..chat.turns import Answer, answer_approvals, start_turn
 from ..deps import CallerDep, ServicesDep
 from ..event_stream import EventStream
 from ..names import conversation_id_schema, name_schema
 from ..openapi import RUN_START_ERRORS, rules_400
 from ..sse import SSE_HEADERS
-from .turns import Answer, answer_approvals, start_turn
 
 router = APIRouter(prefix="/api/v1", tags=["ag-ui"])
 

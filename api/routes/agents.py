@@ -27,13 +27,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.runtime.errors import BadRequest, NotConfigured
-from sandbox_workspace.runtime.workspace import Workspace
+from sandbox_workspace.contract import ids
+from sandbox_workspace.contract.errors import BadRequest, NotConfigured
 
 from ..chat.agents_stream import EVENT_TYPES, AgentsStream, encode, failed
 from ..chat.policy import effective_policies
+from ..chat.request import HistoryMessage
 from ..chat.run_events import translated
 from ..chat.selected_files import SelectedFileRef, selected_files_field, selected_names
+from ..chat.service import launch, refuse_deleting, refuse_unknown_selected, require_llm
 from ..chat.table_agent import make_plan, working_directory
 from ..deps import CallerDep, ServicesDep
 from ..event_stream import EventStream
@@ -42,7 +44,6 @@ from ..openapi import errors, sse
 from ..schemas import json_int
 from ..sse import SSE_HEADERS
 from ..table_source import TableSourceFailed, from_settings, identity_headers
-from .chat import HistoryMessage, _refuse_deleting, launch, refuse_unknown_selected, require_llm
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])
 MAX_ITERATIONS = 15  # seed 002: maxIterations = 15
@@ -121,7 +122,7 @@ async def agents(
         has_table = True
         write_table = partial(source.put, body.table_id, headers=identity)
 
-    cid = Workspace.check_conversation_id(body.conversation_id or f"agent-{uuid.uuid4().hex[:16]}")
+    cid = ids.conversation_id_or_400(body.conversation_id or f"agent-{uuid.uuid4().hex[:16]}")
     session_id = caller.session_id
     existing = await services.backend.get_session(session_id)
     workspace = existing.workspace_path if existing is not None else None
@@ -137,7 +138,7 @@ async def agents(
         # Another replica carrying the run on can write back as this caller only when the
         # identity is the user id alone: a credential (Authorization) is never stored.
         plan["identity"] = "authorization" if authorization else "user_id"
-    await _refuse_deleting(services, existing, cid)
+    await refuse_deleting(services, existing, cid)
     names = selected_names(cid, workspace, body.selected_files)
     await refuse_unknown_selected(services, existing, cid, names)
     run = launch(

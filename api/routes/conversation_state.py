@@ -17,8 +17,8 @@ from urllib.parse import quote
 
 from fastapi import APIRouter
 
+from sandbox_workspace.contract import ids
 from sandbox_workspace.runtime.schemas import ConversationInfo, OutputList, UploadList
-from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import ConversationPhase
 from ..chat.run import Run
@@ -127,7 +127,7 @@ async def get_conversation(
 ) -> ConversationState:
     """Status (`ready`/`deleting`/`absent`), path, file count and size, the uploads, and
     the agent's files under outputs/ with their source and whether they were presented."""
-    cid = Workspace.check_conversation_id(conversation_id)
+    cid = ids.conversation_id_or_400(conversation_id)
     session = await services.sessions.ensure_running(caller, session_id)
     assert session.endpoint is not None
     client = RuntimeClient(services.http, session.endpoint)
@@ -150,12 +150,12 @@ async def list_runs(
     retention time), oldest first — re-attach with their `events_url`. Every replica lists
     the same runs (they are read through the run store)."""
     sid = services.sessions.own_session_id(caller, session_id)
-    cid = Workspace.check_conversation_id(conversation_id)
+    cid = ids.conversation_id_or_400(conversation_id)
     now, retention = time.monotonic(), services.runs.retention
     runs = [
         r
         for r in await services.runs.conversation_runs(sid, cid)
-        if r.user_id == caller.user_id
+        if r.session_id == sid
         # A view from the store has no ``finished_at``: the store expires finished runs.
         and (getattr(r, "finished_at", None) is None or now - r.finished_at <= retention)
     ]

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from sandbox_workspace.runtime.errors import JSONLineResponse
-from sandbox_workspace.runtime.workspace import Workspace
+from sandbox_workspace.contract import ids
+from sandbox_workspace.contract.errors import JSONLineResponse
 
 from ..deps import CallerDep, ServicesDep
 from ..names import ConversationIdPath, SessionIdPath
@@ -34,7 +34,7 @@ async def delete_conversation(
     services: ServicesDep,
 ) -> JSONLineResponse:
     """Delete every file of the conversation: 200 when verified gone, 202 while deleting."""
-    cid = Workspace.check_conversation_id(conversation_id)
+    cid = ids.conversation_id_or_400(conversation_id)
     sid = services.sessions.own_session_id(caller, session_id)
     # Never started for this (seed 000 §4.3: no side effects): a stopped session stays
     # stopped; a missing one has no files, so a repeat after it went is a success too.

@@ -20,14 +20,14 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ConfigDict, Field
 from starlette.background import BackgroundTask
 
-from sandbox_workspace.runtime.errors import ApiError, BadGateway
+from sandbox_workspace.contract import ids
+from sandbox_workspace.contract.errors import ApiError, BadGateway
 from sandbox_workspace.runtime.schemas import (
     MAX_CODE_BYTES,
     ExecuteRequest,
     ExecutionResult,
     KernelRestarted,
 )
-from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Backend, Session
 from ..deps import CallerDep, ServicesDep
@@ -70,7 +70,7 @@ async def execute(
     session_id: SessionIdPath, body: ExecuteApiRequest, caller: CallerDep, services: ServicesDep
 ):
     """Run code in the conversation's directory (Python keeps state between calls)."""
-    cid = Workspace.check_conversation_id(body.conversation_id)
+    cid = ids.conversation_id_or_400(body.conversation_id)
     release = services.user_limits.executions.take(caller.session_id)  # 429 at the cap
     streaming = False
     try:
@@ -154,7 +154,7 @@ async def restart_kernel(
     services: ServicesDep,
 ) -> KernelRestarted:
     """Stop the conversation's Python interpreter; the next call starts with fresh state."""
-    cid = Workspace.check_conversation_id(conversation_id)
+    cid = ids.conversation_id_or_400(conversation_id)
     session = await services.sessions.ensure_running(caller, session_id)
     assert session.endpoint is not None
     return await RuntimeClient(services.http, session.endpoint).restart_kernel(cid)

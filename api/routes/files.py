@@ -29,9 +29,9 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
+from sandbox_workspace.contract import ids
 from sandbox_workspace.runtime.download_headers import SAFE
 from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
-from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session
 from ..deps import CallerDep, ServicesDep
@@ -81,7 +81,7 @@ async def conversation_param(
     """The conversation named by query or header, checked; None when none is named.
     Each given value must be valid; the query wins over the headers, as documented."""
     given = [
-        Workspace.check_conversation_id(v)
+        ids.conversation_id_or_400(v)
         for v in (conversation_id, conversation_id_header, x_conversation_id)
         if v is not None
     ]

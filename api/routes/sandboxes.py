@@ -51,11 +51,16 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.runtime.errors import ApiError, JSONLineResponse, NotFoundError
+from sandbox_workspace.contract import ids
+from sandbox_workspace.contract.errors import (
+    ApiError,
+    ConversationDeleting,
+    JSONLineResponse,
+    NotFoundError,
+)
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult
-from sandbox_workspace.runtime.workspace import Workspace
 
-from ..backends.base import ConversationDeleting, ConversationPhase, Session, SessionStatus
+from ..backends.base import ConversationPhase, Session, SessionStatus
 from ..backends.store_backend import conversation_exists
 from ..chat.table_agent import conversation_root, write_command
 from ..chat.table_run import check_read_only_enforced
@@ -129,7 +134,7 @@ class _Sandbox:
 
     def __init__(self, services, caller: Caller, cid: str) -> None:
         self.services, self.caller = services, caller
-        self.cid = Workspace.check_conversation_id(cid)
+        self.cid = ids.conversation_id_or_400(cid)
         self.session_id = caller.session_id
         # Only where a refill loses the top level (the store's cache) are its files
         # mirrored under outputs/ (see above); the file service says which.

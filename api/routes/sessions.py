@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
+from sandbox_workspace.contract.errors import BadRequest, NotFoundError
 
 from ..backends.base import SessionSpec
 from ..deps import CallerDep, ServicesDep

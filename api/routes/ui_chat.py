@@ -21,18 +21,18 @@ from typing import Any, Literal
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_workspace.runtime.errors import BadRequest, NotFoundError
+from sandbox_workspace.contract.errors import BadRequest, NotFoundError
 
 from ..chat.chat_index import ChatRun
 from ..chat.run import Run
 from ..chat.run_events import decided_approvals, encode_data, translated
 from ..chat.selected_files import SelectedFileRef, selected_files_field
+from ..chat.turns import Answer, answer_approvals, start_turn
 from ..chat.ui_stream import DONE, HEADERS, UiMessageStream
 from ..deps import CallerDep, ServicesDep
 from ..event_stream import EventStream
 from ..names import conversation_id_schema, name_schema
 from ..openapi import RUN_START_ERRORS, rules_400
-from .turns import Answer, answer_approvals, start_turn
 
 router = APIRouter(prefix="/api/v1/ui", tags=["ui-chat"])
 
@@ -111,11 +111,11 @@ def approval_answers(message: UiMessage) -> list[Answer]:
     return answers
 
 
-async def _remember(services, user_id: str, chat_id: str, entry: ChatRun) -> None:
+async def _remember(services, session_id: str, chat_id: str, entry: ChatRun) -> None:
     # Resuming matters while the run is open: at most its deadline (plus the retention).
     settings = services.settings
     ttl = settings.chat_run_deadline_seconds + settings.chat_run_retention_seconds
-    await services.runs.store.set_chat_run(user_id, chat_id, entry, ttl)
+    await services.runs.store.set_chat_run(session_id, chat_id, entry, ttl)
 
 
 def _respond(run: Run, translator: UiMessageStream, after: int, keepalive: float):
@@ -147,7 +147,7 @@ async def ui_chat(body: UiChatRequest, caller: CallerDep, services: ServicesDep)
                 code="nothing_to_continue",
             )
         run, after, calls = await answer_approvals(caller, services, answers, "ui")
-        await _remember(services, caller.user_id, body.id, ChatRun(run.id, last.id))
+        await _remember(services, caller.session_id, body.id, ChatRun(run.id, last.id))
         translator = UiMessageStream(run.id, last.id, _metadata(run), announced=calls)
         return _respond(run, translator, after, keepalive)
     query = text_of(last)
@@ -160,7 +160,7 @@ async def ui_chat(body: UiChatRequest, caller: CallerDep, services: ServicesDep)
         for m in body.messages[:-1]
         if m.role in ("user", "assistant") and (text := text_of(m))
     ]
-    previous = await services.runs.store.chat_run(caller.user_id, body.id)
+    previous = await services.runs.store.chat_run(caller.session_id, body.id)
     run = await start_turn(
         caller,
         services,
@@ -173,9 +173,9 @@ async def ui_chat(body: UiChatRequest, caller: CallerDep, services: ServicesDep)
     )
     if previous is not None:  # the new message supersedes the chat's run still open
         with contextlib.suppress(NotFoundError):
-            await services.runs.cancel(await services.runs.find(previous.run_id, caller.user_id))
+            await services.runs.cancel(await services.runs.find(previous.run_id, caller.session_id))
     message_id = f"msg_{run.id}"
-    await _remember(services, caller.user_id, body.id, ChatRun(run.id, message_id))
+    await _remember(services, caller.session_id, body.id, ChatRun(run.id, message_id))
     return _respond(run, UiMessageStream(run.id, message_id, _metadata(run)), 0, keepalive)
 
 
@@ -185,11 +185,11 @@ async def ui_chat(body: UiChatRequest, caller: CallerDep, services: ServicesDep)
 )
 async def ui_chat_stream(chat_id: str, caller: CallerDep, services: ServicesDep) -> Response:
     """Resume the chat's active run: replayed from its start, then live (204 when none)."""
-    entry = await services.runs.store.chat_run(caller.user_id, chat_id)
+    entry = await services.runs.store.chat_run(caller.session_id, chat_id)
     if entry is None:
         return Response(status_code=204)
     try:
-        run = await services.runs.find(entry.run_id, caller.user_id)
+        run = await services.runs.find(entry.run_id, caller.session_id)
     except NotFoundError:
         return Response(status_code=204)
     if run.finished:

@@ -22,9 +22,9 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
+from sandbox_workspace.contract import ids
+from sandbox_workspace.contract.errors import NotFoundError
 from sandbox_workspace.runtime.download_headers import download_headers
-from sandbox_workspace.runtime.errors import NotFoundError
-from sandbox_workspace.runtime.workspace import Workspace
 
 from ..backends.base import Session
 from ..deps import CallerDep, ServicesDep
@@ -99,7 +99,7 @@ class Place:
 
 
 async def v1_place(session_id: SessionIdPath, conversation_id: ConversationIdPath) -> Place:
-    return Place(session_id, Workspace.check_conversation_id(conversation_id))
+    return Place(session_id, ids.conversation_id_or_400(conversation_id))
 
 
 async def seed_place(
@@ -107,7 +107,7 @@ async def seed_place(
 ) -> Place:
     if tenant_id != caller.tenant:
         raise NotFoundError(f"tenant '{tenant_id}' not found")
-    return Place(None, Workspace.check_conversation_id(conversation_id))
+    return Place(None, ids.conversation_id_or_400(conversation_id))
 
 
 async def _info(services, caller: Caller, place: Place) -> WorkspaceInfo:

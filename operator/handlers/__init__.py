@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import kopf
 
+from sandbox_workspace.contract.crd import GROUP, SESSION_PLURAL, VERSION, WORKSPACE_PLURAL
+
 from ..diffbase import RECONCILE
-from ..models import GROUP, SESSION_PLURAL, VERSION, WORKSPACE_PLURAL
 from ..pool import LABEL_POOL
 from ..pool import refill as pool
 from ..settings import OperatorSettings

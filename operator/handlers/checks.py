@@ -36,12 +36,14 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from sandbox_workspace.kube import Conflict, KubeError, core_path
+from sandbox_workspace.contract.conditions import ConditionType, Reason
+from sandbox_workspace.contract.crd import ANNOTATION_RESUME
+from sandbox_workspace.kube import KubeConflict, KubeError, core_path
 from sandbox_workspace.runtime.client import RuntimeClientError
 
 from ..activity import after_stats, idle_for, start_marker
 from ..context import OperatorContext
-from ..models import ANNOTATION_RESUME, SandboxSession
+from ..models import SandboxSession
 from ..pool.refill import settle
 from ..status import (
     condition,
@@ -63,7 +65,7 @@ async def stop_session(
 ) -> None:
     """Idle stop: status Stopped first (so the pod's deletion is not undone), then the pod.
     ``seen``: ``body`` is the session's last watch event — the status is written only onto
-    that version (``Conflict`` if it changed since); else the session is read afresh."""
+    that version (``KubeConflict`` if it changed since); else the session is read afresh."""
     async with ctx.lock(session.namespace, session.name):
         if seen:
             fresh: dict | None = body
@@ -73,7 +75,7 @@ async def stop_session(
             return  # gone, or someone wants it right now
         current = SandboxSession.from_body(fresh)
         status = session_status(
-            current, observe_pod(None), now(), stopped=True, stop_reason=("IdleTimeout", why)
+            current, observe_pod(None), now(), stopped=True, stop_reason=(Reason.IDLE_TIMEOUT, why)
         )
         written = await _write_status(ctx, fresh, current, status, guard=seen, api=ctx.api)
         if written is not None:
@@ -87,9 +89,9 @@ async def stop_session(
 async def _expire(ctx: OperatorContext, session: SandboxSession, body: dict) -> None:
     conds = set_condition(
         list(session.status.conditions),
-        "Expired",
+        ConditionType.EXPIRED,
         True,
-        "TTLExpired",
+        Reason.TTL_EXPIRED,
         f"ttlSeconds={session.spec.ttl_seconds} elapsed; deleting the session",
         now(),
     )
@@ -98,7 +100,7 @@ async def _expire(ctx: OperatorContext, session: SandboxSession, body: dict) -> 
         path + "/status",
         {"status": {"conditions": [c.model_dump(mode="json", by_alias=True) for c in conds]}},
     )
-    kopf.event(body, type="Normal", reason="Expired", message="ttlSeconds elapsed: deleting")
+    kopf.event(body, type="Normal", reason=Reason.EXPIRED, message="ttlSeconds elapsed: deleting")
     await ctx.api.delete(path)
 
 
@@ -123,7 +125,7 @@ async def check_session(
     if session is not None:
         try:
             return await _look(ctx, session, ctx.sessions_seen[(namespace, name)], logger)
-        except Conflict:
+        except KubeConflict:
             logger.info("changed since its last event: looking again afresh")
     reconciled = await reconcile_session(ctx, namespace, name)
     if reconciled is None:
@@ -135,7 +137,7 @@ async def _look(
     ctx: OperatorContext, session: SandboxSession, body: dict, logger: Any, *, seen: bool = True
 ) -> datetime | None:
     """``check_session`` on one view of the session: ``seen``, its last watch event
-    (every write carries its resourceVersion: ``Conflict`` when it changed since), else
+    (every write carries its resourceVersion: ``KubeConflict`` when it changed since), else
     just reconciled from a fresh read."""
     namespace, name = session.namespace, session.name
     expiry = expires_at(session)
@@ -173,7 +175,7 @@ async def _look(
         logger.info(f"idle for {idle:.0f}s (idleTimeoutSeconds={timeout}): stopping")
         await stop_session(ctx, session, body, f"no activity for {int(idle)}s", seen=seen)
         return expiry
-    restart = condition(status, "RestartRequired")
+    restart = condition(status, ConditionType.RESTART_REQUIRED)
     quiet = idle_for(stats, session.annotations, max(1, int(interval)), now())
     if restart is not None and restart.status == "True" and quiet is not None:
         await _roll(ctx, session, body)
@@ -187,7 +189,7 @@ async def _roll(ctx: OperatorContext, session: SandboxSession, body: dict) -> No
     pod = await ctx.api.get(path)
     if pod is None:
         return
-    kopf.event(body, type="Normal", reason="SpecChanged", message="idle: replacing the pod")
+    kopf.event(body, type="Normal", reason=Reason.SPEC_CHANGED, message="idle: replacing the pod")
     await ctx.api.delete(path, uid=pod["metadata"]["uid"])
 
 

@@ -15,9 +15,17 @@ from typing import Any
 
 import kopf
 
+from sandbox_workspace.contract.conditions import ConditionType, Reason
+from sandbox_workspace.contract.crd import (
+    ANNOTATION_TENANT_ID,
+    ANNOTATION_WRITER_PREFIX,
+    LABEL_SESSION,
+    SESSION_PLURAL,
+    WORKSPACE_PLURAL,
+)
+from sandbox_workspace.contract.ids import UnsafePath, check_conversation_id
 from sandbox_workspace.kube import KubeError, core_path, custom_path
 from sandbox_workspace.runtime.client import RuntimeClient, RuntimeClientError, RuntimeRefused
-from sandbox_workspace.runtime.pathsafe import UnsafePath
 from sandbox_workspace.store import StoreError
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
 
@@ -25,16 +33,7 @@ from .. import naming
 from ..children import uid_of
 from ..cleanup import NotReady, cleanup_runtime, remove_cleanup
 from ..context import OperatorContext
-from ..idrules import check_conversation_id
-from ..models import (
-    ANNOTATION_TENANT_ID,
-    ANNOTATION_WRITER_PREFIX,
-    DNS_LABEL_PATTERN,
-    LABEL_SESSION,
-    SESSION_PLURAL,
-    WORKSPACE_PLURAL,
-    ConversationWorkspaceStatus,
-)
+from ..models import DNS_LABEL_PATTERN, ConversationWorkspaceStatus
 from ..storage import (
     CleanupRuntime,
     DeletePod,
@@ -60,10 +59,22 @@ def _never_written(spec: dict[str, Any]) -> str | None:
 
 async def storage_facts(ctx: OperatorContext, namespace: str, session_ref: str) -> StorageFacts:
     """What the API holds about the storage of session ``session_ref``."""
-    claim_name = naming.workspace_claim_name(session_ref)
     session = await ctx.api.get(custom_path(namespace, SESSION_PLURAL, session_ref))
-    claim = await ctx.api.get(core_path(namespace, "persistentvolumeclaims", claim_name))
-    pod = await ctx.api.get(core_path(namespace, "pods", naming.runtime_pod_name(session_ref)))
+    # Its children's names as it was made (naming.legacy_children); with the session
+    # gone, either: a claim of either name may outlive it (orphaned) and hold files.
+    schemes = (
+        [naming.legacy_children((session.get("metadata") or {}).get("annotations"))]
+        if session is not None
+        else [False, True]
+    )
+    claim_names = [naming.workspace_claim_name(session_ref, legacy=legacy) for legacy in schemes]
+    claim = None
+    for claim_name in claim_names:
+        claim = await ctx.api.get(core_path(namespace, "persistentvolumeclaims", claim_name))
+        if claim is not None:
+            break
+    pod_name = naming.runtime_pod_name(session_ref, legacy=schemes[0])
+    pod = await ctx.api.get(core_path(namespace, "pods", pod_name))
     if pod is None:  # a pod claimed from the warm pool keeps its own name (operator/pool)
         pods = await ctx.api.list(core_path(namespace, "pods"), f"{LABEL_SESSION}={session_ref}")
         pod = pods[0] if pods else None
@@ -71,7 +82,7 @@ async def storage_facts(ctx: OperatorContext, namespace: str, session_ref: str) 
     if claim is None:  # a bound claim's volume holds nothing the claim does not decide
         for pv in await ctx.api.list("/api/v1/persistentvolumes"):
             ref = (pv.get("spec") or {}).get("claimRef") or {}
-            if (ref.get("namespace"), ref.get("name")) == (namespace, claim_name):
+            if ref.get("namespace") == namespace and ref.get("name") in claim_names:
                 volumes.append(pv)
     return StorageFacts(session=session, claim=claim, pod=pod, volumes=volumes)
 
@@ -82,11 +93,11 @@ async def _delete_through(client: RuntimeClient, cid: str) -> None:
         await client.delete_conversation(cid)
         info = await client.conversation_info(cid)
     except RuntimeRefused as e:
-        raise Wait("RuntimeRefused", f"{e}; retrying") from e
+        raise Wait(Reason.RUNTIME_REFUSED, f"{e}; retrying") from e
     except RuntimeClientError as e:
-        raise Wait("RuntimeUnavailable", f"{e}; retrying") from e
+        raise Wait(Reason.RUNTIME_UNAVAILABLE, f"{e}; retrying") from e
     if info.exists:
-        raise Wait("StillExists", "the directory still exists after deletion")
+        raise Wait(Reason.STILL_EXISTS, "the directory still exists after deletion")
 
 
 async def _act(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> str:
@@ -98,7 +109,7 @@ async def _act(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> st
         return decision.why
     if isinstance(decision, StorageWait):
         # Files kept by an administrator's choice: look again at the slowest retry pace.
-        slow = decision.reason == "VolumeRetained"
+        slow = decision.reason == Reason.VOLUME_RETAINED
         raise Wait(
             decision.reason,
             decision.message,
@@ -109,7 +120,7 @@ async def _act(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> st
             core_path(namespace, "pods", decision.pod["metadata"]["name"]),
             uid=uid_of(decision.pod),
         )
-        raise Wait("PodTerminating", "deleted the orphaned pod holding the emptyDir")
+        raise Wait(Reason.POD_TERMINATING, "deleted the orphaned pod holding the emptyDir")
     if isinstance(decision, SessionRuntime):
         assert facts.session is not None
         client = await session_runtime(ctx, facts.session, resume=True)
@@ -120,7 +131,7 @@ async def _act(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> st
     try:
         client = await cleanup_runtime(ctx, decision.claim)
     except NotReady as e:
-        raise Wait("CleanupPodStarting", str(e)) from e
+        raise Wait(Reason.CLEANUP_POD_STARTING, str(e)) from e
     await _delete_through(client, cid)
     await remove_cleanup(ctx, namespace, claim)
     return f"a cleanup runtime on orphaned claim {claim} confirmed the directory is gone"
@@ -135,7 +146,7 @@ def _lease_end(value: str) -> float:
 
 async def _writers_done(ctx: OperatorContext, namespace: str, name: str) -> None:
     """``Wait`` while an API process holds the conversation's store prefix (announced on
-    the resource, ``models.ANNOTATION_WRITER_PREFIX``, lease running): its objects may
+    the resource, ``crd.ANNOTATION_WRITER_PREFIX``, lease running): its objects may
     not have landed yet. Read after the deletion began, so a writer not seen here was
     refused when it announced itself. An ended lease (its API process died mid-write) is
     removed: whatever that writer left is in the store by now, and cleared next."""
@@ -149,7 +160,7 @@ async def _writers_done(ctx: OperatorContext, namespace: str, name: str) -> None
     if ended := [k for k in writers if k not in live]:
         await ctx.api.patch(path, {"metadata": {"annotations": dict.fromkeys(ended)}})
     if live:
-        raise Wait("WritersInFlight", f"{len(live)} write(s) to the store in flight", 0.2)
+        raise Wait(Reason.WRITERS_IN_FLIGHT, f"{len(live)} write(s) to the store in flight", 0.2)
 
 
 async def _clear_store(ctx: OperatorContext, namespace: str, name: str, body: dict) -> str:
@@ -175,9 +186,9 @@ async def _clear_store(ctx: OperatorContext, namespace: str, name: str, body: di
     try:
         left = await ctx.store.delete_prefix(prefix)
     except StoreError as e:
-        raise Wait("StoreUnavailable", f"object store: {e.message}; retrying") from e
+        raise Wait(Reason.STORE_UNAVAILABLE, f"object store: {e.message}; retrying") from e
     if left:
-        raise Wait("StoreNotEmpty", f"{left} object(s) still under {prefix}; retrying")
+        raise Wait(Reason.STORE_NOT_EMPTY, f"{left} object(s) still under {prefix}; retrying")
     return f"; no object left under {prefix}"
 
 
@@ -204,7 +215,11 @@ async def on_workspace_deleted(
         if status.phase != "Deleting":
             await ctx.api.patch(
                 path,
-                {"status": ws_status(status, "Deleting", False, "Deleting", "deleting the files")},
+                {
+                    "status": ws_status(
+                        status, "Deleting", False, Reason.DELETING, "deleting the files"
+                    )
+                },
             )
         why = await _act(ctx, namespace, spec)
         why += await _clear_store(ctx, namespace, name, raw)
@@ -226,9 +241,11 @@ async def _note(
 ) -> None:
     """Say in the status why deletion waits, with an Event when the reason changes (best
     effort: the retry matters more)."""
-    ready = next((c for c in status.conditions if c.type == "Ready"), None)
+    ready = next((c for c in status.conditions if c.type == ConditionType.READY), None)
     if ready is None or ready.reason != w.reason:
-        kind = "Warning" if w.reason in ("VolumeRetained", "RuntimeRefused") else "Normal"
+        kind = (
+            "Warning" if w.reason in (Reason.VOLUME_RETAINED, Reason.RUNTIME_REFUSED) else "Normal"
+        )
         kopf.event(body, type=kind, reason=w.reason, message=str(w))
     with contextlib.suppress(KubeError):
         deleting = status.model_copy(update={"phase": "Deleting"})

@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 
 import kopf
 
+from sandbox_workspace.contract.conditions import ConditionType
 from sandbox_workspace.kube import KubeError
 from sandbox_workspace.runtime.client import RuntimeClientError
 from sandbox_workspace.runtime.schemas import RuntimeStats
@@ -52,14 +53,16 @@ def confined_conditions(
     if wanted is None:
         return None
     value, reason, message = wanted
-    old = condition(session.status, "Confined")
+    old = condition(session.status, ConditionType.CONFINED)
     flag = "True" if value else "False"
     if old is not None and (old.status, old.reason, old.message) == (flag, reason, message):
         return None
     if old is None or (old.status, old.reason) != (flag, reason):
         kind = "Normal" if value else "Warning"
         kopf.event(body, type=kind, reason=reason, message=f"Confined={flag}: {message}")
-    return set_condition(list(session.status.conditions), "Confined", value, reason, message, at)
+    return set_condition(
+        list(session.status.conditions), ConditionType.CONFINED, value, reason, message, at
+    )
 
 
 def stats_changes(

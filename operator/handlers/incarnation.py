@@ -14,6 +14,7 @@ import secrets
 
 import kopf
 
+from sandbox_workspace.contract.conditions import Reason
 from sandbox_workspace.kube import core_path
 
 from .. import naming
@@ -24,7 +25,7 @@ from ..models import SandboxSession
 from ..status import PodState
 
 # The Ready reason of a session waiting for an earlier incarnation's children to go.
-OLD = "OldIncarnation"
+OLD = Reason.OLD_INCARNATION
 
 
 def _new(session: SandboxSession) -> bool:
@@ -37,7 +38,9 @@ def _new(session: SandboxSession) -> bool:
 async def _ensure_secret(ctx: OperatorContext, session: SandboxSession, body: dict) -> str | None:
     """The session's token Secret, or why we wait for it."""
     ns = session.namespace
-    path = core_path(ns, "secrets", naming.runtime_secret_name(session.name))
+    path = core_path(
+        ns, "secrets", naming.runtime_secret_name(session.name, legacy=session.legacy_children)
+    )
     secret = None if _new(session) else await ctx.api.get(path)
     state = judge(secret, session.uid)
     if state == "absent":
@@ -61,7 +64,7 @@ async def _ensure_secret(ctx: OperatorContext, session: SandboxSession, body: di
 async def _ensure_claim(ctx: OperatorContext, session: SandboxSession, body: dict) -> str | None:
     """The session's workspace claim, or why we wait for it."""
     ns = session.namespace
-    name = naming.workspace_claim_name(session.name)
+    name = naming.workspace_claim_name(session.name, legacy=session.legacy_children)
     path = core_path(ns, "persistentvolumeclaims", name)
     claim = None if _new(session) else await ctx.api.get(path)
     state = judge(claim, session.uid)
@@ -85,7 +88,9 @@ async def _ensure_claim(ctx: OperatorContext, session: SandboxSession, body: dic
         # Left by `--cascade=orphan`: the user's files, kept on purpose; the session they
         # were made for (same name, same user) takes them back.
         await ctx.api.patch(path, {"metadata": {"ownerReferences": [owner_reference(body)]}})
-        kopf.event(body, type="Normal", reason="ClaimAdopted", message=f"adopted claim {name}")
+        kopf.event(
+            body, type="Normal", reason=Reason.CLAIM_ADOPTED, message=f"adopted claim {name}"
+        )
         return None
     if state == "terminating":
         return f"waiting for claim {name} of a previous incarnation to be deleted"
@@ -112,7 +117,7 @@ async def ensure_children(
     results = await asyncio.gather(*ensure, return_exceptions=True)
     for result in results:
         if isinstance(result, _ClaimLost):
-            return PodState("broken", "ClaimLost", str(result))
+            return PodState("broken", Reason.CLAIM_LOST, str(result))
         if isinstance(result, BaseException):
             raise result
     # The claim's reason to wait first (as before), then the Secret's.

@@ -39,12 +39,14 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from sandbox_workspace.kube import Conflict, KubeError, core_path
+from sandbox_workspace.contract.conditions import Reason
+from sandbox_workspace.contract.crd import ANNOTATION_RESUME
+from sandbox_workspace.kube import KubeConflict, KubeError, core_path
 
 from ..builders import build_runtime_secret
 from ..children import uid_of
 from ..context import OperatorContext
-from ..models import ANNOTATION_RESUME, SandboxSession
+from ..models import SandboxSession
 from ..pool import misfits
 from ..pool.claim import claim_pod, claims_api
 from ..pool.refill import settle
@@ -103,14 +105,14 @@ async def _start(ctx: OperatorContext, session: SandboxSession, body: dict[str, 
         # serve now — deleted; the full reconcile decides from what the session is.
         path = core_path(ns, "pods", claimed["metadata"]["name"])
         await claims_api(ctx).delete(path, uid=uid_of(claimed))
-        if isinstance(e, Conflict):
+        if isinstance(e, KubeConflict):
             return False
         raise
     marks["written"] = time.monotonic()
     _log_steps(session, marks)
     ctx.children_seen.add(uid)
     if session.status.phase is not None:  # as a cold start: no Event of its own when new
-        post(body, type="Normal", reason="PodClaimed", message="ready pod from the pool")
+        post(body, type="Normal", reason=Reason.POD_CLAIMED, message="ready pod from the pool")
     if ctx.pool is not None:
         ctx.pool.short_starts += 1
         ctx.pool.note_written()
@@ -164,7 +166,9 @@ async def start_from_pool(ctx: OperatorContext, body: dict[str, Any], *, resume:
     if started and resume:
         path = sessions.session_path(session.namespace, session.name)
         await ctx.api.patch(path, {"metadata": {"annotations": {ANNOTATION_RESUME: None}}})
-        _post_when_settled(ctx)(body, type="Normal", reason="Resumed", message="resume requested")
+        _post_when_settled(ctx)(
+            body, type="Normal", reason=Reason.RESUMED, message="resume requested"
+        )
     return started
 
 

@@ -41,20 +41,20 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from sandbox_workspace.contract.conditions import ConditionType, Reason
+from sandbox_workspace.contract.crd import (
+    ANNOTATION_POD_SPEC,
+    ANNOTATION_RESUME,
+    LABEL_SESSION,
+    SESSION_PLURAL,
+)
 from sandbox_workspace.kube import Kube, KubeError, core_path, custom_path
 
 from ..activity import next_due, start_marker
 from ..builders import build_sandbox_pod
 from ..children import judge, uid_of
 from ..context import OperatorContext
-from ..models import (
-    ANNOTATION_POD_SPEC,
-    ANNOTATION_RESUME,
-    LABEL_SESSION,
-    SESSION_PLURAL,
-    SandboxSession,
-    SandboxSessionStatus,
-)
+from ..models import SandboxSession, SandboxSessionStatus
 from ..pool.claim import claim_pod, claims_api
 from ..status import PodState, is_stopped, session_pod_name, session_status, set_condition
 from . import traced
@@ -63,9 +63,15 @@ from .incarnation import OLD, ensure_children
 
 KIND = "SandboxSession"
 # Ready reasons of an ordinary start: no Event each (the phase change has one).
-_ROUTINE = {"PodMissing", "PodPending", "ContainerCreating", "RuntimeNotReady", "PodTerminating"}
+_ROUTINE = {
+    Reason.POD_MISSING,
+    Reason.POD_PENDING,
+    "ContainerCreating",
+    Reason.RUNTIME_NOT_READY,
+    Reason.POD_TERMINATING,
+}
 # Reasons posted as Warning Events even when the phase is not Error.
-_WARN = {OLD, "Unschedulable", "PodFailed"}
+_WARN = {OLD, Reason.UNSCHEDULABLE, Reason.POD_FAILED}
 
 
 def now() -> datetime:
@@ -115,12 +121,12 @@ async def _write_status(
         patch = status_patch(new, body, guard=guard)
         written = await (api or (claims_api(ctx) if guard else ctx.api)).patch(path, patch)
     ctx.metrics.session_phase(f"{session.namespace}/{session.name}", status.phase)
-    ready = next(c for c in status.conditions if c.type == "Ready")
-    before = next((c for c in session.status.conditions if c.type == "Ready"), None)
+    ready = next(c for c in status.conditions if c.type == ConditionType.READY)
+    before = next((c for c in session.status.conditions if c.type == ConditionType.READY), None)
     changed_reason = before is None or before.reason != ready.reason
     if status.phase != session.status.phase or (changed_reason and ready.reason not in _ROUTINE):
         kind = "Warning" if status.phase == "Error" or ready.reason in _WARN else "Normal"
-        reason = "Stopped" if status.phase == "Stopped" else ready.reason
+        reason = Reason.STOPPED if status.phase == "Stopped" else ready.reason
         (post or kopf.event)(
             body, type=kind, reason=reason, message=f"{status.phase}: {ready.message}"
         )
@@ -131,7 +137,9 @@ async def _invalid(ctx: OperatorContext, body: dict, error: ValidationError) -> 
     """A spec the models refuse: reported as a condition, not a crash loop."""
     message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
     previous = SandboxSessionStatus.model_validate(body.get("status") or {})
-    conds = set_condition(list(previous.conditions), "Ready", False, "InvalidSpec", message, now())
+    conds = set_condition(
+        list(previous.conditions), ConditionType.READY, False, Reason.INVALID_SPEC, message, now()
+    )
     status = previous.model_copy(update={"phase": "Error", "conditions": conds})
     meta = body["metadata"]
     await ctx.api.patch(
@@ -139,7 +147,7 @@ async def _invalid(ctx: OperatorContext, body: dict, error: ValidationError) -> 
         {"status": status.model_dump(mode="json", by_alias=True)},
     )
     if previous.phase != "Error":
-        kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
+        kopf.event(body, type="Warning", reason=Reason.INVALID_SPEC, message=message)
 
 
 class _Taken(Exception):
@@ -215,7 +223,7 @@ async def _reconcile(
                 {"metadata": {"annotations": {ANNOTATION_RESUME: None}}},
             )
             if session.status.phase == "Stopped":
-                kopf.event(body, type="Normal", reason="Resumed", message="resume requested")
+                kopf.event(body, type="Normal", reason=Reason.RESUMED, message="resume requested")
         waits = state.reason == OLD
         return Reconciled(session.model_copy(update={"status": status}), body, waits)
 
@@ -246,14 +254,14 @@ async def _converge_pod(
         current = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_POD_SPEC)
         outdated = current != desired["metadata"]["annotations"][ANNOTATION_POD_SPEC]
         if state.kind == "failed" and not stopped:
-            kopf.event(body, type="Warning", reason="PodFailed", message=state.message)
+            kopf.event(body, type="Warning", reason=Reason.POD_FAILED, message=state.message)
         if state.kind == "failed" or (stopped and state.kind != "terminating"):
             await ctx.api.delete(path, uid=uid_of(pod))
             pod = await ctx.api.get(path)
         elif outdated and state.kind != "ready":
             # Nothing is served by a pod that is not ready: roll it now (this also fixes a
             # pod that cannot start once its spec is corrected).
-            kopf.event(body, type="Normal", reason="SpecChanged", message="replacing the pod")
+            kopf.event(body, type="Normal", reason=Reason.SPEC_CHANGED, message="replacing the pod")
             await ctx.api.delete(path, uid=uid_of(pod))
             pod = await ctx.api.get(path)
         elif blocked is not None and state.kind != "ready":
@@ -267,7 +275,9 @@ async def _converge_pod(
         # Warm pool (issue 25, operator/pool): claim a ready pod, else cold start.
         claimed = await claim_pod(ctx, session, body)
         if claimed is not None:
-            kopf.event(body, type="Normal", reason="PodClaimed", message="ready pod from the pool")
+            kopf.event(
+                body, type="Normal", reason=Reason.POD_CLAIMED, message="ready pod from the pool"
+            )
             return claimed, ctx.answers.observe(claimed), False
         kopf.adopt(desired, owner=body)
         pod = await ctx.api.create(core_path(ns, "pods"), desired)
@@ -276,7 +286,9 @@ async def _converge_pod(
         if pod is None:  # created meanwhile by another trigger: read it
             pod = await ctx.api.get(path)
         if session.status.phase is not None:
-            kopf.event(body, type="Normal", reason="PodCreated", message="sandbox pod created")
+            kopf.event(
+                body, type="Normal", reason=Reason.POD_CREATED, message="sandbox pod created"
+            )
         return pod, ctx.answers.observe(pod), False
     return pod, state, False
 

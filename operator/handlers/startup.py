@@ -17,10 +17,16 @@ from typing import Any
 
 import kopf
 
+from sandbox_workspace.contract.crd import (
+    COMPONENT_RUNTIME,
+    FINALIZER_FILES,
+    LABEL_COMPONENT,
+    PREFIX,
+)
+
 from ..context import OperatorContext
 from ..deadlines import Deadlines
 from ..diffbase import SessionDiffBaseStorage, SessionProgressStorage
-from ..models import COMPONENT_RUNTIME, FINALIZER_FILES, LABEL_COMPONENT, PREFIX
 from ..peering import Activity
 from . import checks
 

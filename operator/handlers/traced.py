@@ -18,8 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from sandbox_workspace import tracing
-
-from ..models import ANNOTATION_TRACEPARENT
+from sandbox_workspace.contract.crd import ANNOTATION_TRACEPARENT
 
 # Triggers the API's own writes cause (kopf's reason "create", our resume request).
 CONTINUES_THE_API = frozenset({"create", "resume-requested"})

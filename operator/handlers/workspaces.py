@@ -27,16 +27,13 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from sandbox_workspace.contract.conditions import ConditionType, Reason
+from sandbox_workspace.contract.crd import SESSION_PLURAL
 from sandbox_workspace.kube import KubeError, custom_path
 from sandbox_workspace.runtime.client import RuntimeClient, RuntimeClientError, RuntimeRefused
 
 from ..context import OperatorContext
-from ..models import (
-    SESSION_PLURAL,
-    ConversationWorkspace,
-    ConversationWorkspaceStatus,
-    SandboxSession,
-)
+from ..models import ConversationWorkspace, ConversationWorkspaceStatus, SandboxSession
 from ..status import is_stopped, set_condition
 from .sessions import request_resume
 
@@ -55,7 +52,9 @@ def ws_status(
     message: str,
     **fields: Any,
 ) -> dict[str, Any]:
-    conds = set_condition(list(previous.conditions), "Ready", ready, reason, message, now())
+    conds = set_condition(
+        list(previous.conditions), ConditionType.READY, ready, reason, message, now()
+    )
     status = previous.model_copy(update={"phase": phase, "conditions": conds, **fields})
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -76,17 +75,17 @@ async def session_runtime(
     session = SandboxSession.from_body(session_body)
     if is_stopped(session):
         if not resume:
-            raise Wait("SessionStopped", "the session is stopped; waiting for its next use")
+            raise Wait(Reason.SESSION_STOPPED, "the session is stopped; waiting for its next use")
         await request_resume(ctx, session.namespace, session.name)
-        raise Wait("SessionStopped", "the session is stopped; resume requested", 0.5)
+        raise Wait(Reason.SESSION_STOPPED, "the session is stopped; resume requested", 0.5)
     if session.status.phase != "Running" or not session.status.endpoint:
         phase = session.status.phase or "Pending"
-        raise Wait("SessionNotRunning", f"waiting for the session's runtime ({phase})")
+        raise Wait(Reason.SESSION_NOT_RUNNING, f"waiting for the session's runtime ({phase})")
     client = await ctx.runtime(
         session.namespace, session.name, session.status.endpoint, session.uid
     )
     if client is None:
-        raise Wait("TokenMissing", "the session's runtime token is not there yet")
+        raise Wait(Reason.TOKEN_MISSING, "the session's runtime token is not there yet")
     return client
 
 
@@ -130,9 +129,9 @@ async def on_workspace_created(
     except ValidationError as e:
         message = _invalid_message(e)
         patch.status.update(
-            ws_status(ConversationWorkspaceStatus(), "Error", False, "InvalidSpec", message)
+            ws_status(ConversationWorkspaceStatus(), "Error", False, Reason.INVALID_SPEC, message)
         )
-        kopf.warn(raw, reason="InvalidSpec", message=message)
+        kopf.warn(raw, reason=Reason.INVALID_SPEC, message=message)
         raise kopf.PermanentError(f"invalid spec: {message}") from e  # can never work
     if (
         reason == kopf.Reason.RESUME
@@ -146,14 +145,16 @@ async def on_workspace_created(
             custom_path(namespace, SESSION_PLURAL, cws.spec.session_ref)
         )
         if session_body is None:
-            raise Wait("SessionMissing", f"SandboxSession {cws.spec.session_ref} does not exist")
+            raise Wait(
+                Reason.SESSION_MISSING, f"SandboxSession {cws.spec.session_ref} does not exist"
+            )
         owner = _owner_patch(raw, session_body)
         if owner:
             patch.metadata.update(owner)
         try:
             client = await session_runtime(ctx, session_body, resume=False)
         except Wait as w:
-            if w.reason == "SessionStopped":
+            if w.reason == Reason.SESSION_STOPPED:
                 w.delay = ctx.settings.check_interval_seconds
             raise
         try:
@@ -161,12 +162,12 @@ async def on_workspace_created(
             info = await client.conversation_info(cws.spec.conversation_id)
         except RuntimeRefused as e:
             if e.retryable:  # e.g. 409 conversation_deleting: a deletion is under way
-                raise Wait("RuntimeBusy", str(e)) from e
-            patch.status.update(ws_status(cws.status, "Error", False, "Refused", str(e)))
+                raise Wait(Reason.RUNTIME_BUSY, str(e)) from e
+            patch.status.update(ws_status(cws.status, "Error", False, Reason.REFUSED, str(e)))
             ctx.metrics.reconciles.labels(KIND, "error").inc()
             raise kopf.PermanentError(f"the runtime refuses this conversation: {e}") from e
         except RuntimeClientError as e:
-            raise Wait("RuntimeUnavailable", str(e)) from e
+            raise Wait(Reason.RUNTIME_UNAVAILABLE, str(e)) from e
     except Wait as w:
         patch.status.update(ws_status(cws.status, "Pending", False, w.reason, str(w)))
         ctx.metrics.reconciles.labels(KIND, "retry").inc()
@@ -179,7 +180,7 @@ async def on_workspace_created(
             cws.status,
             "Ready",
             True,
-            "DirectoryReady",
+            Reason.DIRECTORY_READY,
             "the directory exists",
             path=info.path,
             file_count=info.file_count,

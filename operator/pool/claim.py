@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from sandbox_workspace.kube import Conflict, Kube, core_path
+from sandbox_workspace.kube import Kube, KubeConflict, core_path
 
 from ..children import uid_of
 from ..context import OperatorContext
@@ -98,7 +98,7 @@ async def _swap(
     path = core_path(session.namespace, "pods", pod["metadata"]["name"])
     try:
         return await claims_api(ctx).patch(path, claim_patch(pod, session, body, ctx.settings))
-    except Conflict:
+    except KubeConflict:
         return None  # someone else's now, or changed since we saw it
 
 

@@ -45,11 +45,11 @@ from typing import Any
 
 import kopf
 
+from sandbox_workspace.contract.crd import LABEL_SESSION
 from sandbox_workspace.kube import Kube, KubeError, core_path, custom_path
 
 from ..children import uid_of
 from ..context import OperatorContext
-from ..models import LABEL_SESSION
 from ..status import observe_pod
 from .claim import claim_key, deliver_token
 from .resource import (

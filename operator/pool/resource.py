@@ -15,7 +15,9 @@ from typing import Any
 
 from pydantic import Field
 
-from ..models import API_VERSION, CamelModel, StatusModel
+from sandbox_workspace.contract.crd import API_VERSION
+
+from ..models import CamelModel, StatusModel
 
 POOL_KIND = "SandboxPool"
 POOL_PLURAL = "sandboxpools"

@@ -19,25 +19,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import naming
-from ..builders import _runtime_pod, build_sandbox_pod, spec_hash
-from ..children import owner_reference
-from ..models import (
+from sandbox_workspace.contract.crd import (
     ANNOTATION_POD_SPEC,
     ANNOTATION_USER_ID,
     LABEL_POOL,
     LABEL_SESSION,
     LABEL_USER,
-    SandboxSession,
-    SandboxSessionSpec,
 )
+from sandbox_workspace.runtime.settings import RuntimeSettings
+
+from .. import naming
+from ..builders import _runtime_pod, build_sandbox_pod, spec_hash
+from ..children import owner_reference
+from ..models import SandboxSession, SandboxSessionSpec
 from ..settings import OperatorSettings
 
 # ``LABEL_POOL`` is on every pool member for its whole life: "free", then "claimed".
 FREE, CLAIMED = "free", "claimed"
 POOL_SECRET = "sandbox-pool-claim"  # per namespace: the claim key of its pool's runtimes
 CLAIM_KEY = "key"
-CLAIM_ENV = "SANDBOX_RUNTIME_CLAIM_KEY"
+CLAIM_ENV = RuntimeSettings.env_name("claim_key")
 POD_PREFIX = "sbx-pool-"
 
 # The spec a pool member is built from: the defaults, without a volume of its own.
@@ -78,7 +79,7 @@ def build_pool_pod(namespace: str, settings: OperatorSettings) -> dict[str, Any]
     meta["labels"].pop(LABEL_USER)
     meta["labels"][LABEL_POOL] = FREE
     env = pod["spec"]["containers"][0]["env"]
-    token = next(e for e in env if e["name"] == "SANDBOX_RUNTIME_TOKEN")
+    token = next(e for e in env if e["name"] == RuntimeSettings.env_name("token"))
     token["name"] = CLAIM_ENV
     token["valueFrom"]["secretKeyRef"]["key"] = CLAIM_KEY
     meta["annotations"] = {ANNOTATION_POD_SPEC: spec_hash(pod)}

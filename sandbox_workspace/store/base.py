@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Protocol
 from urllib.parse import quote
 
-from sandbox_workspace.runtime.errors import ApiError
+from sandbox_workspace.contract.errors import ApiError
 
 Body = bytes | AsyncIterable[bytes]
 

@@ -1,7 +1,8 @@
 """Where a conversation's objects live in the store (seed 003's key layout, scoped).
 
     {prefix}{scope}/{conversation_id}/{file_path}          a file's bytes
-    {prefix}{scope}/{conversation_id}/.sbw/files.json      the conversation's metadata
+    {prefix}{scope}/{conversation_id}/.sbw/files.json      the conversation's metadata head
+    {prefix}{scope}/{conversation_id}/.sbw/shards/…        its immutable shards (``manifest``)
 
 - ``prefix`` is ``SANDBOX_WORKSPACE_S3__PREFIX`` (default ``workspaces/``).
 - ``scope`` keeps two users' conversations of the same id apart: ``{tenant}/{session_id}``
@@ -63,6 +64,10 @@ class Layout:
 
     def manifest(self, scope: Scope, conversation_id: str) -> str:
         return self.conversation(scope, conversation_id) + MANIFEST
+
+    def metadata(self, scope: Scope, conversation_id: str, relative: str) -> str:
+        """An object of the conversation's metadata, ``relative`` to its ``.sbw/``."""
+        return check_key(self.conversation(scope, conversation_id) + f"{RESERVED}/{relative}")
 
     def session(self, tenant: str, session_id: str) -> str:
         return f"{self.prefix}{Scope(tenant, session_id).key}/"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -35,8 +36,10 @@ from .base import (
     check_key,
     check_prefix,
 )
+from .s3_admin import S3Admin
 from .settings import ENV, S3Settings
 
+log = logging.getLogger(__name__)
 _PART = 8 * 1024 * 1024
 _CHUNK = 1024 * 1024
 _SETTLE = 0.05  # s: for the Rust runtime's last callbacks (``aclose``)
@@ -104,6 +107,8 @@ class S3Store:
             },
             retry_config={"max_retries": 3, "retry_timeout": timedelta(seconds=20)},
         )
+        self.admin = S3Admin(settings)
+        self.versioned = False  # known by ``check``
 
     async def check(self) -> None:
         s = self.settings
@@ -137,6 +142,35 @@ class S3Store:
                 f"the object store at {s.endpoint_url or 'AWS'} cannot be used: check "
                 f"{ENV}ENDPOINT_URL and {ENV}REGION: {text[:200]}"
             ) from e
+        await self._check_leftovers()
+
+    async def _check_leftovers(self) -> None:
+        """What a plain listing misses (``s3_admin``): a versioned bucket is refused
+        unless ``versioned_bucket=delete_versions``; without static keys nothing can be
+        checked or cleaned, which is logged (the lifecycle rule is the fallback)."""
+        s = self.settings
+        if not self.admin.available:
+            log.warning(
+                "no static S3 keys: incomplete multipart uploads and object versions "
+                "cannot be removed on deletion; set an AbortIncompleteMultipartUpload "
+                "lifecycle rule on the bucket and keep versioning off (docs/operations.md)"
+            )
+            return
+        try:
+            status = await self.admin.versioning()
+        except StoreUnavailable as e:
+            raise StoreConfigError(
+                f"could not read the versioning of bucket {s.bucket!r} (the API and the "
+                f"operator need s3:GetBucketVersioning): {str(e)[:200]}"
+            ) from e
+        self.versioned = status in ("Enabled", "Suspended")
+        if self.versioned and s.versioned_bucket == "refuse":
+            raise StoreConfigError(
+                f"bucket {s.bucket!r} has versioning {status}: a deleted conversation's "
+                "files would stay as non-current versions. Use a bucket without "
+                f"versioning, or set {ENV}VERSIONED_BUCKET=delete_versions to delete "
+                "every version of a deleted conversation's objects"
+            )
 
     async def put(
         self, key: str, body: Body, *, if_absent: bool = False, if_match: str | None = None
@@ -225,7 +259,26 @@ class S3Store:
                 continue
             except obx.BaseError as e:
                 raise _unavailable(e) from e
-        return sum([1 async for _ in self.list(prefix)])
+        await self._abort_uploads(prefix)
+        left = sum([1 async for _ in self.list(prefix)])
+        if self.versioned:
+            left += await self._delete_versions(prefix)
+        if self.admin.available:
+            left += len(await self.admin.uploads(prefix))
+        return left
+
+    async def _abort_uploads(self, prefix: str) -> None:
+        """Multipart uploads under ``prefix`` that were never completed — a process
+        killed mid-upload — hold their parts until aborted (a listing never shows them)."""
+        if self.admin.available:
+            for key, upload_id in await self.admin.uploads(prefix):
+                await self.admin.abort(key, upload_id)
+
+    async def _delete_versions(self, prefix: str) -> int:
+        """Every version and delete marker under ``prefix``; answer how many remain."""
+        for key, version_id in await self.admin.versions(prefix):
+            await self.admin.delete_version(key, version_id)
+        return len(await self.admin.versions(prefix))
 
     async def aclose(self) -> None:
         """Let go of the client while the event loop still runs. obstore's calls complete
@@ -234,6 +287,7 @@ class S3Store:
         interpreter finalises aborts the process (SIGABRT — seen in ~1 of 10 short-lived
         processes that refused a bucket). Dropping the client and yielding a moment lets
         those last callbacks land first; every process that opens a store closes it."""
+        await self.admin.aclose()
         self._store = None  # type: ignore[assignment]
         gc.collect()
         await asyncio.sleep(_SETTLE)

@@ -38,6 +38,12 @@ class S3Settings(BaseModel):
         description="Downloads from an http:// endpoint read the socket directly (a "
         "presigned GET; less CPU than the S3 client); false: through the S3 client.",
     )
+    versioned_bucket: Literal["refuse", "delete_versions"] = Field(
+        "refuse",
+        description="A bucket with versioning enabled (or suspended) keeps every deleted "
+        "file's bytes as non-current versions: refuse to start (default), or delete every "
+        "version under a deleted conversation's prefix (delete_versions).",
+    )
 
     sign_payload: bool | None = Field(
         None,

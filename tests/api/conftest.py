@@ -31,6 +31,10 @@ def chat_env(llm: ScriptedLLM, **extra: str) -> dict[str, str]:
         "SANDBOX_WORKSPACE_LLM_MODEL": "scripted",
         "SANDBOX_WORKSPACE_LLM_MAX_RETRIES": "1",
         "SANDBOX_WORKSPACE_SANDBOX_MOUNT": "none",
+        # The chat tests drive one user's many runs at once (a hundred concurrent runs, 50
+        # in flight through a rolling restart): the per-user caps are test_quotas.py's.
+        "SANDBOX_WORKSPACE_QUOTAS__RUNS_PER_USER": "200",
+        "SANDBOX_WORKSPACE_QUOTAS__FOLLOWERS_PER_USER": "400",
         **extra,
     }
 
@@ -46,8 +50,6 @@ def chat_server(start_server, scripted_llm_server):
             SANDBOX_WORKSPACE_CHAT_APPROVAL_TIMEOUT_SECONDS="30",
             SANDBOX_WORKSPACE_CHAT_KEEPALIVE_SECONDS="0.5",
             SANDBOX_WORKSPACE_LLM_TIMEOUT_SECONDS="3",
-            # test_hundred_concurrent_runs: one user's hundred runs at once.
-            SANDBOX_WORKSPACE_QUOTAS__RUNS_PER_USER="100",
         ),
     )
 

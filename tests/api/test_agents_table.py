@@ -98,6 +98,7 @@ def test_table_is_read_and_written_back_before_the_result(client, user, fresh, s
     assert [(m, t) for m, t, _ in fresh.requests] == [("GET", "7"), ("PUT", "7")]
     for _, _, headers in fresh.requests:
         assert headers["x-user-id"] == user
+        assert headers["x-tenant-id"] == "default"  # a user id may repeat across tenants
         assert headers["authorization"] == "Bearer platform-jwt"
 
 
@@ -237,7 +238,8 @@ def test_a_run_carried_on_by_another_replica_writes_back_as_the_caller(
 
     scripted_llm.responder = respond
     user = f"u-{uuid.uuid4().hex[:10]}"
-    headers = {"X-User-Id": user} | ({"Authorization": "Bearer jwt"} if credential else {})
+    headers = {"X-User-Id": user, "X-Tenant-Id": "acme"}
+    headers |= {"Authorization": "Bearer jwt"} if credential else {}
     body = {
         "prompt": "edit",
         "conversation_id": "c",
@@ -254,7 +256,9 @@ def test_a_run_carried_on_by_another_replica_writes_back_as_the_caller(
                 if line.startswith("data: ") and json.loads(line[6:])["type"] == "text":
                     break  # the edit is done, the answer is streaming
             a.stop(signal.SIGKILL)
-        followed = asyncio.run(start_and_follow(lambda: [b.url], user, run_id=run_id))
+        followed = asyncio.run(
+            start_and_follow(lambda: [b.url], user, run_id=run_id, tenant="acme")
+        )
         assert followed.done, followed.kinds()
         result = [d for _, kind, d in followed.events if kind == "result"][-1]
         resumed = [d for _, k, d in followed.events if k == "status" and d["stage"] == "resumed"]
@@ -268,6 +272,7 @@ def test_a_run_carried_on_by_another_replica_writes_back_as_the_caller(
             assert source.tables["7"] == {"meta": {"v": 2}, "rows": [1, 2]}
             assert [m for m, _, _ in source.requests] == ["GET", "PUT"]
             assert source.requests[-1][2]["x-user-id"] == user
+            assert source.requests[-1][2]["x-tenant-id"] == "acme"  # the run's, carried on
             assert "authorization" not in source.requests[-1][2]
     finally:
         b.stop(signal.SIGTERM)

@@ -21,7 +21,7 @@ from sse_stream import Stream, kinds
 from sandbox_workspace.api.backends.base import ConversationPhase
 from sandbox_workspace.api.identity import StreamTokens
 from sandbox_workspace.api.routes.conversation_state import build_state
-from sandbox_workspace.runtime.errors import Unauthorized
+from sandbox_workspace.contract.errors import Unauthorized
 from sandbox_workspace.runtime.schemas import ConversationInfo
 
 

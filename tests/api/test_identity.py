@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import httpx
@@ -16,10 +19,17 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 SERVICE_TOKEN = "service-token-0123456789abcdef"
 JWT_SECRET = "jwt-secret-0123456789abcdef-0123456789"
+AUDIENCE, ISSUER = "sandbox-workspace", "https://id.example.internal"
 
 
 def hs256(sub: str, *, secret: str = JWT_SECRET, expires_in: float = 300, **claims) -> str:
-    payload = {"sub": sub, "exp": int(time.time() + expires_in), **claims}
+    payload = {
+        "sub": sub,
+        "exp": int(time.time() + expires_in),
+        "aud": AUDIENCE,
+        "iss": ISSUER,
+        **claims,
+    }
     return jwt.encode(payload, secret, algorithm="HS256")
 
 
@@ -30,6 +40,8 @@ def secure_api(start_server):
         SANDBOX_WORKSPACE_AUTH_MODE="required",
         SANDBOX_WORKSPACE_SERVICE_TOKEN=SERVICE_TOKEN,
         SANDBOX_WORKSPACE_JWT_SECRET=JWT_SECRET,
+        SANDBOX_WORKSPACE_JWT_AUDIENCE=AUDIENCE,
+        SANDBOX_WORKSPACE_JWT_ISSUER=ISSUER,
         SANDBOX_WORKSPACE_DATA_DIR="data",
     )
 
@@ -114,6 +126,19 @@ class _Jwks(BaseHTTPRequestHandler):
         pass
 
 
+def jwks_api(start_server, jwks: HTTPServer, audience: str = AUDIENCE, **env: str):
+    """A ``required`` API verifying JWTs with the keys ``jwks`` serves."""
+    return start_server(
+        "api",
+        SANDBOX_WORKSPACE_AUTH_MODE="required",
+        SANDBOX_WORKSPACE_DATA_DIR="data",
+        SANDBOX_WORKSPACE_JWT_JWKS_URL=f"http://127.0.0.1:{jwks.server_port}/jwks.json",
+        SANDBOX_WORKSPACE_JWT_AUDIENCE=audience,
+        SANDBOX_WORKSPACE_JWT_ISSUER=ISSUER,
+        **env,
+    )
+
+
 def test_jwks_signed_jwt(start_server):
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
@@ -122,14 +147,8 @@ def test_jwks_signed_jwt(start_server):
     jwks = HTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=jwks.serve_forever, daemon=True).start()
     try:
-        server = start_server(
-            "api",
-            SANDBOX_WORKSPACE_AUTH_MODE="required",
-            SANDBOX_WORKSPACE_DATA_DIR="data",
-            SANDBOX_WORKSPACE_JWT_JWKS_URL=f"http://127.0.0.1:{jwks.server_port}/jwks.json",
-            SANDBOX_WORKSPACE_JWT_AUDIENCE="sandbox",
-        )
-        claims = {"sub": "rs-user", "aud": "sandbox", "exp": int(time.time()) + 300}
+        server = jwks_api(start_server, jwks, audience="sandbox")
+        claims = {"sub": "rs-user", "aud": "sandbox", "iss": ISSUER, "exp": int(time.time()) + 300}
         good = jwt.encode(claims, key, algorithm="RS256", headers={"kid": "k1"})
         r = get(server, "/api/v1/sessions/sb-session-rs-user", Authorization=f"Bearer {good}")
         assert r.status_code == 404  # authenticated; the session simply does not exist yet
@@ -138,6 +157,50 @@ def test_jwks_signed_jwt(start_server):
         )
         r = get(server, "/api/v1/sessions/sb-session-rs-user", Authorization=f"Bearer {wrong_aud}")
         assert r.status_code == 401
+    finally:
+        jwks.shutdown()
+
+
+IDP_DELAY = 8.0  # seconds; a busy shared machine answers the service token in ~2 s
+
+
+def test_made_up_key_ids_neither_hammer_the_idp_nor_stall_the_service_token(start_server):
+    """Security review M1's probe: parallel requests with random kids while the IdP is
+    slow; a service-token request meanwhile answers at once, and the IdP saw one fetch."""
+    hits = []
+
+    class Slow(_Jwks):
+        body = json.dumps({"keys": []}).encode()
+
+        def do_GET(self):
+            hits.append(time.monotonic())
+            time.sleep(IDP_DELAY)
+            super().do_GET()
+
+    from http.server import ThreadingHTTPServer
+
+    jwks = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=jwks.serve_forever, daemon=True).start()
+    try:
+        server = jwks_api(start_server, jwks, SANDBOX_WORKSPACE_SERVICE_TOKEN=SERVICE_TOKEN)
+
+        def forged() -> str:
+            header = {"alg": "RS256", "kid": os.urandom(8).hex()}
+            part = base64.urlsafe_b64encode(json.dumps(header).encode()).rstrip(b"=").decode()
+            return f"Bearer {part}.e30.eA"  # ".x" fails to decode before any key look-up
+
+        url = server.url + "/api/v1/sessions/sb-session-svc"
+        with ThreadPoolExecutor(64) as pool:
+            flood = [pool.submit(httpx.get, url, headers={"Authorization": forged()}, timeout=60)
+                     for _ in range(200)]  # fmt: skip
+            time.sleep(0.5)  # the one fetch is under way
+            started = time.monotonic()
+            auth = {"Authorization": f"Bearer {SERVICE_TOKEN}", "X-User-Id": "svc"}
+            assert get(server, "/api/v1/sessions/sb-session-svc", **auth).status_code == 404
+            waited = time.monotonic() - started
+            assert waited < IDP_DELAY / 2, f"the service token waited {waited:.1f}s for the IdP"
+            assert {f.result().status_code for f in flood} == {401}
+        assert len(hits) == 1, f"{len(hits)} JWKS fetches"
     finally:
         jwks.shutdown()
 
@@ -162,6 +225,12 @@ def test_jwks_signed_jwt(start_server):
             {"SANDBOX_WORKSPACE_SERVICE_TOKEN": "short"},
             "at least 16 characters",
             id="weak-service-token",
+        ),
+        pytest.param(
+            ["api"],
+            {"SANDBOX_WORKSPACE_JWT_JWKS_URL": "https://id.example/jwks.json"},
+            "needs SANDBOX_WORKSPACE_JWT_AUDIENCE and SANDBOX_WORKSPACE_JWT_ISSUER",
+            id="jwt-without-audience-and-issuer",
         ),
     ],
 )

@@ -5,6 +5,7 @@ cleanly; a rolling restart of both loses no run and no event."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 import uuid
@@ -49,9 +50,11 @@ async def until(condition, timeout: float = 30.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def follow(urls, user, body=None, run_id="") -> tuple[Followed, asyncio.Task]:
+def follow(urls, user, body=None, run_id="", tenant=None) -> tuple[Followed, asyncio.Task]:
     watched = Followed()
-    task = asyncio.create_task(start_and_follow(urls, user, body, run_id=run_id, followed=watched))
+    task = asyncio.create_task(
+        start_and_follow(urls, user, body, run_id=run_id, followed=watched, tenant=tenant)
+    )
     return watched, task
 
 
@@ -145,6 +148,37 @@ def test_a_killed_owners_runs_are_taken_over_or_ended_cleanly(replicas, scripted
     asyncio.run(scenario())
 
 
+def test_a_run_taken_over_carries_on_in_its_tenant(replicas, scripted_llm):
+    # Security review M6: the resumed run's caller lost its tenant, so its session (one
+    # per tenant and user) was "not found" on the replica that took it over.
+    a, b = replicas
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    turns: list[str] = []
+
+    def respond(body):
+        turns.append("x")
+        if len(turns) == 1:
+            return slow_text(40, 0.1)  # on A: killed in the middle of it
+        if not tool_results(body):  # resumed on B: a tool, in the run's own session
+            return tool_reply("execute_code", {"code": "print('in-' + 'tenant')"})
+        return text_reply("finished")
+
+    scripted_llm.responder = respond
+
+    async def scenario():
+        talk, done = follow(on(a, b), user, {"query": "q", "conversation_id": "c"}, tenant="t1")
+        await until(lambda: "text" in talk.kinds())
+        a.stop(signal.SIGKILL)
+        await done
+        assert_complete(talk)
+        assert any(k == "status" and d["stage"] == "resumed" for _, k, d in talk.events)
+        tool_end = next(d for _, k, d in talk.events if k == "tool_end")
+        assert tool_end["ok"] and "in-tenant" in tool_end["output"], tool_end
+        assert talk.kinds()[-2:] == ["result", "done"]
+
+    asyncio.run(scenario())
+
+
 def test_a_rolling_restart_of_both_replicas_loses_no_run(replicas, scripted_llm):
     a, b = replicas
     user = f"u-{uuid.uuid4().hex[:8]}"
@@ -174,3 +208,71 @@ def test_a_rolling_restart_of_both_replicas_loses_no_run(replicas, scripted_llm)
             assert followed.events[-2][2]["answer"] == "after the update"
 
     asyncio.run(scenario())
+
+
+def test_a_replica_cut_off_from_redis_starts_no_tool_the_other_also_runs(
+    start_server, scripted_llm, chat_env_factory, redis_url
+):
+    """Replica A reaches Redis through a proxy the test cuts while A's run waits on a
+    model turn; B takes the run over and runs its tool. A's model turn then ends with the
+    same tool call: fenced (no renewal for two thirds of a lease), A does not start it and
+    is not ready meanwhile: while cut off, the tool ran once (the model received its
+    result once); A is ready again once the partition heals."""
+    from tcp_proxy import TcpProxy
+
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    proxy = TcpProxy("127.0.0.1", port).start()
+    common = dict(
+        SANDBOX_WORKSPACE_CHAT_RUN_STORE="redis",
+        SANDBOX_WORKSPACE_CHAT_REDIS_PREFIX=f"t{uuid.uuid4().hex[:8]}:",
+        SANDBOX_WORKSPACE_CHAT_RUN_LEASE_SECONDS="1.5",
+        SANDBOX_WORKSPACE_CHAT_KEEPALIVE_SECONDS="0.5",
+    )
+    a = start_server(
+        "dev", "--data-dir", "data",
+        **chat_env_factory(scripted_llm, SANDBOX_WORKSPACE_CHAT_REDIS_URL=
+                           f"redis://127.0.0.1:{proxy.port}/0", **common),
+    )  # fmt: skip
+    b = start_server(
+        "dev", "--data-dir", "data",
+        **chat_env_factory(scripted_llm, SANDBOX_WORKSPACE_CHAT_REDIS_URL=redis_url, **common),
+    )  # fmt: skip
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    turns: list[str] = []  # "model" per model turn started, "result" per tool result seen
+
+    def respond(body):
+        if tool_results(body):
+            turns.append("result")
+            return text_reply("done")
+        turns.append("model")
+        reply = tool_reply("execute_code", {"code": "print('ran')"})
+        reply.stall_seconds = 4.0  # A's turn outlasts the lease while it is cut off
+        return reply
+
+    scripted_llm.responder = respond
+
+    def ready(server) -> int:
+        return httpx.get(f"{server.url}/readyz", timeout=5).status_code
+
+    async def scenario():
+        body = {"query": "work", "conversation_id": "c1"}
+        work, done = follow(on(a, b), user, body)
+        await until(lambda: work.run_id and turns == ["model"])  # A's turn under way
+        proxy.cut()
+        # B takes the run over, calls the model again and runs the tool: one result.
+        await until(lambda: "result" in turns, timeout=60)
+        await until(lambda: ready(a) == 503)  # cut off for a whole lease: not ready
+        await asyncio.sleep(3)  # A's own model turn ended meanwhile, with the tool call
+        assert turns.count("result") == 1, turns  # the tool ran once, on B
+        proxy.heal()
+        await until(lambda: ready(a) == 200, timeout=30)
+        done.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await done
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        proxy.stop()
+        for server in (a, b):
+            server.stop(signal.SIGTERM)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from runtime_ops import assert_healthy, execute, restart
 
-from sandbox_workspace.runtime.errors import ConversationDeleting
+from sandbox_workspace.contract.errors import ConversationDeleting
 from sandbox_workspace.runtime.marks import doc_name
 from sandbox_workspace.runtime.schemas import ChangedFile, MarksReport
 from sandbox_workspace.runtime.workspace import Workspace

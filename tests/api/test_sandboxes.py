@@ -143,6 +143,7 @@ def test_in_store_mode_a_sandbox_is_written_back_and_comes_back(
 
     from sandbox_workspace.store import S3Store
     from sandbox_workspace.store.layout import Layout, Scope
+    from sandbox_workspace.store.metadata import Metadata
 
     user = f"store-{uuid.uuid4().hex[:8]}"
 
@@ -150,12 +151,13 @@ def test_in_store_mode_a_sandbox_is_written_back_and_comes_back(
         async def read():
             store = S3Store(seaweedfs.settings(s3_bucket))
             layout, scope = Layout(), Scope("default", f"sb-session-{user}")
-            doc, _ = await store.read(layout.manifest(scope, "sb1"))
-            active = [f for f in json.loads(doc)["files"] if f["status"] == "active"]
+            manifest = await Metadata(store, layout).get(scope, "sb1")
             out = {}
-            for f in active:
-                got, _ = await store.read(layout.file(scope, "sb1", f["file_path"]))
-                out[f["file_path"]] = got
+            for f in manifest.files if manifest else []:
+                if f.active:
+                    got, _ = await store.read(layout.file(scope, "sb1", f.file_path))
+                    out[f.file_path] = got
+            await store.aclose()
             return out
 
         return asyncio.run(read())

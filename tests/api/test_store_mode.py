@@ -47,29 +47,38 @@ def test_bad_credentials_stop_the_start(tmp_path, seaweedfs, s3_bucket):
 
 
 def manifest(server, bucket: str, session_id: str, cid: str, tenant: str = "default") -> dict:
-    """The conversation's metadata document, read straight from the bucket."""
+    """The conversation's metadata (head and shards), read straight from the bucket."""
     import asyncio
-    import json
+    from dataclasses import asdict
 
     from sandbox_workspace.store import S3Store
     from sandbox_workspace.store.layout import Layout, Scope
+    from sandbox_workspace.store.metadata import Metadata
 
     async def read():
         store = S3Store(server.settings(bucket))
-        data, _ = await store.read(Layout().manifest(Scope(tenant, session_id), cid))
-        return json.loads(data)
+        try:
+            m = await Metadata(store, Layout()).get(Scope(tenant, session_id), cid)
+        finally:
+            await store.aclose()
+        return {"workspace_enabled": m.workspace_enabled,
+                "files": [asdict(f) for f in m.files]}  # fmt: skip
 
     return asyncio.run(read())
 
 
 def objects(server, bucket: str, prefix: str) -> list[str]:
+    """The keys under ``prefix``, with the metadata's shards as one ``.sbw/shards/…``."""
     import asyncio
 
     from sandbox_workspace.store import S3Store
 
     async def keys():
         store = S3Store(server.settings(bucket))
-        return sorted([i.key async for i in store.list(prefix)])
+        keys = [i.key async for i in store.list(prefix)]
+        await store.aclose()
+        return sorted({k.split("/.sbw/shards/")[0] + "/.sbw/shards/…" if "/.sbw/shards/" in k
+                       else k for k in keys})  # fmt: skip
 
     return asyncio.run(keys())
 
@@ -130,6 +139,7 @@ def test_files_live_in_the_store_and_come_back_after_the_cache_is_lost(
     assert (report["source"], report["version"], report["file_size"]) == ("ai_created", 1, 12)
     assert objects(seaweedfs, s3_bucket, f"workspaces/default/{sid}/c1/") == [
         f"workspaces/default/{sid}/c1/.sbw/files.json",
+        f"workspaces/default/{sid}/c1/.sbw/shards/…",
         f"workspaces/default/{sid}/c1/outputs/report.txt",
         f"workspaces/default/{sid}/c1/uploads/temparea/in.csv",
     ]
@@ -381,7 +391,8 @@ def test_seed_003_operations_by_file_id_and_tenant(tmp_path, start_server, reque
     doc = manifest(seaweedfs, s3_bucket, own, "c9", tenant="acme")
     assert [(f["file_id"], f["status"]) for f in doc["files"]] == [(record["file_id"], "deleted")]
     assert objects(seaweedfs, s3_bucket, f"workspaces/acme/{own}/c9/") == [
-        f"workspaces/acme/{own}/c9/.sbw/files.json"
+        f"workspaces/acme/{own}/c9/.sbw/files.json",
+        f"workspaces/acme/{own}/c9/.sbw/shards/…",
     ]
     # Deleting the session deletes every object of its conversations.
     r = httpx.delete(f"{server.url}/api/v1/sessions/{sid}", headers=headers, timeout=60)

@@ -335,6 +335,10 @@ def test_api_deployment_and_service(rendered: tuple[str, list[dict[str, Any]]]) 
         assert token == {"name": full, "key": "service-token"}
         secret = one(docs, "Secret", full)
         assert len(secret["data"]["service-token"]) >= 48
+        # One stream-token key for every replica (security review M5), kept in the Secret.
+        stream = env["SANDBOX_WORKSPACE_STREAM_TOKEN_SECRET"]["secretKeyRef"]
+        assert stream == {"name": full, "key": "stream-token-secret"}
+        assert len(secret["data"]["stream-token-secret"]) >= 48
         assert "SANDBOX_WORKSPACE_LLM_API_KEY" not in env
         assert json.loads(env["SANDBOX_WORKSPACE_FILE_UPLOAD"]) == {
             "maxFileSize": 100,
@@ -345,6 +349,8 @@ def test_api_deployment_and_service(rendered: tuple[str, list[dict[str, Any]]]) 
     else:
         assert not by_kind(docs, "Secret"), "existing Secrets only: the chart creates none"
         assert token == {"name": "platform-backend-token", "key": "token"}
+        stream = env["SANDBOX_WORKSPACE_STREAM_TOKEN_SECRET"]["secretKeyRef"]
+        assert stream == {"name": "platform-stream-token", "key": "hmac"}
         assert env["SANDBOX_WORKSPACE_JWT_SECRET"]["secretKeyRef"] == {
             "name": "platform-jwt",
             "key": "hs256",
@@ -401,6 +407,42 @@ def test_the_redis_run_store_needs_the_secret_of_its_url(tools: Tools) -> None:
     assert "chat.runStore=redis needs chat.redis.existingSecret" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "jwt_values",
+    [
+        pytest.param({"auth.jwt.jwksUrl": "https://id.example/jwks"}, id="jwks"),
+        pytest.param(
+            {"auth.jwt.existingSecret": "k", "auth.jwt.audience": "sandbox"}, id="hs256-no-iss"
+        ),
+    ],
+)
+def test_jwts_need_an_audience_and_an_issuer(tools: Tools, jwt_values: dict) -> None:
+    result = render_text(tools, set_values=jwt_values, check=False)
+    assert result.returncode != 0
+    assert "auth.jwt.audience and auth.jwt.issuer are required" in result.stderr
+
+
+def _operator_env(docs: list[dict[str, Any]]) -> dict[str, str]:
+    workload = one(docs, "StatefulSet", f"{RELEASE}-sandbox-workspace-operator")
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    return env_of(container)
+
+
+def test_gvisor_without_landlock_must_choose_confinement_explicitly(tools: Tools) -> None:
+    """gVisor has no Landlock: with the default ``require`` every execution would answer
+    503, so the install is refused until ``sandbox.confinement=auto`` is chosen."""
+    result = render_text(tools, set_values={"sandbox.runtimeClassName": "gvisor"}, check=False)
+    assert result.returncode != 0
+    assert "Set sandbox.confinement=auto" in result.stderr
+    chosen = {"sandbox.runtimeClassName": "gvisor", "sandbox.confinement": "auto"}
+    assert _operator_env(render(tools, set_values=chosen))["SANDBOX_OPERATOR_CONFINEMENT"] == "auto"
+    env = _operator_env(render(tools, set_values={"sandbox.confinementMinAbi": "3"}))
+    assert (env["SANDBOX_OPERATOR_CONFINEMENT"], env["SANDBOX_OPERATOR_CONFINEMENT_MIN_ABI"]) == (
+        "require",
+        "3",
+    )
+
+
 def test_operator_workload(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     name, docs = rendered
     full = f"{RELEASE}-sandbox-workspace-operator"
@@ -430,7 +472,8 @@ def test_operator_workload(rendered: tuple[str, list[dict[str, Any]]]) -> None:
             "registry.example.internal/platform/sandbox-runtime:0.1.0-py311"
         )
         assert env["SANDBOX_OPERATOR_CHECK_INTERVAL_SECONDS"] == "15"
-    assert env["SANDBOX_OPERATOR_CONFINEMENT"] == ("require" if name == "hardened" else "auto")
+    # Fail closed by default; the hardened values (gVisor) chose auto explicitly.
+    assert env["SANDBOX_OPERATOR_CONFINEMENT"] == ("auto" if name == "hardened" else "require")
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"health": 8081, "metrics": 9090}
 
@@ -504,8 +547,10 @@ def test_the_processes_accept_the_charts_settings(
             assert settings.liveness_endpoint == "http://0.0.0.0:8081/healthz"
             assert settings.metrics_port == 9090
             assert settings.standalone is False  # two peered replicas by default
-            # The hardened values refuse to run code unconfined.
-            assert settings.confinement == ("require" if name == "hardened" else "auto")
+            # Every install refuses to run code unconfined unless it chose otherwise: the
+            # hardened values run gVisor (no Landlock) and chose auto.
+            assert settings.confinement == ("auto" if name == "hardened" else "require")
+            assert settings.confinement_min_abi == 6
             _assert_store(name, settings.store, settings.s3)
 
 

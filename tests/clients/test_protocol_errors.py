@@ -177,7 +177,8 @@ def test_page_is_served_in_dev(client):
     page = client.get("/ui/")
     assert page.status_code == 200 and "<title>Sandbox Workspace</title>" in page.text
     assert client.get("/ui/app.js").headers["content-type"].startswith("text/javascript")
-    assert client.get("/ui/config.json").json() == {"auth_mode": "dev"}
+    # What the page asks for, and which model answers chat (named before the first message).
+    assert client.get("/ui/config.json").json() == {"auth_mode": "dev", "model": "scripted"}
 
 
 @pytest.mark.parametrize(("web_ui", "served"), [(None, False), (True, True), (False, False)])

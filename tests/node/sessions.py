@@ -10,8 +10,8 @@ import httpx
 from kubeenv.client import KubeClient
 from nodeenv.release import SESSIONS, Release
 
+from sandbox_workspace.contract.crd import API_VERSION, SESSION_PLURAL
 from sandbox_workspace.operator import naming
-from sandbox_workspace.operator.models import API_VERSION, SESSION_PLURAL
 
 
 def sbs_path(namespace: str) -> str:

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from sessions import SBS, UserSession, container_id, get
 
-from sandbox_workspace.operator.models import API_VERSION
+from sandbox_workspace.contract.crd import API_VERSION
 
 pytestmark = pytest.mark.node
 

@@ -16,9 +16,9 @@ from scripted_llm import Reply, text_reply, tool_reply, tool_results
 from seed_client import SeedClient, assert_recovered
 from sessions import SBS, container_id, get
 
+from sandbox_workspace.contract.crd import API_VERSION
 from sandbox_workspace.operator import naming
 from sandbox_workspace.operator.answers import ANSWERS
-from sandbox_workspace.operator.models import API_VERSION
 
 pytestmark = pytest.mark.node
 

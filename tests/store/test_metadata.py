@@ -89,3 +89,89 @@ async def test_two_processes_lose_no_version_and_share_no_file_id(meta, request,
     assert shared[0].version == 2 * rounds
     assert len(manifest.files) == 1 + 2 * rounds
     assert len({f.file_id for f in manifest.files}) == len(manifest.files)
+
+
+class Counting:
+    """The store, with the requests made through it counted by kind."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.puts: list[str] = []
+        self.reads: list[str] = []
+
+    async def put(self, key, body, **kw):
+        self.puts.append(key)
+        return await self.store.put(key, body, **kw)
+
+    async def read(self, key):
+        self.reads.append(key)
+        return await self.store.read(key)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def outputs(n: int, checksum: str = "h") -> list[tuple[Written, bool]]:
+    return [(written(f"outputs/f{i:04}.txt", checksum), False) for i in range(n)]
+
+
+async def test_a_batch_is_one_commit_and_a_change_rewrites_only_its_shards(store):
+    """2,000 writes in one batch: one head write and at most 64 shard writes (not 2,000
+    rewrites of everything). Then one file changed: one shard and the head written, the
+    other shards neither written nor read again (parsed once per process)."""
+    counting = Counting(store)
+    meta = Metadata(counting, Layout("workspaces/"))
+    head = Layout("workspaces/").manifest(SCOPE, "big")
+    records = await meta.record_writes(SCOPE, "big", outputs(2000))
+    assert len(records) == 2000
+    assert counting.puts.count(head) == 1
+    assert len(counting.puts) == 1 + 64
+    counting.puts.clear(), counting.reads.clear()
+    [changed] = await meta.record_writes(
+        SCOPE, "big", [(written("outputs/f0007.txt", "h2"), False)]
+    )
+    assert (changed.version, changed.source) == (2, "ai_modified")
+    assert counting.puts.count(head) == 1 and len(counting.puts) == 2
+    assert counting.reads == [head]
+    # The replaced shard is gone: the metadata's objects are the head and 64 shards.
+    keys = [i.key async for i in store.list(Layout("workspaces/").conversation(SCOPE, "big"))]
+    assert len([k for k in keys if "/.sbw/" in k]) == 65
+    # Another process (no parsed shards) reads the same records; unchanged writes write
+    # nothing at all.
+    other = Metadata(Counting(store), Layout("workspaces/"))
+    m = await other.get(SCOPE, "big")
+    assert len(m.files) == 2000 and m.active("outputs/f0007.txt").version == 2
+    again = Counting(store)
+    same = [w for w in outputs(2000) if w[0].file_path != "outputs/f0007.txt"]
+    await Metadata(again, Layout("workspaces/")).record_writes(SCOPE, "big", same)
+    assert again.puts == []
+
+
+async def test_tombstones_stay_in_their_shard_and_the_old_format_is_read(store):
+    """A deleted record stays (a tombstone) across later commits of other shards; a
+    format-1 document (one JSON of every record) is read as it is and sharded by the next
+    change."""
+    layout = Layout("workspaces/")
+    meta = Metadata(store, layout)
+    first = await meta.record_write(SCOPE, "t", written(A, "h1"), uploaded=True)
+    await meta.mark_deleted(SCOPE, "t", file_id=first.file_id)
+    await meta.record_writes(SCOPE, "t", outputs(50))
+    m = await Metadata(store, layout).get(SCOPE, "t")
+    assert m.by_id(first.file_id).status == "deleted" and m.active(A) is None
+
+    from dataclasses import asdict
+
+    legacy = {
+        "conversation_id": "old",
+        "workspace_enabled": False,
+        "workspace_created_at": "2026-01-01T00:00:00+00:00",
+        "files": [asdict(first)],
+    }
+    await store.put(layout.manifest(SCOPE, "old"), json.dumps(legacy).encode())
+    m = await meta.get(SCOPE, "old")
+    assert (m.workspace_enabled, [f.file_id for f in m.files]) == (False, [first.file_id])
+    await meta.record_write(SCOPE, "old", written("outputs/n.txt", "n"), uploaded=False)
+    doc = json.loads((await store.read(layout.manifest(SCOPE, "old")))[0])
+    assert doc["format"] == 2 and "files" not in doc and not doc["workspace_enabled"]
+    m = await Metadata(store, layout).get(SCOPE, "old")
+    assert {f.file_path for f in m.files} == {A, "outputs/n.txt"}

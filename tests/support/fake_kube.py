@@ -4,7 +4,7 @@ It keeps objects by API path and speaks the verbs the handlers use with the apis
 semantics that matter to them: create-if-absent (None on a name taken), merge patch
 (``None`` removes a key; ``…/status`` patches the status), delete with a uid
 precondition, a new resourceVersion on every write (a patch naming another one is
-refused: 409 ``Conflict``), and *graceful* deletion for the kinds that have it in a real
+refused: 409 ``KubeConflict``), and *graceful* deletion for the kinds that have it in a real
 cluster (pods, claims: a deletionTimestamp first; ``finish`` removes them). Every
 mutating call is recorded in ``calls``, every read in ``reads``. Injected through
 ``OperatorContext(kube=FakeKube())`` — the seam the operator already has (STYLE 12), no
@@ -17,7 +17,7 @@ import copy
 import itertools
 from typing import Any
 
-from sandbox_workspace.kube import Conflict
+from sandbox_workspace.kube import KubeConflict
 
 GRACEFUL = ("/pods/", "/persistentvolumeclaims/")
 _uids = itertools.count(1)
@@ -94,6 +94,14 @@ class FakeKube:
             }
         return copy.deepcopy(self.put(full, obj))
 
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        """The API backend's create: POST raises ``Conflict`` on a name taken (as Kube)."""
+        assert method == "POST", method
+        obj = await self.create(path, body)
+        if obj is None:
+            raise KubeConflict(409, f"{path}/{body['metadata']['name']} exists", "AlreadyExists")
+        return obj
+
     async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         self.calls.append(("patch", path))
         target_path = path.removesuffix("/status")
@@ -102,7 +110,7 @@ class FakeKube:
             return None
         wanted = (body.get("metadata") or {}).get("resourceVersion")
         if wanted is not None and wanted != obj["metadata"].get("resourceVersion"):
-            raise Conflict(409, f"{path}: the object has been modified", "Conflict")
+            raise KubeConflict(409, f"{path}: the object has been modified", "Conflict")
         if path.endswith("/status"):
             _merge(obj, {"status": body.get("status", {})})
         else:

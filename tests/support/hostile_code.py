@@ -66,6 +66,9 @@ class Attack:
     # With the network allowed, the leak (by this prefix) the attack must find instead:
     # proof it would see the network if confinement let it through.
     when_allowed: str = ""
+    # Operations of this attack that succeed by design: residual risks stated in
+    # docs/security.md ("Residual risks"); any other success is a leak.
+    residual: tuple[str, ...] = ()
 
 
 ATTACKS = [
@@ -376,6 +379,20 @@ attempt("read B's segment file", lambda: read(os.path.join(b_shm, "sbw-hostile-{
 attempt("plant in B's shm dir", lambda: write(os.path.join(b_shm, "sem.planted")))
 """,
     ),
+    Attack(
+        "metadata of another conversation's files: stat, chmod, chown, utime, setxattr",
+        """
+attempt("stat", lambda: os.stat({b_file!r}).st_size)
+attempt("chmod", lambda: os.chmod({b_file!r}, 0))
+attempt("chmod dir", lambda: os.chmod(os.path.dirname({b_file!r}), 0))
+attempt("utime", lambda: os.utime({b_file!r}, (0, 0)))
+attempt("setxattr", lambda: os.setxattr({b_file!r}, "user.sbw", b"x"), ignore=(errno.ENOTSUP,))
+attempt("chown to self", lambda: os.chown({b_file!r}, os.getuid(), os.getgid()))
+attempt("read after chmod", lambda: read({b_file!r}))
+attempt("list after chmod", lambda: os.listdir(os.path.dirname({b_file!r})))
+""",
+        residual=("stat", "chmod", "chmod dir", "utime", "setxattr", "chown to self"),
+    ),
 ]
 
 # Conversation B's set-up: an abstract socket it listens on (kept alive by its kernel),
@@ -465,6 +482,7 @@ def play(
             if not any(leak.startswith(attack.when_allowed) for leak in leaks):
                 problems.append(f"network is allowed but no {attack.when_allowed!r} went out")
             continue
+        leaks = [leak for leak in leaks if leak.split(":", 1)[0] not in attack.residual]
         if leaks:
             problems.append(f"LEAKED {leaks}")
         if odd or (attack.must_refuse and not refused):

@@ -77,13 +77,14 @@ async def start_and_follow(
     timeout: float = 120.0,
     followed: Followed | None = None,
     first: int = 0,
+    tenant: str | None = None,
 ) -> Followed:
     """Start a run with ``body`` (or follow ``run_id``) until ``done`` or ``timeout``;
     pass ``followed`` to watch its progress from outside while it runs. Replicas are
     tried in turn, starting with ``urls()[first % n]``."""
     followed = followed or Followed()
     followed.run_id = followed.run_id or run_id
-    headers = {"X-User-Id": user}
+    headers = {"X-User-Id": user, **({"X-Tenant-Id": tenant} if tenant else {})}
     deadline = time.monotonic() + timeout
     turn = itertools.count(first)  # which replica to try first (spreads the runs)
     async with httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30, read=60)) as client:

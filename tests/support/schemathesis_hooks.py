@@ -21,8 +21,8 @@ from sandbox_workspace.api.chat.run_events import parse_approval_id
 from sandbox_workspace.api.names import NAME_FORMAT, NAME_PATTERN
 from sandbox_workspace.api.routes.ag_ui import content_text
 from sandbox_workspace.api.routes.ui_chat import UiMessage, approval_answers, text_of
+from sandbox_workspace.contract.errors import BadRequest
 from sandbox_workspace.runtime import pathsafe
-from sandbox_workspace.runtime.errors import BadRequest
 
 _PATTERN = re.compile(NAME_PATTERN)
 

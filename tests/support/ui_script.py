@@ -61,7 +61,7 @@ def _query(body: dict) -> str:
 
 def _selected_csv(body: dict) -> str:
     context = "\n".join(m["content"] for m in body["messages"] if m["role"] == "user")
-    found = re.search(r"\((/\S+\.csv)\)", context)
+    found = re.search(r'\("(/[^"]+\.csv)"\)', context)  # - "name" ("path"), JSON strings
     return found.group(1) if found else "no-file-selected.csv"
 
 

@@ -130,6 +130,7 @@ def expected_pod(workspace_volume: dict, network: str = "deny", **spec_extra: ob
                             "value": "csv,xlsx,json,txt,pkl,png,jpg,pdf",
                         },
                         {"name": "SANDBOX_RUNTIME_CONFINEMENT", "value": "auto"},
+                        {"name": "SANDBOX_RUNTIME_CONFINEMENT_MIN_ABI", "value": "6"},
                         {"name": "SANDBOX_RUNTIME_NETWORK", "value": network},
                         # spec.limits' defaults, in bytes: inside the pod's 1Gi.
                         {"name": "SANDBOX_RUNTIME_LIMIT_MEMORY", "value": "536870912"},

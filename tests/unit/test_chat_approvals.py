@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from fake_conversation import FakeConversation
 
 from sandbox_workspace.api.chat.loop import RunSpec, _act
 from sandbox_workspace.api.chat.runs import Run
 from sandbox_workspace.api.chat.tools import SandboxTools
-from sandbox_workspace.runtime.errors import Conflict, NotFoundError
+from sandbox_workspace.contract.errors import Conflict, NotFoundError
 
 
 def _events(run: Run) -> list[tuple[str, dict]]:
@@ -21,10 +22,7 @@ def _events(run: Run) -> list[tuple[str, dict]]:
     return events
 
 
-def _spec(record_activity) -> RunSpec:
-    async def never_called():
-        raise AssertionError("the session is not ensured by a single tool call")
-
+def _spec() -> RunSpec:
     return RunSpec(
         query="q",
         history=[],
@@ -34,8 +32,6 @@ def _spec(record_activity) -> RunSpec:
         deadline_seconds=60,
         approval_timeout=30,
         tool_timeout=30,
-        ensure_session=never_called,
-        record_activity=record_activity,
     )
 
 
@@ -53,7 +49,9 @@ async def test_an_approval_sent_as_soon_as_the_event_arrives_is_accepted():
 
     # The arguments are not an object, so the approved tool fails fast without a sandbox.
     tools = SandboxTools(None, session_id="s", conversation_id="c", workspace_path="/w")
-    await _act(run, _spec(record_activity), tools, "call_1", "bash", "[]")
+    # The session is not ensured by a single tool call (FakeConversation refuses it).
+    conversation = FakeConversation(record_activity=record_activity)
+    await _act(run, _spec(), conversation, tools, "call_1", "bash", "[]")
 
     assert answers == ["call_1"]
     assert [kind for kind, _ in _events(run)] == ["tool_approval", "tool_start", "tool_end"]

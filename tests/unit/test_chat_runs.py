@@ -9,11 +9,12 @@ import json
 import pytest
 
 from sandbox_workspace.api.chat.runs import Run, RunRegistry
-from sandbox_workspace.runtime.errors import NotFoundError
+from sandbox_workspace.contract.errors import NotFoundError
+from sandbox_workspace.operator.naming import session_id_for
 
 
-def _run(user: str = "u") -> Run:
-    return Run(user_id=user, session_id="s", conversation_id="c")
+def _run(user: str = "u", tenant: str = "default") -> Run:
+    return Run(user_id=user, session_id=session_id_for(user, tenant), conversation_id="c")
 
 
 def test_each_event_is_kept_as_one_sse_frame_with_its_id():
@@ -100,17 +101,19 @@ async def test_a_follower_that_goes_away_leaves_the_run_untouched():
 async def test_a_finished_run_is_gone_once_its_retention_has_passed():
     registry = RunRegistry(retention_seconds=0.05)
     run = registry.add(_run("ann"))
-    assert registry.get(run.id, "ann") is run
+    assert registry.get(run.id, session_id_for("ann")) is run
     with pytest.raises(NotFoundError):
-        registry.get(run.id, "bob")  # another user's run does not exist for them
+        registry.get(run.id, session_id_for("bob"))  # another user's run: none for them
     run.finish()
     await asyncio.sleep(0.1)
     # Pruning walks all runs at most once a second, but a lookup is exact.
     with pytest.raises(NotFoundError):
-        registry.get(run.id, "ann")
+        registry.get(run.id, session_id_for("ann"))
 
 
 async def test_cancel_conversation_ends_only_that_conversations_open_runs():
+    from fake_conversation import FakeConversation
+
     from sandbox_workspace.api.chat.loop import RunSpec, run_agent
 
     registry = RunRegistry(retention_seconds=60)
@@ -130,7 +133,6 @@ async def test_cancel_conversation_ends_only_that_conversations_open_runs():
             deadline_seconds=3600,
             approval_timeout=1,
             tool_timeout=1,
-            ensure_session=ensure_session,
         )
 
     doomed, other_conv, other_session = (
@@ -138,7 +140,8 @@ async def test_cancel_conversation_ends_only_that_conversations_open_runs():
         for s, c in (("s", "c"), ("s", "keep"), ("s2", "c"))
     )
     for run in (doomed, other_conv, other_session):
-        run.task = asyncio.create_task(run_agent(run, spec(), None, None))  # type: ignore[arg-type]
+        conversation = FakeConversation(ensure_session=ensure_session)
+        run.task = asyncio.create_task(run_agent(run, spec(), conversation, None, None))  # type: ignore[arg-type]
     await started.wait()
     assert registry.cancel_conversation("s", "c") == 1
     await asyncio.wait_for(doomed.task, 5)
@@ -150,3 +153,12 @@ async def test_cancel_conversation_ends_only_that_conversations_open_runs():
     for run in (other_conv, other_session):
         run.cancel()
     await asyncio.gather(other_conv.task, other_session.task)
+
+
+async def test_a_run_is_its_tenants_a_user_id_repeated_in_another_tenant_finds_nothing():
+    registry = RunRegistry(retention_seconds=60)
+    run = registry.add(_run("42", "acme"))
+    assert await registry.find(run.id, session_id_for("42", "acme")) is run
+    for other in (session_id_for("42", "globex"), session_id_for("42")):
+        with pytest.raises(NotFoundError):
+            await registry.find(run.id, other)

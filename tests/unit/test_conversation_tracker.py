@@ -8,10 +8,11 @@ import asyncio
 
 import pytest
 
-from sandbox_workspace.api.backends.base import ConversationDeleting, ConversationPhase
+from sandbox_workspace.api.backends.base import ConversationPhase, NameTaken
 from sandbox_workspace.api.backends.kube_conversations import ConversationTracker
 from sandbox_workspace.api.quotas import QuotaExceeded
-from sandbox_workspace.kube import Conflict
+from sandbox_workspace.contract.errors import ConversationDeleting
+from sandbox_workspace.kube import KubeConflict
 
 COLLECTION = "/apis/x/v1/namespaces/ns/conversationworkspaces"
 
@@ -27,7 +28,7 @@ class FakeKube:
         assert method == "POST" and path == COLLECTION
         name = body["metadata"]["name"]
         if name in self.objects:
-            raise Conflict(409, "exists", "AlreadyExists")
+            raise KubeConflict(409, "exists", "AlreadyExists")
         self.uids += 1
         obj = {**body, "metadata": {**body["metadata"], "uid": f"uid-{self.uids}"}}
         self.objects[name] = obj
@@ -46,8 +47,14 @@ class FakeKube:
         return True
 
 
-def body(name: str) -> dict:
-    return {"metadata": {"name": name, "finalizers": ["sandboxworkspace.io/files"]}}
+OWNER = ("sb-session-u", "c1")  # (sessionRef, conversationId)
+
+
+def body(name: str, owner: tuple[str, str] = OWNER) -> dict:
+    return {
+        "metadata": {"name": name, "finalizers": ["sandboxworkspace.io/files"]},
+        "spec": {"sessionRef": owner[0], "conversationId": owner[1]},
+    }
 
 
 def tracker(synced: bool) -> tuple[ConversationTracker, FakeKube]:
@@ -65,7 +72,7 @@ def test_known_conversations_cost_no_round_trip_once_synced():
     for _ in range(5):
         asyncio.run(t.ensure("w1", "c1", body("w1")))
     assert len(kube.calls) == calls
-    assert asyncio.run(t.phase("w1")) == ConversationPhase.READY
+    assert asyncio.run(t.phase("w1", OWNER)) == ConversationPhase.READY
 
 
 def test_without_a_synced_watch_every_answer_is_read_and_nothing_cached():
@@ -74,7 +81,7 @@ def test_without_a_synced_watch_every_answer_is_read_and_nothing_cached():
     asyncio.run(t.ensure("w1", "c1", body("w1")))
     assert kube.calls.count(("POST", COLLECTION)) == 2  # the second: 409, then a GET
     asyncio.run(kube.delete(f"{COLLECTION}/w1"))
-    assert asyncio.run(t.phase("w1")) == ConversationPhase.DELETING
+    assert asyncio.run(t.phase("w1", OWNER)) == ConversationPhase.DELETING
     with pytest.raises(ConversationDeleting):
         asyncio.run(t.ensure("w1", "c1", body("w1")))
 
@@ -83,13 +90,13 @@ def test_a_deletion_seen_by_the_watch_refuses_writes_and_then_allows_a_fresh_sta
     t, kube = tracker(synced=True)
     asyncio.run(t.ensure("w1", "c1", body("w1")))
     obj = kube.objects["w1"]
-    t._apply("MODIFIED", {"metadata": {**obj["metadata"], "deletionTimestamp": "now"}})
+    t._apply("MODIFIED", {**obj, "metadata": {**obj["metadata"], "deletionTimestamp": "now"}})
     with pytest.raises(ConversationDeleting) as refused:
         asyncio.run(t.ensure("w1", "c1", body("w1")))
     assert refused.value.status == 409 and refused.value.code == "conversation_deleting"
     t._apply("DELETED", obj)
     del kube.objects["w1"]
-    assert asyncio.run(t.phase("w1")) == ConversationPhase.ABSENT
+    assert asyncio.run(t.phase("w1", OWNER)) == ConversationPhase.ABSENT
     asyncio.run(t.ensure("w1", "c1", body("w1")))
     assert kube.objects["w1"]["metadata"]["uid"] != obj["metadata"]["uid"]
 
@@ -100,16 +107,49 @@ def test_a_stale_read_cannot_resurrect_what_the_watch_saw_deleted():
     stale = kube.objects["w1"]
     t._apply("DELETED", stale)
     t._record(stale)  # e.g. a GET answered before the deletion, processed after it
-    assert asyncio.run(t.phase("w1")) == ConversationPhase.ABSENT
+    assert asyncio.run(t.phase("w1", OWNER)) == ConversationPhase.ABSENT
 
 
 def test_our_own_delete_refuses_writes_at_once():
     t, _kube = tracker(synced=True)
     asyncio.run(t.ensure("w1", "c1", body("w1")))
-    assert asyncio.run(t.delete("w1")) is True
+    assert asyncio.run(t.delete("w1", OWNER)) is True
     with pytest.raises(ConversationDeleting):
         asyncio.run(t.ensure("w1", "c1", body("w1")))
-    assert asyncio.run(t.delete("nope")) is False
+    assert asyncio.run(t.delete("nope", OWNER)) is False
+
+
+# -- whose object: a name never proves it ----------------------------------------------
+
+VICTIM = ("sb-session-victim", "c9")
+
+
+@pytest.mark.parametrize("synced", [True, False], ids=["synced", "unsynced"])
+def test_another_owners_object_under_the_name_is_never_adopted(synced):
+    t, _kube = tracker(synced=synced)
+    asyncio.run(t.ensure("w1", "c9", body("w1", VICTIM)))  # the victim's, first
+    with pytest.raises(NameTaken):
+        asyncio.run(t.ensure("w1", "c1", body("w1")))
+    assert asyncio.run(t.phase("w1", OWNER)) == ConversationPhase.ABSENT
+    assert asyncio.run(t.phase("w1", VICTIM)) == ConversationPhase.READY
+
+
+@pytest.mark.parametrize("synced", [True, False], ids=["synced", "unsynced"])
+def test_deleting_never_deletes_another_owners_object(synced):
+    t, kube = tracker(synced=synced)
+    asyncio.run(t.ensure("w1", "c9", body("w1", VICTIM)))
+    assert asyncio.run(t.delete("w1", OWNER)) is False
+    assert "deletionTimestamp" not in kube.objects["w1"]["metadata"]
+    assert ("DELETE", f"{COLLECTION}/w1") not in kube.calls
+
+
+def test_a_legacy_name_is_used_only_when_it_holds_the_owners_object():
+    t, _kube = tracker(synced=True)
+    asyncio.run(t.ensure("legacy", "c1", body("legacy")))  # made before the upgrade
+    assert asyncio.run(t.resolve(["current", "legacy"], OWNER)) == "legacy"
+    t2, _ = tracker(synced=True)
+    asyncio.run(t2.ensure("legacy", "c9", body("legacy", VICTIM)))  # another's
+    assert asyncio.run(t2.resolve(["current", "legacy"], OWNER)) == "current"
 
 
 def labelled(name: str, session: str) -> dict:

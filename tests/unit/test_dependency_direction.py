@@ -187,3 +187,36 @@ def test_the_cycle_finder_finds_a_lazy_cycle():
 
 def test_no_import_cycles():
     assert cycles(import_graph()) == []
+
+
+# ---- the ground imports nothing above it ------------------------------------------------
+ABOVE_THE_GROUND = (
+    "sandbox_workspace.api",
+    "sandbox_workspace.operator",
+    "sandbox_workspace.runtime",
+)
+# The command line starts each deployable: it is the top, not the ground.
+ENTRY_POINTS = {"sandbox_workspace.cli", "sandbox_workspace.__main__"}
+
+
+def test_the_ground_imports_nothing_above_it():
+    """STYLE 19: ``sandbox_workspace/`` (the contract, the store, the Kubernetes client,
+    tracing, logging) is what the runtime, the operator and the API stand on; it knows
+    none of them (kube.py once imported operator.models, store/base.py runtime.errors)."""
+    offending = {
+        module: sorted(t for t in targets if t.startswith(ABOVE_THE_GROUND))
+        for module, targets in import_graph().items()
+        if not module.startswith(ABOVE_THE_GROUND) and module not in ENTRY_POINTS
+    }
+    assert {m: t for m, t in offending.items() if t} == {}
+
+
+def test_the_contract_stands_on_nothing_of_the_project():
+    """The contract is the bottom of the ground: the store, the Kubernetes client and
+    tracing may use it, never the other way round."""
+    offending = {
+        module: sorted(t for t in targets if not t.startswith("sandbox_workspace.contract"))
+        for module, targets in import_graph().items()
+        if module.startswith("sandbox_workspace.contract")
+    }
+    assert {m: t for m, t in offending.items() if t} == {}

@@ -14,7 +14,7 @@ from sandbox_workspace.api.e2b.ids import (
 )
 from sandbox_workspace.api.e2b.paths import to_e2b, to_relative
 from sandbox_workspace.api.identity import Caller
-from sandbox_workspace.runtime.errors import BadRequest
+from sandbox_workspace.contract.errors import BadRequest
 
 
 def test_connect_envelopes_round_trip_and_end_the_stream():

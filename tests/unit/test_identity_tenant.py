@@ -3,6 +3,7 @@ X-Tenant-Id beside the service token or in dev mode, else ``default``."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -12,10 +13,11 @@ from starlette.datastructures import Headers
 
 from sandbox_workspace.api.identity import Authenticator
 from sandbox_workspace.api.settings import ApiSettings
-from sandbox_workspace.runtime.errors import BadRequest
+from sandbox_workspace.contract.errors import BadRequest
 
 SECRET = "s" * 32
 TOKEN = "service-token-0123456789"
+NAMES = {"aud": "sandbox", "iss": "https://id.example"}  # the API's own (settings below)
 
 
 @pytest.fixture(autouse=True)
@@ -27,8 +29,15 @@ def no_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def authenticate(headers: dict, **settings) -> tuple[str, str]:
-    values = {"auth_mode": "required", "jwt_secret": SECRET, "service_token": TOKEN}
-    caller = Authenticator(ApiSettings(**values, **settings)).authenticate(Headers(headers))
+    values = {
+        "auth_mode": "required",
+        "jwt_secret": SECRET,
+        "service_token": TOKEN,
+        "jwt_audience": NAMES["aud"],
+        "jwt_issuer": NAMES["iss"],
+    }
+    authenticator = Authenticator(ApiSettings(**values, **settings))
+    caller = asyncio.run(authenticator.authenticate(Headers(headers)))
     return caller.user_id, caller.tenant
 
 
@@ -41,7 +50,8 @@ class Bearer(dict):
 
     def headers(self) -> dict:
         claims = {k: v for k, v in self.items() if k != "_extra"}
-        token = jwt.encode({"exp": int(time.time()) + 600, **claims}, SECRET, algorithm="HS256")
+        claims = {"exp": int(time.time()) + 600, **NAMES, **claims}
+        token = jwt.encode(claims, SECRET, algorithm="HS256")
         return {"authorization": f"Bearer {token}", **self.get("_extra", {})}
 
 

@@ -129,3 +129,29 @@ def test_the_kernel_enforces_the_ruleset(tmp_path):
         "bind": "EACCES",
         "signal parent": "EPERM",
     }
+
+
+@pytest.mark.parametrize(
+    ("abi", "min_abi", "refused"),
+    [
+        pytest.param(0, 6, "Landlock is unavailable", id="none"),
+        pytest.param(1, 6, "ABI 3: truncate", id="abi1-no-truncate"),
+        pytest.param(2, 3, "ABI 3: truncate", id="abi2-below-3"),
+        pytest.param(5, 6, "ABI 6: signals", id="abi5-no-signal-scope"),
+        pytest.param(3, 3, None, id="abi3-accepted-at-3"),
+        pytest.param(6, 6, None, id="abi6"),
+        pytest.param(7, 6, None, id="abi7"),
+    ],
+)
+def test_require_refuses_an_abi_below_its_minimum(abi, min_abi, refused) -> None:
+    """``require`` with ``min_abi``: a kernel below it refuses code (503), naming what it
+    lacks; ``auto`` runs code on any ABI (saying what is missing)."""
+    from sandbox_workspace.runtime.confinement import ConfinementUnavailable
+
+    strict = Confinement(max_processes=64, mode="require", min_abi=min_abi, abi=abi)
+    if refused is None:
+        strict.check_can_execute()
+    else:
+        with pytest.raises(ConfinementUnavailable, match=refused):
+            strict.check_can_execute()
+    Confinement(max_processes=64, mode="auto", min_abi=min_abi, abi=abi).check_can_execute()

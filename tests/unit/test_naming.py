@@ -7,17 +7,24 @@ import re
 import pytest
 
 from sandbox_workspace.operator.naming import (
+    ANNOTATION_NAMES,
+    NAMES_CURRENT,
     SESSION_PREFIX,
     dns_name,
+    legacy_children,
+    runtime_pod_name,
+    runtime_secret_name,
     session_id_for,
     session_name,
     session_name_for,
     tenant_of,
     user_id_from_session_id,
+    workspace_claim_name,
+    workspace_name,
 )
 
 RFC1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-HASH_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+HASH_SUFFIX = re.compile(r"-[0-9a-f]{16}$")  # 64 bits
 
 
 def assert_label(value: str) -> None:
@@ -88,6 +95,7 @@ def test_any_id_gives_a_valid_label(value: str) -> None:
         pytest.param("abc-deadbeef", id="hex-suffix"),
         pytest.param("sb-session-u-01234567", id="session-id-ending-in-8-hex"),
         pytest.param("a" * 54 + "-0123abcd", id="x63-ending-in-hex"),
+        pytest.param("sb-session-u-0123456789abcdef", id="ends-in-16-hex"),
     ],
 )
 def test_valid_ids_that_end_like_a_hash_are_hashed_again(value: str) -> None:
@@ -143,7 +151,7 @@ def test_no_collisions_across_a_corpus() -> None:
 def test_dns_name_is_deterministic() -> None:
     for value in ("alice", "User_1", "数据", "a" * 100, ""):
         assert dns_name(value) == dns_name(value)
-    assert dns_name("User") == "user-" + dns_name("User")[-8:]
+    assert dns_name("User") == "user-" + dns_name("User")[-16:]
 
 
 @pytest.mark.parametrize(
@@ -216,3 +224,93 @@ def test_the_default_tenant_keeps_sb_session_user_and_no_pair_shares_an_id() -> 
 )  # fmt: skip
 def test_malformed_tenant_session_ids_name_nothing(session_id: str) -> None:
     assert tenant_of(session_id) is None and session_name(session_id) is None
+
+
+# -- collisions the 32-bit names had, and the names objects made with them keep -----------
+
+# The review's pairs (security-2026-11-28 H1): each shared one name under the 32-bit hash.
+TENANT = "3f2b9c1e-8a7d-4e2f-9b1c-0d5e6f7a8b9c"
+SESSION_PAIR = ("PRobEuSeR._...___", "probeuSEr.__.....")
+CONVERSATION_PAIR = (("alice@example.com", "chat-44515"), ("alicia@example.com", "chat-56618"))
+
+
+def test_the_reviews_colliding_users_have_their_own_sessions_now() -> None:
+    a, b = (session_id_for(u) for u in SESSION_PAIR)
+    legacy = {dns_name(a, legacy=True), dns_name(b, legacy=True)}
+    assert legacy == {"sb-session-probeuser-5c586116"}, "the pair collided under the old names"
+    assert session_name(a) != session_name(b)
+    assert HASH_SUFFIX.search(session_name(a))
+
+
+def test_the_reviews_colliding_conversations_have_their_own_workspaces_now() -> None:
+    (ua, ca), (ub, cb) = CONVERSATION_PAIR
+    sa, sb = session_id_for(ua, TENANT), session_id_for(ub, TENANT)
+    legacy_a = workspace_name(session_name(sa, legacy=True), ca, legacy=True)
+    legacy_b = workspace_name(session_name(sb, legacy=True), cb, legacy=True)
+    assert legacy_a == legacy_b, "the pair collided under the old names"
+    assert workspace_name(session_name(sa), ca) != workspace_name(session_name(sb), cb)
+
+
+def _birthday(names, count: int) -> tuple[str, str]:
+    """Two of ``count`` generated ids that ``names`` maps to one name (the attack)."""
+    seen: dict[str, str] = {}
+    for n in range(count):
+        user = f"user.{n}"
+        name = names(user)
+        if name in seen:
+            return seen[name], user
+        seen[name] = user
+    raise AssertionError("no collision found")
+
+
+def test_a_collision_constructed_against_the_old_names_misses_the_new_ones() -> None:
+    # A long tenant id leaves 4 characters of the user id in the slug: only the hash
+    # tells users apart. 32 bits fall to a birthday search of ~2^16 tries.
+    def legacy(user: str) -> str:
+        return session_name(session_id_for(user, TENANT), legacy=True)
+
+    a, b = _birthday(legacy, 400_000)
+    assert legacy(a) == legacy(b)
+    assert session_name_for(a, TENANT) != session_name_for(b, TENANT)
+    for child in (runtime_pod_name, runtime_secret_name, workspace_claim_name):
+        assert child(session_name_for(a, TENANT)) != child(session_name_for(b, TENANT))
+
+
+def test_children_of_colliding_long_session_names_differ_now() -> None:
+    # Valid, unhashed session names of 54-63 characters: their claim names are hashed.
+    # A collision found against the old claim names must miss the new ones.
+    def legacy_claim(user: str) -> str:
+        name = session_name_for("u" * 40 + user.replace(".", ""))
+        assert len(name) > 53 and not HASH_SUFFIX.search(name)
+        return workspace_claim_name(name, legacy=True)
+
+    a, b = _birthday(legacy_claim, 400_000)
+    names = [session_name_for("u" * 40 + u.replace(".", "")) for u in (a, b)]
+    assert workspace_claim_name(names[0]) != workspace_claim_name(names[1])
+
+
+@pytest.mark.parametrize(
+    ("value", "legacy_name"),
+    [
+        pytest.param("sb-session-alice", "sb-session-alice", id="valid-unchanged"),
+        pytest.param("sb-session-PRobEuSeR._...___", "sb-session-probeuser-5c586116", id="hashed"),
+        pytest.param("x-0123456789abcdef", "x-0123456789abcdef", id="16-hex-was-kept"),
+    ],
+)
+def test_legacy_names_are_exactly_the_old_ones(value: str, legacy_name: str) -> None:
+    assert dns_name(value, legacy=True) == legacy_name
+
+
+def test_a_current_name_never_equals_another_ids_legacy_name() -> None:
+    ids = [f"sb-session-{u}" for u in ("alice", "Alice", "x-0123456789abcdef", "a" * 80)]
+    legacy = {dns_name(v, legacy=True) for v in ids}
+    for v in ids:
+        current = dns_name(v)
+        assert current not in legacy - {dns_name(v, legacy=True)}
+
+
+def test_sessions_without_the_names_annotation_keep_legacy_children() -> None:
+    assert legacy_children(None) and legacy_children({})
+    assert not legacy_children({ANNOTATION_NAMES: NAMES_CURRENT})
+    long_name = session_name_for("u" * 50)
+    assert workspace_claim_name(long_name, legacy=True) != workspace_claim_name(long_name)

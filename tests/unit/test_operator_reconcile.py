@@ -20,17 +20,14 @@ import pytest
 from fake_kube import FakeKube
 from kopf._core.engines import posting
 
+from sandbox_workspace.contract.crd import ANNOTATION_LAST_ACTIVITY, ANNOTATION_RESUME
 from sandbox_workspace.kube import core_path, custom_path
 from sandbox_workspace.operator.activity import start_marker
 from sandbox_workspace.operator.builders import build_sandbox_pod
 from sandbox_workspace.operator.context import OperatorContext
 from sandbox_workspace.operator.handlers.checks import check_session
 from sandbox_workspace.operator.handlers.sessions import on_runtime_pod_event, reconcile_session
-from sandbox_workspace.operator.models import (
-    ANNOTATION_LAST_ACTIVITY,
-    ANNOTATION_RESUME,
-    SandboxSession,
-)
+from sandbox_workspace.operator.models import SandboxSession
 from sandbox_workspace.operator.settings import OperatorSettings
 
 NS, NAME = "ns", "sb-session-alice"

@@ -17,6 +17,7 @@ from kopf._cogs.structs import diffs
 from kopf._core.intents import causes
 from prometheus_client import CollectorRegistry
 
+from sandbox_workspace.contract.crd import PREFIX
 from sandbox_workspace.operator.context import OperatorContext
 from sandbox_workspace.operator.diffbase import (
     KEY,
@@ -24,7 +25,6 @@ from sandbox_workspace.operator.diffbase import (
     SessionProgressStorage,
 )
 from sandbox_workspace.operator.handlers import pool_start
-from sandbox_workspace.operator.models import PREFIX
 from sandbox_workspace.operator.pool import PoolMetrics, PoolState
 from sandbox_workspace.operator.pool.refill import REFILL_SETTLE, settle
 from sandbox_workspace.operator.settings import OperatorSettings

@@ -19,7 +19,7 @@ from sandbox_workspace.api.chat.run_events import (
 )
 from sandbox_workspace.api.chat.ui_stream import UiMessageStream
 from sandbox_workspace.api.sse import encode_event
-from sandbox_workspace.runtime.errors import BadRequest
+from sandbox_workspace.contract.errors import BadRequest
 
 RUN = "run_abc"
 

@@ -1,10 +1,10 @@
-"""runtime/quantity.py: sizes as bytes or Kubernetes quantities, one parser everywhere."""
+"""contract/quantity.py: sizes as bytes or Kubernetes quantities, one parser everywhere."""
 
 from __future__ import annotations
 
 import pytest
 
-from sandbox_workspace.runtime.quantity import parse_bytes
+from sandbox_workspace.contract.quantity import parse_bytes
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Retry-After only where waiting can cure the answer (runtime/errors.py): a transient
+"""Retry-After only where waiting can cure the answer (contract/errors.py): a transient
 429/503 gets the default, an error's own value wins, ``NotConfigured`` gets none."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from sandbox_workspace.api.files.base import StoreNotConfigured
-from sandbox_workspace.runtime.errors import (
+from sandbox_workspace.contract.errors import (
     ApiError,
     ConversationDeleting,
     NotConfigured,

@@ -10,7 +10,7 @@ from sandbox_workspace.api.chat.runs import Run, RunRegistry
 from sandbox_workspace.api.chat.runstore.factory import build_store
 from sandbox_workspace.api.chat.runstore.memory import MemoryRunStore
 from sandbox_workspace.api.settings import ApiSettings
-from sandbox_workspace.runtime.errors import Conflict, NotFoundError
+from sandbox_workspace.contract.errors import Conflict, NotFoundError
 
 
 def test_memory_is_the_default_store_and_redis_needs_a_url():
@@ -23,9 +23,9 @@ async def test_runs_are_found_decided_and_cancelled_in_process_only():
     registry = RunRegistry(60)
     run = registry.add(Run(user_id="u", session_id="s", conversation_id="c"), {"query": "q"})
     assert run.sink is None and run.durable is None  # emit wakes followers directly
-    assert await registry.find(run.id, "u") is run
+    assert await registry.find(run.id, "s") is run
     with pytest.raises(NotFoundError):
-        await registry.find("run_elsewhere", "u")
+        await registry.find("run_elsewhere", "s")
     run.open_approval("call_1", "bash")
     await registry.decide(run, "call_1", True)
     with pytest.raises(Conflict):

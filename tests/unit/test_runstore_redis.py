@@ -19,7 +19,8 @@ from sandbox_workspace.api.chat.runstore.memory import MemoryRunStore
 from sandbox_workspace.api.chat.runstore.redis_log import read_log
 from sandbox_workspace.api.chat.runstore.redis_store import RedisRunStore
 from sandbox_workspace.api.sse import encode_event
-from sandbox_workspace.runtime.errors import Conflict, NotFoundError
+from sandbox_workspace.contract.errors import Conflict, NotFoundError
+from sandbox_workspace.operator.naming import session_id_for
 
 
 @pytest.fixture
@@ -99,7 +100,7 @@ async def test_every_replica_follows_the_same_log_exactly_once(replica):
     run = a.add(Run(user_id="u", session_id="s", conversation_id="c"), {})
     for i in range(3):
         run.emit("text", {"delta": str(i)})
-    remote = await eventually(lambda: b.find(run.id, "u"))
+    remote = await eventually(lambda: b.find(run.id, "s"))
     with pytest.raises(NotFoundError):
         await b.find(run.id, "someone-else")
     followers = [asyncio.create_task(collect(r)) for r in (run, remote)]
@@ -120,7 +121,7 @@ async def test_an_approval_answered_on_another_replica_reaches_the_owner(replica
     run.emit("tool_approval", {"tool_call_id": "call_1"})
     await eventually(stored(run))
     waiting = asyncio.create_task(run.decision("call_1", 10))
-    remote = await b.find(run.id, "u")
+    remote = await b.find(run.id, "s")
     assert remote.awaiting_approval
     await b.decide(remote, "call_1", True, "fine")
     decision = await waiting
@@ -137,7 +138,7 @@ async def test_a_cancel_sent_to_another_replica_stops_the_owners_loop(replica):
     run.task = asyncio.create_task(asyncio.sleep(60))
     run.emit("run_started", {})
     await eventually(stored(run))
-    assert await b.cancel(await b.find(run.id, "u")) is True
+    assert await b.cancel(await b.find(run.id, "s")) is True
     await eventually(lambda: run.task.cancelled())
 
 
@@ -151,7 +152,7 @@ async def test_a_replica_that_lost_its_lease_can_write_nothing_more(replica, red
     await a.store.redis.set(keys.lease(run.id), "another-replica")
     run.emit("text", {"delta": "late"})
     await eventually(lambda: run.relay is not None)  # stopped here; followers use the store
-    view = await a.find(run.id, "u")  # answers come from the store now, not the old object
+    view = await a.find(run.id, "s")  # answers come from the store now, not the old object
     assert view is not run and view.id == run.id
     assert await a.conversation_runs("s", "c") == [view]
     assert await a.store.redis.xlen(keys.log(run.id)) == 1
@@ -171,7 +172,7 @@ async def test_a_dead_owners_run_with_a_tool_call_in_flight_is_ended_cleanly(rep
     await kill(a)
     resumed = []
     b = await replica(resume=lambda *args: resumed.append(args), lease=0.5)
-    events = await collect(await b.find(run.id, "u"))
+    events = await collect(await b.find(run.id, "s"))
     assert [(i, k) for i, k, _ in events] == [
         (1, "run_started"),
         (2, "tool_start"),
@@ -197,7 +198,7 @@ async def test_a_dead_owners_run_is_resumed_from_its_last_step_by_another(replic
         taken.finish()
 
     b = await replica(resume=resume, lease=0.5)
-    events = await collect(await b.find(run.id, "u"))
+    events = await collect(await b.find(run.id, "s"))
     assert [k for _, k, _ in events] == ["run_started", "status", "status", "done"]
     assert events[2][2]["stage"] == "resumed" and [e[0] for e in events] == [1, 2, 3, 4]
     spec, checkpoint = seen[0]
@@ -222,7 +223,7 @@ async def test_an_answer_given_while_nobody_owned_the_run_is_applied_by_the_take
         taken.finish()
 
     c = await replica(lease=30)  # scans every 15 s: answers, but takes nothing over
-    remote = await c.find(run.id, "u")
+    remote = await c.find(run.id, "s")
     await c.decide(remote, "call_1", True, "yes")  # recorded; its owner is dead
     await replica(resume=lambda taken, *_: asyncio.create_task(reopen(taken)), lease=0.5)
     await collect(remote)
@@ -248,7 +249,7 @@ async def test_a_graceful_shutdown_hands_runs_over_at_once(replica):
     async with asyncio.timeout(5):
         await taken.wait()
     assert time.monotonic() - started < 5
-    events = await collect(await b.find(run.id, "u"))
+    events = await collect(await b.find(run.id, "s"))
     assert [k for _, k, _ in events] == ["run_started", "status", "done"]
 
 
@@ -264,6 +265,31 @@ async def test_a_conversations_runs_are_listed_on_every_replica(replica):
     assert [r.id for r in listed] == [first.id, second.id]
     assert listed[0] is first and not listed[1].finished  # local object, then a view
     assert [r.id for r in await b.conversation_runs("s", "elsewhere")] == [other.id]
+
+
+async def test_a_conversations_run_index_is_its_own_when_ids_hold_colons(replica):
+    # ("a", "b:c") and ("a:b", "c") once shared the key conv:a:b:c: deleting user a's
+    # conversation "b:c" cancelled user a:b's runs in "c" (security review L2).
+    a, b = await replica(), await replica()
+    mine = a.add(Run(user_id="a", session_id="sb-session-a", conversation_id="b:c"), {})
+    theirs = a.add(Run(user_id="a:b", session_id="sb-session-a:b", conversation_id="c"), {})
+    for run in (mine, theirs):
+        run.emit("run_started", {})
+    await eventually(lambda: stored(mine)() and stored(theirs)())
+    assert [r.id for r in await b.conversation_runs("sb-session-a", "b:c")] == [mine.id]
+    assert [r.id for r in await b.conversation_runs("sb-session-a:b", "c")] == [theirs.id]
+
+
+async def test_a_run_held_elsewhere_is_its_tenants_alone(replica):
+    a, b = await replica(), await replica()
+    acme = session_id_for("42", "acme")
+    run = a.add(Run(user_id="42", session_id=acme, conversation_id="c"), {})
+    run.emit("run_started", {})
+    await eventually(stored(run))
+    assert (await eventually(lambda: b.find(run.id, acme))).id == run.id
+    for other in (session_id_for("42", "globex"), session_id_for("42")):
+        with pytest.raises(NotFoundError):
+            await b.find(run.id, other)
 
 
 async def test_bursts_of_many_runs_are_stored_complete_and_in_order(replica):
@@ -307,7 +333,7 @@ async def test_a_cancel_recorded_while_nobody_owned_the_run_ends_it_on_takeover(
     await eventually(stored(run))
     await kill(a)
     c = await replica(lease=30)  # records the cancel, takes nothing over
-    view = await c.find(run.id, "u")
+    view = await c.find(run.id, "s")
     assert await c.cancel(view, "conversation_deleted", "gone") is True
     resumed = []
     await replica(resume=lambda *args: resumed.append(args), lease=0.5)

@@ -56,7 +56,7 @@ async def test_another_replicas_view_reads_as_the_run_held_here(stores):
     run.open_approval("call_1", "bash")
     run.emit("tool_approval", {"tool_call_id": "call_1", "name": "bash"})
     await until(lambda: run.durable == 2)
-    view = await b.find(run.id, "u")
+    view = await b.find(run.id, "s")
     assert view is not run
     assert await b.store.frames(view) == run.frames == await a.store.frames(run)
     for registry, seen in ((a, run), (b, view)):
@@ -70,7 +70,7 @@ async def test_another_replicas_view_reads_as_the_run_held_here(stores):
     other = a.add(Run(user_id="u", session_id="s", conversation_id="c"), {})
     other.emit("run_started", {})
     await until(lambda: other.durable == 1)
-    other_view = await b.find(other.id, "u")
+    other_view = await b.find(other.id, "s")
     assert await b.store.last_event_ids([view, other_view]) == [2, 1]
     assert await a.store.last_event_ids([other, run]) == [1, 2]
     run.task.cancel()

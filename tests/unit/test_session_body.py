@@ -6,7 +6,8 @@ import pytest
 
 from sandbox_workspace.api.backends.base import SessionSpec
 from sandbox_workspace.api.backends.kubernetes import session_body
-from sandbox_workspace.operator import models
+from sandbox_workspace.contract import crd
+from sandbox_workspace.operator import models, naming
 
 
 def _expected_spec(**extra) -> dict:
@@ -37,12 +38,16 @@ def test_session_body_carries_the_api_defaults_for_new_sessions(network_enabled,
         by_alias=True, exclude_none=True
     )
     assert body == {
-        "apiVersion": models.API_VERSION,
-        "kind": models.SESSION_KIND,
+        "apiVersion": crd.API_VERSION,
+        "kind": crd.SESSION_KIND,
         "metadata": {
             "name": "sb-session-alice",
-            "labels": {models.LABEL_USER: "alice"},
-            "annotations": {models.ANNOTATION_USER_ID: "alice"},
+            "labels": {crd.LABEL_USER: "alice"},
+            "annotations": {
+                crd.ANNOTATION_USER_ID: "alice",
+                # Made with current (64-bit) names for its pod, Secret and claim.
+                naming.ANNOTATION_NAMES: naming.NAMES_CURRENT,
+            },
         },
         "spec": full,
     }

@@ -13,8 +13,8 @@ import pytest
 from sandbox_workspace.api.backends.base import Session, SessionSpec, SessionStatus
 from sandbox_workspace.api.identity import Caller
 from sandbox_workspace.api.sessions import SessionService
+from sandbox_workspace.contract.errors import NotFoundError
 from sandbox_workspace.operator.models import FileUploadConfig
-from sandbox_workspace.runtime.errors import NotFoundError
 
 
 class DeletedDuringResume:

@@ -17,7 +17,7 @@ from sandbox_workspace.api.chat.table_agent import (
     working_directory,
     write_command,
 )
-from sandbox_workspace.runtime.errors import BadRequest
+from sandbox_workspace.contract.errors import BadRequest
 
 WS = "/workspace"
 TABLE = {"users": [{"name": "ann"}, {"name": "bob"}], "meta": {"v": 1}, "n": None}

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from sandbox_workspace import tracing
+from sandbox_workspace.contract.crd import ANNOTATION_TRACEPARENT
 from sandbox_workspace.operator.handlers.traced import parent_of
-from sandbox_workspace.operator.models import ANNOTATION_TRACEPARENT
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

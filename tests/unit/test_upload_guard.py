@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from sandbox_workspace.api.backends.base import ConversationDeleting
 from sandbox_workspace.api.upload_guard import GuardedBody
+from sandbox_workspace.contract.errors import ConversationDeleting
 
 BOUNDARY = "b0undary"
 CONTENT_TYPE = f"multipart/form-data; boundary={BOUNDARY}"

@@ -21,11 +21,11 @@ this process holds (a ``Run``) or one ``lookup`` returned — same answers on ev
 - ``frames(run)``: the events stored so far, as SSE frames (event N at index N - 1),
   without waiting for more; ``open_approvals(run)``: the tool calls it waits on now (asked,
   neither decided nor timed out); ``last_event_ids(runs)``: each run's last event id.
-- ``chat_run(user_id, chat_id)`` / ``set_chat_run(user_id, chat_id, entry, ttl)``: which
-  run (and assistant message) a client-side chat is on (``chat_index.ChatRun``), scoped
-  by user; ``set`` replaces the entry, which may be forgotten after ``ttl`` seconds (or
-  earlier, bounded memory) — that only loses the chance to resume, never shows a run to
-  another user (runs are checked by owner).
+- ``chat_run(session_id, chat_id)`` / ``set_chat_run(session_id, chat_id, entry, ttl)``:
+  which run (and assistant message) a client-side chat is on (``chat_index.ChatRun``),
+  scoped by the caller's session (tenant and user); ``set`` replaces the entry, which
+  may be forgotten after ``ttl`` seconds (or earlier, bounded memory) — that only loses
+  the chance to resume, never shows a run to another session (runs are checked by owner).
 
 Two implementations: ``memory.MemoryRunStore`` (the embedded default: nothing leaves the
 process, no added latency) and ``redis_store.RedisRunStore`` (Valkey / Redis >= 7 streams;
@@ -48,6 +48,16 @@ Resume = Callable[["Run", dict, "dict | None"], Any]
 
 class RunStore(ABC):
     replicated: bool = False
+
+    @property
+    def reachable(self) -> bool:
+        """Whether the store answered recently enough to serve (``/readyz``)."""
+        return True
+
+    async def before_tool(self, run_id: str) -> None:
+        """Called before each tool call of run ``run_id`` starts: a replicated store waits
+        while it cannot be sure this replica holds the run's lease (no tool runs twice)."""
+        return None
 
     @abstractmethod
     def register(self, run: Run, spec: dict | None) -> None: ...
@@ -84,9 +94,9 @@ class RunStore(ABC):
         return [run.visible for run in runs]
 
     @abstractmethod
-    async def chat_run(self, user_id: str, chat_id: str) -> ChatRun | None: ...
+    async def chat_run(self, session_id: str, chat_id: str) -> ChatRun | None: ...
 
     @abstractmethod
     async def set_chat_run(
-        self, user_id: str, chat_id: str, entry: ChatRun, ttl: float
+        self, session_id: str, chat_id: str, entry: ChatRun, ttl: float
     ) -> None: ...

@@ -15,7 +15,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from sandbox_workspace.runtime.errors import ApiError
+from sandbox_workspace.contract.errors import ApiError
 
 from .redis_log import decisions
 
@@ -44,6 +44,8 @@ async def listen(store: RedisStoreState, pubsub) -> None:
             async for item in pubsub.listen():
                 _received(store, item)
         except Exception:
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise  # a cancellation redis-py answered as a connection error
             log.warning("run store control channel failed; reconnecting", exc_info=True)
             await asyncio.sleep(1.0)
 

@@ -43,8 +43,8 @@ class MemoryRunStore(RunStore):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def chat_run(self, user_id: str, chat_id: str) -> ChatRun | None:
-        return self.chats.get(user_id, chat_id)
+    async def chat_run(self, session_id: str, chat_id: str) -> ChatRun | None:
+        return self.chats.get(session_id, chat_id)
 
-    async def set_chat_run(self, user_id: str, chat_id: str, entry: ChatRun, ttl: float) -> None:
-        self.chats.set(user_id, chat_id, entry)
+    async def set_chat_run(self, session_id: str, chat_id: str, entry: ChatRun, ttl: float) -> None:
+        self.chats.set(session_id, chat_id, entry)

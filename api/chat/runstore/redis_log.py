@@ -8,8 +8,10 @@ Keys (``{p}`` is the configured prefix):
                          f (its SSE frame, bytes as sent)
 - ``{p}run:{id}:lease``  the owner's token; expires unless the owner renews it
 - ``{p}open``            set of the ids of runs not finished
-- ``{p}conv:{session}:{conversation}``  set of a conversation's run ids (expires after
-                         its newest run's deadline plus the retention time)
+- ``{p}conv:{len(session)}:{session}:{conversation}``  set of a conversation's run ids
+                         (expires after its newest run's deadline plus the retention
+                         time); the session's length first, as ids may hold ``:``, so
+                         no two (session, conversation) pairs share a key
 - ``{p}ctl:{owner}``     pub/sub channel: decisions and cancels for that owner's runs
 - ``{p}takeover``        pub/sub channel: "a run has no owner now, look" (hand-overs)
 
@@ -54,7 +56,10 @@ while a <= #ARGV do
   local i = a + 1
   a = stop + 1
   results[r] = 0
-  if ARGV[i] == 'n' then
+  -- A new run takes its lease; a retried 'n' (its first reply lost) only while the run
+  -- is still ours: another replica may have taken it over, or finished it, meanwhile.
+  if ARGV[i] == 'n' and (redis.call('EXISTS', meta) == 0
+      or redis.call('GET', lease) == ARGV[1]) then
     redis.call('SET', lease, ARGV[1], 'PX', ARGV[3])
   elseif redis.call('GET', lease) ~= ARGV[1] then
     results[r] = -1
@@ -147,7 +152,8 @@ class Keys:
         return f"{self.prefix}run:{run_id}:lease"
 
     def conversation(self, session_id: str, conversation_id: str) -> str:
-        return f"{self.prefix}conv:{session_id}:{conversation_id}"
+        # Length-prefixed: ("a", "b:c") and ("a:b", "c") must not share a key.
+        return f"{self.prefix}conv:{len(session_id)}:{session_id}:{conversation_id}"
 
     def control(self, owner: str) -> str:
         return f"{self.control_prefix}{owner}"

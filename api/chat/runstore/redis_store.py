@@ -2,7 +2,11 @@
 
 Contract:
 - A run started here is written through ``Writer`` (events, checkpoints, approvals) and
-  owned by this replica's lease, renewed every third of its time to live. Followers on
+  owned by this replica's lease, renewed every third of its time to live. A replica
+  whose last successful renewal round began two thirds of a lease ago or more starts no
+  tool call (``before_tool`` waits: the *fence*) — a partitioned replica's tools never
+  run beside the taking-over replica's — and is not ready (``reachable``, ``/readyz``)
+  once a whole lease passed without one. Followers on
   any replica read the same stream (``follow_log``: blocking XREAD, from any
   ``Last-Event-ID``).
 - ``decide`` / ``cancel`` on any replica are recorded in the run's metadata by one script
@@ -34,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily
 from redis.asyncio import Redis
 
-from sandbox_workspace.runtime.errors import Conflict, NotFoundError
+from sandbox_workspace.contract.errors import Conflict, NotFoundError
 
 from ..chat_index import ChatRun
 from . import Resume, RunStore, control
@@ -85,6 +89,9 @@ class RedisRunStore(RunStore):
         self.keys = Keys(prefix)
         self.token = f"{uuid.uuid4().hex}"  # this replica, for as long as it lives
         self.lease_seconds = lease_seconds
+        # When the last renewal round that succeeded began (monotonic): the lease fence.
+        self._contact = time.monotonic()
+        self._renewed = asyncio.Event()  # set by each renewal round that succeeds
         self.retention = retention_seconds
         self.handover_seconds = handover_seconds
         self.leases = Leases(redis, self.keys, self.token, int(lease_seconds * 1000))
@@ -281,22 +288,54 @@ class RedisRunStore(RunStore):
         stored.update(zip([r.id for r in here], await super().last_event_ids(here), strict=True))
         return [stored[r.id] for r in runs]
 
-    def _chat_key(self, user_id: str, chat_id: str) -> str:
-        # The user's length first: no two (user, chat) pairs share a key.
-        return f"{self.keys.prefix}chat:{len(user_id)}:{user_id}:{chat_id}"
+    def _chat_key(self, session_id: str, chat_id: str) -> str:
+        # The session's length first: no two (session, chat) pairs share a key.
+        return f"{self.keys.prefix}chat:{len(session_id)}:{session_id}:{chat_id}"
 
-    async def chat_run(self, user_id: str, chat_id: str) -> ChatRun | None:
-        raw = await self.redis.get(self._chat_key(user_id, chat_id))
+    async def chat_run(self, session_id: str, chat_id: str) -> ChatRun | None:
+        raw = await self.redis.get(self._chat_key(session_id, chat_id))
         return None if raw is None else ChatRun(**json.loads(raw))
 
-    async def set_chat_run(self, user_id: str, chat_id: str, entry: ChatRun, ttl: float) -> None:
+    async def set_chat_run(self, session_id: str, chat_id: str, entry: ChatRun, ttl: float) -> None:
         value = json.dumps({"run_id": entry.run_id, "message_id": entry.message_id})
-        await self.redis.set(self._chat_key(user_id, chat_id), value, px=max(1, int(ttl * 1000)))
+        key = self._chat_key(session_id, chat_id)
+        await self.redis.set(key, value, px=max(1, int(ttl * 1000)))
 
     # -- background work --------------------------------------------------------------------
+    # -- the lease fence ----------------------------------------------------------------
+    @property
+    def reachable(self) -> bool:
+        """Redis answered a renewal round that began less than a lease ago."""
+        return time.monotonic() < self._contact + self.lease_seconds
+
+    @property
+    def fenced(self) -> bool:
+        """Whether this replica's leases may be about to expire: the last renewal round
+        that succeeded began more than a lease minus a heartbeat period ago. Leases are
+        renewed with a time to live of ``lease_seconds`` from that round's start at the
+        latest, so until then no other replica can have taken a run over."""
+        return time.monotonic() >= self._contact + self.lease_seconds * 2 / 3
+
+    async def before_tool(self, run_id: str) -> None:
+        """Pause the run while fenced, or while its lease is not known stored (its first
+        write's reply may have been lost with the connection): a tool started now could
+        also be run by the replica that takes the run over. It continues once a renewal
+        covering it succeeds, or is cancelled here when its lease is found gone
+        (``_lost``)."""
+        if self._unsure(run_id):
+            self.counts["fenced"] += 1
+        while self._unsure(run_id) and not self._closing:
+            self._renewed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._renewed.wait(), self.lease_seconds / 3)
+
+    def _unsure(self, run_id: str) -> bool:
+        return self.fenced or (run_id in self.local and run_id not in self.writer.stored)
+
     async def _heartbeat(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.lease_seconds / 3)
+            started = time.monotonic()
             for run_id in [i for i, r in self.local.items() if r.finished]:
                 self.local.pop(run_id, None)
                 self.writer.stored.discard(run_id)
@@ -307,11 +346,22 @@ class RedisRunStore(RunStore):
             try:
                 # Only runs whose lease is stored: a run just started may still be queued.
                 held = [r for r in self.local if r in self.writer.stored]
-                for run_id in await self.leases.renew(held):
+                if held:
+                    lost = await self.leases.renew(held)
+                else:
+                    lost = []
+                    await self.redis.ping()  # reachable, for readiness and the fence
+                self._contact = max(self._contact, started)
+                self._renewed.set()
+                for run_id in lost:
                     if run_id in self.local:
                         self._lost(self.local[run_id])
                 await control.reconcile(self)
             except Exception:
+                # redis-py may answer a cancellation inside a command with a connection
+                # error: swallowed here, the task would never end (aclose waits for it).
+                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    raise
                 log.warning("lease renewal failed", exc_info=True)
 
     async def _scan(self) -> None:
@@ -363,5 +413,6 @@ class RedisRunStore(RunStore):
         for event in ("resumed", "interrupted", "cancelled", "finished", "handed_over"):
             family.add_metric([event], self.counts[event])
         family.add_metric(["lease_lost"], self.counts["lease_lost"])
+        family.add_metric(["fenced"], self.counts["fenced"])  # tool calls that waited
         yield family
         yield from self.writer.metric_families()

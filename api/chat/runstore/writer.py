@@ -18,6 +18,9 @@ Contract:
   ``on_lost(run)`` stops it here. An error reply or a lost connection: the batch is kept,
   in order, ahead of what came meanwhile, and sent again after a backoff (``APPEND``
   skips what an earlier attempt stored) — nothing is lost, reordered or stored twice.
+- Bounded: a run with ``MAX_QUEUED_OPS`` items queued (Redis unreachable that long) is
+  stopped here (``on_lost``) and its queue dropped; the run is carried on from its last
+  stored checkpoint by whoever holds its lease once Redis answers.
 - Ops are encoded in the wire format (RESP) as they are queued and the command is sent
   as one buffer: redis-py's generic encoder cost more per event than everything else
   here (measured: ~3 µs of ~6 µs).
@@ -50,6 +53,9 @@ _RETRY_FIRST, _RETRY_MAX = 0.05, 2.0
 # Flushes awaiting their reply at once (pipelined), over disjoint sets of runs: an event
 # never waits for the reply to a flush it was not part of (one round trip, not up to two).
 _MAX_FLIGHTS = 4
+# RESP items one run may have queued while Redis does not take them (an event is two):
+# bounds the memory a Redis outage costs per run (~100 B a streamed token's frame).
+MAX_QUEUED_OPS = 100_000
 
 
 def _bulk(value: bytes | str | int) -> bytes:
@@ -104,6 +110,7 @@ class Writer:
         self.decided: dict[str, dict[str, dict]] = {}  # run → call → decision, taken over
         self.step_ended = asyncio.Event()  # a tool call in flight ended (hand-over waits)
         self.lost_count = 0
+        self.overflowed = 0  # runs stopped because their queue reached MAX_QUEUED_OPS
         self.reconnects = 0
         self.refused_writes = 0  # flushes the server answered with an error (then retried)
         # Flush sent → its reply handled: counts per bucket (+Inf last), sum, events.
@@ -117,6 +124,14 @@ class Writer:
         if ops is None:
             ops = self._ops[run.id] = []
             self._runs[run.id] = run
+        if len(ops) >= MAX_QUEUED_OPS:
+            # Redis has not taken this run's ops for that long: stop the run here rather
+            # than hold its stream in memory without end; whoever holds the lease once
+            # Redis answers carries it on from its last stored checkpoint.
+            del self._ops[run.id]
+            self.overflowed += 1
+            self._on_lost(run)
+            return
         ops.extend(op)
         self._idle.clear()
         self._schedule()
@@ -177,6 +192,8 @@ class Writer:
                 try:
                     pipe = await Pipe.open(self._redis, self._reply)
                 except (RedisError, OSError) as e:
+                    if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                        raise  # a cancellation redis-py answered as a connection error
                     log.warning("run store connection failed, retrying", extra={"error": str(e)})
                     await self._backoff()
                     continue

@@ -58,7 +58,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* Does the chart's own Secret "<fullname>-api" have anything to hold? */}}
 {{- define "sw.chartSecretNeeded" -}}
-{{- if or (and .Values.auth.serviceToken.enabled (not .Values.auth.serviceToken.existingSecret)) (and .Values.chat.apiKey.value (not .Values.chat.apiKey.existingSecret)) -}}true{{- end -}}
+{{- if or (and .Values.auth.serviceToken.enabled (not .Values.auth.serviceToken.existingSecret)) (and .Values.chat.apiKey.value (not .Values.chat.apiKey.existingSecret)) (not .Values.auth.streamToken.existingSecret) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the stream-token key: the user's, else the chart's own. */}}
+{{- define "sw.streamTokenSecret" -}}
+{{- default (include "sw.apiName" .) .Values.auth.streamToken.existingSecret -}}
 {{- end -}}
 
 {{/*
@@ -83,6 +88,8 @@ pods' AWS credential chain. Call with (dict "prefix" "…" "store" .Values.store
   value: {{ $s.s3.region | quote }}
 - name: {{ $p }}S3__VIRTUAL_HOSTED_STYLE
   value: {{ $s.s3.virtualHostedStyle | quote }}
+- name: {{ $p }}S3__VERSIONED_BUCKET
+  value: {{ $s.s3.versionedBucket | default "refuse" | quote }}
 {{- if not (kindIs "invalid" $s.s3.signPayload) }}
 - name: {{ $p }}S3__SIGN_PAYLOAD
   value: {{ $s.s3.signPayload | quote }}
@@ -105,3 +112,16 @@ pods' AWS credential chain. Call with (dict "prefix" "…" "store" .Values.store
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The sandbox's confinement mode, checked at install: a runtimeClassName of gVisor (runsc
+has no Landlock) with "require" would answer 503 to every execution, so it is refused
+here and the install must choose "auto" explicitly (docs/security.md).
+*/}}
+{{- define "sw.confinement" -}}
+{{- $rc := lower (default "" .runtimeClassName) }}
+{{- if and (eq .confinement "require") (or (contains "gvisor" $rc) (contains "runsc" $rc)) }}
+{{- fail (printf "sandbox.runtimeClassName=%s is gVisor, which has no Landlock: with sandbox.confinement=require every execution would be refused (503). Set sandbox.confinement=auto to run code there without Landlock (gVisor's own kernel still isolates the pod; conversations of one session are then not isolated from each other: docs/security.md, \"Confinement under gVisor\")" .runtimeClassName) }}
+{{- end }}
+{{- .confinement }}
+{{- end -}}

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from sandbox_workspace.runtime.errors import BadRequest
+from sandbox_workspace.contract.errors import BadRequest
 
-from ..chat.run import Run
-from ..chat.run_events import approval_event_id, events_of, parse_approval_id
-from ..chat.selected_files import SelectedFileRef
 from ..identity import Caller
-from .chat import ChatRequest, start_run
+from .request import ChatRequest
+from .run import Run
+from .run_events import approval_event_id, events_of, parse_approval_id
+from .selected_files import SelectedFileRef
+from .service import start_run
 
 MAX_APPROVALS = 100
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ async def answer_approvals(
             "the approvals answered belong to different runs; answer one run's at a time",
             code="mixed_runs",
         )
-    run = await services.runs.find(run_ids.pop(), caller.user_id)
+    run = await services.runs.find(run_ids.pop(), caller.session_id)
     events = await events_of(services.runs.store, run)
     positions = [approval_event_id(run.id, events, call_id) for _, _, call_id in targets]
     for answer, _, call_id in targets:

@@ -78,10 +78,18 @@ class Conflict(ApiError):
 
 class ConversationDeleting(Conflict):
     """The conversation is being deleted: nothing may write or start in it until it is
-    gone (then the same id starts afresh) — so the client is told when to retry."""
+    gone (then the same id starts afresh) — so the client is told when to retry. The one
+    class for it: the runtime (its deletion gate) and the API (its backends) raise it."""
 
     code = "conversation_deleting"
     retry_after = 1
+
+    def __init__(self, conversation_id: str) -> None:
+        super().__init__(
+            f"conversation '{conversation_id}' is being deleted; its files cannot be "
+            "written now. Retry once the deletion completes (the same id then starts a "
+            "fresh, empty conversation)."
+        )
 
 
 class TooLarge(ApiError):
