@@ -80,7 +80,8 @@ async def system_resolve(host: str, port: int) -> list[IPAddress]:
 class ProxyConfig:
     forbidden: tuple[IPNetwork, ...] = DEFAULT_FORBIDDEN
     connect_timeout: float = 10.0
-    # The client must send its request head, and in a tunnel its ClientHello, within this.
+    # The client must send its request head, in a tunnel its ClientHello, and each part of
+    # a forwarded body within this.
     client_timeout: float = 10.0
     header_limit: int = 32 * 1024
 
@@ -308,7 +309,11 @@ class EgressProxy:
             out.append(b"Connection: close")
             up_writer.write(b"\r\n".join(out) + b"\r\n\r\n")
             while length > 0:
-                chunk = await reader.read(min(length, _CHUNK))
+                # Each part of the body within client_timeout: a client that stops
+                # sending (slowloris) must not hold this task and the upstream forever.
+                chunk = await asyncio.wait_for(
+                    reader.read(min(length, _CHUNK)), self.config.client_timeout
+                )
                 if not chunk:
                     return
                 up_writer.write(chunk)

@@ -295,3 +295,17 @@ def test_a_client_hello_split_over_segments_is_read_whole(egress_proxy, upstream
         body += step(lambda: tls.read(4096))
     assert body.endswith(b"upstream saw: GET /split HTTP/1.1")
     sock.close()
+
+
+def test_a_body_that_stalls_is_cut_off(egress_proxy, upstreams):
+    """Slowloris on a forwarded body: a client that promises bytes and stops sending
+    them must not hold the proxy task and the upstream connection forever."""
+    allow(egress_proxy, Rule.make("plain.test", ports=[upstreams.http_port], schemes=["http"]))
+    url = f"http://plain.test:{upstreams.http_port}/upload"
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", egress_proxy.port), timeout=30) as sock:
+        sock.sendall(b"POST %s HTTP/1.1\r\nContent-Length: 1000\r\n\r\na" % url.encode())
+        while sock.recv(4096):  # read until the proxy closes
+            pass
+    # client_timeout is 5 s in this fixture; without a bound the recv timed out at 30 s.
+    assert time.monotonic() - started < 15
