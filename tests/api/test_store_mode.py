@@ -219,6 +219,7 @@ def test_a_file_deleted_through_the_v1_route_never_comes_back(
     assert states == {"uploads/temparea/keep.csv": "active", "uploads/temparea/gone.csv": "deleted"}
     assert objects(seaweedfs, s3_bucket, prefix) == [
         f"{prefix}.sbw/files.json",
+        f"{prefix}.sbw/shards/…",
         f"{prefix}uploads/temparea/keep.csv",
     ]
 
