@@ -134,7 +134,7 @@ async def _verify(api: httpx.AsyncClient, ops: list[Op], roots: dict[str, str]) 
             headers={"X-User-Id": user},
             params={"conversation_id": conversation},
         )
-        listed = {f["name"] for f in r.json()["files"] if f["name"].startswith(tag + "-")}
+        listed = {name for name in r.json()["files"] if name.startswith(tag + "-")}
         sent = {
             op.name
             for op in ops

@@ -155,6 +155,9 @@ def run(quick: bool) -> list[Figure]:
                 "SANDBOX_WORKSPACE_CHAT_REDIS_URL": store.url,
                 "SANDBOX_WORKSPACE_CHAT_RUN_LEASE_SECONDS": str(LEASE_SECONDS),
                 "SANDBOX_WORKSPACE_CHAT_RUN_HANDOVER_SECONDS": "10",
+                # One user's runs all at once: the per-user caps are not what this measures.
+                "SANDBOX_WORKSPACE_QUOTAS__RUNS_PER_USER": str(runs),
+                "SANDBOX_WORKSPACE_QUOTAS__FOLLOWERS_PER_USER": str(4 * runs),
             }
             for i in range(count):
                 (root / f"api-{i}").mkdir()
