@@ -210,6 +210,10 @@ def test_a_rolling_restart_of_both_replicas_loses_no_run(replicas, scripted_llm)
     asyncio.run(scenario())
 
 
+# The tool's code leaves one uniquely named file per run in its conversation's directory.
+RAN_CODE = "import uuid\nopen('ran-' + uuid.uuid4().hex, 'w').close()\nprint('ran')"
+
+
 def test_a_replica_cut_off_from_redis_starts_no_tool_the_other_also_runs(
     start_server, scripted_llm, chat_env_factory, redis_url
 ):
@@ -245,11 +249,15 @@ def test_a_replica_cut_off_from_redis_starts_no_tool_the_other_also_runs(
             turns.append("result")
             return text_reply("done")
         turns.append("model")
-        reply = tool_reply("execute_code", {"code": "print('ran')"})
+        reply = tool_reply("execute_code", {"code": RAN_CODE})
         reply.stall_seconds = 4.0  # A's turn outlasts the lease while it is cut off
         return reply
 
     scripted_llm.responder = respond
+
+    def executions() -> int:
+        """The tool's runs on either replica: each leaves a file of its own."""
+        return sum(len(list(s.workdir.rglob("ran-*"))) for s in (a, b))
 
     def ready(server) -> int:
         return httpx.get(f"{server.url}/readyz", timeout=5).status_code
@@ -273,12 +281,14 @@ def test_a_replica_cut_off_from_redis_starts_no_tool_the_other_also_runs(
         # A's own model turn (the first request) ends, with the tool call, while cut off.
         await until(lambda: 0 in scripted_llm.completed, timeout=30)
         assert turns.count("result") == 1, turns  # the tool ran once, on B
+        assert executions() == 1
         proxy.heal()
         await until(lambda: ready(a) == 200, timeout=30)
         # Healed: A starts nothing late either. A tool run reaches the model as a result,
         # and a run A held would show until that answer was in.
         await until(lambda: running_on(a) == 0 and running_on(b) == 0, timeout=30)
-        assert turns.count("result") == 1, turns
+        # Counted where it ran, not only as the model saw it.
+        assert (executions(), turns.count("result")) == (1, 1), turns
         done.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await done

@@ -352,11 +352,16 @@ class RedisRunStore(RunStore):
                 else:
                     lost = []
                     await self.redis.ping()  # reachable, for readiness and the fence
-                self._contact = max(self._contact, started)
-                self._renewed.set()
+                # The lost runs are cancelled before the fenced ones are woken: Python
+                # 3.11's wait_for returns a wait that completed in the same turn as its
+                # task's cancellation and drops the cancellation, so a run paused in
+                # before_tool would start its tool after all (counted twice in
+                # test_a_replica_cut_off_from_redis_starts_no_tool_the_other_also_runs).
                 for run_id in lost:
                     if run_id in self.local:
                         self._lost(self.local[run_id])
+                self._contact = max(self._contact, started)
+                self._renewed.set()
                 await control.reconcile(self)
             except Exception as e:
                 end_if_cancelling(e)
