@@ -171,6 +171,18 @@ class StoreBackend(MetadataDecorator):
                 await asyncio.shield(self.store.delete_prefix(prefix))
                 raise ConversationDeleting(cid)
 
+    @contextlib.asynccontextmanager
+    async def writing(self, session: Session, cid: str) -> AsyncIterator[None]:
+        """Held around a write to the conversation's prefix made outside this class (a
+        snapshot, a restore, a fork: ``files.copies``): after this process's write-backs,
+        and fenced against the conversation's deletion, as every write here is."""
+        async with self._lock(session, cid), self._fenced(session, cid):
+            yield
+
+    def forget(self, session: Session, cid: str) -> None:
+        """The cache of ``cid`` is gone (a restore cleared it): fill it again on use."""
+        self._forget(session.session_id, cid)
+
     # -- the hooks ------------------------------------------------------------------
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
