@@ -10,6 +10,8 @@ The two servers run with small caps so the limits are reachable: 3 conversations
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -273,3 +275,48 @@ def test_limits_refuse_with_nothing_half_made(who, mode):
     assert api.get(url(user, "f3", "snapshots")).status_code == 404  # no such conversation
     if mode.name == "s3":
         assert mode.objects(f"sb-session-{user}", "f3") == []
+
+
+WAITING = """
+import os, time
+open('outputs/mid.txt', 'w').write('mid')
+deadline = time.monotonic() + 60
+while not os.path.exists('go') and time.monotonic() < deadline:
+    time.sleep(0.01)
+"""
+
+
+def test_a_snapshot_during_an_execution_says_which_files_it_holds(who, mode):
+    """s3: the files as last written back (what the running code wrote is not in it
+    until its write-back); local: the workspace's files at that instant."""
+    user, api = who
+    cwd = Path(run(api, user, "c1", "import os; print(os.getcwd())").strip())
+    done: list[dict] = []
+    with httpx.Client(base_url=mode.url, headers={"X-User-Id": user}, timeout=120) as other:
+        running = threading.Thread(
+            target=lambda: done.append(
+                execute(other, f"/api/v1/sessions/sb-session-{user}", WAITING, cid="c1")
+            )
+        )
+        running.start()
+        try:
+            wait_for(lambda: (cwd / "outputs" / "mid.txt").exists())
+            r = api.post(url(user, "c1", "snapshots"))
+        finally:
+            (cwd / "go").touch()
+            running.join(120)
+    assert r.status_code == 201 and done, r.text
+    during = r.json()
+    if mode.name == "s3":
+        assert (during["state"], during["file_count"]) == ("last_write_back", 0)
+        after = api.post(url(user, "c1", "snapshots")).json()  # after its write-back
+        assert after["file_count"] == 1
+    else:
+        assert (during["state"], during["file_count"]) == ("live", 1)
+
+
+def wait_for(condition, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
