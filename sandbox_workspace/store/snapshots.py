@@ -48,7 +48,7 @@ from .manifest import FileRecord, Manifest
 from .metadata import Metadata
 
 _ID = re.compile(r"[0-9a-f]{32}")
-_CONCURRENCY = 32  # CopyObject requests in flight
+COPY_CONCURRENCY = 32  # CopyObject requests in flight
 _DOC = "snapshot.json"
 _SWEEP_AFTER = timedelta(hours=1)  # an uncommitted snapshot this old was cut off
 
@@ -83,7 +83,7 @@ class SnapshotNotFound(NotFoundError):
 
 
 async def _bounded(calls: Sequence) -> None:
-    gate = asyncio.Semaphore(_CONCURRENCY)
+    gate = asyncio.Semaphore(COPY_CONCURRENCY)
 
     async def one(call) -> None:
         async with gate:
