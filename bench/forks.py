@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from pathlib import Path
 
 import httpx
 
@@ -29,8 +30,6 @@ from .harness import Figure, dev_server
 
 
 def _io_bytes(pid: int) -> int:
-    from pathlib import Path
-
     text = Path(f"/proc/{pid}/io").read_text()
     fields = dict(line.split(": ") for line in text.splitlines())
     return int(fields["rchar"]) + int(fields["wchar"])
