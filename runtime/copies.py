@@ -309,7 +309,7 @@ class Copies:
             if not ws.root.exists_dir([src_cid]):
                 raise NotFoundError(f"conversation '{src_cid}' does not exist")
             kept, source = self._uploads_kept(src_cid), None
-        with ws.walk([dst_cid], max_entries=1) as walk:
+        with ws.walk([dst_cid], max_entries=100_000) as walk:  # stops at the first file
             if any(True for _ in walk):
                 raise Conflict(f"conversation '{dst_cid}' exists already and holds files",
                                code="conversation_exists")  # fmt: skip
