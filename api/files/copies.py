@@ -85,6 +85,10 @@ class StoredCopies:
         return StoreCopies(b.store, b.layout, b.meta)
 
     async def _existing(self, session: Session, cid: str) -> None:
+        """404 unless the conversation exists; checked again inside ``writing``, where
+        no deletion of this process can go past it: a write to the prefix of a
+        conversation already deleted would outlive it (a leaked snapshot, found by
+        tests/api/test_snapshots.py's racing test)."""
         if not await conversation_exists(self.backend, session, cid):
             raise NotFoundError(f"conversation '{cid}' not found")
 
@@ -93,6 +97,7 @@ class StoredCopies:
         b = self.backend
         scope = b.scope(session)
         async with b.writing(session, cid):  # after a write-back in progress
+            await self._existing(session, cid)  # again: a deletion may have gone first
             manifest = await b.meta.get(scope, cid)
             size = sum(r.file_size for r in (manifest.files if manifest else []) if r.active)
             copies = self._copies()
@@ -111,12 +116,14 @@ class StoredCopies:
     async def delete_snapshot(self, session: Session, cid: str, sid: str) -> None:
         await self._existing(session, cid)
         async with self.backend.writing(session, cid):
+            await self._existing(session, cid)
             await self._copies().delete(self.backend.scope(session), cid, sid)
 
     async def restore(self, session: Session, cid: str, sid: str) -> SnapshotView:
         await self._existing(session, cid)
         b = self.backend
         async with b.writing(session, cid):
+            await self._existing(session, cid)
             snap = await self._copies().restore(b.scope(session), cid, sid)
             # The cache goes whole (its processes first: the runtime's deletion), and is
             # filled again from the store, now the snapshot's files.

@@ -83,13 +83,19 @@ class SnapshotNotFound(NotFoundError):
 
 
 async def _bounded(calls: Sequence) -> None:
+    """Every call, at most ``COPY_CONCURRENCY`` at once; the first failure is raised only
+    once all have ended — a copy still in flight when its caller undoes the fork (deletes
+    the prefix) would land after that deletion, an object nothing deletes."""
     gate = asyncio.Semaphore(COPY_CONCURRENCY)
 
     async def one(call) -> None:
         async with gate:
             await call
 
-    await asyncio.gather(*(one(c) for c in calls))
+    done = await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
+    failed = [e for e in done if isinstance(e, BaseException)]
+    if failed:
+        raise failed[0]
 
 
 class StoreCopies:

@@ -320,3 +320,70 @@ def wait_for(condition, timeout: float = 30) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.01)
+
+
+def test_forks_snapshots_and_deletes_racing_leak_nothing_and_lose_nothing(who, mode):
+    """Origins deleted while forks and snapshots of them are being made, then the forks
+    deleted: a conversation whose DELETE answered has nothing left, and a live fork has
+    every object its records name, byte-identical files."""
+    if mode.name != "s3":
+        pytest.skip("the object accounting is the store's; local forks are covered above")
+    user, api = who
+    sid = f"sb-session-{user}"
+
+    def call(answers: dict, name: str, method: str, path: str, after: float = 0, **kw) -> None:
+        with httpx.Client(base_url=mode.url, headers={"X-User-Id": user}, timeout=120) as c:
+            time.sleep(after)  # staggers the interleavings; no outcome depends on it
+            answers[name] = c.request(method, path, **kw)
+
+    N = 150
+    for r in range(4):
+        origin, forks = f"o{r}", (f"a{r}", f"b{r}")
+        write = f"for i in range({N}): open(f'outputs/f{{i}}.txt', 'w').write(str(i))"
+        run(api, user, origin, write)
+        answers: dict[str, httpx.Response] = {}
+        calls = [(f, "POST", url(user, origin, "fork"), {"json": {"conversation_id": f}})
+                 for f in forks]  # fmt: skip
+        calls += [("snap", "POST", url(user, origin, "snapshots"), {}),
+                  ("delete", "DELETE", url(user, origin), {"after": 0.1 * r})]  # fmt: skip
+        threads = [threading.Thread(target=call, args=(answers, n, m, p), kwargs=kw)
+                   for n, m, p, kw in calls]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert answers["delete"].status_code == 200, answers["delete"].text
+        assert mode.objects(sid, origin) == [], f"{origin}: objects left"
+        for fork in forks:
+            a = answers[fork]
+            assert a.status_code in (201, 404, 409), a.text  # never a 5xx, never half-made
+            if a.status_code != 201:
+                assert mode.objects(sid, fork) == [], f"{fork}: a failed fork left objects"
+                continue
+            keys = set(mode.objects(sid, fork))
+            active = [f for f in manifest_of(mode, sid, fork).files if f.active]
+            assert len(active) == a.json()["file_count"] == N
+            lost = [f.file_path for f in active
+                    if f"workspaces/default/{sid}/{fork}/{f.file_path}" not in keys]  # fmt: skip
+            assert lost == [], f"{fork}: records without their object"
+            assert files(api, user, fork) == {f"outputs/f{i}.txt": str(i) for i in range(N)}
+        for fork in forks:
+            assert api.delete(url(user, fork)).status_code == 200
+            assert mode.objects(sid, fork) == [], f"{fork}: objects left"
+
+
+def manifest_of(mode: Mode, sid: str, cid: str):
+    import asyncio
+
+    from sandbox_workspace.store import S3Store
+    from sandbox_workspace.store.layout import Layout, Scope
+    from sandbox_workspace.store.metadata import Metadata
+
+    async def read():
+        store = S3Store(mode.seaweedfs.settings(mode.bucket))
+        try:
+            return await Metadata(store, Layout()).get(Scope("default", sid), cid)
+        finally:
+            await store.aclose()
+
+    return asyncio.run(read())
