@@ -100,6 +100,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             bwrap=bwrap,
             runtime_env=runtime_env,
             max_conversations=settings.quotas.conversations_per_user,
+            idle_timeout_seconds=settings.session_idle_timeout_seconds,
         )
     from sandbox_workspace.kube import Kube, load_credentials
 

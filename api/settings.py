@@ -124,7 +124,11 @@ class ApiSettings(BaseSettings):
         "(persistent, size, storage_class_name); unset uses the CRD's default.",
     )
     session_idle_timeout_seconds: int | None = Field(
-        None, ge=0, description="Kubernetes backend: idleTimeoutSeconds of new sessions."
+        None,
+        ge=0,
+        description="Stop a session's runtime (pod or process; files kept, resumed on next "
+        "use) after this many seconds idle; unset: 1800 (the custom resource's default); "
+        "0 never. Kubernetes backend: idleTimeoutSeconds of new sessions.",
     )
     store: StoreMode = Field(
         "local",

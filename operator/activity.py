@@ -19,21 +19,28 @@ from datetime import UTC, datetime, timedelta
 
 from sandbox_workspace.contract.conditions import ConditionType
 from sandbox_workspace.contract.crd import ANNOTATION_LAST_ACTIVITY
+from sandbox_workspace.runtime import idleness
 from sandbox_workspace.runtime.schemas import RuntimeStats
 
 from .models import SandboxSession
 from .status import condition, expires_at
 
 
-def last_activity(runtime_at: datetime, annotations: dict[str, str]) -> datetime:
-    """The later of the runtime's activity and the API's ``last-activity`` annotation."""
+def api_activity(annotations: dict[str, str]) -> datetime | None:
+    """The API's ``last-activity`` annotation as a time (None when absent or unreadable)."""
     raw = annotations.get(ANNOTATION_LAST_ACTIVITY)
     try:
         api_at = datetime.fromisoformat(raw.replace("Z", "+00:00")) if raw else None
     except ValueError:
-        api_at = None
+        return None
     if api_at is not None and api_at.tzinfo is None:
         api_at = api_at.replace(tzinfo=UTC)
+    return api_at
+
+
+def last_activity(runtime_at: datetime, annotations: dict[str, str]) -> datetime:
+    """The later of the runtime's activity and the API's ``last-activity`` annotation."""
+    api_at = api_activity(annotations)
     return max(runtime_at, api_at) if api_at else runtime_at
 
 
@@ -41,11 +48,8 @@ def idle_for(
     stats: RuntimeStats, annotations: dict[str, str], timeout: int, at: datetime
 ) -> float | None:
     """Seconds the session has been idle when that reaches ``timeout`` (stop it), else
-    None. An operation in flight is never idle; ``timeout`` 0 never stops."""
-    if timeout <= 0 or stats.active_operations > 0:
-        return None
-    idle = (at - last_activity(stats.last_activity_at, annotations)).total_seconds()
-    return idle if idle >= timeout else None
+    None: the runtime's rule (``runtime/idleness.py``) with the annotation's activity."""
+    return idleness.idle_for(stats, api_activity(annotations), timeout, at)
 
 
 def start_marker(session: SandboxSession) -> str:

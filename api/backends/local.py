@@ -19,6 +19,13 @@ Contract:
 - ``delete_conversation`` never starts a runtime: a session that is down has its
   conversation deleted in this process (the runtime's own ``Workspace`` deletion), under
   the session's lock so that no runtime starts on the directory meanwhile.
+- Idle stop, as the operator's: a running runtime idle for the session idle timeout
+  (``idle_timeout_seconds``; unset: the custom resource's default; 0 never) by the
+  runtime's rule (``runtime/idleness.py``: its own activity, or the API's
+  ``record_activity``; never with an operation in flight) is stopped, its files kept; its
+  status reads ``stopped`` and the next use resumes it, as an idle-stopped pod's does.
+  The runtime is asked for its stats only once the quiet time it last reported could
+  have reached the timeout, and once more under the session's lock before the stop.
 - ``aclose`` stops every runtime; each child also gets SIGTERM from the kernel if the API
   process dies (``PR_SET_PDEATHSIG``), so no runtime outlives its API.
 """
@@ -37,15 +44,16 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 
 from sandbox_workspace.contract.errors import ConversationDeleting
-from sandbox_workspace.operator.models import FileUploadConfig
+from sandbox_workspace.operator.models import FileUploadConfig, SandboxSessionSpec
 from sandbox_workspace.operator.naming import dns_name
+from sandbox_workspace.runtime import idleness
 from sandbox_workspace.runtime.gate import DeletionGate
 from sandbox_workspace.runtime.schemas import ConversationDeleted
 from sandbox_workspace.runtime.settings import RuntimeSettings
@@ -71,6 +79,9 @@ _PR_SET_PDEATHSIG = 1
 _STOP_GRACE_SECONDS = 5.0
 _POLL_SECONDS = 0.05
 _START_TIMEOUT_SECONDS = 30.0
+# The operator's default when no idle timeout is set: one meaning on both backends.
+DEFAULT_IDLE_TIMEOUT_SECONDS: int = SandboxSessionSpec.model_fields["idle_timeout_seconds"].default
+_IDLE_CHECK_MAX_SECONDS = 30.0
 # What a runtime inherits from us; everything else (our secrets included) stays behind.
 _INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
 
@@ -123,6 +134,8 @@ class _Process:
     endpoint: RuntimeEndpoint | None = None
     stopping: bool = False
     error: str = ""
+    # The latest activity known without asking the runtime again (its start, at first).
+    active_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
 def check_conversation_quota(workspace: Path, conversation_id: str, cap: int) -> None:
@@ -156,11 +169,17 @@ class LocalBackend:
         runtime_command: list[str] | None = None,
         runtime_env: dict[str, str] | None = None,
         max_conversations: int | None = None,
+        idle_timeout_seconds: float | None = None,
     ) -> None:
         """``bwrap``: path of bubblewrap to present workspaces at /workspace, or None;
         ``runtime_env``: further SANDBOX_RUNTIME_* settings of every runtime (confinement,
-        network); ``max_conversations``: conversations one session may hold."""
+        network); ``max_conversations``: conversations one session may hold;
+        ``idle_timeout_seconds``: stop a runtime idle this long (None: the custom
+        resource's default; 0: never)."""
         self.max_conversations = max_conversations
+        self.idle_timeout = (
+            DEFAULT_IDLE_TIMEOUT_SECONDS if idle_timeout_seconds is None else idle_timeout_seconds
+        )
         self.data_dir = data_dir.resolve()
         self.sessions_dir = self.data_dir / "sessions"
         self.http = http
@@ -178,6 +197,8 @@ class LocalBackend:
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiters: set[asyncio.Task] = set()
         self._deleting = DeletionGate()  # (session, conversation) being deleted
+        self._api_activity: dict[str, datetime] = {}  # session id → record_activity's time
+        self._reaper: asyncio.Task | None = None
 
     # -- lifecycle of the backend ------------------------------------------------------
 
@@ -191,8 +212,14 @@ class LocalBackend:
                 continue
             self._records[record.session_id] = record
             self._dirs[record.session_id] = path.parent
+        if self.idle_timeout > 0:
+            self._reaper = asyncio.create_task(self._stop_idle_runtimes())
 
     async def aclose(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
         await asyncio.gather(*(self._stop(sid) for sid in list(self._procs)))
         for task in list(self._waiters):
             task.cancel()
@@ -270,6 +297,7 @@ class LocalBackend:
                 return False
             await self._stop(session_id)
             del self._records[session_id]
+            self._api_activity.pop(session_id, None)
             await asyncio.to_thread(shutil.rmtree, self._dir(session_id), True)
             self._dirs.pop(session_id, None)
         return True
@@ -279,7 +307,7 @@ class LocalBackend:
         await asyncio.sleep(min(timeout, _POLL_SECONDS))
 
     async def record_activity(self, session_id: str) -> None:
-        return None  # local sessions are not stopped for idleness
+        self._api_activity[session_id] = datetime.now(UTC)
 
     async def conversation_phase(self, session: Session, conversation_id: str) -> ConversationPhase:
         if self._deleting.is_deleting((session.session_id, conversation_id)):
@@ -427,6 +455,52 @@ class LocalBackend:
         except TimeoutError:
             _signal_group(entry.proc.pid, signal.SIGKILL)
             await entry.proc.wait()
+
+    # -- idle stop -----------------------------------------------------------------------
+
+    async def _stop_idle_runtimes(self) -> None:
+        """Every few seconds (a quarter of the timeout, at most 30 s): stop the idle."""
+        interval = min(max(self.idle_timeout / 4, _POLL_SECONDS), _IDLE_CHECK_MAX_SECONDS)
+        while True:
+            await asyncio.sleep(interval)
+            for session_id, entry in list(self._procs.items()):
+                try:
+                    await self._stop_if_idle(session_id, entry)
+                except Exception:  # one session's failure never ends the others' checks
+                    log.exception("idle check failed", extra={"session_id": session_id})
+
+    async def _idle_seconds(self, session_id: str, entry: _Process) -> float | None:
+        """Seconds idle once that reached the timeout (the runtime asked), else None."""
+        if entry.endpoint is None or entry.stopping or entry.proc.returncode is not None:
+            return None
+        now = datetime.now(UTC)
+        also = self._api_activity.get(session_id)
+        known = max(entry.active_at, also) if also else entry.active_at
+        if (now - known).total_seconds() < self.idle_timeout:
+            return None  # not idle long enough even by what we knew: no need to ask
+        try:
+            stats = await RuntimeClient(self.http, entry.endpoint).stats()
+        except Exception as e:  # an unanswering runtime is the status's business, not ours
+            log.warning("idle check: stats unavailable: %s", e, extra={"session_id": session_id})
+            return None
+        entry.active_at = max(entry.active_at, stats.last_activity_at)
+        return idleness.idle_for(stats, also, self.idle_timeout, datetime.now(UTC))
+
+    async def _stop_if_idle(self, session_id: str, entry: _Process) -> None:
+        if await self._idle_seconds(session_id, entry) is None:
+            return
+        async with self._lock(session_id):
+            # Asked again under the lock: a request may have begun since the first look.
+            if self._procs.get(session_id) is not entry:
+                return
+            idle = await self._idle_seconds(session_id, entry)
+            if idle is None:
+                return
+            await self._stop(session_id)
+        log.info(
+            "stopped an idle runtime; its files are kept",
+            extra={"session_id": session_id, "idle_seconds": round(idle, 1)},
+        )
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -5,8 +5,9 @@ the seed expects, but its resume has started: the very next GET says ``pending``
 ``stopped``), then ``running``, with the files kept.
 
 Runs against the local backend here and against the kubernetes backend in the cluster
-tier (``tests/cluster/test_seed_ensure_kubernetes.py`` adds the idle stop there; the
-local backend stops sessions only when its API stops, so that is how one is stopped here).
+tier (``tests/cluster/test_seed_ensure_kubernetes.py`` adds the idle stop there). Here a
+session is stopped by restarting its API; the local backend's idle stop, with the same
+client, is ``test_local_idle_stop.py``.
 """
 
 from __future__ import annotations
