@@ -86,3 +86,23 @@ async def test_a_failed_fork_has_no_copy_still_in_flight(store) -> None:
     assert slow.in_flight == 0
     await store.delete_prefix(LAYOUT.conversation(SCOPE, "f"))
     assert await keys(store, "f") == set()
+
+
+async def test_a_snapshot_cut_off_before_its_document_is_swept(store, monkeypatch) -> None:
+    """A crash between the copies and ``snapshot.json`` leaves copies no document names:
+    never listed, removed by the next snapshot's sweep once old enough."""
+    from datetime import timedelta
+
+    from sandbox_workspace.store import snapshots
+
+    meta = Metadata(store, LAYOUT)
+    copies = StoreCopies(store, LAYOUT, meta)
+    await conversation(store, meta, "c", {"outputs/a.txt": b"1"})
+    cut = LAYOUT.metadata(SCOPE, "c", "snapshots/" + "0" * 32) + "/files/outputs/a.txt"
+    await store.copy(LAYOUT.file(SCOPE, "c", "outputs/a.txt"), cut)
+    assert await copies.list(SCOPE, "c") == []
+    assert await copies.sweep(SCOPE, "c") == 0  # younger than an hour: maybe in progress
+    monkeypatch.setattr(snapshots, "_SWEEP_AFTER", timedelta(0))
+    kept = await copies.create(SCOPE, "c", "kept")  # sweeps first
+    assert await store.head(cut) is None
+    assert [s.snapshot_id for s in await copies.list(SCOPE, "c")] == [kept.snapshot_id]
