@@ -3,11 +3,13 @@ apart from ``schemas`` (the file vocabulary) so each changes on its own."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from .names import conversation_id_schema
+
+SNAPSHOT_ID_PATTERN = "^[0-9a-f]{32}$"  # made by the server (``store.snapshots.new_id``)
 
 
 class SnapshotRequest(BaseModel):
@@ -47,14 +49,11 @@ class Restored(SnapshotInfo):
 class ForkRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    conversation_id: str | None = Field(
-        None,
-        description="The new conversation's id (it must not exist); without it, one is made. "
-        + conversation_id_schema()["description"],
-        max_length=conversation_id_schema().get("maxLength", 255),
+    conversation_id: Annotated[str, WithJsonSchema(conversation_id_schema())] | None = Field(
+        None, description="The new conversation's id (it must not exist); without it, one is made."
     )
-    snapshot_id: str | None = Field(
-        None, max_length=64, description="Fork from this snapshot of the conversation instead."
+    snapshot_id: Annotated[str, Field(pattern=SNAPSHOT_ID_PATTERN)] | None = Field(
+        None, description="Fork from this snapshot of the conversation instead."
     )
 
 

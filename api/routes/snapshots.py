@@ -25,6 +25,7 @@ from ..files.copies import KERNEL_NOTE
 from ..names import ConversationIdPath, SessionIdPath
 from ..openapi import SESSION_ERRORS, errors
 from ..snapshot_schemas import (
+    SNAPSHOT_ID_PATTERN,
     Forked,
     ForkRequest,
     Restored,
@@ -37,7 +38,8 @@ router = APIRouter(
     prefix="/api/v1/sessions/{session_id}/conversations/{conversation_id}", tags=["snapshots"]
 )
 SnapshotIdPath = Annotated[
-    str, Path(max_length=64, description="The `snapshot_id` its creation answered.")
+    str,
+    Path(pattern=SNAPSHOT_ID_PATTERN, description="The `snapshot_id` its creation answered."),
 ]
 
 
