@@ -56,6 +56,7 @@ from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.store import Download, ObjectStore
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
 from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Written, now
+from sandbox_workspace.store.snapshots import StoreCopies
 
 from ..keyed_locks import KeyedLocks
 from ..runtime_client import RuntimeClient
@@ -146,7 +147,9 @@ class StoreBackend(MetadataDecorator):
         self.http = http
         self.store = translated(store)  # the API's edge: store errors become API errors
         self.layout = layout
-        self.meta = translated(Metadata(store, layout))
+        meta = Metadata(store, layout)
+        self.meta = translated(meta)
+        self.copies = translated(StoreCopies(store, layout, meta))  # snapshots and forks
         # (session, runtime url, token and incarnation, cid): filled once per runtime.
         self._filled: set[tuple[str, str, str]] = set()
         self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime

@@ -81,8 +81,7 @@ class StoredCopies:
     backend: StoreBackend
 
     def _copies(self) -> StoreCopies:
-        b = self.backend
-        return StoreCopies(b.store, b.layout, b.meta)
+        return self.backend.copies  # its errors are the API's (``store_errors``)
 
     async def _existing(self, session: Session, cid: str) -> None:
         """404 unless the conversation exists; checked again inside ``writing``, where

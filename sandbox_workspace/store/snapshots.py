@@ -40,8 +40,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from sandbox_workspace.contract.errors import NotFoundError
-
 from .base import ObjectNotFound, ObjectStore
 from .layout import RESERVED, Layout, Scope
 from .manifest import FileRecord, Manifest
@@ -78,8 +76,8 @@ class Snapshot:
         return cls(**doc)
 
 
-class SnapshotNotFound(NotFoundError):
-    code = "snapshot_not_found"
+class SnapshotNotFound(ObjectNotFound):
+    """No such snapshot (the API answers it 404, as every missing object)."""
 
 
 async def _bounded(calls: Sequence) -> None:
