@@ -53,7 +53,7 @@ from sandbox_workspace.contract.errors import Conflict, ConversationDeleting, No
 from sandbox_workspace.operator import naming
 from sandbox_workspace.runtime.raw_upload import FEATURE as RAW_UPLOAD
 from sandbox_workspace.runtime.schemas import UploadResult
-from sandbox_workspace.store import Download, ObjectStore
+from sandbox_workspace.store import Download, ObjectNotFound, ObjectStore
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
 from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Written, now
 
@@ -466,7 +466,12 @@ class StoreBackend(MetadataDecorator):
 
         async def one(fill) -> None:
             async with gate:
-                await fill
+                try:
+                    await fill
+                except ObjectNotFound:
+                    # Deleted meanwhile by another replica (its lock is not ours): the
+                    # record says so by now, and the cache must not get the file back.
+                    log.info("a file went from the store while being filled: skipped")
 
         await asyncio.gather(*(one(f) for f in missing))
         filled = len(missing)

@@ -284,3 +284,25 @@ async def test_a_user_with_ten_thousand_files_never_stalls_the_replica(world) ->
             took.append(loop.time() - start)
         stalls.append(lag.worst)
     assert min(stalls) < 0.1, f"the loop stalled {stalls} s (write-backs took {took} s)"
+
+
+async def test_a_fill_on_one_replica_skips_a_file_another_replica_deleted(world) -> None:
+    """Replicas do not share the conversation's lock: a fill that comes to a file whose
+    object another replica has just deleted skips it (the listing answers without it)
+    instead of failing the read; nothing comes back."""
+    backend, _, _, store, runtime = world
+    other = StoreBackend(Inner(), backend.http, store, Layout())  # type: ignore[arg-type]
+    first = _session(runtime, "1")
+    await _upload(backend, first, b"a,b\n")
+    assert runtime.client.delete(f"/v1/conversations/{CID}/uploads/{NAME}").status_code == 204
+    second = _session(runtime, "2")
+    store.gate_key = backend.layout.file(backend.scope(second), CID, PATH)
+    fill = asyncio.create_task(StoredFiles(backend, backend.http).listing(second, CID))
+    await store.reached.wait()  # this replica's fill is about to read the object
+    store.gate_key = None
+    await StoredFiles(other, backend.http).delete(second, REF)  # the other replica deletes
+    store.gate.set()
+    assert (await fill).files == []
+    assert not _cached(runtime)
+    assert await other.write_back(second, CID) == []
+    assert await _states(other, second) == {PATH: "deleted"}
