@@ -17,6 +17,10 @@ from .policy import Policy
 from .selected_files import MAX_SELECTED, SelectedFileRef, selected_files_field
 
 _Iterations = json_int(ge=1, le=100)
+# The whole history's text, beyond each turn's own cap: more than any model's context
+# window, and every tool step of a run re-sends it, so one request cannot make the API
+# hold and re-send megabytes per step (the body limit alone would allow ~8 MiB).
+MAX_HISTORY_CHARS = 1_000_000
 
 
 class HistoryMessage(BaseModel):
@@ -53,7 +57,12 @@ class ChatRequest(BaseModel):
     )
     conversation_id: str = Field(json_schema_extra=conversation_id_schema())
     agent_id: str = Field("", max_length=253)
-    history: list[HistoryMessage] = Field(default_factory=list, max_length=500)
+    history: list[HistoryMessage] = Field(
+        default_factory=list,
+        max_length=500,
+        description=f"Earlier turns, oldest first: at most 500, {MAX_HISTORY_CHARS} "
+        "characters of content in all.",
+    )
     selected_files: list[SelectedFileRef] = selected_files_field()
     tool_policies: dict[str, Policy] | None = Field(
         None,
@@ -61,3 +70,13 @@ class ChatRequest(BaseModel):
         "each tool and the values allowed on this deployment).",
     )
     max_iterations: _Iterations | None = None
+
+    @model_validator(mode="after")
+    def _history_total(self) -> ChatRequest:
+        total = sum(len(m.content) for m in self.history)
+        if total > MAX_HISTORY_CHARS:
+            raise ValueError(
+                f"history holds {total} characters in all, more than {MAX_HISTORY_CHARS}: "
+                "send the latest turns only (the model cannot take more anyway)"
+            )
+        return self

@@ -21,6 +21,7 @@ def scripted_llm_server() -> Iterator[ScriptedLLM]:
 @pytest.fixture
 def scripted_llm(scripted_llm_server: ScriptedLLM) -> ScriptedLLM:
     scripted_llm_server.requests.clear()
+    scripted_llm_server.completed.clear()
     scripted_llm_server.responder = lambda body: text_reply("hello")
     return scripted_llm_server
 

@@ -307,12 +307,21 @@ def test_selected_files_must_be_this_conversations_uploads(chat, user, scripted_
         pytest.param({"conversation_id": "../x"}, 400, "invalid_conversation_id", id="bad-cid"),
         pytest.param({"tool_policies": {"rm_rf": "deny"}}, 400, "unknown_tool", id="unknown-tool"),
         pytest.param({"tool_policies": {"bash": "maybe"}}, 422, "invalid_request", id="bad-policy"),
+        # Six turns each within their own cap, 1.2 M characters in all: past the total.
+        pytest.param(
+            {"history": [{"role": "user", "content": "x" * 200_000}] * 6},
+            422,
+            "invalid_request",
+            id="history-total",
+        ),
     ],
 )
 def test_bad_chat_requests(chat, body, status, code):
     r = chat.post("/api/v1/chat", json={"query": "q", "conversation_id": "c", **body})
     assert r.status_code == status, r.text
     assert r.json()["error"]["code"] == code
+    if "history" in body:
+        assert "history holds 1200000 characters" in r.text and "latest turns" in r.text
 
 
 def test_chat_without_a_model_says_which_settings_to_set(api):

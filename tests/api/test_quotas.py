@@ -138,6 +138,29 @@ def test_runs_and_followers_past_their_caps_answer_429(api, scripted_llm):
     assert r.status_code == 200
 
 
+def test_ui_chat_resumes_past_the_follower_cap_answer_429(api, scripted_llm):
+    """The AI SDK protocol's resume route (``GET /ui/chat/{id}/stream``) holds the same
+    per-user follower slots as ``/runs/{id}/events``."""
+    c, _ = api
+    slow = text_reply("slow")
+    scripted_llm.responder = lambda body: Reply(slow.chunks, stall_seconds=30)
+    message = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+    body = {"id": "chat-cap", "messages": [message], "conversation_id": "u"}
+    with c.stream("POST", "/api/v1/ui/chat", json=body) as started:
+        assert started.status_code == 200
+        run_id = started.headers["x-run-id"]
+        resume = "/api/v1/ui/chat/chat-cap/stream"
+        try:
+            with c.stream("GET", resume) as f1, c.stream("GET", resume) as f2:
+                assert f1.status_code == f2.status_code == 200
+                third = c.get(resume)
+                assert third.status_code == 429, third.text
+                assert "QUOTAS__FOLLOWERS_PER_USER" in third.json()["error"]["message"]
+                assert "retry-after" in third.headers
+        finally:
+            assert c.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
+
+
 def test_an_over_long_conversation_id_does_not_slip_an_upload_past_the_guard(api):
     """Review L1: a first conversation_id longer than the guard parsed (but within what
     the runtime takes) hid a second, valid one: the guard opened nothing, the runtime

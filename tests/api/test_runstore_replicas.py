@@ -254,6 +254,14 @@ def test_a_replica_cut_off_from_redis_starts_no_tool_the_other_also_runs(
     def ready(server) -> int:
         return httpx.get(f"{server.url}/readyz", timeout=5).status_code
 
+    def running_on(server) -> int:
+        """Runs ``server`` holds that are neither finished nor awaiting an approval."""
+        text = httpx.get(f"{server.url}/metrics", timeout=5).text
+        found = [
+            ln for ln in text.splitlines() if ln.startswith('sandbox_chat_runs{state="running"}')
+        ]
+        return int(float(found[0].split()[-1])) if found else 0
+
     async def scenario():
         body = {"query": "work", "conversation_id": "c1"}
         work, done = follow(on(a, b), user, body)
@@ -262,10 +270,15 @@ def test_a_replica_cut_off_from_redis_starts_no_tool_the_other_also_runs(
         # B takes the run over, calls the model again and runs the tool: one result.
         await until(lambda: "result" in turns, timeout=60)
         await until(lambda: ready(a) == 503)  # cut off for a whole lease: not ready
-        await asyncio.sleep(3)  # A's own model turn ended meanwhile, with the tool call
+        # A's own model turn (the first request) ends, with the tool call, while cut off.
+        await until(lambda: 0 in scripted_llm.completed, timeout=30)
         assert turns.count("result") == 1, turns  # the tool ran once, on B
         proxy.heal()
         await until(lambda: ready(a) == 200, timeout=30)
+        # Healed: A starts nothing late either. A tool run reaches the model as a result,
+        # and a run A held would show until that answer was in.
+        await until(lambda: running_on(a) == 0 and running_on(b) == 0, timeout=30)
+        assert turns.count("result") == 1, turns
         done.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await done

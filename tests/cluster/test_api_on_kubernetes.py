@@ -186,3 +186,37 @@ def test_seed_client_recovers_a_session_stopped_for_idleness(kubernetes_api, kub
         assert_recovered(seed, "stopped")
         got = api.get(f"/api/v1/sessions/{sid}/files/keep.csv", params={"conversation_id": "c"})
         assert got.status_code == 200 and got.content == b"kept"
+
+
+def test_reads_of_absent_conversations_create_no_conversation_workspace(
+    kubernetes_api, kube_api, namespace
+):
+    """Issue 34: a read never creates a ConversationWorkspace, so a user looping over
+    random conversation ids cannot fill etcd; only the write makes one."""
+    user = "reader"
+    sid = f"sb-session-{user}"
+    base = f"/api/v1/sessions/{sid}"
+    ghosts = [f"ghost-{i}" for i in range(7)]
+    with httpx.Client(base_url=kubernetes_api, headers={"X-User-Id": user}, timeout=120) as api:
+        r = api.post(
+            f"{base}/files/upload",
+            files={"file": ("a.csv", b"1")},
+            data={"conversation_id": "real"},
+        )
+        assert r.status_code == 201, r.text
+        reads = [
+            api.get(f"{base}/files", params={"conversation_id": ghosts[0]}),
+            api.get(f"{base}/files", params={"conversation_id": ghosts[1], "subdir": "outputs"}),
+            api.get(f"{base}/files/a.csv", params={"conversation_id": ghosts[2]}),
+            api.get(f"{base}/conversations/{ghosts[3]}"),
+            api.get(f"{base}/conversations/{ghosts[4]}/runs"),
+            api.get(f"{base}/workspace/{ghosts[5]}"),
+            api.get(f"{base}/workspace/{ghosts[6]}/files/f-0123456789abcdef"),
+        ]
+    for ghost, r in zip(ghosts, reads, strict=True):
+        assert r.status_code < 500 or r.status_code == 503, (ghost, r.status_code, r.text)
+    workspaces = kube_api.get(
+        f"/apis/sandboxworkspace.io/v1alpha1/namespaces/{namespace}/conversationworkspaces"
+    )["items"]
+    mine = sorted(w["spec"]["conversationId"] for w in workspaces if w["spec"]["userId"] == user)
+    assert mine == ["real"], mine

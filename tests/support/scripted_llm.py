@@ -103,12 +103,16 @@ class ScriptedLLM:
     def __init__(self) -> None:
         self.responder: Callable[[dict], Reply] = lambda body: text_reply("hello")
         self.requests: list[dict] = []
+        # Indices into ``requests`` of the replies sent in full (a caller's wait for "the
+        # model turn has ended" without a sleep).
+        self.completed: list[int] = []
         self.url = ""
         self._server: uvicorn.Server | None = None
 
     async def _completions(self, request: Request):
         body = await request.json()
         self.requests.append(body)
+        index = len(self.requests) - 1
         reply = self.responder(body)
         if reply.status != 200:
             return JSONResponse(
@@ -125,6 +129,7 @@ class ScriptedLLM:
                     await asyncio.sleep(reply.pause_between)
             if reply.finish:
                 yield b"data: [DONE]\n\n"
+            self.completed.append(index)
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 

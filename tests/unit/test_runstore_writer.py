@@ -138,3 +138,41 @@ async def test_the_writes_round_trips_and_events_are_in_the_metrics(owner):
     assert trips["sandbox_chat_run_store_flush_seconds_sum"] > 0
     stored = families["sandbox_chat_run_store_events_stored"].samples[0].value
     assert stored == 6
+
+
+async def test_a_run_whose_queue_reaches_the_cap_is_moved_off_and_its_queue_dropped(
+    owner, monkeypatch
+):
+    """Redis refuses every write: a run that keeps emitting is stopped here once it has
+    ``MAX_QUEUED_OPS`` items queued (its memory freed, its lease left for whoever holds it
+    next), and a quiet run beside it keeps its queue and is stored once Redis answers."""
+    from sandbox_workspace.api.chat.runstore import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "MAX_QUEUED_OPS", 200)  # an event is two items
+    registry, admin = owner
+    writer = registry.store.writer
+    loud, quiet = runs_of(registry, 2)
+    for run in (loud, quiet):
+        run.emit("text", {"delta": "first"})
+    await writer.drained()
+    await admin.config_set("maxmemory-policy", "noeviction")
+    await admin.config_set("maxmemory", "1")  # every write refused: OOM
+    try:
+        quiet.emit("text", {"delta": "queued while refused"})
+        for i in range(400):  # twice the cap's events: past it whatever a flush holds
+            loud.emit("text", {"delta": str(i)})
+            await asyncio.sleep(0)
+            if writer.overflowed:
+                break
+        assert writer.overflowed == 1, "the run past the cap was not stopped"
+        assert loud.relay is not None, "moved off this replica (carried on from the store)"
+        assert loud.id not in writer._ops, "its queue was dropped"
+        assert quiet.relay is None and not quiet.finished
+        queued = sum(len(ops) for ops in writer._ops.values())
+        assert queued <= 2 * writer_module.MAX_QUEUED_OPS
+    finally:
+        await admin.config_set("maxmemory", "0")
+    async with asyncio.timeout(20):
+        await writer.drained()
+    stored = await read_log(registry.store.redis, registry.store.keys, quiet.id)
+    assert stored == quiet.frames and len(stored) == 2

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from sandbox_workspace.contract.errors import ApiError
 
+from .cancelling import end_if_cancelling
 from .redis_log import decisions
 
 if TYPE_CHECKING:
@@ -43,9 +44,8 @@ async def listen(store: RedisStoreState, pubsub) -> None:
         try:
             async for item in pubsub.listen():
                 _received(store, item)
-        except Exception:
-            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                raise  # a cancellation redis-py answered as a connection error
+        except Exception as e:
+            end_if_cancelling(e)
             log.warning("run store control channel failed; reconnecting", exc_info=True)
             await asyncio.sleep(1.0)
 

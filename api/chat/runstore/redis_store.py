@@ -42,6 +42,7 @@ from sandbox_workspace.contract.errors import Conflict, NotFoundError
 
 from ..chat_index import ChatRun
 from . import Resume, RunStore, control
+from .cancelling import end_if_cancelling
 from .lease import Leases
 from .redis_log import CANCEL, DECIDE, Keys, follow_log, read_log, text
 from .writer import Writer
@@ -357,11 +358,8 @@ class RedisRunStore(RunStore):
                     if run_id in self.local:
                         self._lost(self.local[run_id])
                 await control.reconcile(self)
-            except Exception:
-                # redis-py may answer a cancellation inside a command with a connection
-                # error: swallowed here, the task would never end (aclose waits for it).
-                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                    raise
+            except Exception as e:
+                end_if_cancelling(e)
                 log.warning("lease renewal failed", exc_info=True)
 
     async def _scan(self) -> None:

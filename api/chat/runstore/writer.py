@@ -42,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from .cancelling import end_if_cancelling
 from .pipe import Pipe
 from .redis_log import APPEND, Keys
 
@@ -192,8 +193,7 @@ class Writer:
                 try:
                     pipe = await Pipe.open(self._redis, self._reply)
                 except (RedisError, OSError) as e:
-                    if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                        raise  # a cancellation redis-py answered as a connection error
+                    end_if_cancelling(e)
                     log.warning("run store connection failed, retrying", extra={"error": str(e)})
                     await self._backoff()
                     continue
