@@ -53,7 +53,7 @@ from sandbox_workspace.contract.errors import Conflict, ConversationDeleting, No
 from sandbox_workspace.operator import naming
 from sandbox_workspace.runtime.raw_upload import FEATURE as RAW_UPLOAD
 from sandbox_workspace.runtime.schemas import UploadResult
-from sandbox_workspace.store import Download, ObjectNotFound, ObjectStore
+from sandbox_workspace.store import Download, ObjectStore
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
 from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Written, now
 
@@ -62,7 +62,7 @@ from ..runtime_client import RuntimeClient, RuntimeRefused
 from ..upload_guard import GuardedBody
 from .base import Backend, ConversationPhase, Session
 from .store_cache import OUTPUTS, UPLOADS, drop_cached, fill_upload, listings
-from .store_errors import translated
+from .store_errors import StoreFailure, translated
 from .store_upload import TeeUpload
 from .store_writeback import Copy, copy_all
 
@@ -469,7 +469,9 @@ class StoreBackend(MetadataDecorator):
             async with gate:
                 try:
                     await fill
-                except ObjectNotFound:
+                except StoreFailure as e:
+                    if e.code != "not_found":
+                        raise
                     # Deleted meanwhile by another replica (its lock is not ours): the
                     # record says so by now, and the cache must not get the file back.
                     log.info("a file went from the store while being filled: skipped")

@@ -257,9 +257,10 @@ async def test_a_user_with_ten_thousand_files_never_stalls_the_replica(world) ->
     Measured here (2 shared cores, 10,000 records): ~0.2 s per write-back, the worst stall
     ~0.04 s; with the metadata parsed on the loop (the review's H4) every round stalls
     ~0.14 s, and the stall grows with the records."""
-    from sandbox_workspace.store.metadata import Written
+    from sandbox_workspace.api.backends.store_errors import translated
+    from sandbox_workspace.store.metadata import Metadata, Written
 
-    backend, _, _, _, runtime = world
+    backend, _, _, store, runtime = world
     session = _session(runtime, "1")
     outputs = runtime.root / CID / "outputs"
     outputs.mkdir(parents=True)
@@ -277,7 +278,7 @@ async def test_a_user_with_ten_thousand_files_never_stalls_the_replica(world) ->
     stalls, took = [], []
     for _ in range(3):  # the least of three rounds: the machine's noise is not the code's
         # Another replica changed it since: no shard parsed in this process yet.
-        backend.meta = type(backend.meta)(backend.store, backend.layout)
+        backend.meta = translated(Metadata(store, backend.layout))
         async with Lag() as lag:
             start = loop.time()
             assert await backend.write_back(session, CID) == []
