@@ -56,6 +56,7 @@ from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.store import Download, ObjectStore
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
 from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Written, now
+from sandbox_workspace.store.snapshots import StoreCopies
 
 from ..keyed_locks import KeyedLocks
 from ..runtime_client import RuntimeClient, RuntimeRefused
@@ -160,7 +161,9 @@ class StoreBackend(MetadataDecorator):
         self.http = http
         self.store = translated(store)  # the API's edge: store errors become API errors
         self.layout = layout
-        self.meta = translated(Metadata(store, layout))
+        meta = Metadata(store, layout)
+        self.meta = translated(meta)
+        self.copies = translated(StoreCopies(store, layout, meta))  # snapshots and forks
         # (session, runtime url, token and incarnation, cid): filled once per runtime.
         self._filled: set[tuple[str, str, str]] = set()
         self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime
@@ -185,6 +188,18 @@ class StoreBackend(MetadataDecorator):
                 prefix = self.layout.conversation(self.scope(session), cid)
                 await asyncio.shield(self.store.delete_prefix(prefix))
                 raise ConversationDeleting(cid)
+
+    @contextlib.asynccontextmanager
+    async def writing(self, session: Session, cid: str) -> AsyncIterator[None]:
+        """Held around a write to the conversation's prefix made outside this class (a
+        snapshot, a restore, a fork: ``files.copies``): after this process's write-backs,
+        and fenced against the conversation's deletion, as every write here is."""
+        async with self._lock(session, cid), self._fenced(session, cid):
+            yield
+
+    def forget(self, session: Session, cid: str) -> None:
+        """The cache of ``cid`` is gone (a restore cleared it): fill it again on use."""
+        self._forget(session.session_id, cid)
 
     # -- the hooks ------------------------------------------------------------------
 

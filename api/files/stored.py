@@ -25,6 +25,7 @@ from ..backends.base import Session
 from ..backends.store_backend import StoreBackend, conversation_exists
 from ..file_refs import FileRef
 from .base import Opened, Records, RuntimeFiles, Upload
+from .copies import StoredCopies
 
 
 def _path(ref: FileRef) -> str:
@@ -34,7 +35,7 @@ def _path(ref: FileRef) -> str:
     return f"uploads/{UPLOAD_SUBDIR}/{ref.name}"
 
 
-class StoredFiles(RuntimeFiles):
+class StoredFiles(StoredCopies, RuntimeFiles):
     top_level_kept = False  # the store keeps uploads/temparea and outputs/ only
     backend: StoreBackend  # (given by app.create_app)
 
