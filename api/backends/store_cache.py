@@ -88,16 +88,19 @@ async def fill_upload(
     )
 
 
-async def drop_cached(client: RuntimeClient, cid: str, file_path: str) -> None:
+async def drop_cached(
+    client: RuntimeClient, cid: str, file_path: str, *, missing_ok: bool = True
+) -> None:
     """Remove a file's cache copy through the runtime (an upload, or an output — on any
-    backend: a pod's cache is reached over HTTP too); a missing one is fine."""
+    backend: a pod's cache is reached over HTTP too); a missing one is fine unless
+    ``missing_ok`` is false (the runtime's 404 is raised)."""
     try:
         if file_path.startswith(UPLOADS):
             await client.delete_upload(cid, file_path[len(UPLOADS) :])
         elif file_path.startswith(OUTPUTS):
             await client.delete_output(cid, file_path[len(OUTPUTS) :].split("/"))
     except RuntimeRefused as e:
-        if e.status != 404:
+        if e.status != 404 or not missing_ok:
             raise
 
 

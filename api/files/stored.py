@@ -65,13 +65,7 @@ class StoredFiles(StoredCopies, RuntimeFiles):
         return await self.backend.verified(session, ref.conversation_id, _path(ref), cached)
 
     async def delete(self, session: Session, ref: FileRef) -> None:
-        cid = ref.conversation_id
-        manifest = await self.backend.meta.get(self.backend.scope(session), cid)
-        record = manifest.active(_path(ref)) if manifest else None
-        if record is None:  # never written back: only the cache has it
-            await self.client(session).delete_upload(cid, ref.name)
-            return
-        await self.backend.delete_file(session, cid, record.file_id)
+        await self.backend.delete_path(session, ref.conversation_id, _path(ref))
 
     # -- seed 003 ----------------------------------------------------------------------
 
