@@ -31,7 +31,14 @@ from .download_headers import download_headers
 from .executor import Executor
 from .output import ResultCaps
 from .output_batch import read_outputs
-from .outputs import delete_output, list_outputs, open_output, write_output
+from .outputs import (
+    DEFAULT_OUTPUTS_LISTED,
+    MAX_OUTPUTS_LISTED,
+    delete_output,
+    list_outputs,
+    open_output,
+    write_output,
+)
 from .raw_upload import FEATURE as RAW_UPLOAD
 from .raw_upload import receive_raw_upload
 from .schemas import (
@@ -334,9 +341,14 @@ async def download(conversation_id: str, name: str, state: State) -> StreamingRe
 
 
 @router.get("/conversations/{conversation_id}/outputs")
-async def outputs(conversation_id: str, state: State) -> OutputList:
-    """Files code wrote under outputs/ (for result events and present_file)."""
-    return await anyio.to_thread.run_sync(list_outputs, state.workspace, conversation_id)
+async def outputs(
+    conversation_id: str,
+    state: State,
+    limit: Annotated[int, Query(ge=1, le=MAX_OUTPUTS_LISTED)] = DEFAULT_OUTPUTS_LISTED,
+) -> OutputList:
+    """Files code wrote under outputs/ (for result events and present_file), at most
+    ``limit`` of them (``truncated`` says when there are more)."""
+    return await anyio.to_thread.run_sync(list_outputs, state.workspace, conversation_id, limit)
 
 
 @router.post("/conversations/{conversation_id}/outputs-batch")

@@ -333,8 +333,11 @@ class RuntimeClient:
     async def delete_output(self, cid: str, parts: list[str]) -> None:
         await self._request("DELETE", self._conversation(cid, "outputs", *parts))
 
-    async def list_outputs(self, cid: str) -> OutputList:
-        r = await self._request("GET", self._conversation(cid, "outputs"))
+    async def list_outputs(self, cid: str, limit: int | None = None) -> OutputList:
+        """The conversation's outputs; ``limit``: how many at most (the runtime's default
+        window without it; a runtime older than the parameter ignores it)."""
+        params = {"limit": limit} if limit is not None else None
+        r = await self._request("GET", self._conversation(cid, "outputs"), params=params)
         return _parse(OutputList, r)
 
     async def record_marks(self, cid: str, report: MarksReport) -> Marks:
