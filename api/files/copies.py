@@ -150,6 +150,10 @@ class StoredCopies:
             await self.client(session).ensure_conversation(to)
             async with b.writing(session, to):
                 records = await self._copies().fork(b.scope(session), cid, to, sid)
+            # The origin deleted meanwhile: what the fork read may be partial (its records
+            # gone before they were read read as an empty conversation), so the fork is
+            # undone and answers as one made after the deletion would (racing test).
+            await self._existing(session, cid)
         except BaseException:
             await _undo_fork(b, session, to)
             raise
