@@ -9,8 +9,9 @@ from sandbox_workspace.api.e2b.envd import command_of, mark_main, result_line
 from sandbox_workspace.api.e2b.ids import (
     AccessTokens,
     E2BUnauthorized,
-    caller_for_api_key,
+    dev_caller_for_api_key,
     sandbox_of,
+    well_formed_key,
 )
 from sandbox_workspace.api.e2b.paths import to_e2b, to_relative
 from sandbox_workspace.api.identity import Caller
@@ -68,12 +69,13 @@ def test_access_tokens_name_their_caller_and_sandbox_only():
         AccessTokens(b"other").verify(token, "0" * 20)
 
 
-def test_api_keys_have_e2b_form_and_only_dev_accepts_them():
-    assert caller_for_api_key("e2b_00ff00ff", "dev").user_id.startswith("e2b-")
-    assert caller_for_api_key("e2b_00ff00ff", "dev") != caller_for_api_key("e2b_11ff00ff", "dev")
-    for key, mode in [("sk-123", "dev"), (None, "dev"), ("e2b_00ff00ff", "required")]:
+def test_api_keys_have_e2b_form_and_each_dev_key_is_one_user():
+    assert dev_caller_for_api_key("e2b_00ff00ff").user_id.startswith("e2b-")
+    assert dev_caller_for_api_key("e2b_00ff00ff") != dev_caller_for_api_key("e2b_11ff00ff")
+    assert well_formed_key("e2b_00ff00ff") == "e2b_00ff00ff"
+    for key in ["sk-123", None, "e2b_XYZ"]:
         with pytest.raises(E2BUnauthorized):
-            caller_for_api_key(key, mode)
+            well_formed_key(key)
 
 
 def test_only_e2b_conversations_are_sandboxes():
