@@ -21,6 +21,7 @@ import pytest
 from e2b.exceptions import InvalidArgumentException, SandboxException
 from e2b_code_interpreter import CommandExitException, Sandbox
 from hostile_code import ATTACKS, play
+from hostile_ids import API_HOSTILE_CONVERSATION_IDS
 
 KEY = "e2b_" + "5e" * 16
 KEY_USER = "e2b-" + hashlib.sha256(KEY.encode()).hexdigest()[:16]  # docs/e2b.md
@@ -124,3 +125,23 @@ def test_a_fork_bomb_through_commands_hits_the_ceiling(sandbox):
     with contextlib.suppress(Exception):
         sandbox.commands.run("bomb() { bomb | bomb & }; bomb", timeout=3)
     assert sandbox.commands.run("echo recovered").stdout == "recovered\n"
+
+
+@pytest.mark.parametrize("cid", API_HOSTILE_CONVERSATION_IDS)
+def test_forged_attach_metadata_reaches_no_directory(dev_server, cid):
+    """``metadata`` naming a hostile conversation id attaches nothing: a clear 404 (only
+    conversations the runtime lists for the caller can be attached), never a 5xx."""
+    opts = {
+        "api_url": f"{dev_server.url}/e2b",
+        "sandbox_url": f"{dev_server.url}/e2b/envd",
+        "api_key": KEY,
+    }
+    try:
+        with pytest.raises(SandboxException, match="404: sandbox 'conv"):
+            Sandbox.create(metadata={"sandbox-workspace.conversation": cid}, **opts)
+    finally:
+        httpx.delete(
+            f"{dev_server.url}/api/v1/sessions/sb-session-{KEY_USER}",
+            headers={"X-User-Id": KEY_USER},
+            timeout=60,
+        )
