@@ -48,6 +48,16 @@ TEMPLATES = {"base": "base", "code-interpreter-v1": "code-interpreter-v1"}
 DEFAULT_TIMEOUT = 300
 
 
+def timeout_of(body: dict | None) -> int:
+    """The body's ``timeout`` in seconds (E2B's default when absent); 400 if not a number."""
+    value = (body or {}).get("timeout")
+    if value is None:
+        return DEFAULT_TIMEOUT
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise BadRequest("timeout must be a number of seconds >= 0", code="invalid_timeout")
+    return int(value) or DEFAULT_TIMEOUT
+
+
 def e2b_error(e: ApiError) -> JSONResponse:
     return JSONResponse({"code": e.status, "message": e.message}, status_code=e.status)
 
@@ -104,7 +114,7 @@ async def _create(request: Request, services: Services, body: dict) -> JSONRespo
         )
     if body.get("autoPause") or body.get("volumeMounts") or body.get("mcp"):
         raise NotSupported("autoPause, volumeMounts and mcp are not supported")
-    timeout = int(body.get("timeout") or DEFAULT_TIMEOUT)
+    timeout = timeout_of(body)
     attach = (body.get("metadata") or {}).get(ATTACH_KEY)
 
     async def make() -> dict[str, Any]:
@@ -210,7 +220,7 @@ async def set_timeout(
         caller = await _caller(request, services)
         sid = check_sandbox_id(sandbox_id)
         await Sandbox.open(services, caller, sid)
-        _keep(services, sid, caller, int((body or {}).get("timeout") or DEFAULT_TIMEOUT))
+        _keep(services, sid, caller, timeout_of(body))
         return Response(status_code=204)
     except ApiError as e:
         return e2b_error(e)
@@ -229,7 +239,7 @@ async def connect_sandbox(
         caller = await _caller(request, services)
         sid = check_sandbox_id(sandbox_id)
         await Sandbox.open(services, caller, sid)
-        timeout = int((body or {}).get("timeout") or DEFAULT_TIMEOUT)
+        timeout = timeout_of(body)
         _keep(services, sid, caller, timeout, extend_only=True)
         answer = _describe(sid, "base", int(lifetimes(services).remaining(sid) or timeout))
         answer["envdAccessToken"] = tokens(services).issue(caller, sid)

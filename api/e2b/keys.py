@@ -110,25 +110,29 @@ class SecretRecords:
 
         for _ in range(10):  # optimistic concurrency: retry on another replica's write
             obj, records = await self._get()
+            before = set(records)
             change(records)
-            data = {
+            data: dict[str, str | None] = {
                 h: base64.b64encode(json.dumps(r).encode()).decode() for h, r in records.items()
             }
-            body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data}
+            data |= dict.fromkeys(before - set(records))  # merge patch: None removes
             try:
                 if obj is None:
-                    body["metadata"] = {"name": SECRET_NAME}
-                    await self.kube.request("POST", self.create_path, body)
-                else:
-                    body["metadata"] = {
-                        "name": SECRET_NAME,
-                        "resourceVersion": obj["metadata"]["resourceVersion"],
-                    }
-                    await self.kube.request("PUT", self.path, body)
+                    meta = {"name": SECRET_NAME}
+                    body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque"}
+                    done = await self.kube.create(
+                        self.create_path, {**body, "metadata": meta, "data": data}
+                    )
+                else:  # the resourceVersion makes the apiserver refuse a stale write
+                    version = obj["metadata"]["resourceVersion"]
+                    done = await self.kube.patch(
+                        self.path, {"metadata": {"resourceVersion": version}, "data": data}
+                    )
             except KubeConflict:
                 continue
-            self._cached = (time.monotonic(), records)
-            return
+            if done is not None:  # None: created or deleted by another replica meanwhile
+                self._cached = (time.monotonic(), records)
+                return
         raise RuntimeError("the E2B key Secret kept changing under us")
 
 
