@@ -5,8 +5,10 @@ create opens a new one (kubernetes: its ConversationWorkspace with the finalizer
 deletes it with the guarantee ``DELETE …/conversations/{cid}`` gives, get/list read the
 session's conversations. Answers use E2B's field names (``sandboxID``, ``envdVersion``…);
 errors are E2B's ``{"code", "message"}``. Not supported yet (a clear 501): pause, resume,
-snapshots, fork, metrics, logs, network updates; ``timeout`` is accepted and echoed in
-``endAt`` but does not kill the sandbox when it passes.
+snapshots, fork, metrics, logs, network updates. Timeouts kill (``lifetimes``);
+``metadata["sandbox-workspace.conversation"]`` attaches an existing conversation of the
+caller instead of making one, and killing it only detaches; ``Idempotency-Key`` is
+honoured; API keys are ``keys``'s in ``required`` auth mode.
 """
 
 from __future__ import annotations
@@ -24,18 +26,36 @@ from ..identity import Caller
 from .conversation import EXECUTIONS, Sandbox, client
 from .ids import (
     AccessTokens,
-    caller_for_api_key,
+    E2BUnauthorized,
+    attached_sandbox_id,
     check_sandbox_id,
     conversation_of,
+    dev_caller_for_api_key,
+    is_attached,
     new_sandbox_id,
     sandbox_of,
+    well_formed_key,
 )
+from .keys import owner_of, records_of
+from .keys import router as keys_router
+from .lifetimes import idempotency, lifetimes
 
 router = APIRouter(prefix="/e2b", tags=["e2b"], include_in_schema=False)
+router.include_router(keys_router)  # before the catch-all "not supported"
 
 ENVD_VERSION = "0.5.7"  # what the SDK's feature checks see (octet-stream uploads: ≥0.5.7)
 TEMPLATES = {"base": "base", "code-interpreter-v1": "code-interpreter-v1"}
 DEFAULT_TIMEOUT = 300
+
+
+def timeout_of(body: dict | None) -> int:
+    """The body's ``timeout`` in seconds (E2B's default when absent); 400 if not a number."""
+    value = (body or {}).get("timeout")
+    if value is None:
+        return DEFAULT_TIMEOUT
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise BadRequest("timeout must be a number of seconds >= 0", code="invalid_timeout")
+    return int(value) or DEFAULT_TIMEOUT
 
 
 def e2b_error(e: ApiError) -> JSONResponse:
@@ -43,7 +63,13 @@ def e2b_error(e: ApiError) -> JSONResponse:
 
 
 async def _caller(request: Request, services: Services) -> Caller:
-    return caller_for_api_key(request.headers.get("x-api-key"), services.settings.auth_mode)
+    key = well_formed_key(request.headers.get("x-api-key"))
+    if services.settings.auth_mode == "dev":
+        return dev_caller_for_api_key(key)
+    owner = await owner_of(records_of(request, services), key)
+    if owner is None:
+        raise E2BUnauthorized("unknown or revoked E2B API key (issue one: POST /e2b/keys)")
+    return owner
 
 
 def tokens(services: Services) -> AccessTokens:
@@ -69,6 +95,15 @@ def _describe(sandbox_id: str, template: str, timeout: int) -> dict[str, Any]:
     }
 
 
+ATTACH_KEY = "sandbox-workspace.conversation"  # metadata naming a conversation to attach
+
+
+def _keep(services: Services, sandbox_id: str, caller: Caller, timeout: int, **how) -> None:
+    timers = lifetimes(services)
+    timers.set(sandbox_id, caller, timeout, **how)
+    timers.start(services.spawn, lambda sid, who: _end(services, sid, who))
+
+
 async def _create(request: Request, services: Services, body: dict) -> JSONResponse:
     caller = await _caller(request, services)
     template = body.get("templateID") or "base"
@@ -79,17 +114,48 @@ async def _create(request: Request, services: Services, body: dict) -> JSONRespo
         )
     if body.get("autoPause") or body.get("volumeMounts") or body.get("mcp"):
         raise NotSupported("autoPause, volumeMounts and mcp are not supported")
-    timeout = int(body.get("timeout") or DEFAULT_TIMEOUT)
-    session = await services.sessions.ensure_running(caller, caller.session_id)
-    sandbox_id = new_sandbox_id()
-    sandbox = Sandbox(services, session, conversation_of(sandbox_id))
-    await services.backend.conversation_opened(session, sandbox.cid)
-    # The conversation exists for the runtime (its listings) at once: its directories are
-    # made directly, not by a process in the sandbox (that cost ~80 ms of the create).
-    await client(services, session).ensure_conversation(sandbox.cid)
-    answer = _describe(sandbox_id, template, timeout)
-    answer["envdAccessToken"] = tokens(services).issue(caller, sandbox_id)
-    return JSONResponse(answer, status_code=201)
+    timeout = timeout_of(body)
+    attach = (body.get("metadata") or {}).get(ATTACH_KEY)
+
+    async def make() -> dict[str, Any]:
+        if attach:
+            sandbox_id = attached_sandbox_id(str(attach))
+            _keep(services, sandbox_id, caller, timeout)
+            try:  # 404 unless the conversation exists in the caller's own session
+                await Sandbox.open(services, caller, sandbox_id)
+            except ApiError:
+                lifetimes(services).forget(sandbox_id)
+                raise
+        else:
+            session = await services.sessions.ensure_running(caller, caller.session_id)
+            sandbox_id = new_sandbox_id()
+            sandbox = Sandbox(services, session, conversation_of(sandbox_id))
+            await services.backend.conversation_opened(session, sandbox.cid)
+            # The conversation exists for the runtime (its listings) at once: its directories
+            # are made directly, not by a process in the sandbox (~80 ms of the create).
+            await client(services, session).ensure_conversation(sandbox.cid)
+        _keep(services, sandbox_id, caller, timeout)
+        answer = _describe(sandbox_id, template, timeout)
+        answer["metadata"] = body.get("metadata") or {}
+        answer["envdAccessToken"] = tokens(services).issue(caller, sandbox_id)
+        return answer
+
+    key = request.headers.get("idempotency-key")
+    once = idempotency(services).once
+    return JSONResponse(await once(caller, key, body, make), status_code=201)
+
+
+async def _end(services: Services, sandbox_id: str, caller: Caller) -> bool:
+    """Kill: a fresh sandbox's conversation is deleted with the guarantee; an attached
+    one is only detached (the user's chat files are never deleted by an SDK call)."""
+    sandbox = await Sandbox.open(services, caller, sandbox_id)
+    lifetimes(services).forget(sandbox_id)
+    if is_attached(sandbox_id):
+        return True
+    await services.backend.delete_conversation(sandbox.session, sandbox.cid)
+    services.runs.cancel_conversation(sandbox.session.session_id, sandbox.cid)
+    EXECUTIONS.pop(sandbox.cid, None)
+    return True
 
 
 class NotSupported(ApiError):
@@ -114,7 +180,7 @@ async def get_sandbox(sandbox_id: str, request: Request, services: ServicesDep) 
         caller = await _caller(request, services)
         sid = check_sandbox_id(sandbox_id)
         await Sandbox.open(services, caller, sid)
-        return JSONResponse(_describe(sid, "base", DEFAULT_TIMEOUT))
+        return JSONResponse(_describe(sid, "base", int(lifetimes(services).remaining(sid) or 0)))
     except ApiError as e:
         return e2b_error(e)
 
@@ -138,20 +204,24 @@ async def kill_sandbox(sandbox_id: str, request: Request, services: ServicesDep)
     into E2B's 204: the deletion is accepted and completes under the guarantee)."""
     try:
         caller = await _caller(request, services)
-        sandbox = await Sandbox.open(services, caller, check_sandbox_id(sandbox_id))
-        await services.backend.delete_conversation(sandbox.session, sandbox.cid)
-        services.runs.cancel_conversation(sandbox.session.session_id, sandbox.cid)
-        EXECUTIONS.pop(sandbox.cid, None)
+        await _end(services, check_sandbox_id(sandbox_id), caller)
         return Response(status_code=204)
     except ApiError as e:
         return e2b_error(e)
 
 
 @router.post("/sandboxes/{sandbox_id}/timeout")
-async def set_timeout(sandbox_id: str, request: Request, services: ServicesDep) -> Response:
+async def set_timeout(
+    sandbox_id: str,
+    request: Request,
+    services: ServicesDep,
+    body: Annotated[dict | None, Body()] = None,
+) -> Response:
     try:
         caller = await _caller(request, services)
-        await Sandbox.open(services, caller, check_sandbox_id(sandbox_id))
+        sid = check_sandbox_id(sandbox_id)
+        await Sandbox.open(services, caller, sid)
+        _keep(services, sid, caller, timeout_of(body))
         return Response(status_code=204)
     except ApiError as e:
         return e2b_error(e)
@@ -170,7 +240,9 @@ async def connect_sandbox(
         caller = await _caller(request, services)
         sid = check_sandbox_id(sandbox_id)
         await Sandbox.open(services, caller, sid)
-        answer = _describe(sid, "base", int((body or {}).get("timeout") or DEFAULT_TIMEOUT))
+        timeout = timeout_of(body)
+        _keep(services, sid, caller, timeout, extend_only=True)
+        answer = _describe(sid, "base", int(lifetimes(services).remaining(sid) or timeout))
         answer["envdAccessToken"] = tokens(services).issue(caller, sid)
         return JSONResponse(answer, status_code=200)
     except ApiError as e:

@@ -23,7 +23,8 @@ from ..deps import Services
 from ..identity import Caller
 from ..routes.execute import _then
 from ..runtime_client import RuntimeClient
-from .ids import SandboxNotFound, conversation_of
+from .ids import SandboxNotFound, conversation_of, is_attached
+from .lifetimes import lifetimes
 
 # Per conversation: the code interpreter's execution count (our kernel keeps none); this
 # process's count, dropped at kill.
@@ -119,6 +120,9 @@ class Sandbox:
 
     @classmethod
     async def open(cls, services: Services, caller: Caller, sandbox_id: str) -> Sandbox:
+        if is_attached(sandbox_id) and lifetimes(services).remaining(sandbox_id) is None:
+            # Detached (killed or timed out), or attached on another API process.
+            raise SandboxNotFound(f"sandbox '{sandbox_id}' not found (detached)")
         session = await services.sessions.ensure_running(caller, caller.session_id)
         cid = conversation_of(sandbox_id)
         if cid not in await client(services, session).list_conversations():

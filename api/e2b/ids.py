@@ -9,7 +9,9 @@
   which receives no API key, learns the caller from it and refuses it for another
   sandbox. Stateless, so every API replica accepts it.
 - ``X-API-KEY`` must have E2B's form (``e2b_`` + hex; the JS SDK refuses others). In
-  dev auth mode any such key stands for one user, ``e2b-{sha256(key)[:16]}``.
+  dev auth mode any such key stands for one user, ``e2b-{sha256(key)[:16]}``; in
+  ``required`` mode the key must be one issued by ``POST /e2b/keys`` and not revoked
+  (``keys``), and stands for its owner.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from ..identity import Caller
 _KEY_FORM = re.compile(r"e2b_[0-9a-f]{8,128}")
 _SANDBOX_ID = re.compile(r"[0-9a-f]{20}")
 CONVERSATION_PREFIX = "e2b-"
+ATTACHED_PREFIX = "conv"  # not hex: never a fresh sandbox's id
+_ATTACHED = re.compile(r"conv[a-z2-7]{1,400}")
 
 
 class E2BUnauthorized(ApiError):
@@ -47,12 +51,30 @@ def new_sandbox_id() -> str:
 def check_sandbox_id(sandbox_id: str) -> str:
     """The id as given (E2B SDKs may append ``-{clientID}``; that part is dropped)."""
     sid = sandbox_id.split("-", 1)[0]
-    if not _SANDBOX_ID.fullmatch(sid):
+    if not (_SANDBOX_ID.fullmatch(sid) or _ATTACHED.fullmatch(sid)):
         raise SandboxNotFound(f"sandbox '{sandbox_id}' not found")
     return sid
 
 
+def attached_sandbox_id(conversation_id: str) -> str:
+    """The sandbox id of an existing conversation the caller attached (``metadata``):
+    ``conv`` + the conversation id in lowercase base32, so any replica maps it back with
+    no state; it names a conversation only in the caller's own session."""
+    raw = base64.b32encode(conversation_id.encode()).decode().rstrip("=").lower()
+    return ATTACHED_PREFIX + raw
+
+
+def is_attached(sandbox_id: str) -> bool:
+    return sandbox_id.startswith(ATTACHED_PREFIX)
+
+
 def conversation_of(sandbox_id: str) -> str:
+    if is_attached(sandbox_id):
+        raw = sandbox_id.removeprefix(ATTACHED_PREFIX).upper()
+        try:
+            return base64.b32decode(raw + "=" * (-len(raw) % 8)).decode()
+        except ValueError:
+            raise SandboxNotFound(f"sandbox '{sandbox_id}' not found") from None
     return CONVERSATION_PREFIX + sandbox_id
 
 
@@ -64,14 +86,13 @@ def sandbox_of(conversation_id: str) -> str | None:
     return None
 
 
-def caller_for_api_key(key: str | None, auth_mode: str) -> Caller:
+def well_formed_key(key: str | None) -> str:
     if not key or not _KEY_FORM.fullmatch(key):
         raise E2BUnauthorized("send X-API-KEY: e2b_ followed by hex characters (E2B's key form)")
-    if auth_mode != "dev":
-        raise E2BUnauthorized(
-            "E2B API keys are accepted only with SANDBOX_WORKSPACE_AUTH_MODE=dev so far "
-            "(issuing and storing keys per user is not supported yet)"
-        )
+    return key
+
+
+def dev_caller_for_api_key(key: str) -> Caller:
     return Caller("e2b-" + hashlib.sha256(key.encode()).hexdigest()[:16], "e2b-key")
 
 

@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from hostile_ids import API_HOSTILE_CONVERSATION_IDS
 
 CANARY = "CANARY-outside-the-workspace-7f3a"
 PASSWD_MARK = "root:x:0:0"
@@ -690,22 +691,6 @@ def test_api_path_in_another_users_workspace(api_scene: ApiScene, dev_server, us
             _assert_untouched(s)
         finally:
             b.delete(other_url)
-
-
-API_HOSTILE_CONVERSATION_IDS = [
-    pytest.param("..", id="dot-dot"),
-    pytest.param(".", id="dot"),
-    pytest.param("../c2", id="traversal"),
-    pytest.param("/etc", id="absolute"),
-    pytest.param("c1\x00", id="nul"),
-    pytest.param("c1\n", id="newline"),
-    pytest.param("a\\b", id="backslash"),
-    pytest.param("\uff0e\uff0e", id="fullwidth-dot-dot"),
-    pytest.param("\u2025", id="two-dot-leader"),
-    pytest.param("\u202ec1", id="rtl-override"),
-    pytest.param(".runtime", id="runtime-state-dir"),
-    pytest.param("a" * 256, id="256-bytes"),
-]
 
 
 @pytest.mark.parametrize("cid", API_HOSTILE_CONVERSATION_IDS)

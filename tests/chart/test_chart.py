@@ -23,6 +23,7 @@ from sandbox_workspace.operator import crdgen
 from sandbox_workspace.operator.settings import OperatorSettings
 
 RELEASE, NAMESPACE = "sw", "sandbox"
+E2B_KEYS = "sandbox-workspace-e2b-keys"  # api/e2b/keys.py
 VALUE_SETS = {"defaults": (), "hardened": (HARDENED_VALUES,)}
 
 
@@ -274,8 +275,14 @@ def test_rbac_is_namespaced_and_minimal(rendered: tuple[str, list[dict[str, Any]
     assert api == {
         "sandboxworkspace.io/sandboxsessions": {"get", "watch", "create", "patch", "delete"},
         "sandboxworkspace.io/conversationworkspaces": {"get", "list", "watch", "create", "delete"},
-        "/secrets": {"get"},
+        "/secrets": {"get", "patch"},  # patch: only the E2B key Secret, by name
     }
+    [patching] = [
+        r
+        for r in roles[f"{RELEASE}-sandbox-workspace-api"]["rules"]
+        if "patch" in r["verbs"] and r["resources"] == ["secrets"]
+    ]
+    assert patching["resourceNames"] == [E2B_KEYS]
     operator = grants(roles[f"{RELEASE}-sandbox-workspace-operator"])
     assert operator["/secrets"] == {"get", "create", "delete"}  # old incarnations' tokens
     assert operator["/persistentvolumeclaims"] == {"get", "create", "patch"}  # adoption
@@ -347,7 +354,9 @@ def test_api_deployment_and_service(rendered: tuple[str, list[dict[str, Any]]]) 
             "allowedFileTypes": ["csv", "xlsx", "json", "txt", "pkl", "png", "jpg", "pdf"],
         }
     else:
-        assert not by_kind(docs, "Secret"), "existing Secrets only: the chart creates none"
+        # The E2B key Secret holds no credential of the chart: the API's records (hashes).
+        made = [s for s in by_kind(docs, "Secret") if s["metadata"]["name"] != E2B_KEYS]
+        assert not made, "existing Secrets only: the chart creates none"
         assert token == {"name": "platform-backend-token", "key": "token"}
         stream = env["SANDBOX_WORKSPACE_STREAM_TOKEN_SECRET"]["secretKeyRef"]
         assert stream == {"name": "platform-stream-token", "key": "hmac"}

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import posixpath
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -450,11 +451,26 @@ def run_hostile_suite(client: httpx.Client, session_url: str, *, network: str = 
 
 
 def play(
-    client: httpx.Client, session_url: str, attacks: list[Attack], *, network: str = "deny"
+    client: httpx.Client,
+    session_url: str,
+    attacks: list[Attack],
+    *,
+    network: str = "deny",
+    a: str | None = None,
+    run_a: Callable[[str], str] | None = None,
 ) -> tuple[dict, dict[str, list[str]]]:
-    """Set the scene (conversations A and B), run ``attacks``; per attack, what went wrong."""
+    """Set the scene (conversations A and B), run ``attacks``; per attack, what went wrong.
+
+    ``a``/``run_a``: another way into A (conversation ``a``; ``run_a(code)`` runs Python
+    there and answers its stdout), e.g. E2B's SDK; by default ``POST /execute``."""
     tag = uuid.uuid4().hex[:8]
-    a, b, name = f"hostile-a-{tag}", f"hostile-b-{tag}", "secret.csv"
+    a = a or f"hostile-a-{tag}"
+    b, name = f"hostile-b-{tag}", "secret.csv"
+    if run_a is None:
+
+        def run_a(code: str) -> str:
+            return _execute(client, session_url, a, code)["stdout"]
+
     marker = f"sbw-secret-{uuid.uuid4().hex}"
     b_file = _upload(client, session_url, b, name, marker.encode())["path"]
     b_dir = posixpath.dirname(posixpath.dirname(posixpath.dirname(b_file)))
@@ -465,15 +481,15 @@ def play(
     setup = _execute(client, session_url, b, B_SETUP.format(**scene))
     assert setup["stdout"] == "listening\n", setup
     own = _upload(client, session_url, a, "own.csv", b"mine")
-    control = _execute(client, session_url, a, f"print(open({own['path']!r}).read())")
-    assert control["stdout"] == "mine\n", control
+    control = run_a(f"print(open({own['path']!r}).read())")
+    assert control == "mine\n", control
 
     failures: dict[str, list[str]] = {}
     for attack in attacks:
-        out = _execute(client, session_url, a, PRELUDE + attack.code.format(**scene) + EPILOGUE)
+        out = run_a(PRELUDE + attack.code.format(**scene) + EPILOGUE)
         problems = failures.setdefault(attack.name, [])
         try:
-            verdict = json.loads(out["stdout"].strip().splitlines()[-1])
+            verdict = json.loads(out.strip().splitlines()[-1])
         except (IndexError, ValueError):
             problems.append(f"no verdict: {out}")
             continue

@@ -9,8 +9,9 @@ from sandbox_workspace.api.e2b.envd import command_of, mark_main, result_line
 from sandbox_workspace.api.e2b.ids import (
     AccessTokens,
     E2BUnauthorized,
-    caller_for_api_key,
+    dev_caller_for_api_key,
     sandbox_of,
+    well_formed_key,
 )
 from sandbox_workspace.api.e2b.paths import to_e2b, to_relative
 from sandbox_workspace.api.identity import Caller
@@ -68,12 +69,13 @@ def test_access_tokens_name_their_caller_and_sandbox_only():
         AccessTokens(b"other").verify(token, "0" * 20)
 
 
-def test_api_keys_have_e2b_form_and_only_dev_accepts_them():
-    assert caller_for_api_key("e2b_00ff00ff", "dev").user_id.startswith("e2b-")
-    assert caller_for_api_key("e2b_00ff00ff", "dev") != caller_for_api_key("e2b_11ff00ff", "dev")
-    for key, mode in [("sk-123", "dev"), (None, "dev"), ("e2b_00ff00ff", "required")]:
+def test_api_keys_have_e2b_form_and_each_dev_key_is_one_user():
+    assert dev_caller_for_api_key("e2b_00ff00ff").user_id.startswith("e2b-")
+    assert dev_caller_for_api_key("e2b_00ff00ff") != dev_caller_for_api_key("e2b_11ff00ff")
+    assert well_formed_key("e2b_00ff00ff") == "e2b_00ff00ff"
+    for key in ["sk-123", None, "e2b_XYZ"]:
         with pytest.raises(E2BUnauthorized):
-            caller_for_api_key(key, mode)
+            well_formed_key(key)
 
 
 def test_only_e2b_conversations_are_sandboxes():
@@ -98,3 +100,83 @@ def test_main_result_is_the_last_expression_before_figures():
     assert value["text"] == "42" and figure["png"] == "iVBO"
     plain = [result_line({"text/plain": "1"})]
     assert mark_main(plain, "x = 1")[0]["is_main_result"] is False
+
+
+def test_timeouts_are_numbers_and_idempotency_is_bounded():
+    import asyncio
+
+    from sandbox_workspace.api.e2b import lifetimes
+    from sandbox_workspace.api.e2b.control import DEFAULT_TIMEOUT, timeout_of
+    from sandbox_workspace.contract.errors import BadRequest
+
+    assert timeout_of(None) == timeout_of({}) == DEFAULT_TIMEOUT
+    assert timeout_of({"timeout": 2}) == 2
+    for bad in ("10", True, -1, [1]):
+        with pytest.raises(BadRequest):
+            timeout_of({"timeout": bad})
+
+    remembered = lifetimes.Idempotency()
+    caller = Caller("u", "e2b-key")
+
+    async def fill() -> None:
+        for i in range(lifetimes.MAX_REMEMBERED + 50):
+            await remembered.once(caller, f"k{i}", {}, lambda i=i: _answer(i))
+
+    async def _answer(i):
+        return i
+
+    asyncio.run(fill())
+    assert len(remembered._answers) == lifetimes.MAX_REMEMBERED
+
+
+def test_key_records_in_a_secret_keep_hashes_only_and_survive_a_concurrent_write(tmp_path):
+    """The kubernetes backend's store (one Secret, resourceVersion-guarded) and the local
+    one (a 0600 file) keep the same records; neither holds the key itself."""
+    import asyncio
+    import base64
+    import json
+
+    from fake_kube import FakeKube
+
+    from sandbox_workspace.api.e2b.keys import FileRecords, SecretRecords, key_hash, owner_of
+
+    kube = FakeKube()
+    stores = [SecretRecords(kube, "sessions"), FileRecords(tmp_path / "keys.json")]
+    record = {"id": "1", "tenant": "acme", "user": "alice", "created": "t"}
+
+    async def scenario(store) -> None:
+        await store.update(lambda r: r.__setitem__(key_hash("e2b_aa"), record))
+        await store.update(lambda r: r.__setitem__(key_hash("e2b_bb"), {**record, "id": "2"}))
+        assert await owner_of(store, "e2b_aa") == Caller("alice", "e2b-key", "acme")
+        await store.update(lambda r: r.pop(key_hash("e2b_aa")))
+        if isinstance(store, SecretRecords):
+            store._cached = None
+        assert await owner_of(store, "e2b_aa") is None
+        assert (await owner_of(store, "e2b_bb")).user_id == "alice"
+
+    for store in stores:
+        asyncio.run(scenario(store))
+    secret = kube.objects["/api/v1/namespaces/sessions/secrets/sandbox-workspace-e2b-keys"]
+    assert list(secret["data"]) == [key_hash("e2b_bb")]
+    assert (
+        "e2b_bb"
+        not in json.dumps(secret) + base64.b64decode(secret["data"][key_hash("e2b_bb")]).decode()
+    )
+    assert (tmp_path / "keys.json").stat().st_mode & 0o077 == 0
+
+    # Another replica writes between our read and our write: ours is retried, both stay.
+    first = SecretRecords(kube, "sessions")
+    original_get = first._get
+
+    async def read_then_race():
+        answer = await original_get()
+        other = SecretRecords(kube, "sessions")
+        if not hasattr(read_then_race, "raced"):
+            read_then_race.raced = True
+            await other.update(lambda r: r.__setitem__("h-other", {**record, "id": "o"}))
+        return answer
+
+    first._get = read_then_race
+    asyncio.run(first.update(lambda r: r.__setitem__("h-mine", {**record, "id": "m"})))
+    secret = kube.objects["/api/v1/namespaces/sessions/secrets/sandbox-workspace-e2b-keys"]
+    assert {"h-other", "h-mine"} <= set(secret["data"])
