@@ -3,6 +3,8 @@
 Naming: every field of the public API is snake_case, in requests and answers alike (the
 seed's ``file_upload_config``, ``max_file_size``…). The custom resources keep Kubernetes'
 camelCase; ``UploadConfig`` converts between the two, so no camelCase name reaches a client.
+A file's models, and their mappings from the runtime's and the store's shapes, are in
+``file_models``.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from pydantic import (
 )
 
 from sandbox_workspace.operator.models import FileUploadConfig
-from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR, UploadedFile, UploadResult
 
 from .backends.base import Session, SessionStatus
+from .file_models import StoredFile, WorkspaceFile
 from .identity import MAX_USER_ID
 
 
@@ -165,77 +167,6 @@ class SessionDeleted(BaseModel):
     deleted: bool = True
 
 
-class FileItem(BaseModel):
-    """One user upload of a listing (seed 001 §5.2's size and time, its digest and type)."""
-
-    name: str
-    path: str = Field(description="Full path as code in the sandbox opens it.")
-    size: int
-    sha256: str
-    mime_type: str
-    uploaded_at: datetime
-    conversation_id: str = Field(description="Its conversation (names repeat across them).")
-    subdir: str = UPLOAD_SUBDIR
-    modified: bool = Field(
-        False,
-        description="True when executed code changed the file after the upload (its bytes "
-        "or its inode: write, chmod, link): size is the current one, sha256 the uploaded "
-        "bytes' digest.",
-    )
-    presented: bool = Field(False, description="A run presented this file to the user.")
-
-    @classmethod
-    def of(cls, f: UploadedFile) -> FileItem:
-        """From the runtime's wire model (the one mapping of an upload to the public)."""
-        return cls.model_validate({k: getattr(f, k) for k in cls.model_fields})
-
-
-class FileUploaded(FileItem):
-    """The upload answer: the file, with seed 000 §8.6's ``file_name``."""
-
-    session_id: str
-    file_name: str = Field(description="The file's name, as `selected_files` names it.")
-    replaced: bool = Field(False, description="True when a file of that name was overwritten.")
-
-    @classmethod
-    def answer(cls, f: UploadResult, session_id: str) -> FileUploaded:
-        item = FileItem.of(f).model_dump()
-        return cls(**item, session_id=session_id, file_name=f.name, replaced=f.replaced)
-
-
-class SessionFileList(BaseModel):
-    """Uploads of every conversation of the session: ``files`` their names, as seed 000
-    §6.3's frontend reads them, ``items`` the files (each names its conversation)."""
-
-    session_id: str
-    files: list[str] = Field(description='The files\' names (`["data.csv", …]`).')
-    items: list[FileItem] = Field(description="The files, in the order of `files`.")
-
-    @classmethod
-    def of(cls, session_id: str, uploads: list[UploadedFile], **more: Any):
-        return cls(
-            session_id=session_id,
-            files=[f.name for f in uploads],
-            items=[FileItem.of(f) for f in uploads],
-            **more,
-        )
-
-
-class FileList(SessionFileList):
-    """Uploads of one conversation (``files`` names, ``items`` the files)."""
-
-    conversation_id: str
-    subdir: str = UPLOAD_SUBDIR
-    path: str = Field(description="The temparea directory as code in the sandbox sees it.")
-
-
-class FileDeleted(BaseModel):
-    session_id: str
-    conversation_id: str
-    name: str
-    deleted: bool = True
-
-
 class ConversationDeletion(BaseModel):
     session_id: str
     conversation_id: str
@@ -245,22 +176,6 @@ class ConversationDeletion(BaseModel):
 
 
 # -- conversation state (seed 003 "workspace information") ------------------------------
-
-
-class WorkspaceFile(BaseModel):
-    """One file of a conversation: a user upload, or a file the agent wrote under outputs/."""
-
-    name: str = Field(description="File name (uploads) or path below outputs/ (outputs).")
-    path: str = Field(description="Full path as code in the sandbox opens it.")
-    size: int
-    mime_type: str
-    modified_at: datetime = Field(description="Upload time for uploads.")
-    source: Literal["user_upload", "ai_created", "ai_modified"] = Field(
-        description="`user_upload`; `ai_modified` when a run changed a file that existed "
-        "before it, else `ai_created` (as seen by this API process; see docs/api.md)."
-    )
-    is_presented: bool = Field(description="The agent offered it to the user (present_file).")
-    sha256: str | None = Field(None, description="Uploads only.")
 
 
 class ConversationState(BaseModel):
@@ -310,30 +225,6 @@ class StreamToken(BaseModel):
     token: str = Field(description="Send as `?token=` to the events URL; grants only that.")
     expires_at: int = Field(description="Unix seconds.")
     events_url: str = Field(description="The events URL with the token, for EventSource.")
-
-
-class StoredFile(BaseModel):
-    """Seed 003's record of one file of a conversation (``conversation_files``)."""
-
-    file_id: str = Field(description="UUID; stays with the file across versions.")
-    conversation_id: str
-    file_path: str = Field(description="Relative to the conversation's directory.")
-    original_name: str
-    file_size: int
-    mime_type: str
-    version: int = Field(description="1 when created, +1 on every change.")
-    source: Literal["user_upload", "ai_created", "ai_modified"]
-    is_presented: bool = Field(description="The agent offered it to the user (present_file).")
-    checksum: str = Field(description="SHA-256 of the bytes, hex.")
-    status: Literal["active", "deleted"]
-    description: str
-    created_at: datetime
-    updated_at: datetime
-
-    @classmethod
-    def of(cls, record) -> StoredFile:
-        """From a ``store.metadata.FileRecord``."""
-        return cls.model_validate({k: getattr(record, k) for k in cls.model_fields})
 
 
 class WorkspaceInfo(BaseModel):

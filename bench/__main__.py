@@ -22,6 +22,7 @@ SUITES = [
     "session_start",
     "fairness",
     "storage",
+    "e2b",
     "tracing",
 ]
 # Run only when named: tracing runs the chat and execution suites twice per round.

@@ -26,7 +26,7 @@ import logging
 import os
 import stat
 import threading
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 
 from . import pathsafe, tree
 from .state import META, StateDir, write_atomically
@@ -34,6 +34,7 @@ from .state import META, StateDir, write_atomically
 log = logging.getLogger(__name__)
 
 _MAX_DOC_BYTES = 64 * 1024
+_KINDS = {"int": int, "bool": bool}  # a field's annotation → its JSON type (else str)
 
 
 def meta_file_name(file_name: str) -> str:
@@ -89,8 +90,10 @@ class UploadMeta:
             return None
         values = {}
         for f in fields(cls):
+            if f.name not in doc and f.default is not MISSING:
+                continue  # a field added since the document was written: its default
             value = doc.get(f.name)
-            kind = int if f.type == "int" else str
+            kind = _KINDS.get(str(f.type), str)
             if type(value) is not kind:  # bool is an int: refuse it too
                 return None
             values[f.name] = value

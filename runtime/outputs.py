@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from sandbox_workspace.contract.errors import BadRequest, Conflict, NotFoundError, TooLarge
 
 from . import pathsafe
+from .marks import ConversationMarks
 from .schemas import OutputFile, OutputList
 from .upload_files import guess_mime
 from .workspace import Workspace
@@ -42,6 +43,27 @@ class OpenedOutput:
     mime_type: str
 
 
+def output_file(
+    ws: Workspace,
+    cid: str,
+    parts: list[str],
+    st: os.stat_result,
+    marks: ConversationMarks | None = None,
+) -> OutputFile:
+    """The wire model of the output at ``parts`` (the one mapping of an output's stat and
+    its runs' marks to it)."""
+    path = ws.visible(cid, OUTPUTS, *parts)
+    return OutputFile(
+        relative_path="/".join(parts),
+        path=path,
+        size=st.st_size,
+        modified_at=datetime.fromtimestamp(st.st_mtime, UTC),
+        mime_type=guess_mime(parts[-1]),
+        modified=marks is not None and path in marks.modified,
+        presented=marks is not None and path in marks.presented,
+    )
+
+
 def list_outputs(ws: Workspace, conversation_id: str, limit: int = 2000) -> OutputList:
     cid = ws.check_conversation_id(conversation_id)
     files: list[OutputFile] = []
@@ -54,18 +76,7 @@ def list_outputs(ws: Workspace, conversation_id: str, limit: int = 2000) -> Outp
             if len(files) >= limit:
                 truncated = True
                 break
-            path = ws.visible(cid, OUTPUTS, *rel)
-            files.append(
-                OutputFile(
-                    relative_path="/".join(rel),
-                    path=path,
-                    size=st.st_size,
-                    modified_at=datetime.fromtimestamp(st.st_mtime, UTC),
-                    mime_type=guess_mime(rel[-1]),
-                    modified=path in marks.modified,
-                    presented=path in marks.presented,
-                )
-            )
+            files.append(output_file(ws, cid, rel, st, marks))
         truncated = truncated or not walk.complete
     return OutputList(
         conversation_id=cid, path=ws.visible(cid, OUTPUTS), files=files, truncated=truncated
@@ -139,13 +150,7 @@ async def write_output(
         raise
     finally:
         os.close(fd)
-    return OutputFile(
-        relative_path="/".join(parts),
-        path=ws.visible(cid, OUTPUTS, *parts),
-        size=st.st_size,
-        modified_at=datetime.fromtimestamp(st.st_mtime, UTC),
-        mime_type=guess_mime(parts[-1]),
-    )
+    return output_file(ws, cid, parts, st)
 
 
 def delete_output(ws: Workspace, conversation_id: str, relative_path: str) -> None:

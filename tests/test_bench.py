@@ -64,6 +64,11 @@ def test_bench_runs_in_quick_mode():
         # The API at the same scale: uploads to its running session, with 10 and with all.
         assert scale["api_upload_p50_ms"] > 0 and scale["api_upload_10_sessions_p50_ms"] > 0
         assert scale["api_rss_bytes"] > 0 and scale["api_rss_10_sessions_bytes"] > 0
+    # Time to first command through E2B's SDK, beside our own API (the SDK is a dev dep).
+    if "e2b: skipped" not in result.stdout:
+        e2b = json.loads((ROOT / "bench" / "results" / "e2b-quick.json").read_text())
+        assert e2b["quick"] and e2b["first_command_p50_ms"] > 0
+        assert e2b["rest_first_command_p50_ms"] > 0 and "added_p50_ms" in e2b
     if shutil.which("redis-server") or shutil.which("valkey-server"):
         assert any(n.startswith("chat on the Redis run store") for n in names)
         chat = json.loads((ROOT / "bench" / "results" / "chat-quick.json").read_text())

@@ -37,15 +37,16 @@ from ..runtime_client import RuntimeClient
 from .base import Backend, Session
 from .store_backend import MetadataDecorator
 from .store_cache import OUTPUTS, UPLOADS, Hashing, drop_cached, listings
+from .store_errors import translated
 
 
 class RecordsBackend(MetadataDecorator):
     def __init__(self, inner: Backend, http: httpx.AsyncClient, store: ObjectStore) -> None:
         self.inner = inner
         self.http = http
-        self.store = store
+        self.store = translated(store)  # the API's edge: store errors become API errors
         self.layout = Layout()
-        self.meta = Metadata(store, self.layout)
+        self.meta = translated(Metadata(store, self.layout))
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime
 

@@ -62,6 +62,7 @@ from ..runtime_client import RuntimeClient
 from ..upload_guard import GuardedBody
 from .base import Backend, ConversationPhase, Session
 from .store_cache import OUTPUTS, UPLOADS, drop_cached, fill_upload, listings
+from .store_errors import translated
 from .store_upload import TeeUpload
 from .store_writeback import Copy, copy_all
 
@@ -143,9 +144,9 @@ class StoreBackend(MetadataDecorator):
     ) -> None:
         self.inner = inner
         self.http = http
-        self.store = store
+        self.store = translated(store)  # the API's edge: store errors become API errors
         self.layout = layout
-        self.meta = Metadata(store, layout)
+        self.meta = translated(Metadata(store, layout))
         # (session, runtime url, token and incarnation, cid): filled once per runtime.
         self._filled: set[tuple[str, str, str]] = set()
         self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime

@@ -84,8 +84,9 @@ async def _create(request: Request, services: Services, body: dict) -> JSONRespo
     sandbox_id = new_sandbox_id()
     sandbox = Sandbox(services, session, conversation_of(sandbox_id))
     await services.backend.conversation_opened(session, sandbox.cid)
-    # A marker makes the conversation exist for the runtime (its listings) at once.
-    await sandbox.fs("mkdir", ".e2b")
+    # The conversation exists for the runtime (its listings) at once: its directories are
+    # made directly, not by a process in the sandbox (that cost ~80 ms of the create).
+    await client(services, session).ensure_conversation(sandbox.cid)
     answer = _describe(sandbox_id, template, timeout)
     answer["envdAccessToken"] = tokens(services).issue(caller, sandbox_id)
     return JSONResponse(answer, status_code=201)

@@ -23,6 +23,7 @@ from sandbox_workspace.runtime.schemas import ConversationInfo, OutputList, Uplo
 from ..backends.base import ConversationPhase
 from ..chat.run import Run
 from ..deps import CallerDep, ServicesDep
+from ..file_models import workspace_output, workspace_upload
 from ..names import ConversationIdPath, SessionIdPath
 from ..openapi import SESSION_ERRORS, errors
 from ..runtime_client import RuntimeClient
@@ -32,7 +33,6 @@ from ..schemas import (
     ConversationSummary,
     RunList,
     RunSummary,
-    WorkspaceFile,
 )
 
 router = APIRouter(prefix="/api/v1/sessions/{session_id}/conversations", tags=["conversations"])
@@ -46,31 +46,6 @@ def build_state(
     outputs: OutputList | None,
 ) -> ConversationState:
     cid = info.conversation_id
-    upload_files = [
-        WorkspaceFile(
-            name=f.name,
-            path=f.path,
-            size=f.size,
-            mime_type=f.mime_type,
-            modified_at=f.uploaded_at,
-            source="user_upload",
-            is_presented=f.presented,
-            sha256=f.sha256,
-        )
-        for f in (uploads.files if uploads else [])
-    ]
-    output_files = [
-        WorkspaceFile(
-            name=f.relative_path,
-            path=f.path,
-            size=f.size,
-            mime_type=f.mime_type,
-            modified_at=f.modified_at,
-            source="ai_modified" if f.modified else "ai_created",
-            is_presented=f.presented,
-        )
-        for f in (outputs.files if outputs else [])
-    ]
     return ConversationState(
         session_id=session_id,
         conversation_id=cid,
@@ -78,8 +53,8 @@ def build_state(
         path=info.path,
         file_count=info.file_count,
         total_size=info.total_bytes,
-        uploads=upload_files,
-        outputs=output_files,
+        uploads=[workspace_upload(f) for f in (uploads.files if uploads else [])],
+        outputs=[workspace_output(f) for f in (outputs.files if outputs else [])],
         outputs_truncated=bool(outputs and outputs.truncated),
     )
 

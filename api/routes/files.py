@@ -35,11 +35,19 @@ from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
 
 from ..backends.base import Session
 from ..deps import CallerDep, ServicesDep
+from ..file_models import (
+    FileDeleted,
+    FileList,
+    FileUploaded,
+    SessionFileList,
+    file_list,
+    file_uploaded,
+    session_file_list,
+)
 from ..files import Upload
 from ..names import NAME_RULES, SessionIdPath, conversation_id_schema, name_schema
 from ..openapi import SESSION_ERRORS, errors
 from ..request_bounds import streams_body
-from ..schemas import FileDeleted, FileList, FileUploaded, SessionFileList
 
 router = APIRouter(prefix="/api/v1/sessions/{session_id}/files", tags=["files"])
 
@@ -153,7 +161,7 @@ async def upload_file(
         params,
     )
     result = await services.files.upload(session, upload)
-    return FileUploaded.answer(result, session.session_id)
+    return file_uploaded(result, session.session_id)
 
 
 @router.get("", responses=errors(*SESSION_ERRORS))
@@ -165,16 +173,9 @@ async def list_files(
     uploads of every conversation of the session (each item names its conversation)."""
     session = await _running(services, caller, session_id)
     if cid is not None:
-        listing = await services.files.listing(session, cid)
-        return FileList.of(
-            session.session_id,
-            listing.files,
-            conversation_id=listing.conversation_id,
-            subdir=listing.subdir,
-            path=listing.path,
-        )
+        return file_list(session.session_id, await services.files.listing(session, cid))
     uploads = await services.files.session_listing(session)
-    return SessionFileList.of(session.session_id, uploads)
+    return session_file_list(session.session_id, uploads)
 
 
 @router.get(

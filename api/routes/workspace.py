@@ -28,12 +28,13 @@ from sandbox_workspace.runtime.download_headers import download_headers
 
 from ..backends.base import Session
 from ..deps import CallerDep, ServicesDep
+from ..file_models import StoredFile, stored_file
 from ..files import Upload
 from ..identity import Caller
 from ..names import ConversationIdPath, SessionIdPath, name_schema
 from ..openapi import SESSION_ERRORS, errors
 from ..request_bounds import streams_body
-from ..schemas import StoredFile, WorkspaceInfo, WorkspaceSettings
+from ..schemas import WorkspaceInfo, WorkspaceSettings
 
 router = APIRouter(tags=["workspace"])
 
@@ -122,7 +123,7 @@ async def _info(services, caller: Caller, place: Place) -> WorkspaceInfo:
         workspace_created_at=records.created_at,
         file_count=len(records.files),
         total_size=sum(f.file_size for f in records.files),
-        files=[StoredFile.of(f) for f in records.files],
+        files=[stored_file(f) for f in records.files],
     )
 
 
@@ -152,7 +153,7 @@ def _serve(prefix: str, locate, names: dict[str, str], docs: dict[str, str]) -> 
             request.headers.get("content-type", ""),
             request.headers.get("content-length"),
         )
-        return StoredFile.of(
+        return stored_file(
             await services.files.upload_record(session, place.conversation_id, given)
         )
 
@@ -177,7 +178,7 @@ def _serve(prefix: str, locate, names: dict[str, str], docs: dict[str, str]) -> 
         place: PlaceDep, file_id: FileIdPath, caller: CallerDep, services: ServicesDep
     ) -> StoredFile:
         session = await place.session(services, caller)
-        return StoredFile.of(
+        return stored_file(
             await services.files.delete_record(session, place.conversation_id, file_id)
         )
 

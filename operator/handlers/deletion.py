@@ -186,7 +186,7 @@ async def _clear_store(ctx: OperatorContext, namespace: str, name: str, body: di
     try:
         left = await ctx.store.delete_prefix(prefix)
     except StoreError as e:
-        raise Wait(Reason.STORE_UNAVAILABLE, f"object store: {e.message}; retrying") from e
+        raise Wait(Reason.STORE_UNAVAILABLE, f"object store: {e}; retrying") from e
     if left:
         raise Wait(Reason.STORE_NOT_EMPTY, f"{left} object(s) still under {prefix}; retrying")
     return f"; no object left under {prefix}"

@@ -19,6 +19,9 @@ against both, tests/unit/test_store_contract.py):
 - ``check`` is called once at start: a missing bucket, bad credentials or an unreachable
   endpoint raise ``StoreConfigError`` whose message names the setting to change.
 - Failures of the service itself are ``StoreUnavailable`` (retry later).
+- Errors are the store's own (``StoreError`` and its subclasses), plain exceptions that
+  know nothing of HTTP: the operator and the CLI read them as they are, the API
+  translates them once, at its edge (``api/backends/store_errors.py``).
 """
 
 from __future__ import annotations
@@ -29,40 +32,27 @@ from datetime import datetime
 from typing import Protocol
 from urllib.parse import quote
 
-from sandbox_workspace.contract.errors import ApiError
-
 Body = bytes | AsyncIterable[bytes]
 
 
-class StoreError(ApiError):
-    """Base of the object store's errors."""
-
-    status, code = 503, "store_error"
+class StoreError(Exception):
+    """Base of the object store's errors (the API answers them: api/backends/store_errors.py)."""
 
 
 class StoreConfigError(StoreError):
     """The store cannot be used as configured (bucket, credentials, endpoint)."""
 
-    code = "store_misconfigured"
-
 
 class StoreUnavailable(StoreError):
     """The store did not answer, or answered an error; retrying later may work."""
-
-    code = "store_unavailable"
-    retry_after = 2
 
 
 class ObjectNotFound(StoreError):
     """No object at that key."""
 
-    status, code = 404, "not_found"
-
 
 class PreconditionFailed(StoreError):
     """A conditional put lost: the object exists (``if_absent``) or changed (``if_match``)."""
-
-    status, code = 409, "precondition_failed"
 
 
 @dataclass(frozen=True)
