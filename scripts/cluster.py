@@ -2,7 +2,7 @@
 
     python scripts/cluster.py up [--port 8100]   build, start, install, print how to reach it
     python scripts/cluster.py down               stop it (the node, its pods, their files)
-    python scripts/cluster.py kubectl ARGS...    kubectl against it
+    python scripts/cluster.py kubectl ARGS...    kubectl against it (inside its namespaces)
 
 ``up`` is the node tier's own path (tests/node): the builds (``nodeenv.prepare``: the
 control plane and kubelet from Go modules, the image with podman), then, in a private
@@ -35,7 +35,7 @@ for sub in ("tests/node", "tests/cluster", "tests/support"):
 from kubeenv.controlplane import BIN_DIR  # noqa: E402
 from nodeenv import netns  # noqa: E402
 from nodeenv.prepare import PrepareFailed, prepare, skip_reason  # noqa: E402
-from nodeenv.standup import LISTEN_FD_ENV, READY, STOP, inside  # noqa: E402
+from nodeenv.standup import LISTEN_FD_ENV, READY, STOP, TOKEN, inside  # noqa: E402
 
 STATE = Path(os.environ.get("SANDBOX_CLUSTER_DIR", REPO / "build" / "cluster"))
 PID, LOG = STATE / "pid", STATE / "cluster.log"
@@ -125,7 +125,8 @@ def down(timeout: float = 120.0) -> int:
     if _alive(pid):
         # unshare's end kills the namespace's PID 1, and with it every process inside.
         os.kill(pid, signal.SIGKILL)
-    PID.unlink(missing_ok=True)
+    for path in (PID, STATE / STOP, STATE / TOKEN):
+        path.unlink(missing_ok=True)
     print("the cluster is stopped")
     return 0
 
@@ -156,22 +157,22 @@ def kubectl(args: list[str]) -> int:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["kubectl"]:  # everything after it is kubectl's, flags included
+        return kubectl(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("up")
     start.add_argument("--port", type=int, default=int(os.environ.get("CLUSTER_PORT", 8100)))
     sub.add_parser("down")
     sub.add_parser("inside")
-    sub.add_parser("kubectl").add_argument("args", nargs=argparse.REMAINDER)
+    sub.add_parser("kubectl", help="kubectl ARGS... against the node")
     ns = parser.parse_args()
     if ns.command == "up":
         return up(ns.port)
     if ns.command == "down":
         return down()
-    if ns.command == "inside":
-        inside(STATE)
-        return 0
-    return kubectl(ns.args)
+    inside(STATE)
+    return 0
 
 
 if __name__ == "__main__":

@@ -45,3 +45,9 @@ def test_up_where_the_node_cannot_run_says_why(tmp_path):
     assert result.returncode == 2
     assert "make cluster cannot run here: SANDBOX_SKIP_NODE is set" in result.stderr
     assert not (tmp_path / "pid").exists()
+
+
+def test_kubectl_without_a_cluster_says_so(tmp_path):
+    # kubectl's own flags pass through (not taken for the script's).
+    result = _run("kubectl", "-n", "sandbox-workspace", "get", "pods", tmp_path=tmp_path)
+    assert result.returncode == 1 and "no cluster is running: make cluster" in result.stderr
