@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -85,6 +86,7 @@ def up(port: int) -> int:
     STATE.mkdir(parents=True, exist_ok=True)
     for name in (READY, STOP):
         (STATE / name).unlink(missing_ok=True)
+    _wipe()  # a new node each time: an old etcd would still hold the last release
     listener = socket.create_server(("127.0.0.1", port))
     argv = [sys.executable, str(Path(__file__).resolve()), "inside"]
     with open(LOG, "w") as log:
@@ -127,8 +129,15 @@ def down(timeout: float = 120.0) -> int:
         os.kill(pid, signal.SIGKILL)
     for path in (PID, STATE / STOP, STATE / TOKEN):
         path.unlink(missing_ok=True)
+    _wipe()
     print("the cluster is stopped")
     return 0
+
+
+def _wipe() -> None:
+    """The node's state (etcd, kubelet, containerd, the release's files): gone with it."""
+    for name in ("node", "release"):
+        shutil.rmtree(STATE / name, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
