@@ -51,6 +51,7 @@ from .routes import (
     health,
     sandboxes,
     sessions,
+    snapshots,
     ui_chat,
     web,
     workspace,
@@ -70,6 +71,7 @@ API_MODULES = (
     agents,
     sandboxes,
     workspace,
+    snapshots,
 )
 
 

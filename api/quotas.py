@@ -41,6 +41,11 @@ class Quotas(BaseModel):
     executions_per_user: int = Field(
         32, ge=1, description="/execute calls of one user in progress at once (then 429)."
     )
+    snapshot_bytes_per_user: int = Field(
+        10 * 1024**3,
+        ge=0,
+        description="Bytes all of one user's conversation snapshots may hold (then 413).",
+    )
 
 
 class QuotaExceeded(Conflict):

@@ -180,6 +180,14 @@ class ApiSettings(BaseSettings):
     llm_max_retries: int = Field(2, ge=0, le=10, description="Retries on 429/529/5xx/connect.")
     chat_max_iterations: int = Field(15, ge=1, le=100, description="Model turns per run.")
     chat_run_deadline_seconds: float = Field(900.0, gt=0, description="Hard limit per run.")
+    chat_auto_snapshot: bool = Field(
+        False,
+        description="Take a snapshot of the conversation's files before each chat turn "
+        "(named `auto: before turn {run_id}`), so a retry from that turn can restore it.",
+    )
+    chat_auto_snapshot_keep: int = Field(
+        10, ge=1, description="Automatic snapshots kept per conversation (oldest deleted)."
+    )
     chat_approval_timeout_seconds: float = Field(
         300.0, gt=0, description="Undecided approvals count as rejected after this."
     )
@@ -243,7 +251,8 @@ class ApiSettings(BaseSettings):
     quotas: Quotas = Field(
         default_factory=Quotas,
         description="Per-user caps: conversations_per_user (409 quota_exceeded), "
-        "runs_per_user, followers_per_user, executions_per_user (429 with Retry-After).",
+        "runs_per_user, followers_per_user, executions_per_user (429 with Retry-After), "
+        "snapshot_bytes_per_user (413).",
     )
     log_level: str = "info"
 

@@ -132,7 +132,7 @@ def _namespace(api: KubeClient, name: str) -> str:
     )
     wait_until(
         lambda: api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-        timeout=30,
+        timeout=120,  # the service-account controller lags under load
         message=f"service account default in {name}",
     )
     return name

@@ -27,7 +27,9 @@ Figures, each beside a baseline measured in the same run on the same server:
   once the output is in the store) against the same execution in local mode; the
   difference is the time from the end of the execution to its output being stored;
 - write-back of 2,000 small outputs against a plain client's 2,000 PUTs, and another
-  user's latency meanwhile (``bench.writeback``).
+  user's latency meanwhile (``bench.writeback``);
+- fork and snapshot of a conversation of 1,000 files / 1 GB, beside a plain client's
+  server-side copies and a download-and-upload copy (``bench.forks``).
 Results: ``bench/results/storage.json`` (``storage-quick.json`` in quick mode).
 """
 
@@ -49,7 +51,7 @@ import httpx
 import obstore
 from obstore.store import HTTPStore
 
-from . import writeback
+from . import forks, writeback
 from .harness import Figure, cpu_seconds, dev_server, runtime_pid
 
 REPO = Path(__file__).resolve().parents[1]
@@ -487,6 +489,7 @@ def run(quick: bool) -> list[Figure]:
             )
         )
         figures += writeback.run(env, store, quick)
+        figures += forks.run(env, store, quick)
     finally:
         server.stop()
     results = RESULTS.with_name("storage-quick.json") if quick else RESULTS

@@ -26,11 +26,19 @@ from sandbox_workspace.contract.errors import ApiError, Unauthorized, install_er
 from .activity import Activity
 from .claim import Claimed, ClaimHeader, ClaimRequest, ClaimState
 from .confinement import Confinement
+from .copies import Copies
 from .download_headers import download_headers
 from .executor import Executor
 from .output import ResultCaps
 from .output_batch import read_outputs
-from .outputs import delete_output, list_outputs, open_output, write_output
+from .outputs import (
+    DEFAULT_OUTPUTS_LISTED,
+    MAX_OUTPUTS_LISTED,
+    delete_output,
+    list_outputs,
+    open_output,
+    write_output,
+)
 from .raw_upload import FEATURE as RAW_UPLOAD
 from .raw_upload import receive_raw_upload
 from .schemas import (
@@ -39,6 +47,7 @@ from .schemas import (
     ConversationInfo,
     ExecuteRequest,
     ExecutionResult,
+    ForkRequest,
     Health,
     KernelRestarted,
     Marks,
@@ -48,6 +57,7 @@ from .schemas import (
     OutputList,
     ProcessesStopped,
     RuntimeStats,
+    SnapshotRequest,
     UploadList,
     UploadResult,
 )
@@ -72,6 +82,7 @@ class RuntimeState:
         claim_key = settings.claim_key.get_secret_value() if settings.claim_key else None
         self.claim = ClaimState(settings.resolved_token(), claim_key)
         self.workspace = Workspace(settings.root, settings.visible_root)
+        self.copies = Copies(self.workspace)
         self.limits = UploadLimits(
             max_file_size=settings.max_file_size_bytes,
             max_file_count=settings.max_file_count,
@@ -191,7 +202,74 @@ async def delete_conversation(conversation_id: str, state: State) -> Conversatio
         async with state.deletions.get(cid):
             # Its processes go first: nothing may keep writing into what we delete.
             await state.executor.stop_conversation(cid)
+            await anyio.to_thread.run_sync(state.copies.drop, cid)  # its snapshots too
             return await anyio.to_thread.run_sync(ws.delete_conversation, cid)
+
+
+# -- snapshots and forks (``copies``: local store mode) ---------------------------------
+
+
+def _public(doc: dict) -> dict:
+    return {k: v for k, v in doc.items() if k != "uploads"}
+
+
+@router.post("/conversations/{conversation_id}/snapshots", status_code=201)
+async def take_snapshot(conversation_id: str, body: SnapshotRequest, state: State) -> dict:
+    """Copy the conversation's files as they are now (reflinks where possible)."""
+    with state.activity.track():
+        async with state.locks.get(conversation_id):
+            doc = await anyio.to_thread.run_sync(
+                state.copies.snapshot, conversation_id, body.snapshot_id, body.name
+            )
+    return _public(doc)
+
+
+@router.get("/conversations/{conversation_id}/snapshots")
+async def list_snapshots(conversation_id: str, state: State) -> dict:
+    docs = await anyio.to_thread.run_sync(state.copies.list, conversation_id)
+    return {"snapshots": [_public(d) for d in docs]}
+
+
+@router.get("/conversations/{conversation_id}/snapshots/{snapshot_id}")
+async def get_snapshot(conversation_id: str, snapshot_id: str, state: State) -> dict:
+    return _public(await anyio.to_thread.run_sync(state.copies.get, conversation_id, snapshot_id))
+
+
+@router.delete("/conversations/{conversation_id}/snapshots/{snapshot_id}", status_code=204)
+async def delete_snapshot(conversation_id: str, snapshot_id: str, state: State) -> None:
+    await anyio.to_thread.run_sync(state.copies.delete, conversation_id, snapshot_id)
+
+
+@router.post("/conversations/{conversation_id}/snapshots/{snapshot_id}/restore")
+async def restore_snapshot(conversation_id: str, snapshot_id: str, state: State) -> dict:
+    """The conversation's files become the snapshot's; its processes (the kernel
+    included) are stopped first — their state is not in a snapshot."""
+    ws = state.workspace
+    await anyio.to_thread.run_sync(state.copies.get, conversation_id, snapshot_id)  # 404
+    with state.activity.track(), ws.deleting(conversation_id) as cid:
+        async with state.deletions.get(cid):
+            await state.executor.stop_conversation(cid)
+            doc = await anyio.to_thread.run_sync(state.copies.restore, cid, snapshot_id)
+    return _public(doc)
+
+
+@router.post("/conversations/{conversation_id}/fork", status_code=201)
+async def fork_conversation(conversation_id: str, body: ForkRequest, state: State) -> dict:
+    """Fill the empty conversation ``body.conversation_id`` with copies of this one's
+    files (or of one of its snapshots)."""
+    with state.activity.track():
+        async with state.locks.get(body.conversation_id):
+            copied = await anyio.to_thread.run_sync(
+                state.copies.fork, conversation_id, body.conversation_id, body.snapshot_id
+            )
+    return {"conversation_id": body.conversation_id, "file_count": copied.files,
+            "bytes": copied.bytes, "reflinked": copied.reflinked}  # fmt: skip
+
+
+@router.get("/snapshots/bytes")
+async def snapshot_bytes(state: State) -> dict:
+    """What every snapshot of this workspace holds (the per-user stored-bytes quota)."""
+    return {"bytes": await anyio.to_thread.run_sync(state.copies.stored_bytes)}
 
 
 @router.post("/uploads", status_code=201)
@@ -263,9 +341,14 @@ async def download(conversation_id: str, name: str, state: State) -> StreamingRe
 
 
 @router.get("/conversations/{conversation_id}/outputs")
-async def outputs(conversation_id: str, state: State) -> OutputList:
-    """Files code wrote under outputs/ (for result events and present_file)."""
-    return await anyio.to_thread.run_sync(list_outputs, state.workspace, conversation_id)
+async def outputs(
+    conversation_id: str,
+    state: State,
+    limit: Annotated[int, Query(ge=1, le=MAX_OUTPUTS_LISTED)] = DEFAULT_OUTPUTS_LISTED,
+) -> OutputList:
+    """Files code wrote under outputs/ (for result events and present_file), at most
+    ``limit`` of them (``truncated`` says when there are more)."""
+    return await anyio.to_thread.run_sync(list_outputs, state.workspace, conversation_id, limit)
 
 
 @router.post("/conversations/{conversation_id}/outputs-batch")

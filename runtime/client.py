@@ -333,8 +333,11 @@ class RuntimeClient:
     async def delete_output(self, cid: str, parts: list[str]) -> None:
         await self._request("DELETE", self._conversation(cid, "outputs", *parts))
 
-    async def list_outputs(self, cid: str) -> OutputList:
-        r = await self._request("GET", self._conversation(cid, "outputs"))
+    async def list_outputs(self, cid: str, limit: int | None = None) -> OutputList:
+        """The conversation's outputs; ``limit``: how many at most (the runtime's default
+        window without it; a runtime older than the parameter ignores it)."""
+        params = {"limit": limit} if limit is not None else None
+        r = await self._request("GET", self._conversation(cid, "outputs"), params=params)
         return _parse(OutputList, r)
 
     async def record_marks(self, cid: str, report: MarksReport) -> Marks:
@@ -343,3 +346,32 @@ class RuntimeClient:
             "POST", self._conversation(cid, "marks"), json=report.model_dump(mode="json")
         )
         return _parse(Marks, r)
+
+    # -- copies (``runtime.copies``: snapshots and forks in local store mode) ----------
+
+    async def snapshot(self, cid: str, snapshot_id: str, name: str) -> dict:
+        body = {"snapshot_id": snapshot_id, "name": name}
+        return (await self._request("POST", self._conversation(cid, "snapshots"), json=body)).json()
+
+    async def snapshots(self, cid: str) -> list[dict]:
+        r = await self._request("GET", self._conversation(cid, "snapshots"))
+        return r.json()["snapshots"]
+
+    async def get_snapshot(self, cid: str, snapshot_id: str) -> dict:
+        return (
+            await self._request("GET", self._conversation(cid, "snapshots", snapshot_id))
+        ).json()
+
+    async def delete_snapshot(self, cid: str, snapshot_id: str) -> None:
+        await self._request("DELETE", self._conversation(cid, "snapshots", snapshot_id))
+
+    async def restore_snapshot(self, cid: str, snapshot_id: str) -> dict:
+        path = self._conversation(cid, "snapshots", snapshot_id, "restore")
+        return (await self._request("POST", path)).json()
+
+    async def fork(self, cid: str, to: str, snapshot_id: str | None) -> dict:
+        body = {"conversation_id": to, "snapshot_id": snapshot_id}
+        return (await self._request("POST", self._conversation(cid, "fork"), json=body)).json()
+
+    async def snapshot_bytes(self) -> int:
+        return (await self._request("GET", "/v1/snapshots/bytes")).json()["bytes"]

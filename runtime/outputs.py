@@ -64,7 +64,15 @@ def output_file(
     )
 
 
-def list_outputs(ws: Workspace, conversation_id: str, limit: int = 2000) -> OutputList:
+# A listing's default window (result events, present_file) and the largest one asked for
+# (the store's write-back and fill, which must see every output to lose none).
+DEFAULT_OUTPUTS_LISTED = 2000
+MAX_OUTPUTS_LISTED = 100_000
+
+
+def list_outputs(
+    ws: Workspace, conversation_id: str, limit: int = DEFAULT_OUTPUTS_LISTED
+) -> OutputList:
     cid = ws.check_conversation_id(conversation_id)
     files: list[OutputFile] = []
     truncated = False

@@ -235,3 +235,17 @@ class OutputList(BaseModel):
     path: str
     files: list[OutputFile]
     truncated: bool = Field(False, description="More files exist than were listed.")
+
+
+class SnapshotRequest(BaseModel):
+    """A snapshot to take (``copies``): its id (conversation-id rules) and a name."""
+
+    snapshot_id: str
+    name: str = ""
+
+
+class ForkRequest(BaseModel):
+    """The conversation to fill, from the live one or from ``snapshot_id``."""
+
+    conversation_id: str
+    snapshot_id: str | None = None

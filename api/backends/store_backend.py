@@ -56,13 +56,14 @@ from sandbox_workspace.runtime.schemas import UploadResult
 from sandbox_workspace.store import Download, ObjectStore
 from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
 from sandbox_workspace.store.metadata import FileRecord, Manifest, Metadata, Written, now
+from sandbox_workspace.store.snapshots import StoreCopies
 
 from ..keyed_locks import KeyedLocks
-from ..runtime_client import RuntimeClient
+from ..runtime_client import RuntimeClient, RuntimeRefused
 from ..upload_guard import GuardedBody
 from .base import Backend, ConversationPhase, Session
 from .store_cache import OUTPUTS, UPLOADS, drop_cached, fill_upload, listings
-from .store_errors import translated
+from .store_errors import StoreFailure, translated
 from .store_upload import TeeUpload
 from .store_writeback import Copy, copy_all
 
@@ -79,6 +80,20 @@ class WorkspaceDisabled(Conflict):
             f"the workspace of conversation '{conversation_id}' is disabled "
             "(workspace_enabled=false): uploads, executions and file tools are refused; "
             "enable it with PATCH …/workspace/{conversation_id}"
+        )
+
+
+class UploadOvertaken(Conflict):
+    """The upload's file was deleted or replaced in the cache while this upload was in
+    flight (after the runtime committed it, before it was recorded): the later operation
+    wins, nothing of this upload is kept."""
+
+    code = "upload_overtaken"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"'{name}' was deleted or replaced while this upload was in flight; nothing of "
+            "this upload was kept: upload it again if it is still wanted"
         )
 
 
@@ -146,7 +161,9 @@ class StoreBackend(MetadataDecorator):
         self.http = http
         self.store = translated(store)  # the API's edge: store errors become API errors
         self.layout = layout
-        self.meta = translated(Metadata(store, layout))
+        meta = Metadata(store, layout)
+        self.meta = translated(meta)
+        self.copies = translated(StoreCopies(store, layout, meta))  # snapshots and forks
         # (session, runtime url, token and incarnation, cid): filled once per runtime.
         self._filled: set[tuple[str, str, str]] = set()
         self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime
@@ -171,6 +188,18 @@ class StoreBackend(MetadataDecorator):
                 prefix = self.layout.conversation(self.scope(session), cid)
                 await asyncio.shield(self.store.delete_prefix(prefix))
                 raise ConversationDeleting(cid)
+
+    @contextlib.asynccontextmanager
+    async def writing(self, session: Session, cid: str) -> AsyncIterator[None]:
+        """Held around a write to the conversation's prefix made outside this class (a
+        snapshot, a restore, a fork: ``files.copies``): after this process's write-backs,
+        and fenced against the conversation's deletion, as every write here is."""
+        async with self._lock(session, cid), self._fenced(session, cid):
+            yield
+
+    def forget(self, session: Session, cid: str) -> None:
+        """The cache of ``cid`` is gone (a restore cleared it): fill it again on use."""
+        self._forget(session.session_id, cid)
 
     # -- the hooks ------------------------------------------------------------------
 
@@ -280,6 +309,12 @@ class StoreBackend(MetadataDecorator):
         async with self._lock(session, cid):
             try:
                 async with self._fenced(session, cid):
+                    # A deletion (or another upload) of the name that came between the
+                    # runtime's commit and this lock wins: completing the object now would
+                    # record a file the cache no longer holds, and the next fill would
+                    # bring it back (issue 33: a deleted file never comes back).
+                    if not await _still_cached(client, cid, result):
+                        raise UploadOvertaken(result.name)
                     etag = await tee.settle(result)
                     if etag is not None:
                         path, mime = UPLOADS + result.name, result.mime_type
@@ -383,14 +418,35 @@ class StoreBackend(MetadataDecorator):
     async def delete_file(self, session: Session, cid: str, file_id: str) -> FileRecord:
         """Remove the file's object and its cache copy, then mark its record deleted."""
         record = await self._record(session, cid, file_id)
-        scope = self.scope(session)
         async with self._lock(session, cid), self._fenced(session, cid):
-            await self.store.delete(self.layout.file(scope, cid, record.file_path))
-            await self._drop_cached(session, cid, record.file_path)
-            gone = await self.meta.mark_deleted(scope, cid, file_id=file_id)
-            self._seen.pop((session.session_id, cid, record.file_path), None)
+            gone = await self._delete_record(session, cid, record)
         if gone is None:  # deleted meanwhile by another request
             raise NotFoundError(f"no file '{file_id}' in conversation '{cid}'")
+        return gone
+
+    async def delete_path(self, session: Session, cid: str, path: str) -> None:
+        """Delete the file at ``path`` (v1's delete by name): its object, cache copy and
+        record when the store has it, else the cache's copy alone (a write-back that has
+        not happened). Decided under the conversation's lock, so an upload of the same
+        name settling meanwhile is either seen (recorded: deleted with its record) or sees
+        the deletion (``UploadOvertaken``)."""
+        scope = self.scope(session)
+        async with self._lock(session, cid):
+            manifest = await self.meta.get(scope, cid)
+            record = manifest.active(path) if manifest else None
+            if record is None:
+                client = RuntimeClient(self.http, session.endpoint)
+                await drop_cached(client, cid, path, missing_ok=False)
+                return
+            async with self._fenced(session, cid):
+                await self._delete_record(session, cid, record)
+
+    async def _delete_record(self, session: Session, cid: str, record: FileRecord):
+        scope = self.scope(session)
+        await self.store.delete(self.layout.file(scope, cid, record.file_path))
+        await self._drop_cached(session, cid, record.file_path)
+        gone = await self.meta.mark_deleted(scope, cid, file_id=record.file_id)
+        self._seen.pop((session.session_id, cid, record.file_path), None)
         return gone
 
     async def _drop_cached(self, session: Session, cid: str, path: str) -> None:
@@ -426,7 +482,14 @@ class StoreBackend(MetadataDecorator):
 
         async def one(fill) -> None:
             async with gate:
-                await fill
+                try:
+                    await fill
+                except StoreFailure as e:
+                    if e.code != "not_found":
+                        raise
+                    # Deleted meanwhile by another replica (its lock is not ours): the
+                    # record says so by now, and the cache must not get the file back.
+                    log.info("a file went from the store while being filled: skipped")
 
         await asyncio.gather(*(one(f) for f in missing))
         filled = len(missing)
@@ -512,6 +575,18 @@ class StoreBackend(MetadataDecorator):
         if failed:
             raise failed[0]
         return recorded
+
+
+async def _still_cached(client: RuntimeClient, cid: str, result: UploadResult) -> bool:
+    """Whether the cache still holds the upload ``result`` describes (same digest)."""
+    try:
+        opened = await client.open_download(cid, result.name)
+    except RuntimeRefused as e:
+        if e.status == 404:
+            return False
+        raise
+    await opened.aclose()
+    return opened.headers.get("x-content-sha256") == result.sha256
 
 
 async def conversation_exists(backend: Backend, session: Session, cid: str) -> bool:

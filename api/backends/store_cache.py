@@ -11,13 +11,17 @@ rather than a multipart upload (three requests: what made small files slow).
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from collections.abc import AsyncIterable, AsyncIterator
 
 from sandbox_workspace.runtime.client import RuntimeRefused
+from sandbox_workspace.runtime.outputs import MAX_OUTPUTS_LISTED
 from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
 
 from ..runtime_client import RuntimeClient
+
+log = logging.getLogger(__name__)
 
 UPLOADS = f"uploads/{UPLOAD_SUBDIR}/"
 OUTPUTS = "outputs/"
@@ -88,16 +92,19 @@ async def fill_upload(
     )
 
 
-async def drop_cached(client: RuntimeClient, cid: str, file_path: str) -> None:
+async def drop_cached(
+    client: RuntimeClient, cid: str, file_path: str, *, missing_ok: bool = True
+) -> None:
     """Remove a file's cache copy through the runtime (an upload, or an output — on any
-    backend: a pod's cache is reached over HTTP too); a missing one is fine."""
+    backend: a pod's cache is reached over HTTP too); a missing one is fine unless
+    ``missing_ok`` is false (the runtime's 404 is raised)."""
     try:
         if file_path.startswith(UPLOADS):
             await client.delete_upload(cid, file_path[len(UPLOADS) :])
         elif file_path.startswith(OUTPUTS):
             await client.delete_output(cid, file_path[len(OUTPUTS) :].split("/"))
     except RuntimeRefused as e:
-        if e.status != 404:
+        if e.status != 404 or not missing_ok:
             raise
 
 
@@ -106,7 +113,14 @@ async def listings(client: RuntimeClient, cid: str) -> tuple[dict, dict]:
     runtime does not know the conversation)."""
     try:
         uploads = {f.name: f for f in (await client.list_uploads(cid)).files}
-        outputs = {f.relative_path: f for f in (await client.list_outputs(cid)).files}
+        listed = await client.list_outputs(cid, limit=MAX_OUTPUTS_LISTED)
+        if listed.truncated:  # past what one listing holds: said, never silent
+            log.warning(
+                "conversation has more outputs than one listing holds; those past it are "
+                "not written back",
+                extra={"conversation_id": cid, "listed": len(listed.files)},
+            )
+        outputs = {f.relative_path: f for f in listed.files}
     except RuntimeRefused as e:
         if e.status != 404:
             raise

@@ -25,6 +25,7 @@ from ..backends.base import ConversationPhase, Session, SessionStatus
 from ..identity import Caller
 from ..runtime_client import RuntimeClient
 from ..table_source import from_settings, identity_headers
+from . import auto_snapshot
 from .loop import run_agent
 from .policy import Policy, effective_policies
 from .progress import Progress
@@ -128,7 +129,9 @@ def launch(
     settings = services.settings
     session_id = caller.session_id
     run = Run(user_id=caller.user_id, session_id=session_id, conversation_id=cid)
-    conversation = ServiceConversation(services, caller, session_id, cid, run.id, write_table)
+    conversation = ServiceConversation(
+        services, caller, session_id, cid, run.id, write_table, starts_turn=True
+    )
     spec = RunSpec(
         query=query,
         history=history,
@@ -164,16 +167,22 @@ class ServiceConversation:
         cid: str,
         run_id: str,
         table_writer: Callable[[Any], Awaitable[None]] | None = None,
+        *,
+        starts_turn: bool = False,
     ) -> None:
         self.services, self.caller, self.session_id, self.cid = services, caller, session_id, cid
         self.run_id = run_id
         self.table_writer = table_writer
         self._opened: Session | None = None
+        self._snapshot_due = starts_turn  # a new run's turn: ``auto_snapshot`` first
 
     async def ensure_session(self) -> Session:
         session = await self.services.sessions.ensure_running(self.caller, self.session_id)
         await self.services.backend.conversation_opened(session, self.cid)
         self._opened = session
+        if self._snapshot_due:
+            self._snapshot_due = False
+            await auto_snapshot.before_turn(self.services, session, self.cid, self.run_id)
         return session
 
     async def before_tool(self) -> None:

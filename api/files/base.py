@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
@@ -38,6 +38,9 @@ from sandbox_workspace.store.metadata import FileRecord
 from ..backends.base import Backend, Session
 from ..file_refs import FileRef, parse_file_ref
 from ..runtime_client import RuntimeClient
+
+if TYPE_CHECKING:
+    from .copies import Forked, SnapshotView
 
 # Multipart framing around the file: boundaries, part headers, small form fields.
 MULTIPART_OVERHEAD = 64 * 1024
@@ -113,6 +116,22 @@ class FileService(Protocol):
     async def delete_record(self, session: Session, cid: str, file_id: str) -> FileRecord: ...
 
     async def set_enabled(self, session: Session, cid: str, enabled: bool) -> None: ...
+
+    # -- snapshots and forks (``files.copies``) ------------------------------------------
+
+    async def snapshot(self, session: Session, cid: str, name: str, quota: int) -> SnapshotView: ...
+
+    async def snapshots(self, session: Session, cid: str) -> list[SnapshotView]: ...
+
+    async def snapshot_info(self, session: Session, cid: str, sid: str) -> SnapshotView: ...
+
+    async def delete_snapshot(self, session: Session, cid: str, sid: str) -> None: ...
+
+    async def restore(self, session: Session, cid: str, sid: str) -> SnapshotView: ...
+
+    async def fork(self, session: Session, cid: str, to: str, sid: str | None) -> Forked: ...
+
+    async def snapshot_bytes(self, session: Session) -> int: ...
 
 
 class StoreNotConfigured(NotConfigured):

@@ -28,9 +28,10 @@ from ..backends.store_upload import TeeUpload
 from ..file_refs import FileRef
 from ..upload_guard import GuardedBody
 from .base import Opened, Records, RuntimeFiles, StoreNotConfigured, Upload
+from .copies import CacheCopies
 
 
-class CacheFiles(RuntimeFiles):
+class CacheFiles(CacheCopies, RuntimeFiles):
     top_level_kept = True  # the session's volume holds the whole conversation
 
     def __init__(

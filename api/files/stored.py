@@ -25,6 +25,7 @@ from ..backends.base import Session
 from ..backends.store_backend import StoreBackend, conversation_exists
 from ..file_refs import FileRef
 from .base import Opened, Records, RuntimeFiles, Upload
+from .copies import StoredCopies
 
 
 def _path(ref: FileRef) -> str:
@@ -34,7 +35,7 @@ def _path(ref: FileRef) -> str:
     return f"uploads/{UPLOAD_SUBDIR}/{ref.name}"
 
 
-class StoredFiles(RuntimeFiles):
+class StoredFiles(StoredCopies, RuntimeFiles):
     top_level_kept = False  # the store keeps uploads/temparea and outputs/ only
     backend: StoreBackend  # (given by app.create_app)
 
@@ -64,13 +65,7 @@ class StoredFiles(RuntimeFiles):
         return await self.backend.verified(session, ref.conversation_id, _path(ref), cached)
 
     async def delete(self, session: Session, ref: FileRef) -> None:
-        cid = ref.conversation_id
-        manifest = await self.backend.meta.get(self.backend.scope(session), cid)
-        record = manifest.active(_path(ref)) if manifest else None
-        if record is None:  # never written back: only the cache has it
-            await self.client(session).delete_upload(cid, ref.name)
-            return
-        await self.backend.delete_file(session, cid, record.file_id)
+        await self.backend.delete_path(session, ref.conversation_id, _path(ref))
 
     # -- seed 003 ----------------------------------------------------------------------
 

@@ -102,8 +102,12 @@ async function selectConversation(id) {
   store.set(`current:${api.userId}`, id);
   $("current-conversation").textContent = id ? `in ${id}` : "(create a conversation first)";
   $("delete-conversation").disabled = !id;
+  $("fork-conversation").disabled = !id;
+  $("take-snapshot").disabled = !id;
+  $("snapshot-status").textContent = "";
   renderConversations();
   await refreshUploads();
+  await refreshSnapshots();
   await redrawTranscript();
 }
 
@@ -126,6 +130,58 @@ $("delete-conversation").addEventListener("click", async () => {
   localStorage.removeItem(key("turns"));
   store.set(`convs:${api.userId}`, store.get(`convs:${api.userId}`, []).filter((c) => c !== cid));
   await selectConversation(store.get(`convs:${api.userId}`, [])[0] || null).catch(showError);
+});
+
+// ---- snapshots and forks (docs/api.md) ---------------------------------------------
+const conversationUrl = (id) => `${api.sessionUrl}/conversations/${encodeURIComponent(id)}`;
+
+async function refreshSnapshots() {
+  const conversation = cid;
+  let snapshots = [];
+  if (conversation) {
+    try {
+      snapshots = (await api.call("GET", `${conversationUrl(conversation)}/snapshots`)).snapshots;
+    } catch { /* nothing written yet: no snapshots */ }
+  }
+  if (conversation !== cid) return; // another conversation was picked meanwhile
+  const items = snapshots.map((s) => {
+    const li = document.createElement("li");
+    li.dataset.snapshot = s.snapshot_id;
+    li.textContent = `${s.name || s.created_at.slice(11, 19)} · ${s.file_count} files `;
+    const restore = document.createElement("button");
+    restore.textContent = "Restore";
+    restore.className = "restore";
+    restore.addEventListener("click", async () => {
+      try {
+        const url = `${conversationUrl(conversation)}/snapshots/${s.snapshot_id}/restore`;
+        const done = await api.call("POST", url);
+        $("snapshot-status").textContent = `restored "${done.name}"; Python restarted`;
+        await refreshUploads();
+      } catch (e) { showError(e); }
+    });
+    li.append(restore);
+    return li;
+  });
+  $("snapshot-list").replaceChildren(...items);
+}
+
+$("take-snapshot").addEventListener("click", async () => {
+  if (!cid) return;
+  try {
+    const name = new Date().toLocaleTimeString();
+    await api.call("POST", `${conversationUrl(cid)}/snapshots`, { name });
+    await refreshSnapshots();
+  } catch (e) { showError(e); }
+});
+
+$("fork-conversation").addEventListener("click", async () => {
+  if (!cid) return;
+  try {
+    const forked = await api.call("POST", `${conversationUrl(cid)}/fork`, {});
+    const ids = store.get(`convs:${api.userId}`, []);
+    store.set(`convs:${api.userId}`, [...ids, forked.conversation_id]);
+    await selectConversation(forked.conversation_id);
+  } catch (e) { showError(e); }
 });
 
 // ---- uploads ----------------------------------------------------------------------

@@ -22,6 +22,10 @@ Contract:
   (``RestartRequired``) and rolled by the look at its deadline once the session is idle, and
   ``observedGeneration`` stays at the generation the pod reflects until then.
 - Work on one session is serialised by a per-session lock (``OperatorContext.lock``).
+- Child names (``naming.ANNOTATION_NAMES``): a session never reconciled (no status) that
+  lacks the annotation, as one made with ``kubectl``, is stamped with the current names
+  before any child is made (``stamps_names``); one reconciled before the upgrade keeps
+  its legacy children's names.
 - Resume: whoever wants the session back (the API, or this operator to delete a
   conversation's files) sets the annotation ``sandboxworkspace.io/resume-requested``
   (an RFC 3339 time, by convention). The operator recreates the pod, sets the status
@@ -50,6 +54,7 @@ from sandbox_workspace.contract.crd import (
 )
 from sandbox_workspace.kube import Kube, KubeError, core_path, custom_path
 
+from .. import naming
 from ..activity import next_due, start_marker
 from ..builders import build_sandbox_pod
 from ..children import judge, uid_of
@@ -150,6 +155,29 @@ async def _invalid(ctx: OperatorContext, body: dict, error: ValidationError) -> 
         kopf.event(body, type="Warning", reason=Reason.INVALID_SPEC, message=message)
 
 
+def stamps_names(body: dict) -> bool:
+    """Whether a session's children get the current names (``naming.ANNOTATION_NAMES``)
+    stamped now: one this operator has never reconciled (no status, so no child made
+    under any name yet) and that does not carry the annotation already (the API sets it
+    at creation; ``kubectl``-made sessions lack it). One reconciled before the upgrade has
+    a status and keeps its legacy names, so its pod, Secret and claim are found again."""
+    annotations = body["metadata"].get("annotations") or {}
+    return not body.get("status") and naming.ANNOTATION_NAMES not in annotations
+
+
+async def _stamp_names(ctx: OperatorContext, body: dict) -> dict | None:
+    """The session with the names annotation stamped when ``stamps_names``; else as
+    given. None when it went meanwhile. The annotation goes first, before any child is
+    made, so every later reconcile (this operator's or the next) names children alike."""
+    if not stamps_names(body):
+        return body
+    meta = body["metadata"]
+    annotations = {naming.ANNOTATION_NAMES: naming.NAMES_CURRENT}
+    return await ctx.api.patch(
+        session_path(meta["namespace"], meta["name"]), {"metadata": {"annotations": annotations}}
+    )
+
+
 class _Taken(Exception):
     """A new session's pod, created without a read, found its name taken."""
 
@@ -185,6 +213,9 @@ async def _reconcile(
         body = seen or await ctx.api.get(session_path(namespace, name))
         if body is None or body["metadata"].get("deletionTimestamp"):
             ctx.metrics.session_phase(f"{namespace}/{name}", None)
+            return None
+        body = await _stamp_names(ctx, body)
+        if body is None:
             return None
         try:
             session = SandboxSession.from_body(body)

@@ -14,6 +14,10 @@ against both, tests/unit/test_store_contract.py):
   ``if_match`` fails unless the current object's ETag is that one — both with
   ``PreconditionFailed``. It answers the new object's ETag.
 - ``get`` streams; a missing key is ``ObjectNotFound``; ``head`` answers None for one.
+- ``copy`` makes ``dst`` a new object with ``src``'s bytes without moving them through
+  this process (S3: a server-side CopyObject; a directory: a reflink where the filesystem
+  has one, else a copy) — the two are independent objects from then on; a missing
+  ``src`` is ``ObjectNotFound``.
 - ``delete`` and ``delete_prefix`` are idempotent (gone is success); ``delete_prefix``
   answers how many objects it still finds under the prefix afterwards (0: verified gone).
 - ``check`` is called once at start: a missing bucket, bad credentials or an unreachable
@@ -91,6 +95,9 @@ class ObjectStore(Protocol):
 
     def list(self, prefix: str) -> AsyncIterator[ObjectInfo]:
         """Every object whose key starts with ``prefix`` (in no particular order)."""
+
+    async def copy(self, src: str, dst: str) -> None:
+        """``dst`` becomes an independent copy of ``src``, no bytes through here."""
 
     async def delete(self, key: str) -> None: ...
 

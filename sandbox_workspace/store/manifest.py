@@ -130,6 +130,16 @@ class Manifest:
             self._active[new.file_path] = new
         self.dirty.add(shard_of(new.file_path, self.shard_count))
 
+    def reset(self, records: list[FileRecord]) -> None:
+        """Every record becomes ``records`` (a restore, a fork's first document): every
+        shard is rewritten, those left empty included."""
+        self.dirty |= set(self.shards) | {shard_of(r.file_path, self.shard_count)
+                                          for r in self._records.values()}  # fmt: skip
+        self._records.clear()
+        self._active.clear()
+        for r in sorted(records, key=lambda r: (r.created_at, r.file_path)):
+            self.add(r)
+
     def head_fields(self) -> tuple[bool, str]:
         return self.workspace_enabled, self.workspace_created_at
 

@@ -240,6 +240,16 @@ class S3Store:
         except obx.BaseError as e:
             raise _unavailable(e) from e
 
+    async def copy(self, src: str, dst: str) -> None:
+        check_key(src)
+        check_key(dst)
+        try:
+            await obstore.copy_async(self._store, src, dst)
+        except (obx.NotFoundError, FileNotFoundError) as e:
+            raise ObjectNotFound(f"no object {src!r}") from e
+        except obx.BaseError as e:
+            raise _unavailable(e) from e
+
     async def delete(self, key: str) -> None:
         check_key(key)
         try:

@@ -82,6 +82,18 @@ def test_many_small_outputs_and_a_large_one_are_all_stored_and_recorded(store_se
     assert files["outputs/f001.txt"]["source"] == "ai_modified"
 
 
+def test_more_outputs_than_a_listing_window_all_reach_the_store(store_server, seaweedfs):
+    """The runtime lists 2,000 outputs by default (result events); the write-back asks
+    for the whole conversation, so an execution writing 2,100 loses none of them."""
+    server, bucket = store_server
+    execute(server, "for i in range(2100): open(f'outputs/w{i:04}.txt', 'w').write(str(i))", "wide")
+    prefix = f"workspaces/default/{SID}/wide/outputs/"
+    assert len(objects(seaweedfs, bucket, prefix)) == 2100
+    files = {f["file_path"] for f in manifest(seaweedfs, bucket, SID, "wide")["files"]}
+    assert {f"outputs/w{i:04}.txt" for i in (0, 1999, 2000, 2099)} <= files
+    assert len(files) == 2100
+
+
 async def _read(seaweedfs, bucket: str, key: str) -> bytes:
     from sandbox_workspace.store import S3Store
 

@@ -250,3 +250,31 @@ def test_overlapping_refreshes_list_each_upload_once(page, ui_server, tmp_path):
         assert page.locator("#uploads tbody tr[data-name='once.csv']").count() == 1
     finally:
         delete_session(ui_server.url, user)
+
+
+def test_snapshot_restore_and_fork_from_the_page(page, ui_server, tmp_path):
+    """Snapshot a conversation, upload more, restore (the later upload is gone), fork:
+    the fork is selected and holds the files."""
+    expect = sync_api.expect
+    user = f"web-{uuid.uuid4().hex[:8]}"
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        sign_in(page, ui_server.url, user)
+        new_conversation(page, "branching")
+        upload(page, tmp_path / "first.csv")
+        page.click("#take-snapshot")
+        expect(page.locator("#snapshot-list li")).to_have_count(1)
+        later = upload(page, tmp_path / "later.csv")
+        page.locator("#snapshot-list li button.restore").click()
+        expect(page.locator("#snapshot-status")).to_contain_text("Python restarted")
+        expect(later).to_have_count(0)
+        expect(page.locator("#uploads tbody tr[data-name='first.csv']")).to_be_visible()
+
+        page.click("#fork-conversation")
+        expect(page.locator("#current-conversation")).to_contain_text("in fork-")
+        expect(page.locator("#uploads tbody tr[data-name='first.csv']")).to_be_visible()
+        expect(page.locator("#snapshot-list li")).to_have_count(0)  # the fork's own
+        assert errors == [], errors
+    finally:
+        delete_session(ui_server.url, user)

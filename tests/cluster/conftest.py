@@ -198,7 +198,7 @@ def make_namespace(
         # Pods are refused until the service-account controller made "default".
         wait_until(
             lambda: kube_api.get_or_none(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-            timeout=30,
+            timeout=120,  # the service-account controller lags under load
             message=f"service account default in namespace {name}",
         )
         return name

@@ -11,7 +11,6 @@ import pytest
 from sessions import SBS, UserSession, container_id, get
 
 from sandbox_workspace.contract.crd import API_VERSION
-from sandbox_workspace.operator import naming
 
 pytestmark = pytest.mark.node
 
@@ -44,10 +43,10 @@ def limited(release, kube):
         "resources": {"limits": {"memory": POD_MEMORY}},
         "limits": {"memory": EXECUTION_MEMORY},
     }
-    # As the API makes one: current (64-bit) names for its pod, Secret and claim.
-    meta = {"name": s.name, "annotations": {naming.ANNOTATION_NAMES: naming.NAMES_CURRENT}}
+    # Made as kubectl would, without the names annotation: the operator stamps it on a
+    # session it never reconciled, so its pod carries the current (64-bit) name.
     kube.create(SBS, {"apiVersion": API_VERSION, "kind": "SandboxSession",
-                      "metadata": meta, "spec": spec})  # fmt: skip
+                      "metadata": {"name": s.name}, "spec": spec})  # fmt: skip
     yield s
     s.delete()
 

@@ -59,6 +59,20 @@ async def test_missing_objects(store):
     await store.delete("nothing/here")  # gone is success
 
 
+async def test_copy_is_an_independent_object(store):
+    """A copy (server-side on S3, a reflink or copy on a directory) has the bytes; later
+    writes or a deletion of either never show in the other."""
+    await store.put("w/s/c/a.txt", b"origin")
+    await store.copy("w/s/c/a.txt", "w/s/fork/a.txt")
+    assert await read_all(store, "w/s/fork/a.txt") == b"origin"
+    await store.put("w/s/fork/a.txt", b"changed")
+    assert await read_all(store, "w/s/c/a.txt") == b"origin"
+    await store.delete("w/s/c/a.txt")
+    assert await read_all(store, "w/s/fork/a.txt") == b"changed"
+    with pytest.raises(ObjectNotFound):
+        await store.copy("w/s/c/a.txt", "w/s/other/a.txt")
+
+
 async def test_list_is_exactly_the_prefix(store):
     for key in ("p/a/1", "p/a/sub/2", "p/ab/3", "p/b"):
         await store.put(key, b"x")

@@ -22,11 +22,16 @@ from kopf._core.engines import posting
 
 from sandbox_workspace.contract.crd import ANNOTATION_LAST_ACTIVITY, ANNOTATION_RESUME
 from sandbox_workspace.kube import core_path, custom_path
+from sandbox_workspace.operator import naming
 from sandbox_workspace.operator.activity import start_marker
 from sandbox_workspace.operator.builders import build_sandbox_pod
 from sandbox_workspace.operator.context import OperatorContext
 from sandbox_workspace.operator.handlers.checks import check_session
-from sandbox_workspace.operator.handlers.sessions import on_runtime_pod_event, reconcile_session
+from sandbox_workspace.operator.handlers.sessions import (
+    on_runtime_pod_event,
+    reconcile_session,
+    stamps_names,
+)
 from sandbox_workspace.operator.models import SandboxSession
 from sandbox_workspace.operator.settings import OperatorSettings
 
@@ -471,3 +476,68 @@ def test_a_seen_session_is_kept_without_its_managed_fields(world) -> None:
     ctx.see_session(body)
     assert ctx.sessions_seen[(NS, NAME)] == {"metadata": {"namespace": NS, "name": NAME}}
     assert body["metadata"]["managedFields"]  # the event's own object is left as it was
+
+
+# -- child names: sessions made without the API (kubectl) get the current names ----------
+
+LONG = "sb-session-" + "k" * 45  # its claim's name is cut, so hashed: legacy ≠ current
+
+
+def _long_session(kube: FakeKube, **metadata: Any) -> dict:
+    path = custom_path(NS, "sandboxsessions", LONG)
+    body = {"apiVersion": "sandboxworkspace.io/v1alpha1", "kind": "SandboxSession",
+            "metadata": metadata, "spec": {"userId": "k" * 45}}  # fmt: skip
+    return kube.put(path, body)
+
+
+def _claim(name: str) -> str:
+    return core_path(NS, "persistentvolumeclaims", name)
+
+
+@pytest.mark.parametrize("seen", [False, True], ids=["read", "from-its-event"])
+async def test_a_session_made_without_the_api_gets_the_current_child_names(world, seen) -> None:
+    ctx, kube, _ = world
+    body = _long_session(kube)  # as kubectl makes it: no names annotation, no status
+    await reconcile_session(ctx, NS, LONG, seen=copy.deepcopy(body) if seen else None)
+    stored = kube.objects[custom_path(NS, "sandboxsessions", LONG)]
+    assert stored["metadata"]["annotations"][naming.ANNOTATION_NAMES] == naming.NAMES_CURRENT
+    current, legacy = (
+        naming.workspace_claim_name(LONG),
+        naming.workspace_claim_name(LONG, legacy=True),
+    )
+    assert current != legacy
+    assert _claim(current) in kube.objects and _claim(legacy) not in kube.objects
+    assert naming.runtime_secret_name(LONG) in {p.rsplit("/", 1)[1] for p in kube.objects}
+
+
+async def test_a_session_reconciled_before_the_upgrade_keeps_its_legacy_child_names(world):
+    ctx, kube, _ = world
+    _long_session(kube)
+    path = custom_path(NS, "sandboxsessions", LONG)
+    kube.objects[path]["status"] = {"phase": "Running"}  # reconciled by the old operator
+    await reconcile_session(ctx, NS, LONG)
+    assert naming.ANNOTATION_NAMES not in (kube.objects[path]["metadata"].get("annotations") or {})
+    legacy = naming.workspace_claim_name(LONG, legacy=True)
+    assert _claim(legacy) in kube.objects
+    assert _claim(naming.workspace_claim_name(LONG)) not in kube.objects
+
+
+@pytest.mark.parametrize(
+    ("body", "stamped"),
+    [
+        ({"metadata": {}}, True),
+        ({"metadata": {"annotations": {}}, "status": {}}, True),
+        ({"metadata": {}, "status": {"phase": "Pending"}}, False),
+        ({"metadata": {"annotations": {naming.ANNOTATION_NAMES: naming.NAMES_CURRENT}}}, False),
+        ({"metadata": {"annotations": {naming.ANNOTATION_NAMES: "v9"}}}, False),  # not ours
+    ],
+)
+def test_which_sessions_get_the_names_stamped(body, stamped) -> None:
+    assert stamps_names(body) is stamped
+
+
+async def test_an_api_made_session_is_not_patched_for_its_names(world) -> None:
+    ctx, kube, _ = world
+    _long_session(kube, annotations={naming.ANNOTATION_NAMES: naming.NAMES_CURRENT})
+    await reconcile_session(ctx, NS, LONG)
+    assert custom_path(NS, "sandboxsessions", LONG) not in kube.verbs("patch")

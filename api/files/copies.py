@@ -1,0 +1,223 @@
+"""Snapshots, restores and forks of a conversation: the file service's part (mixed into
+``StoredFiles`` as ``StoredCopies`` and into ``CacheFiles`` as ``CacheCopies``), so the
+routes stay mode-blind and go through the file service like every file route.
+
+Contract, both modes:
+- ``snapshot`` copies the conversation's files (uploads and outputs; in ``local`` mode
+  the whole conversation directory) into an immutable snapshot, refused with 413
+  ``snapshot_quota_exceeded`` — before anything is copied — when the user's snapshots
+  would then hold more than ``quota`` bytes; 404 for a conversation that does not exist.
+  ``SnapshotView.state`` says which files it holds: ``last_write_back`` in ``s3`` mode
+  (the store's files as last written back; taken after any write-back in progress, so
+  what a running execution has not written back yet is not in it), ``live`` in ``local``
+  mode (the workspace's files at that instant).
+- ``restore`` makes the files exactly the snapshot's and stops the conversation's
+  processes: the Python state is not in a snapshot, the next execution starts a new
+  kernel (``Restored.kernel_restarted``).
+- ``fork`` makes ``to`` a new conversation of the same session (tracked by the backend as
+  any new conversation: its ConversationWorkspace and finalizer on kubernetes, counted
+  against the user's conversation cap) holding copies of the files of ``cid`` or of one
+  of its snapshots — never a shared object or inode. 409 when ``to`` exists; whatever
+  fails, nothing of ``to`` is left (it is deleted as a conversation is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from sandbox_workspace.contract.errors import ApiError, Conflict, NotFoundError
+from sandbox_workspace.store.snapshots import Snapshot, StoreCopies, new_id
+
+from ..backends.base import ConversationPhase, Session
+from ..backends.store_backend import StoreBackend, conversation_exists
+from ..quotas import QuotaExceeded
+
+KERNEL_NOTE = (
+    "the files are the snapshot's; the Python state (variables, imports) is not in a "
+    "snapshot: the conversation's processes were stopped and the next execution starts a "
+    "new interpreter"
+)
+
+
+class SnapshotQuotaExceeded(ApiError):
+    status, code = 413, "snapshot_quota_exceeded"
+
+
+class ForkQuotaExceeded(ApiError):
+    """A fork over the user's conversation cap: 429, as the issue's limits ask; waiting
+    does not help, deleting conversations does (so no ``Retry-After``)."""
+
+    status, code = 429, "quota_exceeded"
+    transient = False
+
+
+SnapshotView = Snapshot  # in ``local`` mode with no records (the workspace holds them)
+
+
+@dataclass(frozen=True)
+class Forked:
+    conversation_id: str
+    file_count: int
+    bytes: int
+
+
+def _over(used: int, adding: int, quota: int) -> None:
+    if used + adding > quota:
+        raise SnapshotQuotaExceeded(
+            f"this snapshot ({adding} bytes) would bring your snapshots to {used + adding} "
+            f"bytes, over the quota of {quota} (SANDBOX_WORKSPACE_QUOTAS__SNAPSHOT_BYTES_PER_"
+            "USER); delete snapshots first"
+        )
+
+
+async def _undo_fork(backend, session: Session, to: str) -> None:
+    await asyncio.shield(backend.delete_conversation(session, to))
+
+
+class StoredCopies:
+    """``s3`` mode: server-side copies in the store (``store.snapshots``)."""
+
+    backend: StoreBackend
+
+    def _copies(self) -> StoreCopies:
+        return self.backend.copies  # its errors are the API's (``store_errors``)
+
+    async def _existing(self, session: Session, cid: str) -> None:
+        """404 unless the conversation exists; checked again inside ``writing``, where
+        no deletion of this process can go past it: a write to the prefix of a
+        conversation already deleted would outlive it (a leaked snapshot, found by
+        tests/api/test_snapshots.py's racing test)."""
+        if not await conversation_exists(self.backend, session, cid):
+            raise NotFoundError(f"conversation '{cid}' not found")
+
+    async def snapshot(self, session: Session, cid: str, name: str, quota: int) -> SnapshotView:
+        await self._existing(session, cid)
+        b = self.backend
+        scope = b.scope(session)
+        async with b.writing(session, cid):  # after a write-back in progress
+            await self._existing(session, cid)  # again: a deletion may have gone first
+            manifest = await b.meta.get(scope, cid)
+            size = sum(r.file_size for r in (manifest.files if manifest else []) if r.active)
+            copies = self._copies()
+            _over(await copies.stored_bytes(b.layout.session(scope.tenant, scope.session_id)),
+                  size, quota)  # fmt: skip
+            return await copies.create(scope, cid, name)
+
+    async def snapshots(self, session: Session, cid: str) -> list[SnapshotView]:
+        await self._existing(session, cid)
+        return await self._copies().list(self.backend.scope(session), cid)
+
+    async def snapshot_info(self, session: Session, cid: str, sid: str) -> SnapshotView:
+        await self._existing(session, cid)
+        return await self._copies().get(self.backend.scope(session), cid, sid)
+
+    async def delete_snapshot(self, session: Session, cid: str, sid: str) -> None:
+        await self._existing(session, cid)
+        async with self.backend.writing(session, cid):
+            await self._existing(session, cid)
+            await self._copies().delete(self.backend.scope(session), cid, sid)
+
+    async def restore(self, session: Session, cid: str, sid: str) -> SnapshotView:
+        await self._existing(session, cid)
+        b = self.backend
+        async with b.writing(session, cid):
+            await self._existing(session, cid)
+            snap = await self._copies().restore(b.scope(session), cid, sid)
+            # The cache goes whole (its processes first: the runtime's deletion), and is
+            # filled again from the store, now the snapshot's files.
+            await self.client(session).delete_conversation(cid)
+            b.forget(session, cid)
+        await b.ensure_filled(session, cid)
+        return snap
+
+    async def fork(self, session: Session, cid: str, to: str, sid: str | None) -> Forked:
+        await self._existing(session, cid)
+        b = self.backend
+        if await conversation_exists(b, session, to):
+            raise Conflict(f"conversation '{to}' exists already", code="conversation_exists")
+        if sid is not None:
+            await self._copies().get(b.scope(session), cid, sid)  # 404 before anything
+        try:
+            # Tracked as any new conversation (cap, ConversationWorkspace); not filled:
+            # the first use fills it from what the fork writes.
+            await b.inner.conversation_opened(session, to)
+        except QuotaExceeded as e:
+            raise ForkQuotaExceeded(e.message) from e
+        try:
+            # Its (empty) cache directory now: where conversations are counted by their
+            # directories (the local backend), the fork counts from its creation.
+            await self.client(session).ensure_conversation(to)
+            async with b.writing(session, to):
+                records = await self._copies().fork(b.scope(session), cid, to, sid)
+        except BaseException:
+            await _undo_fork(b, session, to)
+            raise
+        return Forked(to, len(records), sum(r.file_size for r in records))
+
+    async def snapshot_bytes(self, session: Session) -> int:
+        b = self.backend
+        scope = b.scope(session)
+        return await self._copies().stored_bytes(b.layout.session(scope.tenant, scope.session_id))
+
+
+def _local_view(doc: dict) -> SnapshotView:
+    fields = ("snapshot_id", "conversation_id", "name", "created_at", "file_count", "bytes")
+    return Snapshot(**{k: doc[k] for k in fields}, state="live", records=[])
+
+
+class CacheCopies:
+    """``local`` mode: the runtime copies on its own volume (``runtime.copies``)."""
+
+    async def _existing(self, session: Session, cid: str):
+        info = await self.client(session).conversation_info(cid)
+        if not info.exists:
+            raise NotFoundError(f"conversation '{cid}' not found")
+        return info
+
+    async def snapshot(self, session: Session, cid: str, name: str, quota: int) -> SnapshotView:
+        info = await self._existing(session, cid)
+        client = self.client(session)
+        _over(await client.snapshot_bytes(), info.total_bytes, quota)
+        return _local_view(await client.snapshot(cid, new_id(), name))
+
+    async def snapshots(self, session: Session, cid: str) -> list[SnapshotView]:
+        await self._existing(session, cid)
+        return [_local_view(d) for d in await self.client(session).snapshots(cid)]
+
+    async def snapshot_info(self, session: Session, cid: str, sid: str) -> SnapshotView:
+        await self._existing(session, cid)
+        return _local_view(await self.client(session).get_snapshot(cid, sid))
+
+    async def delete_snapshot(self, session: Session, cid: str, sid: str) -> None:
+        await self._existing(session, cid)
+        await self.client(session).delete_snapshot(cid, sid)
+
+    async def restore(self, session: Session, cid: str, sid: str) -> SnapshotView:
+        await self._existing(session, cid)
+        doc = await self.client(session).restore_snapshot(cid, sid)
+        await self.backend.conversation_written(session, cid)  # records follow the files
+        return _local_view(doc)
+
+    async def fork(self, session: Session, cid: str, to: str, sid: str | None) -> Forked:
+        await self._existing(session, cid)
+        client = self.client(session)
+        if sid is not None:
+            await client.get_snapshot(cid, sid)  # 404 before anything
+        phase = await self.backend.conversation_phase(session, to)
+        if phase != ConversationPhase.ABSENT or (await client.conversation_info(to)).exists:
+            raise Conflict(f"conversation '{to}' exists already", code="conversation_exists")
+        try:
+            await self.backend.conversation_opened(session, to)
+        except QuotaExceeded as e:
+            raise ForkQuotaExceeded(e.message) from e
+        try:
+            done = await client.fork(cid, to, sid)
+            await self.backend.conversation_written(session, to)
+        except BaseException:
+            await _undo_fork(self.backend, session, to)
+            raise
+        return Forked(to, done["file_count"], done["bytes"])
+
+    async def snapshot_bytes(self, session: Session) -> int:
+        return await self.client(session).snapshot_bytes()
