@@ -2,6 +2,8 @@
 #   make dev    set up what serving needs, then serve the product on the local backend
 #               at http://127.0.0.1:8000
 #   make test   set up what the tests need, then lint and run every test tier
+#   make cluster       build the image, start a local node (control plane + kubelet), install
+#                      the chart and print how to reach it; make cluster-down stops it
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -13,7 +15,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 DATA   ?= ./data
 
-.PHONY: dev test fuzz setup lint format bench clean
+.PHONY: dev test fuzz setup lint format bench clean cluster cluster-down
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=...)")'
@@ -52,6 +54,14 @@ test: lint
 fuzz: $(STAMP)
 	SANDBOX_FUZZ_SEED=random SANDBOX_FUZZ_EXAMPLES=$(or $(EXAMPLES),40) \
 	  $(BIN)/pytest -s tests/api/test_contract_schemathesis.py
+
+# The Helm path on a real node, as the node tier installs it (docs/operations.md
+# "Try the chart on a local node"): needs root and the node tier's tools.
+cluster: $(STAMP)
+	$(BIN)/python scripts/cluster.py up $(if $(CLUSTER_PORT),--port $(CLUSTER_PORT))
+
+cluster-down: $(STAMP)
+	$(BIN)/python scripts/cluster.py down
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

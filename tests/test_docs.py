@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from doc_blocks import OPERATIONS, README, REPO_ROOT, shell_block
+from metric_names import metrics_in_code
 from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
@@ -177,21 +178,6 @@ def test_configuration_table_lists_every_setting_and_only_settings():
 
 
 # --------------------------------------------------------------------------- metrics
-
-
-def metrics_in_code() -> set[str]:
-    """Every metric the API and operator define, by the name Prometheus exposes."""
-    names = set()
-    for package in ("api", "operator", "runtime"):
-        for source in (REPO_ROOT / package).rglob("*.py"):
-            text = source.read_text()
-            found = re.findall(r"\b(\w*?)(?:MetricFamily)?\(\s*\"(sandbox_\w+)\"", text)
-            for kind, name in found:
-                if kind not in {"Counter", "Gauge", "Histogram", "Summary"}:
-                    continue
-                counter = kind == "Counter" and not name.endswith("_total")
-                names.add(f"{name}_total" if counter else name)
-    return names
 
 
 def test_metrics_table_lists_every_metric_and_only_metrics():

@@ -82,8 +82,11 @@ def tools(request: pytest.FixtureRequest) -> Tools:
 @pytest.fixture(scope="session")
 def schema_dir(tools: Tools, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """kubeconform schemas: built-in kinds from the OpenAPI document, our custom
-    resources from the models, kopf's peering resource from the chart's CRD."""
+    resources from the models, kopf's peering resource from the chart's CRD, and the
+    monitoring.coreos.com kinds from tests/chart/monitoring-crds.yaml."""
     crds = [crdgen.build_crd(kind) for kind in crdgen.KINDS]
     peering = HERE.parents[1] / "charts" / "sandbox-workspace" / "crds" / "kopf-peering.yaml"
     crds += [doc for doc in yaml.safe_load_all(peering.read_text()) if doc]
+    # The Prometheus Operator's kinds the chart's monitoring values render (a subset).
+    crds += [doc for doc in yaml.safe_load_all((HERE / "monitoring-crds.yaml").read_text()) if doc]
     yield write_schemas(tools, tmp_path_factory.mktemp("schemas"), crds)

@@ -45,6 +45,7 @@ from nodeenv.node import NodeCluster
 from nodeenv.prepare import PrepareFailed, prepare, skip_reason
 from nodeenv.release import Release
 from nodeenv.second_node import SecondNode
+from nodeenv.standup import install_release
 from nodeenv.store_stack import StoreStack, store_stack
 from scripted_llm import ScriptedLLM
 from sessions import UserSession
@@ -149,10 +150,10 @@ def release_result(
     node_cluster: NodeCluster, kube: KubeClient, node_llm: ScriptedLLM, tmp_path_factory
 ) -> tuple[Release, object]:
     """The chart installed by docs/operations.md's install block (once per session)."""
-    release = Release(
-        node_cluster.kubeconfig,
+    # The install `make cluster` makes too (nodeenv.standup), with the test's model.
+    return install_release(
+        node_cluster,
         tmp_path_factory.mktemp("release"),
-        node_cluster.images["image"],
         {
             "chat.baseUrl": node_llm.url,
             "chat.model": "scripted",
@@ -160,7 +161,6 @@ def release_result(
             "operator.settings.CHECK_INTERVAL_SECONDS": "1",
         },
     )
-    return release, release.install()
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,11 @@
 and a server (e.g. one API replica and Redis), made and healed on demand.
 
 ``TcpProxy(host, port).start()`` listens on a free loopback port and forwards every
-connection to ``host:port`` (two threads a connection). ``cut()`` closes every connection
-and refuses new ones (accepted, then closed at once) until ``heal()``; ``stop()`` ends it.
+connection to ``host:port`` (two threads a connection); ``TcpProxy.on(listener, target)``
+serves a listening socket made elsewhere (e.g. inherited from another network namespace)
+and asks ``target()`` where to connect, per connection (a pod's address changes).
+``cut()`` closes every connection and refuses new ones (accepted, then closed at once)
+until ``heal()``; ``stop()`` ends it.
 """
 
 from __future__ import annotations
@@ -11,17 +14,24 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Callable
 
 
 class TcpProxy:
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, host: str, port: int, listener: socket.socket | None = None) -> None:
+        self.target: Callable[[], tuple[str, int]] = lambda: (host, port)
+        self._listener = listener or socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._cut = False
         self._stopped = False
+
+    @classmethod
+    def on(cls, listener: socket.socket, target: Callable[[], tuple[str, int]]) -> TcpProxy:
+        proxy = cls("", 0, listener)
+        proxy.target = target
+        return proxy
 
     def start(self) -> TcpProxy:
         threading.Thread(target=self._accept, daemon=True).start()
@@ -37,8 +47,9 @@ class TcpProxy:
                 client.close()
                 continue
             try:
-                server = socket.create_connection(self.target, timeout=5)
-            except OSError:
+                server = socket.create_connection(self.target(), timeout=5)
+                server.settimeout(None)  # the timeout was for connecting: idle is fine
+            except Exception:
                 client.close()
                 continue
             with self._lock:
