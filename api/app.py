@@ -6,6 +6,7 @@ inject a backend (STYLE 12) instead of patching.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,7 +22,7 @@ from sandbox_workspace.contract.quantity import parse_bytes
 from sandbox_workspace.http_guard import HttpGuard
 from sandbox_workspace.runtime.settings import RuntimeSettings
 
-from . import cors, dev_guard, garbage, openapi, request_bounds
+from . import cors, dev_guard, garbage, metrics_port, openapi, request_bounds
 from .backends.base import Backend
 from .chat.anthropic_messages import DEFAULT_BASE_URL as DEFAULT_ANTHROPIC_URL
 from .chat.anthropic_messages import AnthropicClient
@@ -211,7 +212,11 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         await services.runs.store.start(lambda *a: resume_run(services, *a))
         garbage.tune()
         try:
-            yield
+            async with contextlib.AsyncExitStack() as apart:
+                if (port := settings.metrics_port) is not None:
+                    listener = metrics_port.serving(app.state.metrics, settings.host, port)
+                    await apart.enter_async_context(listener)
+                yield
         finally:
             await services.runs.aclose()
             await backend.aclose()
@@ -244,7 +249,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         from .backends.kube_errors import install_kube_error_handler
 
         install_kube_error_handler(app)
-    install_metrics(app, services.runs)
+    app.state.metrics = install_metrics(app, services.runs, route=settings.metrics_port is None)
     # Before CORS, so its 413s carry the CORS headers.
     request_bounds.install(app, settings.bounds, (m.router for m in API_MODULES))
     if settings.auth_mode == "dev":  # Host check and JSON only (api/dev_guard.py)

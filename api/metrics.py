@@ -92,7 +92,9 @@ class _RunsCollector:
         yield from getattr(self.runs.store, "metric_families", list)()  # a replicated store
 
 
-def install_metrics(app: FastAPI, runs=None) -> CollectorRegistry:
+def install_metrics(app: FastAPI, runs=None, *, route: bool = True) -> CollectorRegistry:
+    """Count every request into a new registry; ``route``: serve it at ``/metrics`` on
+    the app's own port (off when it has a port of its own: api/metrics_port.py)."""
     registry = CollectorRegistry()
     garbage.watch()
     registry.register(garbage.PAUSES)
@@ -111,9 +113,10 @@ def install_metrics(app: FastAPI, runs=None) -> CollectorRegistry:
         registry=registry,
     )
     app.add_middleware(_MetricsMiddleware, requests=requests, latency=latency)
+    if route:
 
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        @app.get("/metrics", include_in_schema=False)
+        async def metrics() -> Response:
+            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return registry

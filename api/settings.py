@@ -49,6 +49,13 @@ class ApiSettings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = 8000
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Serve /metrics on this port (same host) instead of the API's own "
+        "port, which then answers /metrics with 404; unset: on the API's port.",
+    )
     auth_mode: Literal["dev", "required"] = Field(
         "required",
         description="`dev`: no credentials, user from X-User-Id (loopback only); "

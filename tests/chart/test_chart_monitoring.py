@@ -150,3 +150,35 @@ def test_the_dashboard_configmap_is_what_grafana_loads(monitored: list[dict[str,
     assert dashboard["uid"] == "sandbox-workspace" and dashboard["panels"]
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
     assert all(p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"])
+
+
+def test_a_metrics_port_of_its_own_is_what_the_monitor_scrapes(tools: Tools) -> None:
+    """``api.metricsPort``: the API gets SANDBOX_WORKSPACE_METRICS_PORT, its pod and
+    Service a `metrics` port, and the ServiceMonitor scrapes that port, not `http`."""
+    docs = render(
+        tools,
+        release=RELEASE,
+        namespace=NAMESPACE,
+        set_values={**ALL_ON, "api.metricsPort": "9100"},
+    )
+    (service,) = [
+        d for d in _of(docs, "Service") if d["metadata"]["name"] == "sw-sandbox-workspace-api"
+    ]
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]}["metrics"] == 9100
+    (api,) = [
+        d for d in _of(docs, "Deployment") if d["metadata"]["name"] == service["metadata"]["name"]
+    ]
+    (container,) = api["spec"]["template"]["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in container["ports"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SANDBOX_WORKSPACE_METRICS_PORT"] == "9100"
+    (monitor,) = _of(docs, "ServiceMonitor")
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    refused = render_text(
+        tools,
+        release=RELEASE,
+        namespace=NAMESPACE,
+        set_values={"api.metricsPort": "80"},
+        check=False,
+    )
+    assert refused.returncode != 0 and "metricsPort" in refused.stderr
