@@ -178,7 +178,12 @@ def start_seaweedfs(workdir: Path, host: str = "127.0.0.1") -> SeaweedFS:
                 # die binding them, after its S3 port already answered.
                 "-s3.port.iceberg=0", "-s3.port.lance=0",
                 f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
-                "-volume.max=0", "-master.volumeSizeLimitMB=64",
+                # Every bucket (a test's own) grows 7 volumes. "0" sizes the limit from
+                # the free disk (~350 volumes, 50 buckets, on a 23 GB-free machine): a
+                # whole test run's buckets ran out of volumes and its last store tests
+                # failed. A fixed limit is the same on every machine; volumes start
+                # empty, so disk use follows what is written.
+                "-volume.max=5000", "-master.volumeSizeLimitMB=64",
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
