@@ -31,17 +31,12 @@ from .download_headers import download_headers
 from .executor import Executor
 from .output import ResultCaps
 from .output_batch import read_outputs
-from .outputs import (
-    DEFAULT_OUTPUTS_LISTED,
-    MAX_OUTPUTS_LISTED,
-    delete_output,
-    list_outputs,
-    open_output,
-    write_output,
-)
+from .outputs import delete_output, list_outputs, open_output, write_output
 from .raw_upload import FEATURE as RAW_UPLOAD
 from .raw_upload import receive_raw_upload
 from .schemas import (
+    DEFAULT_OUTPUTS_LISTED,
+    MAX_OUTPUTS_LISTED,
     ConversationDeleted,
     ConversationIds,
     ConversationInfo,

@@ -24,7 +24,7 @@ from sandbox_workspace.contract.errors import BadRequest, Conflict, NotFoundErro
 
 from . import pathsafe
 from .marks import ConversationMarks
-from .schemas import OutputFile, OutputList
+from .schemas import DEFAULT_OUTPUTS_LISTED, OutputFile, OutputList
 from .upload_files import guess_mime
 from .workspace import Workspace
 
@@ -62,12 +62,6 @@ def output_file(
         modified=marks is not None and path in marks.modified,
         presented=marks is not None and path in marks.presented,
     )
-
-
-# A listing's default window (result events, present_file) and the largest one asked for
-# (the store's write-back and fill, which must see every output to lose none).
-DEFAULT_OUTPUTS_LISTED = 2000
-MAX_OUTPUTS_LISTED = 100_000
 
 
 def list_outputs(

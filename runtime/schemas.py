@@ -230,6 +230,12 @@ class OutputBatchRequest(BaseModel):
     max_bytes: int = Field(ge=0, description="Bytes of files the answer may hold at most.")
 
 
+# An outputs listing's default window (result events, present_file) and the largest one
+# asked for (the store's write-back and fill, which must see every output to lose none).
+DEFAULT_OUTPUTS_LISTED = 2000
+MAX_OUTPUTS_LISTED = 100_000
+
+
 class OutputList(BaseModel):
     conversation_id: str
     path: str

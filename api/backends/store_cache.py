@@ -16,8 +16,7 @@ import secrets
 from collections.abc import AsyncIterable, AsyncIterator
 
 from sandbox_workspace.runtime.client import RuntimeRefused
-from sandbox_workspace.runtime.outputs import MAX_OUTPUTS_LISTED
-from sandbox_workspace.runtime.schemas import UPLOAD_SUBDIR
+from sandbox_workspace.runtime.schemas import MAX_OUTPUTS_LISTED, UPLOAD_SUBDIR
 
 from ..runtime_client import RuntimeClient
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from polling import wait_for
 from seed_client import SeedClient, assert_recovered
 
 pytestmark = pytest.mark.local_backend
@@ -36,13 +37,6 @@ def _client(server, user: str) -> httpx.Client:
     return httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=30)
 
 
-def _wait_until(condition, what: str, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _upload(client: httpx.Client, session_url: str, name: str, data: bytes) -> None:
     r = client.post(
         f"{session_url}/files/upload", files={"file": (name, data)}, data={"conversation_id": "c"}
@@ -61,7 +55,7 @@ def test_the_seed_client_recovers_a_session_stopped_for_idleness(
         assert runtime_pids(session_dir), "the upload started a runtime"
 
         wait_status(client, session_url, "stopped")
-        _wait_until(lambda: runtime_pids(session_dir) == [], "the idle runtime's process to end")
+        wait_for(lambda: runtime_pids(session_dir) == [], "the idle runtime's process to end")
 
         seed = SeedClient(client, user)
         assert seed.ensure(f"sb-session-{user}") == f"sb-session-{user}"
