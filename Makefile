@@ -14,6 +14,9 @@ SERVE_STAMP := $(VENV)/.installed-serve
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 DATA   ?= ./data
+# Workers of the test command (pytest-xdist): two, one per core of the machines it is
+# budgeted for; a file (or the node tier) stays on one worker (tests/support/prebuild.py).
+TEST_WORKERS ?= 2
 
 .PHONY: dev test fuzz setup lint format bench clean cluster cluster-down
 
@@ -47,7 +50,7 @@ format: $(STAMP)
 test: lint
 	bash scripts/install-system-deps.sh
 	bash scripts/install-node-deps.sh
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The contract fuzzer with new seeds and more examples (the test command's seed is fixed,
 # so it never fails at random): run before each landing; a failure prints its seed.

@@ -1,4 +1,5 @@
-"""Run the benchmarks and write ``bench/results/latest.md`` and ``latest.json``."""
+"""Run the benchmarks and write ``bench/results/latest.md`` and ``latest.json`` (or the
+names ``--summary`` gives)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         help="operator: only the scale figures, with this many sessions (e.g. 10000)",
     )
     parser.add_argument(
+        "--summary",
+        default="latest",
+        help="name of the summary files in bench/results (NAME.md, NAME.json); the test "
+        "command runs groups of suites side by side, each with its own",
+    )
+    parser.add_argument(
         "suites", nargs="*", help=f"any of {', '.join(SUITES)} (default: all but tracing)"
     )
     args = parser.parse_args(argv)
@@ -77,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.machine(),
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    (RESULTS / "latest.md").write_text(md + "\n")
-    (RESULTS / "latest.json").write_text(
+    (RESULTS / f"{args.summary}.md").write_text(md + "\n")
+    (RESULTS / f"{args.summary}.json").write_text(
         json.dumps(
             {"meta": meta, "figures": [{**asdict(f), "ratio": f.ratio} for f in figures]}, indent=2
         )

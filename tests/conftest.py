@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prebuild import Prebuild, order
+from prebuild import Prebuild, group, order
 from redis_server import missing_reason, start_redis
 from seaweedfs import SeaweedFS, start_seaweedfs
 from seaweedfs import missing_reason as seaweedfs_missing
@@ -202,11 +202,30 @@ EXTERNAL_API = os.environ.get("SANDBOX_TEST_API_URL")
 
 REPO = Path(__file__).resolve().parents[1]
 INSIDE_NODE_TIER = os.environ.get("SANDBOX_NODE_NETNS") == "1"  # no network: no builds
+XDIST_WORKER = bool(os.environ.get("PYTEST_XDIST_WORKER"))
 _prebuild = Prebuild(REPO)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if XDIST_WORKER:
+        _prebuild.adopt()  # the controller started the builds; a worker only waits
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which starts the workers
+def pytest_sessionstart(session: pytest.Session) -> None:
+    config = session.config
+    if config.pluginmanager.has_plugin("dsession") and not INSIDE_NODE_TIER:
+        _prebuild.start_for_paths(list(config.args))
+
+
+# tryfirst: the groups must be marked before xdist's worker hook reads them into node ids.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    order(items, REPO / "tests")  # light tiers first; the heavy ones find their builds done
+    tests_root = REPO / "tests"
+    order(items, tests_root)  # light tiers first; the heavy ones find their builds done
+    for item in items:
+        if (name := group(item, tests_root)) is not None:
+            item.add_marker(pytest.mark.xdist_group(name))
     if not EXTERNAL_API:
         return
     skip = pytest.mark.skip(
@@ -220,7 +239,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(trylast=True)  # after the tiers' own hooks have marked what they skip
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if not session.config.option.collectonly and not INSIDE_NODE_TIER:
+    if not session.config.option.collectonly and not INSIDE_NODE_TIER and not XDIST_WORKER:
         _prebuild.start(session.items)
 
 

@@ -15,62 +15,65 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.timeout(960)  # the suite's own limit below, not the default 300 s
-def test_bench_runs_in_quick_mode():
+# The quick run in four units of about equal length (faults ~130 s, operator ~70 s, chat
+# + ha ~55 s, the rest ~80 s on an idle machine), so the test command's two workers run
+# them side by side; together they are every suite `python -m bench --quick` runs.
+QUICK_UNITS = {
+    "faults": ["faults"],
+    "operator": ["operator"],
+    "chat": ["chat", "ha"],
+    "rest": ["execution", "transfer", "concurrency", "session_start", "fairness", "storage", "e2b"],
+}
+
+
+def test_quick_units_cover_every_default_suite():
+    from bench.__main__ import OPT_IN, SUITES
+
+    units = [suite for suites in QUICK_UNITS.values() for suite in suites]
+    assert sorted(units) == sorted(s for s in SUITES if s not in OPT_IN)
+
+
+def _run_quick(unit: str) -> tuple[subprocess.CompletedProcess, list[dict], float]:
     started = time.time()
+    summary = f"latest-quick-{unit}"
     result = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick"],
+        [sys.executable, "-m", "bench", "--quick", "--summary", summary, *QUICK_UNITS[unit]],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=900,  # the fault trials' quick mode: ~3.5 min of it
+        timeout=600,  # the fault trials' quick mode: ~2–3.5 min of it
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    data = json.loads((ROOT / "bench" / "results" / "latest.json").read_text())
-    names = [f["name"] for f in data["figures"]]
+    data = json.loads((ROOT / "bench" / "results" / f"{summary}.json").read_text())
+    assert all(f["p50"] > 0 and f["baseline_p50"] > 0 for f in data["figures"])
+    return result, data["figures"], started
+
+
+@pytest.mark.timeout(660)  # the run's own limit above, not the default 300 s
+def test_bench_quick_rest():
+    _, figures, _ = _run_quick("rest")
+    names = [f["name"] for f in figures]
     assert any("execute python" in n for n in names)
     assert any(n.startswith("upload") for n in names)
-    assert all(f["p50"] > 0 and f["baseline_p50"] > 0 for f in data["figures"])
+    # Time to first command through E2B's SDK, beside our own API (the SDK is a dev dep).
+    e2b = json.loads((ROOT / "bench" / "results" / "e2b-quick.json").read_text())
+    assert e2b["quick"] and e2b["first_command_p50_ms"] > 0
+    assert e2b["rest_first_command_p50_ms"] > 0 and "added_p50_ms" in e2b
+
+
+@pytest.mark.timeout(660)
+def test_bench_quick_chat_routes_and_replicas():
+    _, figures, started = _run_quick("chat")
     # Every chat route under the same load, on both providers, beside /chat's figure.
-    chat_routes = [f["extra"] for f in data["figures"] if f["name"].startswith("chat via ")]
+    chat_routes = [f["extra"] for f in figures if f["name"].startswith("chat via ")]
     assert sorted((f["route"], f["provider"]) for f in chat_routes) == sorted(
         (route, provider)
         for route in ("/api/v1/ui/chat", "/api/v1/ag-ui", "/api/v1/agents")
         for provider in ("openai", "anthropic")
     )
     assert all(f["n"] == f["baseline_n"] and "vs_chat_p99_ms" in f for f in chat_routes)
-    # The fault trials (quick mode) count what a deletion under faults left behind.
-    faults = ROOT / "bench" / "results" / "faults-quick.json"
-    if "faults: skipped" not in result.stdout:
-        assert faults.stat().st_mtime >= started, "the fault trials wrote no results"
-        trials = json.loads(faults.read_text())
-        assert trials["trials"] >= 2 * len(trials["faults"])
-        # Store faults (store mode s3, a real SeaweedFS): nothing left in the bucket either.
-        # The failure names each fault that left something, with what it left and when.
-        bad = [
-            f
-            for f in trials["faults"]
-            if f["leaked_files"] or f.get("leaked_objects") or f["stuck"] or f["released_early"]
-        ]
-        assert trials["leaked_objects"] == 0 and trials["released_early"] == 0, bad
-        assert trials["leaked_files"] == 0 and trials["stuck"] == 0, bad
-    # The operator at scale (quick form: 30 sessions) wrote its figures.
-    operator = ROOT / "bench" / "results" / "operator-quick.json"
-    if "operator: skipped" not in result.stdout:
-        scale = json.loads(operator.read_text())
-        assert scale["quick"] and scale["sessions"] == 30 and operator.stat().st_mtime >= started
-        assert scale["burst_per_second"] > 0 and scale["rss_bytes"] > 0
-        assert scale["idle_stop_lag_p99_s"] < 60  # every idle session stopped
-        # The API at the same scale: uploads to its running session, with 10 and with all.
-        assert scale["api_upload_p50_ms"] > 0 and scale["api_upload_10_sessions_p50_ms"] > 0
-        assert scale["api_rss_bytes"] > 0 and scale["api_rss_10_sessions_bytes"] > 0
-    # Time to first command through E2B's SDK, beside our own API (the SDK is a dev dep).
-    if "e2b: skipped" not in result.stdout:
-        e2b = json.loads((ROOT / "bench" / "results" / "e2b-quick.json").read_text())
-        assert e2b["quick"] and e2b["first_command_p50_ms"] > 0
-        assert e2b["rest_first_command_p50_ms"] > 0 and "added_p50_ms" in e2b
     if shutil.which("redis-server") or shutil.which("valkey-server"):
-        assert any(n.startswith("chat on the Redis run store") for n in names)
+        assert any(f["name"].startswith("chat on the Redis run store") for f in figures)
         chat = json.loads((ROOT / "bench" / "results" / "chat-quick.json").read_text())
         on_redis = chat["figures"][1]["extra"]
         assert chat["quick"] and len(on_redis["rounds"]) == 1
@@ -81,6 +84,43 @@ def test_bench_runs_in_quick_mode():
         )
         assert ha["kills"] >= 2 and ha["replicas"] >= 2 and ha["runs"] > 0
         assert ha["lost_events"] == ha["duplicated_events"] == ha["unfinished_streams"] == 0
+
+
+@pytest.mark.timeout(660)
+def test_bench_quick_fault_trials_leave_nothing():
+    result, _, started = _run_quick("faults")
+    # The fault trials (quick mode) count what a deletion under faults left behind.
+    faults = ROOT / "bench" / "results" / "faults-quick.json"
+    if "faults: skipped" in result.stdout:
+        pytest.skip(result.stdout.split("faults: skipped", 1)[1].splitlines()[0])
+    assert faults.stat().st_mtime >= started, "the fault trials wrote no results"
+    trials = json.loads(faults.read_text())
+    assert trials["trials"] >= 2 * len(trials["faults"])
+    # Store faults (store mode s3, a real SeaweedFS): nothing left in the bucket either.
+    # The failure names each fault that left something, with what it left and when.
+    bad = [
+        f
+        for f in trials["faults"]
+        if f["leaked_files"] or f.get("leaked_objects") or f["stuck"] or f["released_early"]
+    ]
+    assert trials["leaked_objects"] == 0 and trials["released_early"] == 0, bad
+    assert trials["leaked_files"] == 0 and trials["stuck"] == 0, bad
+
+
+@pytest.mark.timeout(660)
+def test_bench_quick_operator_at_scale():
+    result, _, started = _run_quick("operator")
+    # The operator at scale (quick form: 30 sessions) wrote its figures.
+    operator = ROOT / "bench" / "results" / "operator-quick.json"
+    if "operator: skipped" in result.stdout:
+        pytest.skip(result.stdout.split("operator: skipped", 1)[1].splitlines()[0])
+    scale = json.loads(operator.read_text())
+    assert scale["quick"] and scale["sessions"] == 30 and operator.stat().st_mtime >= started
+    assert scale["burst_per_second"] > 0 and scale["rss_bytes"] > 0
+    assert scale["idle_stop_lag_p99_s"] < 60  # every idle session stopped
+    # The API at the same scale: uploads to its running session, with 10 and with all.
+    assert scale["api_upload_p50_ms"] > 0 and scale["api_upload_10_sessions_p50_ms"] > 0
+    assert scale["api_rss_bytes"] > 0 and scale["api_rss_10_sessions_bytes"] > 0
 
 
 SELECTION = ["--providers", "anthropic", "--rounds", "2"]

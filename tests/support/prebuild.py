@@ -1,16 +1,27 @@
-"""The heavy tiers' builds in the background, and the order the tiers run in.
+"""The heavy tiers' builds in the background, the order the tiers run in, and how the
+test command's two workers share them.
 
 Why: on a new machine the Go builds (etcd, the control plane, kubelet; helm and
 kubeconform) and the images take over ten minutes. Run before the first test, as the tiers
 did, they add all of that to the run; run beside the light tiers (unit, api, clients,
 browser), which spend much of their time waiting on their own processes, they cost little.
+The test command runs on two pytest-xdist workers (``-n 2 --dist loadgroup``, Makefile):
+the tiers keep about half a core busy each, so the second core halves what is left.
 
 Contract:
-- ``order(items)`` sorts the collected items by tier, light tiers first (stable within a
-  tier), so the heavy tiers come last and find their builds done.
+- ``order(items)`` sorts the collected items by tier (stable within a tier): the light
+  tiers that cover the builds' time first, then the heavy tiers longest unit first (the
+  node tier is one inner session of ~5 min), then small light tiers that fill the other
+  worker's time while the last heavy unit runs.
+- ``group(item)`` is the item's xdist group: its file, so a module's fixtures start on one
+  worker only, or its tier where a tier is one process (``node``: one inner session);
+  ``None`` (one test per unit) for ``test_bench.py``, whose tests each run a bench of
+  their own. Each worker of the cluster tier starts its own control plane.
 - ``Prebuild.start(root, items)`` starts ``scripts/prebuild.sh`` under ``nice`` with the
   steps the selected heavy tiers need (none selected: nothing starts); its output goes to
-  ``build/prebuild.log``.
+  ``build/prebuild.log``. Under xdist only the controller starts it
+  (``start_for_paths``, from the run's arguments, before the workers exist) and passes
+  the steps and its pid to the workers in the environment (``adopt``).
 - ``Prebuild.wait(item)`` blocks until every step the item's tier needs has ended. It is
   called from a ``pytest_runtest_protocol`` wrapper that runs *outside* pytest-timeout's
   timer, so a cold build never counts against a test's timeout. A failed step is not
@@ -23,6 +34,7 @@ SANDBOX_PREBUILD=0 turns it off (the tiers then build on first use, as before).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -38,16 +50,20 @@ _RANK = {
     "test_seeds_doc.py": 1,
     "store": 2,
     "egress": 2,  # the egress proxy on loopback: light, no build
-    "api": 3,
-    "clients": 4,
-    "browser": 5,
-    "kind": 6,  # a kind cluster of its own, where Docker exists (skipped here)
+    "api": 3,  # the largest light tier: ~10 min on two workers, the builds' cover
+    "node": 4,  # one unit of ~5 min: started first of the heavy ones
+    "cluster": 5,
+    "test_bench.py": 6,
     "chart": 7,
-    "cluster": 8,
-    "test_bench.py": 9,
-    "image": 10,
-    "node": 11,
+    "image": 8,
+    "kind": 9,  # a kind cluster of its own, where Docker exists (skipped here)
+    "clients": 10,  # light fillers for the worker the last heavy unit leaves idle
+    "browser": 11,
 }
+# Tiers that are one process whatever their files: one xdist unit each.
+WHOLE_TIERS = frozenset({"node"})
+# Tiers whose tests are each a unit of their own (each runs a bench of its own).
+PER_TEST_TIERS = frozenset({"test_bench.py"})
 # What each heavy tier needs built (steps of scripts/prebuild.sh).
 NEEDS = {
     "chart": ("tools",),
@@ -57,6 +73,9 @@ NEEDS = {
     "node": ("tools", "kube", "images"),
 }
 STEPS = ("tools", "kube", "images")
+# How an xdist controller tells its workers what it started.
+STEPS_ENV = "SANDBOX_PREBUILD_STEPS"
+PID_ENV = "SANDBOX_PREBUILD_PID"
 # Past this the tier goes on and runs its script itself, which waits on the script's lock.
 WAIT_LIMIT = 2400.0
 
@@ -70,7 +89,29 @@ def tier(item: pytest.Item, tests_root: Path) -> str:
 
 
 def order(items: list[pytest.Item], tests_root: Path) -> None:
-    items.sort(key=lambda item: _RANK.get(tier(item, tests_root), 5))
+    items.sort(key=lambda item: _RANK.get(tier(item, tests_root), 3))
+
+
+def group(item: pytest.Item, tests_root: Path) -> str | None:
+    name = tier(item, tests_root)
+    if name in WHOLE_TIERS:
+        return name
+    if name in PER_TEST_TIERS:
+        return None
+    return str(Path(str(item.path)).resolve().relative_to(tests_root.parent))
+
+
+def tiers_of_paths(args: list[str], tests_root: Path) -> set[str]:
+    """The tiers a run's path arguments reach (a path above ``tests/`` reaches them all;
+    ``-k``/``-m`` are not looked at: a build too many costs only background time)."""
+    found: set[str] = set()
+    for arg in args or [str(tests_root)]:
+        path = Path(arg.split("::")[0]).resolve()
+        if path == tests_root or tests_root.is_relative_to(path):
+            return set(_RANK)
+        with contextlib.suppress(ValueError):
+            found.add(path.relative_to(tests_root).parts[0])
+    return found
 
 
 class Prebuild:
@@ -82,16 +123,36 @@ class Prebuild:
         self.proc: subprocess.Popen | None = None
         self.steps: tuple[str, ...] = ()
         self.started = 0.0
+        self.adopted_pid = 0  # a worker's: the controller's prebuild process
 
     def start(self, items: list[pytest.Item]) -> None:
-        if os.environ.get("SANDBOX_PREBUILD", "1") == "0" or self.proc is not None:
-            return
         wanted = {
             step
             for item in items
             if not item.get_closest_marker("skip")
             for step in NEEDS.get(tier(item, self.tests_root), ())
         }
+        self._start(wanted)
+
+    def start_for_paths(self, args: list[str]) -> None:
+        """The xdist controller's start: it collects nothing, so the steps come from the
+        tiers its arguments reach. The workers learn them (and whom to ask whether the
+        builds still run) from the environment they inherit."""
+        tiers = tiers_of_paths(args, self.tests_root)
+        self._start({step for name in tiers for step in NEEDS.get(name, ())})
+        if self.proc is not None:
+            os.environ[STEPS_ENV] = ",".join(self.steps)
+            os.environ[PID_ENV] = str(self.proc.pid)
+
+    def adopt(self) -> None:
+        """A worker's side: wait for the steps its controller started, never start any."""
+        self.steps = tuple(s for s in os.environ.get(STEPS_ENV, "").split(",") if s)
+        self.adopted_pid = int(os.environ.get(PID_ENV, "0") or 0)
+        self.started = time.monotonic()
+
+    def _start(self, wanted: set[str]) -> None:
+        if os.environ.get("SANDBOX_PREBUILD", "1") == "0" or self.proc is not None:
+            return
         self.steps = tuple(s for s in STEPS if s in wanted)
         if not self.steps:
             return
@@ -118,8 +179,10 @@ class Prebuild:
             )
 
     def _ended(self, step: str) -> bool:
-        return (self.dir / f"{step}.rc").exists() or (
-            self.proc is not None and self.proc.poll() is not None
+        return (
+            (self.dir / f"{step}.rc").exists()
+            or (self.proc is not None and self.proc.poll() is not None)
+            or (self.adopted_pid > 0 and not _alive(self.adopted_pid))
         )
 
     def wait(self, item: pytest.Item) -> None:
@@ -144,3 +207,13 @@ class Prebuild:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, 9)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
