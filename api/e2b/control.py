@@ -63,6 +63,9 @@ def e2b_error(e: ApiError) -> JSONResponse:
 
 
 async def _caller(request: Request, services: Services) -> Caller:
+    timers = lifetimes(services)
+    if timers.shared:  # any replica reaps shared timers: one that served an E2B call does
+        _reap(services, timers)
     key = well_formed_key(request.headers.get("x-api-key"))
     if services.settings.auth_mode == "dev":
         return dev_caller_for_api_key(key)
@@ -101,6 +104,10 @@ ATTACH_KEY = "sandbox-workspace.conversation"  # metadata naming a conversation 
 async def _keep(services: Services, sandbox_id: str, caller: Caller, timeout: int, **how):
     timers = lifetimes(services)
     await timers.set(caller, sandbox_id, timeout, **how)
+    _reap(services, timers)
+
+
+def _reap(services: Services, timers) -> None:
     timers.start(services.spawn, lambda sid, who: _end(services, sid, who))
 
 
