@@ -6,11 +6,18 @@ exactly as ``/api/v1/sessions/{id}/execute`` does (``conversation_opened`` /
 ``conversation_written``): the same confinement, quotas and deletion guarantee, and no
 second way into the sandbox. File operations are a small Python program run with bash
 (a fresh process, so the kernel's state and execution count are untouched).
+
+A fresh sandbox's home (``/home/user``) is the conversation's ``outputs/``: all its work
+starts there (``in_home``), so what E2B code writes is an output, which store mode ``s3``
+writes back (docs/e2b.md "Paths" says why); an attached chat conversation keeps the
+chat's layout. A sandbox the runtime does not list may still exist (``kept``: the backend
+tracks it, or the store holds it) and is then filled before use.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import shlex
 from collections.abc import AsyncIterator
@@ -214,6 +221,21 @@ class Sandbox:
             self.cid,
         )
 
+    async def _drop_stored(self, rel: str) -> None:
+        """An SDK file call removed (or moved away) ``rel`` of a fresh sandbox's home: its
+        files leave the store too (``s3`` mode), or a new cache would be filled with them
+        again. An attached chat conversation's files are left as the chat has them."""
+        backend = self.services.backend
+        if self.attached or not isinstance(backend, StoreBackend):
+            return
+        base = f"outputs/{rel}" if rel else "outputs"
+        manifest = await backend.meta.get(backend.scope(self.session), self.cid)
+        for record in manifest.files if manifest else []:
+            path = record.file_path
+            if record.active and (path == base or path.startswith(base + "/")):
+                with contextlib.suppress(NotFoundError):  # deleted meanwhile
+                    await backend.delete_file(self.session, self.cid, record.file_id)
+
     async def fs(self, op: str, path: str, **args):
         """One file operation (``FS_PROGRAM``); its answer, or the matching API error."""
         argument = json.dumps({"op": op, "path": path, **args})
@@ -226,6 +248,8 @@ class Sandbox:
                 raise BadRequest(result.error.value, code=result.error.code) from None
             raise BadGateway(f"file operation failed: {result.stderr.strip()[-500:]}") from None
         if "ok" in answer:
+            if op in ("remove", "move"):
+                await self._drop_stored(path)
             return answer["ok"]
         kind, message = answer.get("kind"), answer.get("error", "failed")
         if kind == "not_found":

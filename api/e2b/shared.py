@@ -9,7 +9,8 @@ Keys (under the run store's prefix + ``e2b:``):
   ahead only if it is still expired — so one replica kills it, and if that replica dies
   mid-kill another tries again once the claim passed. A kill that succeeded (or found
   the sandbox gone) removes the member.
-- ``idem:{sha256(tenant, user, key)}``: ``{"digest", "answer"}`` for ``REMEMBER_SECONDS``.
+- ``idem:{sha256(tenant, user, key)}``: ``{"digest", "answer"}`` for ``REMEMBER_SECONDS``,
+  at most ``MAX_REMEMBERED`` per user (``idem:by-user:…``, the oldest dropped first).
   The first create takes the key with ``SET NX`` (``{"digest"}`` alone, for
   ``PENDING_SECONDS``) before making the sandbox; a retry on any replica meanwhile waits
   for the answer (or answers 422 for another body). A create that fails releases the key.
@@ -28,6 +29,7 @@ from sandbox_workspace.contract.errors import Conflict
 
 from ..identity import Caller
 from .lifetimes import (
+    MAX_REMEMBERED,
     REAP_EVERY,
     REMEMBER_SECONDS,
     Kill,
@@ -122,6 +124,7 @@ class SharedAnswers:
                     raise
                 done = json.dumps({"digest": digest, "answer": answer})
                 await self.redis.set(name, done, ex=REMEMBER_SECONDS)
+                await self._bound(scope, name)
                 return answer
             raw = await self.redis.get(name)
             if raw is None:
@@ -136,3 +139,16 @@ class SharedAnswers:
                     f"a create with Idempotency-Key '{key}' is still in progress; retry"
                 )
             await asyncio.sleep(0.05)
+
+    async def _bound(self, scope: tuple[str, str, str], name: str) -> None:
+        """At most ``MAX_REMEMBERED`` answers per user (the oldest dropped first), as one
+        process keeps at most that many: a user minting keys cannot grow Redis without
+        bound within the 24 h."""
+        user = hashlib.sha256(json.dumps(scope[:2]).encode()).hexdigest()
+        index = self.prefix + "by-user:" + user
+        await self.redis.zadd(index, {name: time.time()})
+        await self.redis.expire(index, REMEMBER_SECONDS)
+        extra = await self.redis.zcard(index) - MAX_REMEMBERED
+        if extra > 0:
+            oldest = [n for n, _ in await self.redis.zpopmin(index, extra)]
+            await self.redis.delete(*oldest)

@@ -10,17 +10,17 @@ import hashlib
 import signal
 import uuid
 
-import httpx
 import pytest
 from e2b.exceptions import NotFoundException, SandboxException
 from e2b_code_interpreter import Sandbox
 from polling import wait_for
 
+from .test_e2b_store import chat_upload
+
 pytestmark = pytest.mark.local_backend
 
 KEY = "e2b_" + "4e" * 16
 KEY_USER = "e2b-" + hashlib.sha256(KEY.encode()).hexdigest()[:16]  # docs/e2b.md
-SESSION = f"/api/v1/sessions/sb-session-{KEY_USER}"
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +76,7 @@ def test_retry_kill_and_attachment_behave_alike_on_either_replica(replicas, seaw
     assert seaweedfs.list_keys(bucket, prefix) == []
 
     # An attachment made on A is known on B; B's kill detaches it on A as well.
-    with httpx.Client(base_url=a.url, headers={"X-User-Id": KEY_USER}, timeout=60) as c:
-        up = c.post(
-            f"{SESSION}/files/upload",
-            files={"file": ("notes.txt", b"the chat's")},
-            data={"conversation_id": "chat-r", "subdir": "temparea"},
-        )
-        assert up.status_code == 201, up.text
+    chat_upload(a.url, KEY_USER, "chat-r", "notes.txt", b"the chat's")
     attached = Sandbox.create(metadata={"sandbox-workspace.conversation": "chat-r"}, **_opts(a))
     on_b = Sandbox.connect(attached.sandbox_id, **_opts(b))
     assert on_b.files.read("uploads/temparea/notes.txt") == "the chat's"
@@ -102,3 +96,38 @@ def test_a_timeout_set_on_a_replica_that_stopped_is_enforced_by_the_other(replic
     a.stop(signal.SIGTERM)  # A, which set the timer, is gone before it ends
     wait_for(lambda: _gone(short.sandbox_id, b), "B to kill the sandbox at its timeout", 30)
     wait_for(lambda: seaweedfs.list_keys(bucket, prefix) == [], "its files to go", 30)
+
+
+def test_shared_answers_are_per_user_and_bounded(redis_url, monkeypatch):
+    """A user minting Idempotency-Keys keeps at most MAX_REMEMBERED answers in Redis (the
+    oldest dropped first), and another user's same key is another answer."""
+    import asyncio
+
+    from redis.asyncio import Redis
+
+    from sandbox_workspace.api.e2b import shared
+    from sandbox_workspace.api.identity import Caller
+
+    monkeypatch.setattr(shared, "MAX_REMEMBERED", 5)
+    prefix = f"t{uuid.uuid4().hex[:8]}:e2b:"
+    alice, bob = Caller("alice", "e2b-key"), Caller("bob", "e2b-key")
+
+    async def play() -> None:
+        redis = Redis.from_url(redis_url)
+        answers = shared.SharedAnswers(redis, prefix)
+
+        async def made(n: int) -> dict:
+            return {"n": n}
+
+        try:
+            for i in range(8):
+                await answers.once(alice, f"k{i}", {}, lambda i=i: made(i))
+            assert await answers.once(alice, "k7", {}, lambda: made(99)) == {"n": 7}
+            assert await answers.once(alice, "k0", {}, lambda: made(100)) == {"n": 100}
+            assert await answers.once(bob, "k7", {}, lambda: made(101)) == {"n": 101}
+            kept = [k async for k in redis.scan_iter(f"{prefix}idem:*") if b"by-user" not in k]
+            assert len(kept) == 5 + 1  # alice's newest five, bob's one
+        finally:
+            await redis.aclose()
+
+    asyncio.run(play())

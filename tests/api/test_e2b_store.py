@@ -5,6 +5,7 @@ through the official SDK (issue 37 item 3's last part):
   ``run_code``, at the top and in subdirectories — survives an idle stop that loses the
   sandbox's cache (the local backend keeps its files at an idle stop, so the test removes
   the conversation's directory, as a pod's ``emptyDir`` goes with it);
+- what the SDK's file calls remove or move away is not filled back;
 - a sandbox whose conversation the new runtime does not list yet (its files only in the
   store) is found by get, connect and the data plane, and its files are filled back.
 """
@@ -40,6 +41,17 @@ def store_api(start_server, seaweedfs, tmp_path_factory):
         **seaweedfs.env(bucket),
     )
     return server, bucket
+
+
+def chat_upload(url: str, user: str, cid: str, name: str, data: bytes) -> None:
+    """A file the user uploads in the chat, into ``uploads/temparea/`` of ``cid``."""
+    with httpx.Client(base_url=url, headers={"X-User-Id": user}, timeout=60) as c:
+        up = c.post(
+            f"/api/v1/sessions/sb-session-{user}/files/upload",
+            files={"file": (name, data)},
+            data={"conversation_id": cid, "subdir": "temparea"},
+        )
+        assert up.status_code == 201, up.text
 
 
 def _opts(url: str) -> dict:
@@ -87,6 +99,13 @@ def test_files_under_home_survive_an_idle_stop_and_the_store_finds_the_sandbox(
         )
         assert ran.error is None, ran.error
         assert home.name == "outputs" and home.parent.name == f"e2b-{sbx.sandbox_id}"
+        # What the SDK's file calls remove or move away stays gone (not filled back).
+        sbx.files.write("doomed.txt", "x")
+        sbx.files.write("doomed-dir/a.txt", "x")
+        sbx.files.write("moved-from.txt", "moved")
+        sbx.files.remove("doomed.txt")
+        sbx.files.remove("/home/user/doomed-dir")
+        sbx.files.rename("moved-from.txt", "moved-to.txt")
         conversation = home.parent
 
         # get: the new runtime lists nothing yet; the store has the sandbox's files.
@@ -96,6 +115,8 @@ def test_files_under_home_survive_an_idle_stop_and_the_store_finds_the_sandbox(
             assert sbx.files.read(f"/home/user/{path}") == text, path
         listed = {e.name for e in sbx.files.list("/home/user")}
         assert {"top.txt", "sub", "cmd.txt", "cmd-dir", "tilde.txt", "code"} <= listed
+        assert not {"doomed.txt", "doomed-dir", "moved-from.txt"} & listed
+        assert sbx.files.read("moved-to.txt") == "moved"
 
         # connect, and commands see the files filled back at the same paths.
         _lose_the_cache(server, conversation, runtime_pids, wait_status)
@@ -117,13 +138,7 @@ def test_an_attached_chat_conversation_keeps_the_chats_layout(store_api, seaweed
     directory, the upload is at the chat's relative path, what code writes to outputs/
     is the chat's output, and kill only detaches."""
     server, bucket = store_api
-    with httpx.Client(base_url=server.url, headers={"X-User-Id": KEY_USER}, timeout=60) as c:
-        up = c.post(
-            f"{SESSION}/files/upload",
-            files={"file": ("sales.csv", b"region,total\n")},
-            data={"conversation_id": "chat-s3", "subdir": "temparea"},
-        )
-        assert up.status_code == 201, up.text
+    chat_upload(server.url, KEY_USER, "chat-s3", "sales.csv", b"region,total\n")
     attach = {"sandbox-workspace.conversation": "chat-s3"}
     sbx = Sandbox.create(metadata=attach, **_opts(server.url))
     try:
