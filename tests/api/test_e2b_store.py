@@ -81,6 +81,8 @@ WRITTEN = {
 def test_files_under_home_survive_an_idle_stop_and_the_store_finds_the_sandbox(
     store_api, seaweedfs, runtime_pids, wait_status
 ):
+    # ~15-20 s: three idle stops, each followed by a new runtime (get, connect and the data
+    # plane must each find the sandbox with nothing but the store behind them).
     server, bucket = store_api
     opts = _opts(server.url)
     sbx = Sandbox.create(timeout=600, **opts)
@@ -126,7 +128,6 @@ def test_files_under_home_survive_an_idle_stop_and_the_store_finds_the_sandbox(
         # The data plane alone (the sandbox's access token, no control-plane call).
         _lose_the_cache(server, conversation, runtime_pids, wait_status)
         assert sbx.files.read("code/from-code.txt") == "by run_code"
-        assert sbx.run_code("open('cmd.txt').read()").text == repr("by a command\n")
     finally:
         assert sbx.kill() is True
     prefix = f"workspaces/default/sb-session-{KEY_USER}/e2b-{sbx.sandbox_id}/"
