@@ -9,7 +9,6 @@ configuration is E2B's three environment variables (docs/e2b.md).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from e2b_program import run_program
 
 HERE = Path(__file__).resolve().parent
 NODE = shutil.which("node")
@@ -28,22 +28,17 @@ pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed (the
 def test_the_js_sdk_runs_the_e2b_program_unchanged(dev_server, tmp_path):
     if not (HERE / "node_modules" / "@e2b" / "code-interpreter").is_dir():  # without make test
         subprocess.run(["bash", str(HERE.parents[1] / "scripts/install-node-deps.sh")], check=True)
-    done = subprocess.run(
+    report = run_program(
         [NODE, str(HERE / "e2b_sdk.mjs")],
-        env={
+        {
             "PATH": os.environ["PATH"],
             "HOME": str(tmp_path),
             "E2B_API_URL": f"{dev_server.url}/e2b",
             "E2B_SANDBOX_URL": f"{dev_server.url}/e2b/envd",
             "E2B_API_KEY": KEY,
         },
-        cwd=HERE,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        HERE,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
     assert {"hello.txt", "notes"} <= set(report["listed"])
     assert (report["read"], report["nested"]) == ("hello from e2b", "relative")
     exit_code, stdout, stderr, streamed = report["cmd"]

@@ -1,0 +1,17 @@
+"""Run a program written with an E2B SDK in a process of its own; its JSON report.
+
+The program prints one JSON line last (its report); only the environment given (E2B's
+variables, PATH, HOME) reaches it, so nothing of Sandbox Workspace configures it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+
+def run_program(argv: list[str], env: dict[str, str], cwd: Path, timeout: float = 120) -> dict:
+    done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
