@@ -108,10 +108,11 @@ class HostRouting:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        headers = scope["headers"]
-        host = next((v for k, v in headers if k == b"host"), b"").decode("latin-1")
+        hosts = [v.decode("latin-1") for k, v in scope["headers"] if k == b"host"]
         try:
-            target = route(host, self.domain)
+            if len(hosts) > 1:  # which one routes would be a guess (RFC 9112: 400)
+                raise HostError("send one Host header")
+            target = route(hosts[0] if hosts else "", self.domain)
             if target is not None:
                 scope = rewrite(scope, target)
         except ApiError as e:

@@ -40,6 +40,20 @@ report["cmd"] = [cmd.exit_code, cmd.stdout, streamed]
 sbx.run_code("x = 20")
 report["code"] = sbx.run_code("x + 22").text
 report["listed_ids"] = [s.sandbox_id for s in Sandbox.list().next_items()]
+unsupported = {}
+for name, call in [
+    ("pause", lambda: sbx.pause()),
+    ("create_snapshot", lambda: sbx.create_snapshot()),
+    ("fork", lambda: sbx.fork()),
+    ("get_metrics", lambda: sbx.get_metrics()),
+    ("run_code_r", lambda: sbx.run_code("1", language="r")),
+]:
+    try:
+        call()
+        unsupported[name] = "answered"
+    except Exception as e:
+        unsupported[name] = f"{type(e).__name__}: {e}"
+report["unsupported"] = unsupported
 report["killed"] = sbx.kill()
 print(json.dumps(report))
 """
@@ -80,6 +94,8 @@ def test_the_sdk_reaches_api_and_sandbox_by_name_only(domain_server, tmp_path):
     assert report["cmd"][:2] == [0, "one\ntwo\n"] and report["cmd"][2][0] == "one\n"
     assert report["code"] == "42"
     assert sid in report["listed_ids"] and report["killed"] is True
+    for call, answer in report["unsupported"].items():  # docs/e2b.md's table, by name
+        assert "not supported" in answer, (call, answer)
 
 
 def _sandbox(client: httpx.Client, key: str) -> dict:

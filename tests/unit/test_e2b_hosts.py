@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from sandbox_workspace.api.e2b.domain import check_domain
-from sandbox_workspace.api.e2b.hosts import HostError, PortNotSupported, Route, route
+from sandbox_workspace.api.e2b.hosts import (
+    HostError,
+    HostRouting,
+    PortNotSupported,
+    Route,
+    route,
+)
 from sandbox_workspace.api.e2b.ids import SandboxNotFound
 from sandbox_workspace.api.settings import ApiSettings
 
@@ -44,3 +52,26 @@ def test_the_domain_setting_must_be_a_dns_name():
     assert ApiSettings(auth_mode="dev", e2b_domain="E.example").e2b_domain == "e.example"
     with pytest.raises(ValueError, match="SANDBOX_WORKSPACE_E2B_DOMAIN"):
         ApiSettings(auth_mode="dev", e2b_domain="not a name")
+
+
+def test_two_host_headers_are_refused_and_one_is_rewritten():
+    seen, sent = [], []
+
+    async def app(scope, receive, send):
+        seen.append(scope)
+
+    async def send(message):
+        sent.append(message)
+
+    def call(*hosts: bytes) -> None:
+        headers = [(b"host", h) for h in hosts] + [(b"e2b-sandbox-port", b"1")]
+        scope = {"type": "http", "path": "/files", "raw_path": b"/files", "headers": headers}
+        asyncio.run(HostRouting(app, "sbw.example")(scope, None, send))
+
+    call(f"49983-{SID}.sbw.example".encode(), b"127.0.0.1")
+    assert not seen and sent[0]["status"] == 400
+    call(f"49999-{SID}.sbw.example".encode())
+    (scope,) = seen
+    assert (scope["path"], scope["raw_path"]) == ("/e2b/envd/files", b"/e2b/envd/files")
+    assert (b"e2b-sandbox-id", SID.encode()) in scope["headers"]
+    assert [v for k, v in scope["headers"] if k == b"e2b-sandbox-port"] == [b"49999"]
