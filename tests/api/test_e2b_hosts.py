@@ -16,7 +16,7 @@ import sys
 
 import httpx
 import pytest
-from e2b_program import run_program
+from e2b_program import UNSUPPORTED_CALLS, run_program
 from wildcard_ingress import WildcardIngress
 
 DOMAIN = "sbw.test"
@@ -24,7 +24,8 @@ KEY = "e2b_00112233445566778899aabbccddeeff"
 OTHER_KEY = "e2b_ffeeddccbbaa99887766554433221100"
 pytestmark = pytest.mark.local_backend
 
-PROGRAM = r"""
+PROGRAM = (
+    r"""
 import json
 from e2b_code_interpreter import Sandbox
 
@@ -40,23 +41,13 @@ report["cmd"] = [cmd.exit_code, cmd.stdout, streamed]
 sbx.run_code("x = 20")
 report["code"] = sbx.run_code("x + 22").text
 report["listed_ids"] = [s.sandbox_id for s in Sandbox.list().next_items()]
-unsupported = {}
-for name, call in [
-    ("pause", lambda: sbx.pause()),
-    ("create_snapshot", lambda: sbx.create_snapshot()),
-    ("fork", lambda: sbx.fork()),
-    ("get_metrics", lambda: sbx.get_metrics()),
-    ("run_code_r", lambda: sbx.run_code("1", language="r")),
-]:
-    try:
-        call()
-        unsupported[name] = "answered"
-    except Exception as e:
-        unsupported[name] = f"{type(e).__name__}: {e}"
-report["unsupported"] = unsupported
+"""
+    + UNSUPPORTED_CALLS
+    + r"""
 report["killed"] = sbx.kill()
 print(json.dumps(report))
 """
+)
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from e2b_program import run_program
+from e2b_program import UNSUPPORTED_CALLS, run_program
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / ".cache" / "e2b-sdk-old"
 KEY = "e2b_0a1b2c3d4e5f60718293a4b5c6d7e8f9"
 
-PROGRAM = r"""
+PROGRAM = (
+    r"""
 import importlib.metadata, importlib.util, json
 from e2b_code_interpreter import Sandbox
 
@@ -40,23 +41,13 @@ sbx.run_code("y = 6")
 report["code"] = sbx.run_code("y * 7").text
 sbx.set_timeout(60)
 report["info"] = sbx.get_info().sandbox_id
-unsupported = {}
-for name, call in [
-    ("pause", lambda: sbx.pause()),
-    ("create_snapshot", lambda: sbx.create_snapshot()),
-    ("fork", lambda: sbx.fork()),
-    ("get_metrics", lambda: sbx.get_metrics()),
-    ("run_code_r", lambda: sbx.run_code("1", language="r")),
-]:
-    try:
-        call()
-        unsupported[name] = "answered"
-    except Exception as e:
-        unsupported[name] = f"{type(e).__name__}: {e}"
-report["unsupported"] = unsupported
+"""
+    + UNSUPPORTED_CALLS
+    + r"""
 report["killed"] = sbx.kill()
 print(json.dumps(report))
 """
+)
 
 
 def test_an_sdk_from_before_v2_routes_runs_the_core_calls(dev_server, tmp_path):

@@ -15,3 +15,23 @@ def run_program(argv: list[str], env: dict[str, str], cwd: Path, timeout: float 
     done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# Program text: calls of the SDK's ``sbx`` that docs/e2b.md lists as answering "not
+# supported"; each one's error (or "answered") lands in ``report["unsupported"]``.
+UNSUPPORTED_CALLS = r"""
+unsupported = {}
+for name, call in [
+    ("pause", lambda: sbx.pause()),
+    ("create_snapshot", lambda: sbx.create_snapshot()),
+    ("fork", lambda: sbx.fork()),
+    ("get_metrics", lambda: sbx.get_metrics()),
+    ("run_code_r", lambda: sbx.run_code("1", language="r")),
+]:
+    try:
+        call()
+        unsupported[name] = "answered"
+    except Exception as e:
+        unsupported[name] = f"{type(e).__name__}: {e}"
+report["unsupported"] = unsupported
+"""
