@@ -50,6 +50,7 @@ print(json.dumps(report))
 )
 
 
+# One process for every call (~5-9 s: most of it importing the SDK and a kernel's start).
 def test_an_sdk_from_before_v2_routes_runs_the_core_calls(dev_server, tmp_path):
     subprocess.run(["bash", str(REPO / "scripts" / "install-e2b-old-sdk.sh")], check=True)
     report = run_program(

@@ -25,6 +25,8 @@ KEY = "e2b_0123456789abcdef0123456789abcdef"  # E2B's form: the JS SDK refuses o
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed (the SDK runs on it)")
 
 
+# A whole E2B program in one node process (~4 s alone; up to ~15 s on a loaded machine,
+# most of it the kernel's first matplotlib import for the PNG).
 def test_the_js_sdk_runs_the_e2b_program_unchanged(dev_server, tmp_path):
     if not (HERE / "node_modules" / "@e2b" / "code-interpreter").is_dir():  # without make test
         subprocess.run(["bash", str(HERE.parents[1] / "scripts/install-node-deps.sh")], check=True)
