@@ -115,7 +115,7 @@ except OSError as e:
 # E2B code writes there is an output, written back to the store in ``s3`` mode and listed
 # as the conversation's files. Every command starts there with HOME set to it; the
 # interpreter goes there once per kernel (``__e2b_home__`` marks that it did).
-BASH_HOME = 'mkdir -p outputs 2>/dev/null; cd outputs 2>/dev/null && export HOME="$PWD"; '
+BASH_HOME = '[ -d outputs ] || mkdir -p outputs 2>/dev/null; cd outputs && export HOME="$PWD"; '
 _PY_SETUP = (
     "import os as o, sys as s\n"
     "h = o.path.join(o.environ.get('WORKSPACE_DIR') or o.getcwd(), 'outputs')\n"
