@@ -13,6 +13,7 @@ honoured; API keys are ``keys``'s in ``required`` auth mode.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
@@ -203,7 +204,13 @@ async def list_sandboxes(request: Request, services: ServicesDep) -> Response:
         session = await services.sessions.ensure_running(caller, caller.session_id)
         ids = await client(services, session).list_conversations()
         found = [sid for cid in ids if (sid := sandbox_of(cid))]
-        return JSONResponse([_describe(sid, "base", DEFAULT_TIMEOUT) for sid in found])
+        timers = lifetimes(services)
+        left = await asyncio.gather(*(timers.remaining(caller, sid) for sid in found))
+        pairs = list(zip(found, left, strict=True))
+        if timers.shared:  # a sandbox without a timer is gone there (get answers 404)
+            pairs = [(sid, t) for sid, t in pairs if t is not None]
+        ends = [(sid, int(DEFAULT_TIMEOUT if t is None else t)) for sid, t in pairs]
+        return JSONResponse([_describe(sid, "base", t) for sid, t in ends])
     except ApiError as e:
         return e2b_error(e)
 

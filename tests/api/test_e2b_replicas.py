@@ -72,6 +72,8 @@ def test_retry_kill_and_attachment_behave_alike_on_either_replica(replicas, seaw
     # Killed on B: gone on A too (its timer was the shared one), and from the store.
     assert Sandbox.kill(first.sandbox_id, **_opts(b)) is True
     assert _gone(first.sandbox_id, a) and _gone(first.sandbox_id, b)
+    listed_on_a = [s.sandbox_id for s in Sandbox.list(**_opts(a)).next_items()]
+    assert first.sandbox_id not in listed_on_a  # though A's own cache still holds it
     prefix = f"workspaces/default/sb-session-{KEY_USER}/e2b-{first.sandbox_id}/"
     assert seaweedfs.list_keys(bucket, prefix) == []
 
