@@ -14,8 +14,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
 
-from sandbox_workspace.contract.errors import Conflict, Unavailable
-from sandbox_workspace.operator.models import FileUploadConfig
+from sandbox_workspace.contract.errors import ApiError, Conflict, Unavailable
+from sandbox_workspace.operator.models import EgressSpec, FileUploadConfig
 
 
 class SessionStatus(StrEnum):
@@ -146,6 +146,33 @@ class Backend(Protocol):
         raises ``ConversationDeleting`` when the conversation is being deleted or gone;
         while held, a deletion does not count the prefix empty — so no object can land
         under a prefix the deletion already found empty."""
+
+
+class EgressNotSupported(ApiError):
+    """This backend cannot enforce egress policies: nothing was changed."""
+
+    status, code = 501, "egress_not_supported"
+
+
+class EgressPolicies(Protocol):
+    """The part of a backend that keeps sessions' egress policies (issue 40). Optional:
+    a backend without it answers 501 (``egress_backend``), never a policy it cannot
+    enforce."""
+
+    async def get_egress_policy(self, session_id: str) -> EgressSpec | None:
+        """The session's policy (None: none, no network); ``NotFoundError`` without the
+        session."""
+
+    async def set_egress_policy(self, session_id: str, policy: EgressSpec | None) -> None:
+        """Replace the session's policy on the live session (None removes it);
+        ``NotFoundError`` without the session."""
+
+
+def egress_backend(backend: object) -> EgressPolicies:
+    """``backend`` as one that keeps egress policies, or ``EgressNotSupported``."""
+    if not all(hasattr(backend, m) for m in ("get_egress_policy", "set_egress_policy")):
+        raise EgressNotSupported("this deployment's backend does not support egress policies")
+    return backend  # type: ignore[return-value]
 
 
 class NameTaken(Conflict):
