@@ -131,7 +131,8 @@ class InterceptCA:
         path.chmod(0o644)
         return path
 
-    def _leaf_chain(self, host: str) -> bytes:
+    def issue_pem(self, host: str) -> bytes:
+        """A leaf certificate for ``host`` and its key, PEM (the key is unencrypted)."""
         key = ec.generate_private_key(ec.SECP256R1())
         ski = self.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
         leaf = (
@@ -156,7 +157,7 @@ class InterceptCA:
         # ssl loads a key only from a file: a private one, removed at once.
         with tempfile.TemporaryDirectory(prefix="sbw-egress-leaf-") as tmp:
             chain = Path(tmp) / "leaf.pem"
-            _write_private(chain, self._leaf_chain(host))
+            _write_private(chain, self.issue_pem(host))
             ctx.load_cert_chain(chain)
         ctx.set_alpn_protocols(["http/1.1"])  # the proxy parses HTTP/1.1 only
 

@@ -209,11 +209,12 @@ def test_placeholder_anywhere_else_goes_out_unchanged(setup):
         setup,
         f"X-Other: Bearer {p}",
         f"Authorization: Basic {p}",
+        f"Authorization: Bearer {p} trailing",
         f"Cookie: t={p}",
         path=f"/call?token={p}",
         body=f'{{"key": "{p}"}}'.encode(),
     )
-    assert VALUE.encode() not in upstream and upstream.count(p.encode()) == 5
+    assert VALUE.encode() not in upstream and upstream.count(p.encode()) == 6
 
 
 def test_another_host_gets_the_placeholder_through_an_untouched_tunnel(setup):
