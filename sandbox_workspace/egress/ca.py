@@ -111,6 +111,7 @@ class InterceptCA:
         os.chmod(directory, 0o700)
         cert_file, key_file = directory / "ca.pem", directory / "ca-key.pem"
         if cert_file.exists() and key_file.exists():
+            os.chmod(key_file, 0o600)  # whatever an earlier hand left it at
             return cls.from_pem(cert_file.read_bytes(), key_file.read_bytes())
         ca = cls.generate()
         _write_private(key_file, _pem_key(ca.key))
