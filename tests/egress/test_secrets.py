@@ -9,9 +9,12 @@ host. The value never comes back to the sandbox side in the echo (masked with ``
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import ssl
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -354,3 +357,28 @@ def test_scrubber_masks_a_value_split_across_pieces():
     pieces = [b"aa secr", b"et-val", b"ue bb secret-", b"value"]
     out = b"".join(scrub.feed(p) for p in pieces) + scrub.flush()
     assert out == b"aa ************ bb ************"
+
+
+def test_a_client_configured_only_by_trust_env_calls_the_bound_host(setup):
+    """A real client in its own process, given only what a sandbox gets (the proxy
+    address, the placeholder and trust_env's variables), calls the bound host."""
+    code = (
+        "import os, urllib.request as u\n"
+        f"r = u.Request('https://allowed.test:{setup.echo.port}/sdk', headers="
+        "{'Authorization': 'Bearer ' + os.environ['API_KEY']})\n"
+        "print(u.urlopen(r, timeout=10).read().decode())\n"
+    )
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HTTPS_PROXY": f"http://127.0.0.1:{setup.port}",
+        "API_KEY": setup.binding.placeholder,
+        **trust_env(setup.bundle),
+    }
+    seen = len(setup.echo.received)
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", code], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    (upstream,) = setup.echo.received[seen:]
+    assert f"Bearer {VALUE}".encode() in upstream
+    assert "GET /sdk" in out.stdout and VALUE not in out.stdout and "*" * len(VALUE) in out.stdout
