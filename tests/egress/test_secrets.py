@@ -108,7 +108,7 @@ def ca_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("egress-ca") / "ca"
 
 
-def start_proxy(loop_thread: Loop, echo: Echo, ca: InterceptCA, upstream_ca: str, policy):
+def start_proxy(loop_thread: Loop, echo: Echo, ca: InterceptCA | None, upstream_ca: str, policy):
     config = ProxyConfig(
         forbidden=tuple(n for n in DEFAULT_FORBIDDEN if n != LOOPBACK),
         client_timeout=5,
@@ -382,3 +382,16 @@ def test_a_client_configured_only_by_trust_env_calls_the_bound_host(setup):
     (upstream,) = setup.echo.received[seen:]
     assert f"Bearer {VALUE}".encode() in upstream
     assert "GET /sdk" in out.stdout and VALUE not in out.stdout and "*" * len(VALUE) in out.stdout
+
+
+def test_a_bound_host_on_a_proxy_without_a_ca_is_refused_not_tunnelled(loop_thread, echo, setup):
+    """No CA, no injection: the CONNECT is refused with the reason rather than tunnelled
+    with the placeholder (which would fail later at the host, with no word why)."""
+    policy = EgressPolicy((Rule.make("allowed.test", ports=[echo.port]),), (setup.binding,))
+    server = start_proxy(loop_thread, echo, None, echo.cert, lambda s: policy)
+    try:
+        sock, answer = connect(server.sockets[0].getsockname()[1], "allowed.test", echo.port)
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 503 Egress refused: allowed.test has a secret")
+    finally:
+        loop_thread.close(server)
