@@ -378,7 +378,7 @@ class EgressProxy:
             )
             return
         method, target, version, headers = await self._read_head(reader)
-        if not target.startswith("/"):
+        if not target.startswith("/") or method == "CONNECT":
             raise Refused(400, "inside a tunnel, send origin-form requests (GET /path)")
         length = body_length(headers)
         values = {}

@@ -317,6 +317,7 @@ def test_a_missing_value_refuses_instead_of_sending_the_placeholder(loop_thread,
         b"POST /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
         b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
         b"GET http://evil.test/ HTTP/1.1\r\n\r\n",
+        b"CONNECT /evil.test:443 HTTP/1.1\r\n\r\n",
         b"GET /x HTTP/1.1\r\n X-Folded: yes\r\n\r\n",
     ],
 )
