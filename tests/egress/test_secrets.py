@@ -108,7 +108,14 @@ def ca_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("egress-ca") / "ca"
 
 
-def start_proxy(loop_thread: Loop, echo: Echo, ca: InterceptCA | None, upstream_ca: str, policy):
+def start_proxy(
+    loop_thread: Loop,
+    echo: Echo,
+    ca: InterceptCA | None,
+    upstream_ca: str,
+    policy,
+    session: str = "s1",
+):
     config = ProxyConfig(
         forbidden=tuple(n for n in DEFAULT_FORBIDDEN if n != LOOPBACK),
         client_timeout=5,
@@ -116,7 +123,7 @@ def start_proxy(loop_thread: Loop, echo: Echo, ca: InterceptCA | None, upstream_
     )
     source = MemorySecretSource({"s1": {"api": VALUE, "xkey": KEY_VALUE}, "s2": {}})
     proxy = EgressProxy(policy, resolve=table_resolve, config=config, ca=ca, secrets=source)
-    return loop_thread.run(proxy.serve_tcp("127.0.0.1", 0, lambda peer: "s1"))
+    return loop_thread.run(proxy.serve_tcp("127.0.0.1", 0, lambda peer: session))
 
 
 @pytest.fixture(scope="module")
@@ -289,12 +296,18 @@ def test_another_sni_inside_an_intercepted_tunnel_is_refused(setup):
     assert len(setup.echo.received) == seen
 
 
-def test_a_missing_value_refuses_instead_of_sending_the_placeholder(loop_thread, echo, setup):
+@pytest.mark.parametrize(
+    ("session", "binding"),
+    [("s1", "absent"), ("s2", "api")],  # s2 binds "api" too, but s1's value is not its own
+)
+def test_a_missing_value_refuses_instead_of_sending_the_placeholder(
+    loop_thread, echo, setup, session, binding
+):
     policy = EgressPolicy(
         (Rule.make("allowed.test", ports=[echo.port]),),
-        (SecretBinding.make("absent", "allowed.test"),),
+        (SecretBinding.make(binding, "allowed.test"),),
     )
-    server = start_proxy(loop_thread, echo, setup.ca, echo.cert, lambda s: policy)
+    server = start_proxy(loop_thread, echo, setup.ca, echo.cert, lambda s: policy, session)
     try:
         seen = len(echo.received)
         got = exchange(
@@ -304,7 +317,7 @@ def test_a_missing_value_refuses_instead_of_sending_the_placeholder(loop_thread,
             request("allowed.test", f"Authorization: Bearer {policy.secrets[0].placeholder}"),
             setup.bundle,
         )
-        assert b"502 Egress refused: secret 'absent' has no value" in got
+        assert f"502 Egress refused: secret '{binding}' has no value".encode() in got
         assert len(echo.received) == seen
     finally:
         loop_thread.close(server)
