@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from sandbox_workspace.operator.models import EgressSpec, FileUploadConfig
+from sandbox_workspace.operator.models import FileUploadConfig
 
 from .backends.base import Session, SessionStatus
 from .file_models import StoredFile, WorkspaceFile
@@ -165,24 +165,6 @@ def _reported_status(s: Session) -> str:
 class SessionDeleted(BaseModel):
     session_id: str
     deleted: bool = True
-
-
-class EgressPolicyRequest(BaseModel):
-    """A session's new egress policy: it replaces the old one whole."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    policy: EgressSpec | None = Field(
-        description="The hosts code may reach through the egress proxy; null removes the "
-        "policy (no network)."
-    )
-
-
-class SessionEgress(BaseModel):
-    session_id: str
-    policy: EgressSpec | None = Field(
-        description="The session's egress policy; null: none, code has no network."
-    )
 
 
 class ConversationDeletion(BaseModel):

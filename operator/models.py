@@ -159,7 +159,7 @@ class NetworkSpec(CamelModel):
     )
 
 
-EGRESS_MAX_RULES = 64
+EGRESS_MAX_RULES = 100
 
 
 class EgressRule(CamelModel):
@@ -205,6 +205,15 @@ class EgressSpec(CamelModel):
         description=f"Allowed destinations (at most {EGRESS_MAX_RULES}); an empty list "
         "allows nothing.",
     )
+
+    @classmethod
+    def of(cls, policy: EgressPolicy) -> EgressSpec:
+        return cls(
+            rules=[
+                EgressRule(host=r.host, ports=sorted(r.ports), schemes=sorted(r.schemes))
+                for r in policy.rules
+            ]
+        )
 
     def policy(self) -> EgressPolicy:
         """The proxy's form of this policy."""

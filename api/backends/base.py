@@ -14,8 +14,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
 
-from sandbox_workspace.contract.errors import ApiError, Conflict, Unavailable
-from sandbox_workspace.operator.models import EgressSpec, FileUploadConfig
+from sandbox_workspace.contract.errors import Conflict, Unavailable
+from sandbox_workspace.egress.policy import EgressPolicy
+from sandbox_workspace.operator.models import FileUploadConfig
 
 
 class SessionStatus(StrEnum):
@@ -46,6 +47,9 @@ class RuntimeEndpoint:
     # Which runtime answers there (kubernetes: the pod and its start): a new pod keeps
     # the session's token and may reuse an address, yet its workspace starts empty.
     incarnation: str = ""
+    # The runtime listens on this Unix socket (local backend, a network namespace per
+    # session); ``url`` is then only a label.
+    unix_socket: str = ""
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,12 @@ class Backend(Protocol):
     async def delete_session(self, session_id: str) -> bool:
         """Delete the session and all its files; False when there was none."""
 
+    async def egress_policy(self, session_id: str) -> EgressPolicy | None:
+        """The session's egress policy; None: no network leaves it. KeyError: no session."""
+
+    async def set_egress_policy(self, session_id: str, policy: EgressPolicy | None) -> None:
+        """Change it on a live session: the next connection out is judged by it."""
+
     async def wait_changed(self, session_id: str, timeout: float) -> None:
         """Return when the session may have changed, at the latest after ``timeout``."""
 
@@ -148,31 +158,10 @@ class Backend(Protocol):
         under a prefix the deletion already found empty."""
 
 
-class EgressNotSupported(ApiError):
-    """This backend cannot enforce egress policies: nothing was changed."""
+class EgressUnavailable(Conflict):
+    """This backend cannot enforce an egress policy (so it keeps none)."""
 
-    status, code = 501, "egress_not_supported"
-
-
-class EgressPolicies(Protocol):
-    """The part of a backend that keeps sessions' egress policies (issue 40). Optional:
-    a backend without it answers 501 (``egress_backend``), never a policy it cannot
-    enforce."""
-
-    async def get_egress_policy(self, session_id: str) -> EgressSpec | None:
-        """The session's policy (None: none, no network); ``NotFoundError`` without the
-        session."""
-
-    async def set_egress_policy(self, session_id: str, policy: EgressSpec | None) -> None:
-        """Replace the session's policy on the live session (None removes it);
-        ``NotFoundError`` without the session."""
-
-
-def egress_backend(backend: object) -> EgressPolicies:
-    """``backend`` as one that keeps egress policies, or ``EgressNotSupported``."""
-    if not all(hasattr(backend, m) for m in ("get_egress_policy", "set_egress_policy")):
-        raise EgressNotSupported("this deployment's backend does not support egress policies")
-    return backend  # type: ignore[return-value]
+    code = "egress_unavailable"
 
 
 class NameTaken(Conflict):

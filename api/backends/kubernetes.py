@@ -45,12 +45,8 @@ import httpx
 from sandbox_workspace import tracing
 from sandbox_workspace.contract import crd
 from sandbox_workspace.contract.conditions import ConditionType
-from sandbox_workspace.contract.errors import (
-    ApiError,
-    Conflict,
-    ConversationDeleting,
-    NotFoundError,
-)
+from sandbox_workspace.contract.errors import ApiError, Conflict, ConversationDeleting
+from sandbox_workspace.egress.policy import EgressPolicy
 from sandbox_workspace.kube import Kube, KubeConflict, core_path, custom_path
 from sandbox_workspace.operator import models, naming
 
@@ -302,21 +298,22 @@ class KubernetesBackend:
 
     # -- egress policy (issue 40) -------------------------------------------------------
 
-    async def get_egress_policy(self, session_id: str) -> models.EgressSpec | None:
+    async def egress_policy(self, session_id: str) -> EgressPolicy | None:
         obj = await self._read(session_id)
         if obj is None:
-            raise NotFoundError(f"session '{session_id}' not found")
-        return models.SandboxSessionSpec.model_validate(obj.get("spec") or {}).egress
+            raise KeyError(session_id)
+        egress = models.SandboxSessionSpec.model_validate(obj.get("spec") or {}).egress
+        return None if egress is None else egress.policy()
 
-    async def set_egress_policy(self, session_id: str, policy: models.EgressSpec | None) -> None:
+    async def set_egress_policy(self, session_id: str, policy: EgressPolicy | None) -> None:
         """A merge patch of ``spec.egress`` on the session's own CR, conditional on the
         version read (another owner's object under the name is never patched); the
         proxy sees it on its next look, no new pod needed."""
+        egress = None if policy is None else models.EgressSpec.of(policy).model_dump(by_alias=True)
         for _ in range(3):
             obj = await self._read(session_id)
             if obj is None:
-                raise NotFoundError(f"session '{session_id}' not found")
-            egress = None if policy is None else policy.model_dump(by_alias=True)
+                raise KeyError(session_id)
             body = {
                 "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
                 "spec": {"egress": egress},
@@ -326,7 +323,7 @@ class KubernetesBackend:
             except KubeConflict:
                 continue  # changed since read (activity annotation): read again
             if patched is None:
-                raise NotFoundError(f"session '{session_id}' not found")
+                raise KeyError(session_id)
             return
         raise Conflict(f"session '{session_id}' kept changing; try again")
 

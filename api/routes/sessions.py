@@ -6,18 +6,12 @@ from fastapi import APIRouter
 
 from sandbox_workspace.contract.errors import BadRequest, NotFoundError
 
-from ..backends.base import SessionSpec, egress_backend
+from ..backends.base import SessionSpec
 from ..deps import CallerDep, ServicesDep
 from ..identity import Forbidden
 from ..names import SessionIdPath
 from ..openapi import errors
-from ..schemas import (
-    CreateSessionRequest,
-    EgressPolicyRequest,
-    SessionDeleted,
-    SessionEgress,
-    SessionResponse,
-)
+from ..schemas import CreateSessionRequest, SessionDeleted, SessionResponse
 
 router = APIRouter(prefix="/api/v1/sessions", tags=["sessions"])
 
@@ -74,27 +68,3 @@ async def delete_session(
     if not await services.backend.delete_session(sid):
         raise NotFoundError(f"session '{session_id}' not found")
     return SessionDeleted(session_id=sid)
-
-
-@router.get("/{session_id}/egress", responses=errors(404, 501))
-async def get_egress(
-    session_id: SessionIdPath, caller: CallerDep, services: ServicesDep
-) -> SessionEgress:
-    """The session's egress policy: the hosts its code may reach through the proxy."""
-    sid = services.sessions.own_session_id(caller, session_id)
-    policy = await egress_backend(services.backend).get_egress_policy(sid)
-    return SessionEgress(session_id=sid, policy=policy)
-
-
-@router.put("/{session_id}/egress", responses=errors(404, 409, 501))
-async def put_egress(
-    session_id: SessionIdPath,
-    body: EgressPolicyRequest,
-    caller: CallerDep,
-    services: ServicesDep,
-) -> SessionEgress:
-    """Replace the live session's egress policy; the proxy applies it within seconds,
-    on connections opened after that (open tunnels are not cut)."""
-    sid = services.sessions.own_session_id(caller, session_id)
-    await egress_backend(services.backend).set_egress_policy(sid, body.policy)
-    return SessionEgress(session_id=sid, policy=body.policy)
