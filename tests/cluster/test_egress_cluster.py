@@ -144,11 +144,11 @@ def test_proxy_tells_sessions_apart_by_pod_address_and_follows_live_policy_chang
     policy = EgressSpec.model_validate({"rules": [{"host": "*.localhost"}, {"host": "localhost"}]})
     (_, seen) = asyncio.run(
         backend_calls(
-            lambda b: b.set_egress_policy("sb-session-bob", policy),
-            lambda b: b.get_egress_policy("sb-session-bob"),
+            lambda b: b.set_egress_policy("sb-session-bob", policy.policy()),
+            lambda b: b.egress_policy("sb-session-bob"),
         )
     )
-    assert seen == policy
+    assert seen == policy.policy()
     started = time.monotonic()
     wait_until(
         lambda: PASSED_POLICY in ask(proxy, "127.0.0.6", "localhost"),
