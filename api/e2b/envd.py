@@ -7,7 +7,8 @@ sandbox), ``E2b-Sandbox-Port`` (49983 envd, 49999 the code interpreter) and
 ``conversation.Sandbox`` (the API's execution path, confined as ``/execute`` is).
 
 Served: ``GET /health``, ``GET/POST /files`` (multipart and octet-stream),
-``filesystem.Filesystem/{ListDir,Stat,MakeDir,Move,Remove}`` (Connect JSON, unary),
+``filesystem.Filesystem/{ListDir,Stat,MakeDir,Move,Remove}`` (Connect JSON, unary) and
+its watchers (``watchers``: CreateWatcher/GetWatcherEvents/RemoveWatcher, WatchDir),
 ``process.Process`` (``processes``: Start, Connect, List, SendSignal, SendInput,
 CloseStdin), and
 ``POST /execute`` (NDJSON) over the conversation's stateful Python interpreter.
@@ -31,7 +32,7 @@ from sandbox_workspace.runtime.schemas import MAX_CODE_BYTES, ExecuteRequest
 
 from ..deps import Services, ServicesDep
 from ..sse import with_keepalive
-from . import connect, processes
+from . import connect, processes, watchers
 from .control import NotSupported, tokens
 from .conversation import EXECUTIONS, Sandbox
 from .paths import to_e2b, to_relative
@@ -147,6 +148,16 @@ def _connect_error(code: str, message: str) -> JSONResponse:
 
 @router.post("/filesystem.Filesystem/{method}")
 async def filesystem(method: str, request: Request, services: ServicesDep) -> Response:
+    if method == "WatchDir":
+        return await _watch_dir(request, services)
+    if method in watchers.UNARY:
+        try:
+            sandbox = await _sandbox(request, services)
+            return JSONResponse(await watchers.unary(method, sandbox, await request.json()))
+        except ApiError as e:
+            return _connect_error(connect.code_for_status(e.status), e.message)
+        except (ValueError, TypeError) as e:
+            return _connect_error("invalid_argument", f"malformed request: {e}")
     if method not in ("Stat", "ListDir", "MakeDir", "Move", "Remove"):
         return _connect_error("unimplemented", f"filesystem.Filesystem/{method} is not supported")
     try:
@@ -173,12 +184,8 @@ async def process(method: str, request: Request, services: ServicesDep) -> Respo
             return _connect_error("invalid_argument", f"malformed request: {e}")
     if method not in processes.STREAMS:
         return _connect_error("unimplemented", f"process.Process/{method} is not supported")
-    body = await request.body()
     try:
-        if request.headers.get("content-type", "").startswith(connect.STREAM_MEDIA_TYPE):
-            message = connect.read_envelopes(body)[0][1]
-        else:
-            message = await request.json()
+        message = await _stream_message(request)
         sandbox = await _sandbox(request, services)
         if method == "Start":
             timeout_ms = request.headers.get("connect-timeout-ms")
@@ -195,6 +202,26 @@ async def process(method: str, request: Request, services: ServicesDep) -> Respo
         KEEPALIVE_SECONDS,
         connect.envelope({"event": {"keepalive": {}}}),
     )
+    return StreamingResponse(stream, media_type=connect.STREAM_MEDIA_TYPE)
+
+
+async def _stream_message(request: Request) -> dict:
+    """The one message of a Connect server-stream request (enveloped, or plain JSON)."""
+    if request.headers.get("content-type", "").startswith(connect.STREAM_MEDIA_TYPE):
+        return connect.read_envelopes(await request.body())[0][1]
+    return await request.json()
+
+
+async def _watch_dir(request: Request, services: ServicesDep) -> Response:
+    try:
+        message = await _stream_message(request)
+        sandbox = await _sandbox(request, services)
+    except ApiError as e:
+        return _stream_error(connect.code_for_status(e.status), e.message)
+    except (ValueError, IndexError, TypeError) as e:
+        return _stream_error("invalid_argument", f"malformed request: {e}")
+    keepalive = connect.envelope({"keepalive": {}})
+    stream = with_keepalive(watchers.watch_stream(sandbox, message), KEEPALIVE_SECONDS, keepalive)
     return StreamingResponse(stream, media_type=connect.STREAM_MEDIA_TYPE)
 
 

@@ -17,7 +17,7 @@ import time
 from tests.api.test_e2b_sdk import _e2b_env
 
 PROGRAM = r"""
-import json, time
+import asyncio, json, time
 from e2b import Sandbox
 
 def until(handle, text):
@@ -69,6 +69,33 @@ sbx.commands.run(
     "setsid sh -c 'echo $$ > daemon.pid; exec </dev/null >/dev/null 2>&1; sleep 1000' &"
     " sleep 0.5; cat daemon.pid", background=True, timeout=0).wait()
 report["daemon"] = int(sbx.files.read("daemon.pid").strip())
+
+sbx.files.make_dir("watched")
+watch = sbx.files.watch_dir("watched")
+sbx.commands.run("echo one > watched/a.txt; echo two > watched/b.txt; sleep 0.05; rm watched/b.txt")
+seen = [(e.name, e.type.name) for e in watch.get_new_events()]
+sbx.commands.run("echo more >> watched/a.txt")
+seen += [(e.name, e.type.name) for e in watch.get_new_events()]
+sbx.commands.run("mv watched/a.txt watched/c.txt")
+seen += [(e.name, e.type.name) for e in watch.get_new_events()]
+watch.stop()
+report["watch"] = seen
+
+async def watch_async():
+    from e2b import AsyncSandbox
+    asbx = await AsyncSandbox.connect(sbx.sandbox_id)
+    got = asyncio.Event()
+    events = []
+    def on_event(e):
+        events.append((e.name, e.type.name))
+        got.set()
+    handle = await asbx.files.watch_dir("watched", on_event)
+    await asbx.commands.run("echo x > watched/async.txt")
+    await asyncio.wait_for(got.wait(), 20)
+    await handle.stop()
+    return events
+
+report["watch_async"] = asyncio.run(watch_async())
 report["sandbox_killed"] = sbx.kill()
 print(json.dumps(report))
 """
@@ -82,9 +109,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_background_commands_stdin_kill_and_hostile_ones_end_with_the_sandbox(
-    dev_server, tmp_path
-):
+def test_background_commands_stdin_kill_and_hostile_ones_end_with_the_sandbox(dev_server, tmp_path):
     done = subprocess.run(
         [sys.executable, "-c", PROGRAM],
         env=_e2b_env(dev_server.url),
@@ -103,6 +128,12 @@ def test_background_commands_stdin_kill_and_hostile_ones_end_with_the_sandbox(
     assert report["bomb_killed"] is True and report["fg_after"] == "still fine\n"
     assert report["hog"] == "hog=1\n"  # MemoryError: RLIMIT_AS holds background code too
     assert report["sandbox_killed"] is True
+    # Polled: b.txt made and removed between two looks is not seen; a rename is a
+    # REMOVE and a CREATE.
+    assert report["watch"] == [
+        ["a.txt", "CREATE"], ["a.txt", "WRITE"], ["c.txt", "CREATE"], ["a.txt", "REMOVE"]
+    ]  # fmt: skip
+    assert report["watch_async"] == [["async.txt", "CREATE"]]
     daemon = report["daemon"]
     deadline = time.monotonic() + 15
     while _alive(daemon):
