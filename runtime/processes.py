@@ -24,6 +24,7 @@ import base64
 import contextlib
 import os
 import signal as signals
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -40,6 +41,8 @@ _SIGNALS = {"SIGTERM": signals.SIGTERM, "SIGKILL": signals.SIGKILL, "SIGINT": si
 
 
 _MAX_INPUT = 1 << 20
+_INPUT_WAIT = 10.0
+_MAX_EVENTS = 4096  # per process buffer: followers copy it, so its length is bounded too
 
 
 class ProcessStart(BaseModel):
@@ -155,7 +158,9 @@ class Processes:
         proc.buffer.append((proc.seq, event))
         proc.seq += 1
         proc.size += len(event.get("data", b""))
-        while proc.size > self.buffer_bytes and len(proc.buffer) > 1:
+        while len(proc.buffer) > 1 and (
+            proc.size > self.buffer_bytes or len(proc.buffer) > _MAX_EVENTS
+        ):
             _, old = proc.buffer.popleft()
             proc.size -= len(old.get("data", b""))
             proc.dropped += len(old.get("data", b""))
@@ -187,15 +192,21 @@ class Processes:
             proc.pipes.close()
         proc.exit_code = code
         self._append(proc, {"type": "end", "exit_code": code, "limit": proc.call.limit})
+        # Ended ones are listed for a while, at most as many as may run (their buffers
+        # are memory: a flood of short commands must not pile them up).
+        ended = [p for p in self._procs.values() if p.cid == proc.cid and p.exit_code is not None]
+        for old in ended[: max(0, len(ended) - self.max_per_conversation)]:
+            self._procs.pop((old.cid, old.pid), None)
         await asyncio.sleep(self.linger)
-        self._procs.pop((proc.cid, proc.pid), None)
+        if self._procs.get((proc.cid, proc.pid)) is proc:  # the pid may be another's now
+            del self._procs[(proc.cid, proc.pid)]
 
     async def events(self, proc: Proc):
         """The buffered events, then new ones as they come, up to the end."""
         position = 0
         while True:
             waiter = proc.changed
-            for seq, event in list(proc.buffer):
+            for seq, event in list(proc.buffer):  # at most _MAX_EVENTS
                 if seq >= position:
                     position = seq + 1
                     yield event
@@ -207,13 +218,19 @@ class Processes:
         fd = proc.pipes.stdin_writer
         if proc.exit_code is not None or fd is None:
             raise ProcessNotFound(f"process {proc.pid} has ended or closed its stdin")
+        # Non-blocking writes with a bounded wait: a process that never reads fills the
+        # pipe, and a blocked write must not hold one of the runtime's threads.
+        os.set_blocking(fd, False)
+        view = memoryview(data)
+        deadline = time.monotonic() + _INPUT_WAIT
         try:
-            # A bounded wait: a process that never reads fills the pipe.
-            async with asyncio.timeout(10):
-                view = memoryview(data)
-                while view:
-                    written = await asyncio.to_thread(os.write, fd, view[:65536])
-                    view = view[written:]
+            while view:
+                try:
+                    view = view[os.write(fd, view[:65536]) :]
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("its stdin is full (it does not read)") from None
+                    await asyncio.sleep(0.02)
         except (OSError, TimeoutError) as e:
             raise ProcessNotFound(f"process {proc.pid} does not take input: {e}") from e
 
