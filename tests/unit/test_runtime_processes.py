@@ -51,3 +51,28 @@ def test_a_follower_gets_what_comes_after_it_started():
         assert got == [b"before", b"after", None]
 
     asyncio.run(main())
+
+
+def test_input_to_a_process_that_never_reads_gives_up_without_holding_a_thread(monkeypatch):
+    import threading
+
+    import pytest
+
+    from sandbox_workspace.runtime import processes as module
+    from sandbox_workspace.runtime.pipes import CodePipes
+    from sandbox_workspace.runtime.processes import ProcessNotFound
+
+    monkeypatch.setattr(module, "_INPUT_WAIT", 0.3)
+
+    async def main():
+        pipes = CodePipes(stdin=True)  # nobody reads the other end: it fills at 64 KiB
+        proc = Proc(cid="c", pid=1, code="x", call=None, pipes=pipes)  # type: ignore[arg-type]
+        threads = threading.active_count()
+        try:
+            with pytest.raises(ProcessNotFound, match="stdin is full"):
+                await _processes().write(proc, b"x" * (1 << 20))
+            assert threading.active_count() == threads
+        finally:
+            pipes.close()
+
+    asyncio.run(main())
