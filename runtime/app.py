@@ -8,6 +8,7 @@ streamed both ways; errors use the shared ``{"error": {...}}`` shape.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hmac
 import json
@@ -33,6 +34,7 @@ from .executor import Executor
 from .output import ResultCaps
 from .output_batch import read_outputs
 from .outputs import delete_output, list_outputs, open_output, write_output
+from .processes import Processes, ProcessInput, ProcessSignal, ProcessStart
 from .raw_upload import FEATURE as RAW_UPLOAD
 from .raw_upload import receive_raw_upload
 from .schemas import (
@@ -118,6 +120,12 @@ class RuntimeState:
                 if settings.network == "proxy"
                 else None
             ),
+        )
+        self.processes = Processes(
+            self.executor,
+            max_per_conversation=settings.max_background_processes,
+            buffer_bytes=settings.process_buffer_bytes,
+            max_lifetime=settings.max_process_seconds,
         )
 
 
@@ -474,6 +482,62 @@ async def stop_processes(conversation_id: str, state: State) -> ProcessesStopped
     return ProcessesStopped(conversation_id=conversation_id)
 
 
+@router.post("/conversations/{conversation_id}/processes")
+async def start_process(conversation_id: str, body: ProcessStart, state: State):
+    """Start ``bash -c code`` that outlives this request; NDJSON: ``start`` (its pid), then
+    its output (``data`` base64) and ``end``. Disconnecting does not stop it."""
+    state.workspace.check_conversation_id(conversation_id)
+    proc = await state.processes.start(
+        conversation_id, body.code, timeout=body.timeout, stdin=body.stdin
+    )
+    return StreamingResponse(
+        _process_stream(state, proc, {"type": "start", "pid": proc.pid}),
+        media_type="application/x-ndjson",
+    )
+
+
+@router.get("/conversations/{conversation_id}/processes")
+async def list_processes(conversation_id: str, state: State) -> dict:
+    """The conversation's background processes (ended ones for a while, not running)."""
+    cid = state.workspace.check_conversation_id(conversation_id)
+    return {"processes": state.processes.listing(cid)}
+
+
+@router.get("/conversations/{conversation_id}/processes/{pid}/events")
+async def process_events(conversation_id: str, pid: int, state: State):
+    """A running process's buffered and new output, up to its ``end`` (NDJSON)."""
+    proc = state.processes.get(state.workspace.check_conversation_id(conversation_id), pid)
+    return StreamingResponse(
+        _process_stream(state, proc, {"type": "start", "pid": proc.pid}),
+        media_type="application/x-ndjson",
+    )
+
+
+@router.post("/conversations/{conversation_id}/processes/{pid}/input", status_code=204)
+async def process_input(conversation_id: str, pid: int, body: ProcessInput, state: State) -> None:
+    """Write to the process's stdin (``data`` base64); ``close`` ends its stdin."""
+    proc = state.processes.get(state.workspace.check_conversation_id(conversation_id), pid)
+    if body.data:
+        await state.processes.write(proc, body.decoded())
+    if body.close:
+        proc.pipes.close_stdin()
+
+
+@router.post("/conversations/{conversation_id}/processes/{pid}/signal", status_code=204)
+async def process_signal(conversation_id: str, pid: int, body: ProcessSignal, state: State) -> None:
+    """SIGTERM/SIGINT the process; SIGKILL kills its whole tree."""
+    proc = state.processes.get(state.workspace.check_conversation_id(conversation_id), pid)
+    state.processes.signal(proc, body.signal)
+
+
+async def _process_stream(state: RuntimeState, proc, first: dict) -> AsyncIterator[bytes]:
+    yield _ndjson(first)
+    async for event in state.processes.events(proc):
+        if "data" in event:
+            event = {**event, "data": base64.b64encode(event["data"]).decode()}
+        yield _ndjson(event)
+
+
 async def _read_fd(fd: int, activity: Activity) -> AsyncIterator[bytes]:
     with activity.track():
         try:
@@ -507,6 +571,7 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await state.processes.aclose()
             await state.executor.aclose()
             state.workspace.close()
 

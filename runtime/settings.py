@@ -63,6 +63,22 @@ class RuntimeSettings(BaseSettings):
         8 * 1024 * 1024, ge=1024, description="Bytes of rich results kept per execution."
     )
     max_concurrent_executions: int = Field(8, ge=1)
+    max_background_processes: int = Field(
+        8,
+        ge=1,
+        description="Processes that outlive a request (E2B background commands) "
+        "running at once per conversation; one more answers 429 too_many_processes.",
+    )
+    process_buffer_bytes: int = Field(
+        1024 * 1024,
+        ge=4096,
+        description="Output kept per background process (oldest dropped first).",
+    )
+    max_process_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description="Longest life of a background process; then its tree is killed.",
+    )
     max_processes: int = Field(
         512, ge=16, description="Ceiling on processes of executed code (fork bombs stop here)."
     )

@@ -158,9 +158,24 @@ class Spawner:
                 os.close(fd)
             self.send({"op": "failed", "id": message["id"], "error": f"Landlock: {e}"})
             return
-        report_r, report_w = os.pipe()
         me = os.getpid()
-        pid = os.fork()
+        try:
+            report_r, report_w = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(report_r)
+                os.close(report_w)
+                raise
+        except OSError as e:
+            # Code at its process ceiling (a fork bomb holding RLIMIT_NPROC of the uid we
+            # share) makes fork fail here: that call fails, the spawner lives on.
+            for fd in fds:
+                os.close(fd)
+            if own is not None:
+                os.close(own)
+            self.send({"op": "failed", "id": message["id"], "error": f"cannot fork: {e}"})
+            return
         if pid == 0:
             os.close(report_r)
             signal.set_wakeup_fd(-1)

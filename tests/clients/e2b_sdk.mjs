@@ -26,7 +26,7 @@ const plot = await sbx.runCode(
 );
 report.png = plot.results.length ? plot.results[0].png.slice(0, 12) : null;
 try {
-  await sbx.commands.list();
+  await sbx.pty.create({ cols: 80, rows: 24, onData: () => {} });
   report.unsupported = "answered";
 } catch (e) {
   report.unsupported = `${e.name}: ${e.message}`;

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sandbox_workspace.api.e2b import connect
-from sandbox_workspace.api.e2b.envd import command_of, mark_main, result_line
+from sandbox_workspace.api.e2b.envd import mark_main, result_line
 from sandbox_workspace.api.e2b.ids import (
     AccessTokens,
     E2BUnauthorized,
@@ -14,6 +14,7 @@ from sandbox_workspace.api.e2b.ids import (
     well_formed_key,
 )
 from sandbox_workspace.api.e2b.paths import to_e2b, to_relative
+from sandbox_workspace.api.e2b.processes import command_of
 from sandbox_workspace.api.identity import Caller
 from sandbox_workspace.contract.errors import BadRequest
 
