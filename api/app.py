@@ -130,6 +130,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         network_enabled=settings.session_network == "allow",
         limits=settings.limits,
         max_conversations=settings.quotas.conversations_per_user,
+        egress=settings.session_egress,
     )
 
 

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandbox_workspace.contract.quantity import parse_bytes
 from sandbox_workspace.operator.models import (
+    EgressSpec,
     ExecutionLimits,
     FileUploadConfig,
     Quantity,
@@ -111,6 +112,13 @@ class ApiSettings(BaseSettings):
         "deny",
         description="Whether executed code of new sessions may open TCP connections (local "
         "runtimes; on Kubernetes written into new SandboxSessions as `spec.network.enabled`).",
+    )
+    session_egress: EgressSpec | None = Field(
+        None,
+        description='Egress policy of new sessions as JSON (`{"rules": [{"host": '
+        '"pypi.org"}]}`): the hosts code may reach through the egress proxy; unset: none '
+        "(no network). On Kubernetes written into new SandboxSessions as `spec.egress`; "
+        "changeable per session (PUT /api/v1/sessions/{id}/egress).",
     )
     local_egress_hosts: dict[str, list[str]] | None = Field(
         None,
