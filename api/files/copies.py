@@ -31,6 +31,7 @@ from sandbox_workspace.store.snapshots import Snapshot, StoreCopies, new_id
 
 from ..backends.base import ConversationPhase, Session
 from ..backends.store_backend import StoreBackend, conversation_exists
+from ..keyed_locks import KeyedLocks
 from ..quotas import QuotaExceeded
 
 KERNEL_NOTE = (
@@ -53,6 +54,11 @@ class ForkQuotaExceeded(ApiError):
 
 
 SnapshotView = Snapshot  # in ``local`` mode with no records (the workspace holds them)
+# A snapshot's quota check and its copies under one lock per session (= per user): two
+# snapshots of two conversations at once both read the bytes held before either was
+# made, and both passed (found in session 13). Per process: two replicas can
+# still both pass by one snapshot (docs/security.md).
+_QUOTA = KeyedLocks()
 
 
 @dataclass(frozen=True)
@@ -100,9 +106,10 @@ class StoredCopies:
             manifest = await b.meta.get(scope, cid)
             size = sum(r.file_size for r in (manifest.files if manifest else []) if r.active)
             copies = self._copies()
-            _over(await copies.stored_bytes(b.layout.session(scope.tenant, scope.session_id)),
-                  size, quota)  # fmt: skip
-            return await copies.create(scope, cid, name)
+            async with _QUOTA.hold((scope.tenant, scope.session_id)):
+                held = await copies.stored_bytes(b.layout.session(scope.tenant, scope.session_id))
+                _over(held, size, quota)
+                return await copies.create(scope, cid, name)
 
     async def snapshots(self, session: Session, cid: str) -> list[SnapshotView]:
         await self._existing(session, cid)
@@ -182,8 +189,9 @@ class CacheCopies:
     async def snapshot(self, session: Session, cid: str, name: str, quota: int) -> SnapshotView:
         info = await self._existing(session, cid)
         client = self.client(session)
-        _over(await client.snapshot_bytes(), info.total_bytes, quota)
-        return _local_view(await client.snapshot(cid, new_id(), name))
+        async with _QUOTA.hold(session.session_id):
+            _over(await client.snapshot_bytes(), info.total_bytes, quota)
+            return _local_view(await client.snapshot(cid, new_id(), name))
 
     async def snapshots(self, session: Session, cid: str) -> list[SnapshotView]:
         await self._existing(session, cid)

@@ -277,6 +277,30 @@ def test_limits_refuse_with_nothing_half_made(who, mode):
         assert mode.objects(f"sb-session-{user}", "f3") == []
 
 
+def test_two_snapshots_at_once_cannot_both_pass_the_quota(who, mode):
+    """Two conversations of 200 kB each snapshotted at the same moment against a 300 kB
+    quota: one is made, the other answers 413 — the check and the copies are one step
+    per user (both passed when each read the bytes held before either was made)."""
+    user, api = who
+    for cid in ("q1", "q2"):
+        upload(api, user, cid, "big.csv", b"x" * 200_000)
+    start = threading.Barrier(2)
+    answers: list[int] = []
+
+    def snapshot(cid: str) -> None:
+        start.wait()
+        answers.append(api.post(url(user, cid, "snapshots")).status_code)
+
+    threads = [threading.Thread(target=snapshot, args=(cid,)) for cid in ("q1", "q2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(answers) == [201, 413], answers
+    made = [len(api.get(url(user, c, "snapshots")).json()["snapshots"]) for c in ("q1", "q2")]
+    assert sorted(made) == [0, 1], made
+
+
 WAITING = """
 import os, time
 open('outputs/mid.txt', 'w').write('mid')
