@@ -29,7 +29,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from sandbox_workspace.contract.errors import ApiError, Conflict, NotFoundError
+from sandbox_workspace.contract.errors import (
+    ApiError,
+    Conflict,
+    ConversationDeleting,
+    NotFoundError,
+)
 from sandbox_workspace.store.snapshots import Snapshot, StoreCopies, new_id
 
 from ..backends.base import ConversationPhase, Session
@@ -146,6 +151,8 @@ class StoredCopies:
         scope = b.scope(session)
         again = None
         if await conversation_exists(b, session, to):
+            if await b.conversation_phase(session, to) == ConversationPhase.DELETING:
+                raise ConversationDeleting(to)  # never answered as made while it goes
             again = await self._copies().fork_mark(scope, to)
             if again is None or (again.forked_from, again.snapshot_id) != (cid, sid):
                 raise Conflict(f"conversation '{to}' exists already", code="conversation_exists")
