@@ -37,6 +37,7 @@ from .chat.tools import TOOL_NAMES
 from .deps import Services
 from .e2b import control as e2b_control
 from .e2b import envd as e2b_envd
+from .e2b import hosts as e2b_hosts
 from .files import CacheFiles, FileService
 from .identity import Authenticator, StreamTokens
 from .metrics import install_metrics
@@ -253,12 +254,14 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     # Before CORS, so its 413s carry the CORS headers.
     request_bounds.install(app, settings.bounds, (m.router for m in API_MODULES))
     if settings.auth_mode == "dev":  # Host check and JSON only (api/dev_guard.py)
-        dev_guard.install(app, settings.host, (m.router for m in API_MODULES))
+        dev_guard.install(app, settings.host, (m.router for m in API_MODULES), settings.e2b_domain)
     app.state.http_guard = HttpGuard(  # read by sandbox_workspace.server.serve
         settings.bounds.max_header_bytes, settings.bounds.header_timeout_seconds
     )
     if settings.cors_allow_origins:
         cors.install(app, settings.cors_allow_origins)  # outermost: see api/cors.py
+    if settings.e2b_domain:  # before all else: it picks the route (api/e2b/hosts.py)
+        app.add_middleware(e2b_hosts.HostRouting, domain=settings.e2b_domain)
     app.include_router(health.router)
     app.include_router(e2b_envd.router)  # E2B's SDKs (docs/e2b.md)
     app.include_router(e2b_control.router)

@@ -22,6 +22,7 @@ from sandbox_workspace.operator.models import (
 )
 from sandbox_workspace.store.settings import S3Settings, StoreMode
 
+from .e2b.domain import check_domain
 from .quotas import Quotas
 from .request_bounds import RequestBounds
 
@@ -55,6 +56,12 @@ class ApiSettings(BaseSettings):
         le=65535,
         description="Serve /metrics on this port (same host) instead of the API's own "
         "port, which then answers /metrics with 404; unset: on the API's port.",
+    )
+    e2b_domain: str | None = Field(
+        None,
+        description="E2B's host routing: requests for `api.{domain}` reach E2B's API and "
+        "`{port}-{sandboxID}.{domain}` that sandbox (SDKs with `E2B_DOMAIN`; wildcard DNS "
+        "and certificate, docs/e2b.md); unset: header routing only.",
     )
     auth_mode: Literal["dev", "required"] = Field(
         "required",
@@ -266,6 +273,11 @@ class ApiSettings(BaseSettings):
     @model_validator(mode="after")
     def _safe_auth(self) -> ApiSettings:
         parse_bytes(self.local_session_memory)  # the pattern admits forms it refuses
+        if self.e2b_domain is not None:
+            try:
+                self.e2b_domain = check_domain(self.e2b_domain)
+            except ValueError as e:
+                raise ValueError(f"{ENV_PREFIX}E2B_DOMAIN: {e}") from None
         if self.auth_mode == "dev" and not is_loopback(self.host):
             raise ValueError(
                 f"auth_mode=dev is only allowed on a loopback host, not {self.host!r}; set "
