@@ -44,7 +44,7 @@ def test_bench_runs_in_quick_mode():
     if "faults: skipped" not in result.stdout:
         assert faults.stat().st_mtime >= started, "the fault trials wrote no results"
         trials = json.loads(faults.read_text())
-        assert trials["trials"] >= len(trials["faults"])  # the fork trials: one each
+        assert trials["trials"] >= len(trials["faults"])  # the fork trial: one
         # Store faults (store mode s3, a real SeaweedFS): nothing left in the bucket either.
         # The failure names each fault that left something, with what it left and when.
         counts = ("leaked_files", "leaked_objects", "stuck", "released_early", "lost_objects",
