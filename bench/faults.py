@@ -81,6 +81,7 @@ class World:
         self.namespace = namespace
         self.store, self.bucket = store, bucket  # SeaweedFS and bucket in store mode s3
         self.rng = random.Random(seed)
+        self.quick = False  # set by ``_phase``: injectors may do less in --quick
         self.owner = ThreadPoolExecutor(max_workers=1)  # outlives every trial
         self._clients: dict[str, httpx.Client] = {}
 
@@ -343,6 +344,7 @@ def _phase(
 ) -> None:
     """``per_fault`` trials of every fault on one stack (operator and API processes)."""
     world.stack = stack
+    world.quick = quick
     try:
         stack.start_operator()
         stack.start_api()

@@ -3,10 +3,10 @@ snapshots are made while origins and forks are deleted — and, in one variant, 
 API is killed — and afterwards every conversation the trial touched is checked.
 
 While the trial's DELETE of its conversation (the origin) is under way, a forker thread
-makes up to ``FORKS`` forks (each of the origin or of a fork already made) with a
-snapshot after each, and the injector deletes a fork made meanwhile (``delete_a_fork``)
-or kills the API (``fault_injection.kill_api``). Then, for every fork the trial asked
-for (``settle``):
+makes up to ``FORKS`` forks, 2 in --quick (each of the origin or of a fork already made),
+with a snapshot after each, and the injector deletes a fork made meanwhile
+(``delete_a_fork``) or kills the API (``fault_injection.kill_api``). Then, for every
+fork the trial asked for (``settle``):
 - one being deleted is waited for; one gone must have left 0 objects under its prefix
   (``leaked_objects``);
 - one that exists is live: every object its metadata's active records name and every
@@ -37,7 +37,8 @@ from sandbox_workspace.store.snapshots import StoreCopies
 
 from .fault_injection import Fault, Trial, background, kill_api
 
-FORKS = 4  # per trial: each fork of a conversation of 4 files takes ~0.1–0.3 s
+FORKS = 4  # per trial (2 in --quick): each fork of 4 files takes ~0.1–0.3 s, and its
+# deletion at the end up to a second
 DEADLINE = 60.0  # for a fork's deletion, as for the trial's own
 
 
@@ -65,7 +66,7 @@ def _fork(world: Any, trial: Trial, source: str, to: str) -> int | str:
 
 def _forker(world: Any, trial: Trial, rng: random.Random, first: threading.Event) -> None:
     made = [trial.cid]
-    for n in range(FORKS):
+    for n in range(2 if world.quick else FORKS):
         source, to = rng.choice(made), f"{trial.cid}-k{n}"
         trial.forks[to] = _fork(world, trial, source, to)
         first.set()
