@@ -165,8 +165,8 @@ def settle(world: Any, trial: Trial, objects: Callable[[str], int]) -> dict[str,
     return counts
 
 
-# --quick (the test command runs it) keeps one trial of the first, ~10–15 s; the API
-# killed mid-fork (an API restart per trial) runs in the full run only.
+# --quick (the test command runs it) keeps one trial of the first; the API killed
+# mid-fork (an API restart per trial) runs in the full run only.
 FAULTS = [
     Fault("store: forks and snapshots made while origins and forks are deleted",
           delete_a_fork, start_forking, check=settle, quick_trials=1),
