@@ -21,6 +21,7 @@ from sandbox_workspace.contract.errors import JSONLineResponse, install_error_ha
 from sandbox_workspace.contract.quantity import parse_bytes
 from sandbox_workspace.http_guard import HttpGuard
 from sandbox_workspace.runtime.settings import RuntimeSettings
+from sandbox_workspace.runtime.unix_transport import UnixSocketRouting
 
 from . import cors, dev_guard, garbage, metrics_port, openapi, request_bounds
 from .backends.base import Backend
@@ -48,6 +49,7 @@ from .routes import (
     chat,
     conversation_state,
     conversations,
+    egress,
     execute,
     files,
     health,
@@ -63,6 +65,7 @@ from .settings import ApiSettings
 
 API_MODULES = (
     sessions,
+    egress,
     files,
     conversation_state,
     conversations,
@@ -96,10 +99,18 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             ),
             **settings.limits.runtime_env(),
         }
+        egress = None
+        if bwrap is not None and settings.session_network == "deny":
+            from .backends.local_egress import LocalEgress
+
+            egress = LocalEgress(
+                hosts=settings.local_egress_hosts, permit=settings.local_egress_permit
+            )
         return LocalBackend(
             settings.data_dir,
             http,
             bwrap=bwrap,
+            egress=egress,
             runtime_env=runtime_env,
             max_conversations=settings.quotas.conversations_per_user,
             idle_timeout_seconds=settings.session_idle_timeout_seconds,
@@ -161,6 +172,8 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     # over aiohttp were the API's largest CPU share in bench/chat.py).
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
     transport = tracing.transport(AiohttpTransport(limits=limits))  # traced runtime calls
+    # Local runtimes in network namespaces of their own listen on Unix sockets.
+    transport = UnixSocketRouting(transport)
     http = httpx.AsyncClient(timeout=timeout, transport=transport)
     backend = backend or build_backend(settings, http)
     store = None

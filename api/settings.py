@@ -112,6 +112,17 @@ class ApiSettings(BaseSettings):
         description="Whether executed code of new sessions may open TCP connections (local "
         "runtimes; on Kubernetes written into new SandboxSessions as `spec.network.enabled`).",
     )
+    local_egress_hosts: dict[str, list[str]] | None = Field(
+        None,
+        description="Dev mode only (tests, demos): the names the local backend's egress "
+        'proxy resolves, with their addresses, as JSON (`{"index.test": ["127.0.0.1"]}`); '
+        "set, the proxy resolves no other name.",
+    )
+    local_egress_permit: list[str] = Field(
+        default_factory=list,
+        description="Dev mode only (tests, demos): networks taken off the egress proxy's "
+        'forbidden ranges (e.g. `["127.0.0.0/8"]` for servers of a test on loopback).',
+    )
     limits: ExecutionLimits = Field(
         default_factory=ExecutionLimits,
         description="Limits of each execution of code in new sessions: memory, cpu_seconds, "
@@ -301,6 +312,11 @@ class ApiSettings(BaseSettings):
             raise ValueError(
                 f"{ENV_PREFIX}CHAT_RUN_STORE=redis needs {ENV_PREFIX}CHAT_REDIS_URL "
                 "(redis://host:6379/0)"
+            )
+        egress_dev = self.local_egress_hosts is not None or self.local_egress_permit
+        if egress_dev and self.auth_mode != "dev":
+            raise ValueError(
+                f"{ENV_PREFIX}LOCAL_EGRESS_* are for dev mode only, never a deployment"
             )
         if self.demo_model and self.auth_mode != "dev":
             raise ValueError(f"{ENV_PREFIX}DEMO_MODEL is for dev mode only, never a deployment")
