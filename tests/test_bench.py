@@ -44,15 +44,15 @@ def test_bench_runs_in_quick_mode():
     if "faults: skipped" not in result.stdout:
         assert faults.stat().st_mtime >= started, "the fault trials wrote no results"
         trials = json.loads(faults.read_text())
-        assert trials["trials"] >= 2 * len(trials["faults"])
+        assert trials["trials"] >= len(trials["faults"])  # the fork trial: one
         # Store faults (store mode s3, a real SeaweedFS): nothing left in the bucket either.
         # The failure names each fault that left something, with what it left and when.
-        bad = [
-            f
-            for f in trials["faults"]
-            if f["leaked_files"] or f.get("leaked_objects") or f["stuck"] or f["released_early"]
-        ]
+        counts = ("leaked_files", "leaked_objects", "stuck", "released_early", "lost_objects",
+                  "partial_forks")  # fmt: skip
+        bad = [f for f in trials["faults"] if any(f.get(k) for k in counts)]
         assert trials["leaked_objects"] == 0 and trials["released_early"] == 0, bad
+        # The fork trial: nothing a live fork references lost, no fork left half-made.
+        assert trials["lost_objects"] == 0 and trials["partial_forks"] == 0, bad
         assert trials["leaked_files"] == 0 and trials["stuck"] == 0, bad
     # The operator at scale (quick form: 30 sessions) wrote its figures.
     operator = ROOT / "bench" / "results" / "operator-quick.json"
