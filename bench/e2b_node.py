@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -52,6 +53,9 @@ from sandbox_workspace.contract.crd import API_VERSION, SESSION_PLURAL  # noqa: 
 from sandbox_workspace.operator import naming  # noqa: E402
 
 OUT_ENV = "SANDBOX_BENCH_E2B_NODE_OUT"
+# 1: the API exports its spans to a receiver of this run (where the time goes; tracing
+# costs ~1.3 ms per request, docs/performance.md, so the plain run leaves it off).
+TRACE = os.environ.get("SANDBOX_BENCH_E2B_NODE_TRACE") == "1"
 POOL_SIZE = 3
 SAMPLES = int(os.environ.get("SANDBOX_BENCH_E2B_NODE_N", "15"))
 
@@ -81,12 +85,15 @@ def run() -> dict | None:
 
 
 # ----------------------------------------------------------------- inside the namespace
-def _enable_pool(release, kube: KubeClient) -> None:
-    """helm upgrade to a pool of ``POOL_SIZE``; the operators roll and so may the API (its
-    pod template carries a checksum of the chart's Secret): reconnect to the new one."""
+def _enable_pool(release, kube: KubeClient, otlp: str = "") -> None:
+    """helm upgrade to a pool of ``POOL_SIZE`` (and traces to ``otlp``); the operators roll
+    and so may the API (its pod template carries a checksum of the chart's Secret):
+    reconnect to the new one."""
+    traces = f" --set tracing.otlpEndpoint={otlp}" if otlp else ""
     done = release.shell(
         f"helm upgrade {RELEASE} charts/sandbox-workspace -n {NAMESPACE} --reuse-values "
-        f"--set sandbox.pool.size={POOL_SIZE} --set sandbox.pool.refillBatch={POOL_SIZE}\n"
+        f"--set sandbox.pool.size={POOL_SIZE} --set sandbox.pool.refillBatch={POOL_SIZE}"
+        f"{traces}\n"
         f"kubectl -n {NAMESPACE} rollout status statefulset/{OPERATOR} --timeout=300s\n"
         f"kubectl -n {NAMESPACE} rollout status deployment/{API} --timeout=300s\n",
         timeout=700,
@@ -127,8 +134,9 @@ def _new_user(release) -> tuple[str, httpx.Client]:
 def inner(n: int) -> dict:
     from e2b import Sandbox
 
+    spans = SpanLog() if TRACE else None
     with s3_release("sbw-bench-e2b-node-") as (_cluster, release, kube):
-        _enable_pool(release, kube)
+        _enable_pool(release, kube, spans.url if spans else "")
         api = release.api_url
 
         def sdk_sample() -> tuple[float, float, str]:
@@ -143,8 +151,10 @@ def inner(n: int) -> dict:
                 }
                 start = time.perf_counter()
                 first = Sandbox.create(**options)
+                created = time.perf_counter()
                 result = first.commands.run("echo hi")
                 cold = (time.perf_counter() - start) * 1000
+                create_ms.append((created - start) * 1000)
                 assert result.exit_code == 0 and result.stdout == "hi\n", result
                 start = time.perf_counter()
                 second = Sandbox.create(**options)
@@ -173,7 +183,13 @@ def inner(n: int) -> dict:
 
         samples: dict[str, list] = {k: [] for k in ("sdk", "sdk_warm", "rest", "rest_warm")}
         origins: list[str] = []
+        create_ms: list[float] = []
         for i in range(n + 1):  # the first of each is a warm-up (imports, connections)
+            if i == 1:
+                if spans:
+                    time.sleep(6)  # the warm-up's spans exported (batches every 5 s)
+                    spans.clear()
+                routes_before = _route_seconds(api)
             _pool_full(kube)
             cold, warm, started = sdk_sample()
             _pool_full(kube)
@@ -184,7 +200,88 @@ def inner(n: int) -> dict:
                 samples["rest"].append(rest_cold)
                 samples["rest_warm"].append(rest_warm)
                 origins += [started, rest_started]
-    return {"samples": samples, "summary": summary(samples, origins)}
+        routes = _route_seconds(api, routes_before)
+    result = {"samples": samples, "summary": summary(samples, origins)}
+    if spans:
+        time.sleep(6)
+        result["summary"]["api_span_p50_ms"] = spans.medians()
+        spans.close()
+    result["summary"]["sdk_create_p50_ms"] = round(statistics.median(create_ms[1:]), 1)
+    result["summary"]["api_route_mean_ms"] = routes
+    return result
+
+
+def _route_seconds(api: str, before: dict | None = None) -> dict:
+    """The API's own time per route (its ``sandbox_api_request_seconds`` histogram, to the
+    response headers): ``{route: [sum, count]}``, or with ``before`` the mean ms per call
+    of each route called since, and how many calls."""
+    text = httpx.get(f"{api}/metrics", timeout=10, trust_env=False).text
+    now: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for part in ("sum", "count"):
+            head = f"sandbox_api_request_seconds_{part}{{"
+            if line.startswith(head):
+                labels, _, value = line[len(head) :].rpartition("} ")
+                key = labels.replace('"', "")
+                now.setdefault(key, [0.0, 0.0])[part == "count"] = float(value)
+    if before is None:
+        return now
+    out = {}
+    for key, (total, count) in now.items():
+        was = before.get(key, [0.0, 0.0])
+        if count > was[1]:
+            out[key] = [round((total - was[0]) / (count - was[1]) * 1000, 1), count - was[1]]
+    return out
+
+
+class SpanLog:
+    """An OTLP/HTTP receiver on the node's address (the API pod reaches it there) that
+    keeps each span's name and duration."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from nodeenv.network import NODE_IP
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        self.spans: list[tuple[str, float]] = []
+        log = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                request = ExportTraceServiceRequest.FromString(body)
+                for rs in request.resource_spans:
+                    for scope in rs.scope_spans:
+                        for span in scope.spans:
+                            took = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e6
+                            log.spans.append((span.name, took))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((NODE_IP, 0), Handler)
+        self.url = f"http://{NODE_IP}:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def clear(self) -> None:
+        self.spans.clear()
+
+    def medians(self) -> dict[str, list[float]]:
+        """Per span name: [median ms, how many]."""
+        by: dict[str, list[float]] = {}
+        for name, took in list(self.spans):
+            by.setdefault(name, []).append(took)
+        return {n: [round(statistics.median(v), 1), len(v)] for n, v in sorted(by.items())}
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def _started_from(kube: KubeClient, name: str) -> str:
