@@ -134,8 +134,8 @@ def _new_user(release) -> tuple[str, httpx.Client]:
 def inner(n: int) -> dict:
     from e2b import Sandbox
 
-    spans = SpanLog() if TRACE else None
     with s3_release("sbw-bench-e2b-node-") as (_cluster, release, kube):
+        spans = SpanLog() if TRACE else None  # on the node's address: made by the start
         _enable_pool(release, kube, spans.url if spans else "")
         api = release.api_url
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sandbox_workspace.contract.errors import ApiError, BadGateway, BadRequest, NotFoundError
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult
 
-from ..backends.base import Session
+from ..backends.base import ConversationPhase, Session
 from ..deps import Services
 from ..identity import Caller
 from ..routes.execute import _then
@@ -125,7 +125,7 @@ class Sandbox:
             raise SandboxNotFound(f"sandbox '{sandbox_id}' not found (detached)")
         session = await services.sessions.ensure_running(caller, caller.session_id)
         cid = conversation_of(sandbox_id)
-        if cid not in await client(services, session).list_conversations():
+        if not await _exists(services, session, sandbox_id, cid):
             raise SandboxNotFound(f"sandbox '{sandbox_id}' not found (killed, or not yours)")
         await services.backend.conversation_opened(session, cid)
         return cls(services, session, cid)
@@ -168,6 +168,21 @@ class Sandbox:
         if kind == "exists":
             raise PathExists(message)
         raise BadRequest(message, code="invalid_path")
+
+
+async def _exists(services: Services, session: Session, sandbox_id: str, cid: str) -> bool:
+    """Whether the sandbox's conversation is there. A fresh sandbox's (a checked hex id):
+    the backend's own record (kubernetes: its ConversationWorkspace, from the watch cache)
+    — one runtime round trip less per call than the listing (bench e2b on the node), and
+    no cost growing with the session's conversations. An attached one's name comes from
+    the caller's metadata: only the runtime's listing is asked about it (no path is made
+    of it here). Not READY there (another replica's watch may not have seen a create made
+    a moment ago): the listing decides, as before; DELETING is gone already."""
+    if not is_attached(sandbox_id):
+        phase = await services.backend.conversation_phase(session, cid)
+        if phase != ConversationPhase.ABSENT:
+            return phase == ConversationPhase.READY
+    return cid in await client(services, session).list_conversations()
 
 
 def client(services: Services, session: Session) -> RuntimeClient:
