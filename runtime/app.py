@@ -23,6 +23,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from sandbox_workspace.contract.errors import ApiError, Unauthorized, install_error_handlers
 
+from . import egress
 from .activity import Activity
 from .claim import Claimed, ClaimHeader, ClaimRequest, ClaimState
 from .confinement import Confinement
@@ -110,6 +111,12 @@ class RuntimeState:
                 mode=settings.confinement,
                 network=settings.network,
                 min_abi=settings.confinement_min_abi,
+                relay_port=settings.egress_relay_port,
+            ),
+            extra_env=(
+                egress.code_environment(settings.egress_relay_port)
+                if settings.network == "proxy"
+                else None
             ),
         )
 
@@ -478,6 +485,8 @@ async def _read_fd(fd: int, activity: Activity) -> AsyncIterator[bytes]:
 
 def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     settings = settings or RuntimeSettings()
+    if settings.network == "proxy":
+        egress.check_isolated()
     state = RuntimeState(settings)  # fails loudly at start-up, not on first request
 
     @asynccontextmanager
@@ -486,11 +495,14 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         # than half a period.
         interval = min(30.0, settings.kernel_idle_seconds / 2)
         await state.executor.start()
+        relay = await egress.start_relay(settings) if settings.network == "proxy" else None
         reaper = asyncio.create_task(state.executor.reap_forever(interval=interval))
         memory = asyncio.create_task(state.executor.watch_session_memory())
         try:
             yield
         finally:
+            if relay is not None:
+                relay.close()
             for task in (reaper, memory):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -49,6 +49,7 @@ from .schemas import (
     UploadList,
     UploadResult,
 )
+from .unix_transport import UNIX_SOCKET, UNRESOLVABLE_BASE
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -138,17 +139,26 @@ def _parse(model: type[M], response: httpx.Response) -> M:
 class RuntimeClient:
     """Calls of one runtime at ``endpoint`` with its bearer ``token``."""
 
-    def __init__(self, http: httpx.AsyncClient, endpoint: str, token: str) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, endpoint: str, token: str, unix_socket: str = ""
+    ) -> None:
+        """``unix_socket``: the runtime listens there (``endpoint`` is then ignored: the
+        client's transport must be ``UnixSocketRouting``)."""
         self.http = http
-        self.base = endpoint.rstrip("/")
+        self.base = (UNRESOLVABLE_BASE if unix_socket else endpoint).rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}"}
+        self.extensions = {UNIX_SOCKET: unix_socket} if unix_socket else {}
 
     async def _request(
         self, method: str, path: str, *, headers: dict[str, str] | None = None, **kw: Any
     ) -> httpx.Response:
         try:
             response = await self.http.request(
-                method, self.base + path, headers={**self.headers, **(headers or {})}, **kw
+                method,
+                self.base + path,
+                headers={**self.headers, **(headers or {})},
+                extensions=self.extensions,
+                **kw,
             )
         except httpx.TransportError as e:
             raise _unreachable(e) from e
@@ -157,7 +167,9 @@ class RuntimeClient:
 
     async def _open(self, method: str, path: str, **kw: Any) -> httpx.Response:
         """A streamed answer; the caller reads it and must ``aclose()`` it."""
-        request = self.http.build_request(method, self.base + path, headers=self.headers, **kw)
+        request = self.http.build_request(
+            method, self.base + path, headers=self.headers, extensions=self.extensions, **kw
+        )
         try:
             response = await self.http.send(request, stream=True)
         except httpx.TransportError as e:
@@ -177,7 +189,9 @@ class RuntimeClient:
     async def _healthz(self) -> httpx.Response | None:
         """``GET /healthz`` (unauthenticated, 2 s); None when the runtime did not answer."""
         try:
-            return await self.http.get(self.base + "/healthz", timeout=2.0)
+            return await self.http.get(
+                self.base + "/healthz", timeout=2.0, extensions=self.extensions
+            )
         except httpx.TransportError:
             return None
 

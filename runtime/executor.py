@@ -70,8 +70,10 @@ class Executor:
         limits: Limits | None = None,
         session_memory: int | None = None,
         result_caps: ResultCaps = ResultCaps(),
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.result_caps = result_caps
+        self.extra_env = dict(extra_env or {})  # the egress relay's proxy variables
         self.confinement = confinement
         self.limits = limits
         self.session_memory = session_memory
@@ -143,6 +145,7 @@ class Executor:
             # OpenBLAS reserves address space per thread, one per core by default: on a
             # node with many cores `import numpy` alone would pass RLIMIT_AS.
             "OPENBLAS_NUM_THREADS": _BLAS_THREADS,
+            **self.extra_env,
         }
 
     def _guard(self, cid: str) -> Callable[[], None]:

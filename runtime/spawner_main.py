@@ -118,7 +118,11 @@ class Spawner:
         self.forget(cid)
         rules = [tuple(rule) for rule in self.config["read_only"]]
         rules += [(path, self.config["read_write"]) for path in read_write]
-        fd = landlock.build_ruleset(landlock.Policy(*self.config["policy"]), rules)
+        fd = landlock.build_ruleset(
+            landlock.Policy(*self.config["policy"]),
+            rules,
+            connect_ports=self.config.get("connect_ports", ()),
+        )
         self.rulesets[cid] = (key, fd)
         return fd
 
@@ -130,7 +134,12 @@ class Spawner:
         rules = [tuple(rule) for rule in self.config["read_only"]]
         rules += [(path, read) for path in message["read_only"]]
         mine = [(path, self.config["read_write"]) for path in message["read_write"]]
-        return landlock.build_ruleset(landlock.Policy(*self.config["policy"]), rules, mine)
+        return landlock.build_ruleset(
+            landlock.Policy(*self.config["policy"]),
+            rules,
+            mine,
+            connect_ports=self.config.get("connect_ports", ()),
+        )
 
     def forget(self, cid: str) -> None:
         cached = self.rulesets.pop(cid, None)

@@ -78,7 +78,12 @@ def _cmd_runtime(args: argparse.Namespace) -> int:
         "runtime ready", extra={"confinement": app.state.runtime.executor.confinement.describe()}
     )
     return _serve(
-        app, settings.host, settings.port, port_file=args.port_file, log_level=args.log_level
+        app,
+        settings.host,
+        settings.port,
+        port_file=args.port_file,
+        log_level=args.log_level,
+        uds=args.uds,
     )
 
 
@@ -210,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     common(runtime)
     runtime.add_argument("--root", type=Path, help="workspace root (default /workspace)")
     runtime.add_argument("--workspace-path", help="the root as sandboxed code sees it")
+    runtime.add_argument(
+        "--uds", type=Path, help="listen on this Unix socket instead of --host/--port"
+    )
     runtime.add_argument("--log-level", default=os.environ.get("SANDBOX_RUNTIME_LOG_LEVEL", "info"))
     runtime.set_defaults(func=_cmd_runtime)
 

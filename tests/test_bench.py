@@ -69,6 +69,12 @@ def test_bench_runs_in_quick_mode():
         e2b = json.loads((ROOT / "bench" / "results" / "e2b-quick.json").read_text())
         assert e2b["quick"] and e2b["first_command_p50_ms"] > 0
         assert e2b["rest_first_command_p50_ms"] > 0 and "added_p50_ms" in e2b
+    # The egress proxy on loopback: a tunnel against direct, an injected secret against
+    # the tunnel, each in the same run.
+    egress = json.loads((ROOT / "bench" / "results" / "egress-quick.json").read_text())
+    assert egress["quick"] and egress["throughput_ratio"] > 0
+    assert {"added_p50_ms", "added_p99_ms", "intercepted"} <= egress.keys()
+    assert egress["intercepted"]["throughput_ratio"] > 0
     if shutil.which("redis-server") or shutil.which("valkey-server"):
         assert any(n.startswith("chat on the Redis run store") for n in names)
         chat = json.loads((ROOT / "bench" / "results" / "chat-quick.json").read_text())
