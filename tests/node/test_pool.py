@@ -208,7 +208,8 @@ def test_e2b_sdk_create_run_files_kill_on_a_claimed_pool_pod(
     assert sandbox.files.read("from-sdk.txt") == "written through the SDK"
     # In the claimed pool pod's workspace, under the sandbox's conversation.
     directory = workspace_dir(node_cluster, pod)
-    assert (directory / cid / "from-sdk.txt").is_file(), user_files(directory)
+    mine = [f for f in user_files(directory) if f.startswith(f"{cid}/")]
+    assert any(f.endswith("/from-sdk.txt") for f in mine), user_files(directory)
     assert pooled_session.sbs()["status"]["podName"] == name  # no other pod served it
 
     assert sandbox.kill() is True
