@@ -50,6 +50,7 @@ format: $(STAMP)
 test: lint
 	bash scripts/install-system-deps.sh
 	bash scripts/install-node-deps.sh
+	bash scripts/install-e2b-old-sdk.sh
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The contract fuzzer with new seeds and more examples (the test command's seed is fixed,

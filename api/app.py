@@ -21,6 +21,7 @@ from sandbox_workspace.contract.errors import JSONLineResponse, install_error_ha
 from sandbox_workspace.contract.quantity import parse_bytes
 from sandbox_workspace.http_guard import HttpGuard
 from sandbox_workspace.runtime.settings import RuntimeSettings
+from sandbox_workspace.runtime.unix_transport import UnixSocketRouting
 
 from . import cors, dev_guard, garbage, metrics_port, openapi, request_bounds
 from .backends.base import Backend
@@ -37,6 +38,7 @@ from .chat.tools import TOOL_NAMES
 from .deps import Services
 from .e2b import control as e2b_control
 from .e2b import envd as e2b_envd
+from .e2b import hosts as e2b_hosts
 from .files import CacheFiles, FileService
 from .identity import Authenticator, StreamTokens
 from .metrics import install_metrics
@@ -47,6 +49,7 @@ from .routes import (
     chat,
     conversation_state,
     conversations,
+    egress,
     execute,
     files,
     health,
@@ -62,6 +65,7 @@ from .settings import ApiSettings
 
 API_MODULES = (
     sessions,
+    egress,
     files,
     conversation_state,
     conversations,
@@ -95,10 +99,18 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             ),
             **settings.limits.runtime_env(),
         }
+        egress = None
+        if bwrap is not None and settings.session_network == "deny":
+            from .backends.local_egress import LocalEgress
+
+            egress = LocalEgress(
+                hosts=settings.local_egress_hosts, permit=settings.local_egress_permit
+            )
         return LocalBackend(
             settings.data_dir,
             http,
             bwrap=bwrap,
+            egress=egress,
             runtime_env=runtime_env,
             max_conversations=settings.quotas.conversations_per_user,
             idle_timeout_seconds=settings.session_idle_timeout_seconds,
@@ -118,6 +130,7 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
         network_enabled=settings.session_network == "allow",
         limits=settings.limits,
         max_conversations=settings.quotas.conversations_per_user,
+        egress=settings.session_egress,
     )
 
 
@@ -160,6 +173,8 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     # over aiohttp were the API's largest CPU share in bench/chat.py).
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
     transport = tracing.transport(AiohttpTransport(limits=limits))  # traced runtime calls
+    # Local runtimes in network namespaces of their own listen on Unix sockets.
+    transport = UnixSocketRouting(transport)
     http = httpx.AsyncClient(timeout=timeout, transport=transport)
     backend = backend or build_backend(settings, http)
     store = None
@@ -253,12 +268,14 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     # Before CORS, so its 413s carry the CORS headers.
     request_bounds.install(app, settings.bounds, (m.router for m in API_MODULES))
     if settings.auth_mode == "dev":  # Host check and JSON only (api/dev_guard.py)
-        dev_guard.install(app, settings.host, (m.router for m in API_MODULES))
+        dev_guard.install(app, settings.host, (m.router for m in API_MODULES), settings.e2b_domain)
     app.state.http_guard = HttpGuard(  # read by sandbox_workspace.server.serve
         settings.bounds.max_header_bytes, settings.bounds.header_timeout_seconds
     )
     if settings.cors_allow_origins:
         cors.install(app, settings.cors_allow_origins)  # outermost: see api/cors.py
+    if settings.e2b_domain:  # before all else: it picks the route (api/e2b/hosts.py)
+        app.add_middleware(e2b_hosts.HostRouting, domain=settings.e2b_domain)
     app.include_router(health.router)
     app.include_router(e2b_envd.router)  # E2B's SDKs (docs/e2b.md)
     app.include_router(e2b_control.router)

@@ -4,8 +4,10 @@ Contract: with ``auth_mode=dev`` (no credentials: anyone who reaches the port is
 ``DevGuard`` is an outer middleware that
 
 - answers 400 ``invalid_host`` to a request whose ``Host`` is not a loopback name
-  (localhost, 127.0.0.1, ::1) or the configured host: a page of evil.example whose name
-  was re-bound to 127.0.0.1 (DNS rebinding) sends its own name, and is refused;
+  (localhost, 127.0.0.1, ::1), the configured host or a name under the configured E2B
+  domain (``e2b.hosts``, which has already refused the malformed ones): a page of
+  evil.example whose name was re-bound to 127.0.0.1 (DNS rebinding) sends its own name,
+  and is refused;
 - answers 415 ``json_required`` to a body sent to a JSON route without a JSON content
   type: a cross-site form or a typeless ``fetch`` is a "simple" request a browser sends
   without asking (no preflight), and FastAPI would parse its body as JSON anyway.
@@ -44,9 +46,16 @@ def is_json(content_type: str) -> bool:
 
 
 class DevGuard:
-    def __init__(self, app: ASGIApp, hosts: frozenset[str], json_routes: list[BaseRoute]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        hosts: frozenset[str],
+        json_routes: list[BaseRoute],
+        suffix: str | None = None,
+    ) -> None:
         self.app = app
         self.hosts = hosts
+        self.suffix = suffix  # ".{E2B domain}": names the operator routes here
         self.json_routes = json_routes  # every route but the uploads
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -55,7 +64,7 @@ class DevGuard:
             return
         headers = dict(scope["headers"])
         host = host_name(headers.get(b"host", b"").decode("latin-1")).lower()
-        if host not in self.hosts:
+        if host not in self.hosts and not (self.suffix and host.endswith(self.suffix)):
             response = error_response(
                 400,
                 "invalid_host",
@@ -84,9 +93,12 @@ class DevGuard:
         await self.app(scope, receive, send)
 
 
-def install(app: Any, configured_host: str, routers: Iterable[Any]) -> None:
+def install(
+    app: Any, configured_host: str, routers: Iterable[Any], domain: str | None = None
+) -> None:
     hosts = LOOPBACK_NAMES | {configured_host.strip("[]").lower()}
     routers = list(routers)
     uploads = streaming_routes(routers)
     json_routes = [r for router in routers for r in router.routes if r not in uploads]
-    app.add_middleware(DevGuard, hosts=frozenset(hosts), json_routes=json_routes)
+    suffix = f".{domain}" if domain else None
+    app.add_middleware(DevGuard, hosts=frozenset(hosts), json_routes=json_routes, suffix=suffix)

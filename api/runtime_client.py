@@ -24,7 +24,7 @@ class RuntimeClient(_client.RuntimeClient):
     """``runtime.client.RuntimeClient`` addressed by a backend's endpoint."""
 
     def __init__(self, http: httpx.AsyncClient, endpoint: RuntimeEndpoint) -> None:
-        super().__init__(http, endpoint.url, endpoint.token)
+        super().__init__(http, endpoint.url, endpoint.token, endpoint.unix_socket)
 
 
 __all__ = ["RuntimeApiError", "RuntimeClient", "RuntimeRefused"]

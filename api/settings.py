@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandbox_workspace.contract.quantity import parse_bytes
 from sandbox_workspace.operator.models import (
+    EgressSpec,
     ExecutionLimits,
     FileUploadConfig,
     Quantity,
@@ -22,6 +23,7 @@ from sandbox_workspace.operator.models import (
 )
 from sandbox_workspace.store.settings import S3Settings, StoreMode
 
+from .e2b.domain import check_domain
 from .quotas import Quotas
 from .request_bounds import RequestBounds
 
@@ -55,6 +57,12 @@ class ApiSettings(BaseSettings):
         le=65535,
         description="Serve /metrics on this port (same host) instead of the API's own "
         "port, which then answers /metrics with 404; unset: on the API's port.",
+    )
+    e2b_domain: str | None = Field(
+        None,
+        description="E2B's host routing: requests for `api.{domain}` reach E2B's API and "
+        "`{port}-{sandboxID}.{domain}` that sandbox (SDKs with `E2B_DOMAIN`; wildcard DNS "
+        "and certificate, docs/e2b.md); unset: header routing only.",
     )
     auth_mode: Literal["dev", "required"] = Field(
         "required",
@@ -104,6 +112,24 @@ class ApiSettings(BaseSettings):
         "deny",
         description="Whether executed code of new sessions may open TCP connections (local "
         "runtimes; on Kubernetes written into new SandboxSessions as `spec.network.enabled`).",
+    )
+    session_egress: EgressSpec | None = Field(
+        None,
+        description='Egress policy of new sessions as JSON (`{"rules": [{"host": '
+        '"pypi.org"}]}`): the hosts code may reach through the egress proxy; unset: none '
+        "(no network). On Kubernetes written into new SandboxSessions as `spec.egress`; "
+        "changeable per session (PUT /api/v1/sessions/{id}/egress).",
+    )
+    local_egress_hosts: dict[str, list[str]] | None = Field(
+        None,
+        description="Dev mode only (tests, demos): the names the local backend's egress "
+        'proxy resolves, with their addresses, as JSON (`{"index.test": ["127.0.0.1"]}`); '
+        "set, the proxy resolves no other name.",
+    )
+    local_egress_permit: list[str] = Field(
+        default_factory=list,
+        description="Dev mode only (tests, demos): networks taken off the egress proxy's "
+        'forbidden ranges (e.g. `["127.0.0.0/8"]` for servers of a test on loopback).',
     )
     limits: ExecutionLimits = Field(
         default_factory=ExecutionLimits,
@@ -266,6 +292,11 @@ class ApiSettings(BaseSettings):
     @model_validator(mode="after")
     def _safe_auth(self) -> ApiSettings:
         parse_bytes(self.local_session_memory)  # the pattern admits forms it refuses
+        if self.e2b_domain is not None:
+            try:
+                self.e2b_domain = check_domain(self.e2b_domain)
+            except ValueError as e:
+                raise ValueError(f"{ENV_PREFIX}E2B_DOMAIN: {e}") from None
         if self.auth_mode == "dev" and not is_loopback(self.host):
             raise ValueError(
                 f"auth_mode=dev is only allowed on a loopback host, not {self.host!r}; set "
@@ -289,6 +320,11 @@ class ApiSettings(BaseSettings):
             raise ValueError(
                 f"{ENV_PREFIX}CHAT_RUN_STORE=redis needs {ENV_PREFIX}CHAT_REDIS_URL "
                 "(redis://host:6379/0)"
+            )
+        egress_dev = self.local_egress_hosts is not None or self.local_egress_permit
+        if egress_dev and self.auth_mode != "dev":
+            raise ValueError(
+                f"{ENV_PREFIX}LOCAL_EGRESS_* are for dev mode only, never a deployment"
             )
         if self.demo_model and self.auth_mode != "dev":
             raise ValueError(f"{ENV_PREFIX}DEMO_MODEL is for dev mode only, never a deployment")

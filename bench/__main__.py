@@ -25,6 +25,7 @@ SUITES = [
     "storage",
     "e2b",
     "tracing",
+    "egress",
 ]
 # Run only when named: tracing runs the chat and execution suites twice per round.
 OPT_IN = {"tracing"}

@@ -50,6 +50,7 @@ class Trial:
     statuses: list[int] = field(default_factory=list)  # racing writes' answers
     released_early: bool = False  # the resource went while its files still existed
     release: threading.Event | None = None  # a held upload's client, freed by kill_api
+    forks: dict[str, int | str] = field(default_factory=dict)  # fork id → its answer
 
 
 def background(fn: Any, *args: Any) -> threading.Thread:
@@ -284,6 +285,10 @@ class Fault:
     inject: Any
     before_delete: Any = None
     own_session: bool = False  # the fault destroys the session: one per trial
+    # After the trial's own counts: ``check(world, trial, objects) -> counts`` adds its
+    # own (``bench.fork_trial.settle``).
+    check: Any = None
+    quick_trials: int | None = None  # fewer in --quick (the test command's budget)
 
 
 FAULTS = [

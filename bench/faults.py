@@ -27,13 +27,19 @@ The store faults (``fault_injection.STORE_FAULTS``) run on a second namespace wh
 operator and API are in store mode ``s3`` against a real SeaweedFS: the store frozen
 during the delete, the store slow, the pod lost with an output not yet written back, the
 API killed (SIGKILL, started again) while an upload streams to the cache and the store
-and the DELETE is in its hands, the operator killed mid-delete.
+and the DELETE is in its hands, the operator killed mid-delete; and the fork/delete
+trial (``bench.fork_trial``): forks and snapshots made while the origin and forks are
+deleted, and while the API is killed — ``lost_objects`` counts objects a live
+conversation's records (or its snapshots') name that are gone, ``partial_forks`` forks
+that exist though their request failed.
 
 Results: ``bench/results/faults.json`` (``trials``, ``leaked_files``, ``leaked_objects``,
-``stuck``, ``released_early``, ``faults``: one entry per fault), ``faults-quick.json`` with --quick
-(the test command runs it; the full run keeps its file). ``SBW_FAULTS=store`` runs the
+``lost_objects``, ``partial_forks``, ``stuck``, ``released_early``, ``faults``: one entry
+per fault), ``faults-quick.json`` with --quick (the test command runs it; the full run
+keeps its file). ``SBW_FAULTS=store`` runs the
 store phase alone and merges its entries into the results file; ``SBW_FAULTS=store:TEXT``
-only the store faults whose name contains TEXT (a long phase run in parts). Goal: 0 leaked, 0 stuck.
+only the store faults whose name contains TEXT (a long phase run in parts). Goal: 0 leaked,
+0 lost, 0 stuck.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ import httpx
 
 from sandbox_workspace.operator import naming
 
+from . import fork_trial
 from .fault_injection import FAULTS, STORE_FAULTS, Fault, Trial, background
 from .harness import Figure, percentile
 from .operator import NodeAgent, _cluster, _namespace, _skip_reason  # puts kubeenv on sys.path
@@ -74,6 +81,7 @@ class World:
         self.namespace = namespace
         self.store, self.bucket = store, bucket  # SeaweedFS and bucket in store mode s3
         self.rng = random.Random(seed)
+        self.quick = False  # set by ``_phase``: injectors may do less in --quick
         self.owner = ThreadPoolExecutor(max_workers=1)  # outlives every trial
         self._clients: dict[str, httpx.Client] = {}
 
@@ -140,14 +148,15 @@ def _prepare(world: World, trial: Trial) -> None:
     assert r.status_code == 200, r.text
 
 
-def _objects(world: World, trial: Trial) -> int:
-    """Objects under the conversation's prefix in the bucket (0 without a store)."""
+def _objects(world: World, trial: Trial, cid: str | None = None) -> int:
+    """Objects under the prefix of the trial's conversation (or ``cid``) in the bucket
+    (0 without a store)."""
     if world.store is None:
         return 0
     from sandbox_workspace.store.layout import DEFAULT_TENANT, Layout, Scope
 
     scope = Scope(DEFAULT_TENANT, naming.session_name_for(trial.user))
-    prefix = Layout("workspaces/").conversation(scope, trial.cid)
+    prefix = Layout("workspaces/").conversation(scope, cid or trial.cid)
     # What a listing misses counts too: incomplete multipart uploads (a killed API's
     # parts) and non-current versions (``s3_admin``).
     return len(world.store.list_keys(world.bucket, prefix)) + _hidden(world, prefix)
@@ -228,6 +237,7 @@ def _wait_gone(
 
 
 def _run_trial(world: World, fault: Fault, trial: Trial, quick: bool) -> dict:
+    began = time.monotonic()
     _prepare(world, trial)
     cws = world.workspace(trial.user, trial.cid)
     assert cws is not None, "the API made no ConversationWorkspace"
@@ -269,22 +279,28 @@ def _run_trial(world: World, fault: Fault, trial: Trial, quick: bool) -> dict:
             "left on disk: " + ", ".join(f"{p} ({_age(p, now)})" for p in leaked_paths[:12])
         )
     leaked_objects = _objects(world, trial)
+    more = fault.check(world, trial, lambda cid: _objects(world, trial, cid)) if fault.check else {}
+    leaked_objects += more.get("leaked_objects", 0)
     # Started afresh: the first incarnation's files cannot be told from the new ones,
     # so its delete→gone is the time its resource went.
     end = files_gone_at if fresh is None else first_gone_at
     done = gone_at is not None and end is not None and not leaked and not leaked_objects
+    done = done and not more.get("lost_objects") and not more.get("stuck")
     return {
         "fault": fault.name,
         "gone_ms": (end - start) * 1000 if done else None,
         # When the injector had healed its damage (the apiserver answering again, …):
         # delete→gone minus this is the system's own recovery.
         "healed_ms": (healed_at[0] - start) * 1000 if healed_at else None,
-        "stuck": gone_at is None,
+        "stuck": gone_at is None or bool(more.get("stuck")),
         "released_early": trial.released_early and not fault.own_session,
         "leaked_files": leaked,
         "leaked_objects": leaked_objects,
+        "lost_objects": more.get("lost_objects", 0),
+        "partial_forks": more.get("partial_forks", 0),
         "statuses": trial.statuses,
         "notes": trial.notes,
+        "seconds": time.monotonic() - began,  # the whole trial: what it costs a run
     }
 
 
@@ -305,6 +321,8 @@ def _summary(name: str, rows: list[dict]) -> dict:
         "trials": len(rows),
         "leaked_files": sum(r["leaked_files"] for r in rows),
         "leaked_objects": sum(r["leaked_objects"] for r in rows),
+        "lost_objects": sum(r["lost_objects"] for r in rows),
+        "partial_forks": sum(r["partial_forks"] for r in rows),
         "trials_with_leaks": sum(1 for r in rows if r["leaked_files"] or r["leaked_objects"]),
         "stuck": sum(r["stuck"] for r in rows),
         "released_early": sum(r["released_early"] for r in rows),
@@ -317,6 +335,7 @@ def _summary(name: str, rows: list[dict]) -> dict:
             "p99": round(percentile(healed, 99), 1) if healed else None,
         },
         "notes": sorted({n for r in rows for n in r["notes"]}),
+        "seconds": round(sum(r["seconds"] for r in rows), 1),
     }
 
 
@@ -325,11 +344,14 @@ def _phase(
 ) -> None:
     """``per_fault`` trials of every fault on one stack (operator and API processes)."""
     world.stack = stack
+    world.quick = quick
     try:
         stack.start_operator()
         stack.start_api()
         for i in range(per_fault):  # faults interleaved: drift hits all alike
             for k, fault in enumerate(faults):
+                if quick and fault.quick_trials is not None and i >= fault.quick_trials:
+                    continue
                 user = f"f-{k}-{i}" if fault.own_session else "faults"
                 trial = Trial(fault.name, i, user, f"c-{k}-{i}", world.rng.uniform(0, 0.25))
                 rows[fault.name].append(_run_trial(world, fault, trial, quick))
@@ -355,7 +377,8 @@ def run(quick: bool) -> list[Figure]:
     agent_log.propagate = False
     selected, _, only = os.environ.get("SBW_FAULTS", "").partition(":")
     store_only = selected == "store"
-    store_faults = [f for f in STORE_FAULTS if only in f.name]
+    store_faults = [f for f in STORE_FAULTS + fork_trial.FAULTS
+                    if only in f.name and not (quick and f.quick_trials == 0)]  # fmt: skip
     rows: dict[str, list[dict]] = {} if store_only else {f.name: [] for f in FAULTS}
     store_reason = seaweedfs_missing()
     if store_reason is None:
@@ -407,6 +430,8 @@ def run(quick: bool) -> list[Figure]:
         "trials": sum(s["trials"] for s in summaries),
         "leaked_files": sum(s["leaked_files"] for s in summaries),
         "leaked_objects": sum(s.get("leaked_objects", 0) for s in summaries),
+        "lost_objects": sum(s.get("lost_objects", 0) for s in summaries),
+        "partial_forks": sum(s.get("partial_forks", 0) for s in summaries),
         "stuck": sum(s["stuck"] for s in summaries),
         "released_early": sum(s["released_early"] for s in summaries),
         "faults": summaries,
@@ -414,7 +439,7 @@ def run(quick: bool) -> list[Figure]:
     }
     RESULTS.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    if result["leaked_files"] or result["leaked_objects"] or result["stuck"]:
+    if any(result[k] for k in ("leaked_files", "leaked_objects", "lost_objects", "stuck")):
         print(f"faults: LEAKS OR STUCK — logs kept in {workdir}", flush=True)
     else:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -427,9 +452,11 @@ def run(quick: bool) -> list[Figure]:
             [r["gone_ms"] for r in rs if r["gone_ms"] is not None],
             "same, no fault",
             control,
-            goal="0 leaked, 0 stuck",
+            goal="0 leaked, 0 lost, 0 stuck",
             leaked_files=summary["leaked_files"],
             leaked_objects=summary["leaked_objects"],
+            lost_objects=summary["lost_objects"],
+            partial_forks=summary["partial_forks"],
             stuck=summary["stuck"],
         )
         for (name, rs), summary in zip(rows.items(), own, strict=True)

@@ -56,6 +56,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -323,13 +324,16 @@ def _s3_secret(store) -> dict:
     }
 
 
-def inner(n: int = 20) -> dict:
+@contextlib.contextmanager
+def s3_release(prefix: str) -> Iterator[tuple[object, object, KubeClient]]:
+    """A started node with the chart installed in store mode s3 (``_install_values``),
+    SeaweedFS on the node's address: ``(cluster, release, kube)``, all stopped after."""
     from nodeenv.network import NODE_IP
     from nodeenv.node import NodeCluster
     from nodeenv.release import Release
     from seaweedfs import start_seaweedfs
 
-    workdir = Path(tempfile.mkdtemp(prefix="sbw-bench-node-"))
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
     cluster = NodeCluster(workdir / "node")
     store = None
     try:
@@ -351,20 +355,25 @@ def inner(n: int = 20) -> dict:
         if installed.returncode != 0:
             raise RuntimeError(f"helm install failed:\n{installed.stdout}\n{installed.stderr}")
         with cluster.client() as kube:
-            result = {"summary": {}, "samples": {}}
-            if not POOL_ONLY:
-                result = _measure(cluster, kube, SESSIONS, n)
-            if POOL_SIZE > 0:
-                before = _pods_rss(cluster)
-                _enable_pool(release, POOL_SIZE)
-                pool = _measure_pool(cluster, kube, SESSIONS, n, POOL_SIZE, before)
-                result["summary"].update(pool.pop("summary"))
-                result["samples"].update(pool)
-            return result
+            yield cluster, release, kube
     finally:
         cluster.stop()
         if store is not None:
             store.stop()
+
+
+def inner(n: int = 20) -> dict:
+    with s3_release("sbw-bench-node-") as (cluster, release, kube):
+        result = {"summary": {}, "samples": {}}
+        if not POOL_ONLY:
+            result = _measure(cluster, kube, SESSIONS, n)
+        if POOL_SIZE > 0:
+            before = _pods_rss(cluster)
+            _enable_pool(release, POOL_SIZE)
+            pool = _measure_pool(cluster, kube, SESSIONS, n, POOL_SIZE, before)
+            result["summary"].update(pool.pop("summary"))
+            result["samples"].update(pool)
+        return result
 
 
 def _enable_pool(release, size: int) -> None:

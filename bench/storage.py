@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -492,6 +493,9 @@ def run(quick: bool) -> list[Figure]:
         figures += forks.run(env, store, quick)
     finally:
         server.stop()
+        # The store's data (several GB in a full run: the forks' and the plain copies'
+        # objects) and the source file go with it: a bench leaves no bucket behind.
+        shutil.rmtree(work, ignore_errors=True)
     results = RESULTS.with_name("storage-quick.json") if quick else RESULTS
     results.parent.mkdir(exist_ok=True)
     results.write_text(

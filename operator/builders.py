@@ -123,7 +123,9 @@ def runtime_env(
         allowed_file_types=upload.allowed_file_types,
         confinement=settings.confinement,
         confinement_min_abi=settings.confinement_min_abi,
-        network="allow" if session.spec.network.enabled else "deny",
+        # A session with an egress policy opens sockets: to the proxy, the only place its
+        # NetworkPolicy lets it reach (what CIDR mode adds aside).
+        network="allow" if session.spec.network.enabled or session.spec.egress else "deny",
     )
     return [
         {
@@ -134,7 +136,20 @@ def runtime_env(
         *({"name": k, "value": v} for k, v in session.spec.limits.runtime_env().items()),
         # The root filesystem is read-only; tools that want a home get the scratch space.
         {"name": "HOME", "value": "/tmp"},
+        *proxy_env(settings.egress_proxy),
     ]
+
+
+def proxy_env(proxy: str | None) -> list[dict[str, str]]:
+    """HTTP(S)_PROXY at the egress proxy, on every sandbox pod of a cluster that runs one
+    (policy or not: a policy added later needs no new pod, and without one the proxy
+    answers why nothing is reachable). Both spellings: curl reads only lower case
+    ``http_proxy``, Python and pip either."""
+    if not proxy:
+        return []
+    url = f"http://{proxy}"
+    names = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+    return [{"name": name, "value": url} for name in names]
 
 
 def needs_claim(session: SandboxSession, settings: OperatorSettings) -> bool:

@@ -211,6 +211,11 @@ KINDS = (
             AGE,
             Column("Idle-Since", ".status.lastActivityTime", "date", "Last activity."),
             Column("Expires", ".status.expiresAt", "date", "When ttlSeconds deletes it."),
+            Column(
+                "Egress",
+                ".spec.egress.rules[*].host",
+                description="Hosts the egress policy allows (<none>: no policy, no network).",
+            ),
             Column("Endpoint", ".status.endpoint", description="Runtime URL.", priority=1),
         ),
     ),

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import ipaddress
+import logging
 import os
 import secrets
 import socket
@@ -20,6 +22,8 @@ from sandbox_workspace import tracing
 from .context import OperatorContext
 from .handlers import build_registry
 from .settings import OperatorSettings
+
+log = logging.getLogger(__name__)
 
 
 async def run_async(
@@ -59,7 +63,29 @@ def _own_id() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}/{stamp}/{secrets.token_hex(3)}"
 
 
+def resolve_egress_proxy(settings: OperatorSettings) -> OperatorSettings:
+    """The egress proxy's host name resolved to its address, once (a Service's ClusterIP
+    lives as long as the Service): sandbox pods reach only the proxy, not DNS, so their
+    HTTP(S)_PROXY must be an address. Unresolvable: the name stays, with a warning."""
+    if not settings.egress_proxy:
+        return settings
+    host, sep, port = settings.egress_proxy.rpartition(":")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return settings
+    except ValueError:
+        pass
+    try:
+        address = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0][4][0]
+    except (OSError, ValueError) as exc:
+        log.warning("egress proxy %r not resolved (%s): sandboxes get the name", host, exc)
+        return settings
+    shown = f"[{address}]" if ":" in address else address
+    return settings.model_copy(update={"egress_proxy": f"{shown}{sep}{port}"})
+
+
 def run(settings: OperatorSettings) -> None:
+    settings = resolve_egress_proxy(settings)
     context = OperatorContext(settings)
     context.ensure_credentials()  # fail here, loudly, rather than inside kopf's login
     asyncio.run(run_async(settings, context=context))

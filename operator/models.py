@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from sandbox_workspace.contract.ids import (
@@ -32,6 +32,7 @@ from sandbox_workspace.contract.ids import (
     pydantic_rule,
 )
 from sandbox_workspace.contract.quantity import parse_bytes
+from sandbox_workspace.egress.policy import EgressPolicy, PolicyError, Rule
 from sandbox_workspace.runtime.settings import RuntimeSettings
 
 from . import naming
@@ -158,6 +159,67 @@ class NetworkSpec(CamelModel):
     )
 
 
+EGRESS_MAX_RULES = 100
+
+
+class EgressRule(CamelModel):
+    """One destination code may reach through the egress proxy."""
+
+    host: str = Field(
+        min_length=1,
+        max_length=255,
+        description="A host name exactly (`pypi.org`) or every name below a suffix "
+        "(`*.pythonhosted.org`, not the suffix itself). Never an IP address.",
+    )
+    ports: list[int] = Field(
+        default_factory=lambda: [443],
+        min_length=1,
+        max_length=16,
+        description="Ports allowed on that host (1-65535).",
+    )
+    schemes: list[Literal["http", "https"]] = Field(
+        default_factory=lambda: ["https"],
+        min_length=1,
+        max_length=2,
+        description="`https`: a CONNECT tunnel carrying TLS to that very name; `http`: "
+        "plain requests the proxy forwards.",
+    )
+
+    @model_validator(mode="after")
+    def _valid(self) -> EgressRule:
+        # The proxy's own rules decide what is valid (one definition of a host name).
+        try:
+            Rule.make(self.host, self.ports, self.schemes)
+        except PolicyError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
+class EgressSpec(CamelModel):
+    """An egress policy: what code may reach by name through the egress proxy. Deny by
+    default: no rules, nothing reachable; no policy at all, no network."""
+
+    rules: list[EgressRule] = Field(
+        default_factory=list,
+        max_length=EGRESS_MAX_RULES,
+        description=f"Allowed destinations (at most {EGRESS_MAX_RULES}); an empty list "
+        "allows nothing.",
+    )
+
+    @classmethod
+    def of(cls, policy: EgressPolicy) -> EgressSpec:
+        return cls(
+            rules=[
+                EgressRule(host=r.host, ports=sorted(r.ports), schemes=sorted(r.schemes))
+                for r in policy.rules
+            ]
+        )
+
+    def policy(self) -> EgressPolicy:
+        """The proxy's form of this policy."""
+        return EgressPolicy(tuple(Rule.make(r.host, r.ports, r.schemes) for r in self.rules))
+
+
 # Defaults of ExecutionLimits: inside the sandbox pod's default limits (1Gi memory, 1Gi
 # workspace, 256Mi /tmp) with room for the runtime itself (~100 MiB).
 DEFAULT_MEMORY_LIMIT = "512Mi"
@@ -282,6 +344,12 @@ class SandboxSessionSpec(CamelModel):
     network: NetworkSpec = Field(
         default_factory=NetworkSpec,
         description="Network access of the code the sandbox runs (off by default).",
+    )
+    egress: EgressSpec | None = Field(
+        None,
+        description="Egress by name through the platform's egress proxy (deny by "
+        "default; changeable on a live session). Unset: no egress policy, no network "
+        "beyond what `network` and the cluster's NetworkPolicy allow.",
     )
     limits: ExecutionLimits = Field(
         default_factory=ExecutionLimits,

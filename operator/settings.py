@@ -69,6 +69,12 @@ class OperatorSettings(BaseSettings):
         "(SANDBOX_RUNTIME_CONFINEMENT_MIN_ABI; 3: truncate confined, 6: signals scoped).",
     )
     tmp_size_limit: str = Field("256Mi", description="sizeLimit of the /tmp emptyDir.")
+    egress_proxy: str | None = Field(
+        None,
+        description="`host:port` of the egress proxy; sandbox pods get it as "
+        "HTTP_PROXY/HTTPS_PROXY (a host name is resolved once at start: sandboxes have no "
+        "DNS). Unset: no proxy, egress policies are not enforced on this cluster.",
+    )
     termination_grace_seconds: int = Field(
         10, ge=0, description="Grace period of sandbox pods (the runtime stops fast)."
     )

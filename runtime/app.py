@@ -8,6 +8,7 @@ streamed both ways; errors use the shared ``{"error": {...}}`` shape.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hmac
 import json
@@ -23,6 +24,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from sandbox_workspace.contract.errors import ApiError, Unauthorized, install_error_handlers
 
+from . import egress
 from .activity import Activity
 from .claim import Claimed, ClaimHeader, ClaimRequest, ClaimState
 from .confinement import Confinement
@@ -32,6 +34,7 @@ from .executor import Executor
 from .output import ResultCaps
 from .output_batch import read_outputs
 from .outputs import delete_output, list_outputs, open_output, write_output
+from .processes import Processes, ProcessInput, ProcessSignal, ProcessStart
 from .raw_upload import FEATURE as RAW_UPLOAD
 from .raw_upload import receive_raw_upload
 from .schemas import (
@@ -110,7 +113,19 @@ class RuntimeState:
                 mode=settings.confinement,
                 network=settings.network,
                 min_abi=settings.confinement_min_abi,
+                relay_port=settings.egress_relay_port,
             ),
+            extra_env=(
+                egress.code_environment(settings.egress_relay_port)
+                if settings.network == "proxy"
+                else None
+            ),
+        )
+        self.processes = Processes(
+            self.executor,
+            max_per_conversation=settings.max_background_processes,
+            buffer_bytes=settings.process_buffer_bytes,
+            max_lifetime=settings.max_process_seconds,
         )
 
 
@@ -467,6 +482,62 @@ async def stop_processes(conversation_id: str, state: State) -> ProcessesStopped
     return ProcessesStopped(conversation_id=conversation_id)
 
 
+@router.post("/conversations/{conversation_id}/processes")
+async def start_process(conversation_id: str, body: ProcessStart, state: State):
+    """Start ``bash -c code`` that outlives this request; NDJSON: ``start`` (its pid), then
+    its output (``data`` base64) and ``end``. Disconnecting does not stop it."""
+    state.workspace.check_conversation_id(conversation_id)
+    proc = await state.processes.start(
+        conversation_id, body.code, timeout=body.timeout, stdin=body.stdin
+    )
+    return StreamingResponse(
+        _process_stream(state, proc, {"type": "start", "pid": proc.pid}),
+        media_type="application/x-ndjson",
+    )
+
+
+@router.get("/conversations/{conversation_id}/processes")
+async def list_processes(conversation_id: str, state: State) -> dict:
+    """The conversation's background processes (ended ones for a while, not running)."""
+    cid = state.workspace.check_conversation_id(conversation_id)
+    return {"processes": state.processes.listing(cid)}
+
+
+@router.get("/conversations/{conversation_id}/processes/{pid}/events")
+async def process_events(conversation_id: str, pid: int, state: State):
+    """A running process's buffered and new output, up to its ``end`` (NDJSON)."""
+    proc = state.processes.get(state.workspace.check_conversation_id(conversation_id), pid)
+    return StreamingResponse(
+        _process_stream(state, proc, {"type": "start", "pid": proc.pid}),
+        media_type="application/x-ndjson",
+    )
+
+
+@router.post("/conversations/{conversation_id}/processes/{pid}/input", status_code=204)
+async def process_input(conversation_id: str, pid: int, body: ProcessInput, state: State) -> None:
+    """Write to the process's stdin (``data`` base64); ``close`` ends its stdin."""
+    proc = state.processes.get(state.workspace.check_conversation_id(conversation_id), pid)
+    if body.data:
+        await state.processes.write(proc, body.decoded())
+    if body.close:
+        proc.pipes.close_stdin()
+
+
+@router.post("/conversations/{conversation_id}/processes/{pid}/signal", status_code=204)
+async def process_signal(conversation_id: str, pid: int, body: ProcessSignal, state: State) -> None:
+    """SIGTERM/SIGINT the process; SIGKILL kills its whole tree."""
+    proc = state.processes.get(state.workspace.check_conversation_id(conversation_id), pid)
+    state.processes.signal(proc, body.signal)
+
+
+async def _process_stream(state: RuntimeState, proc, first: dict) -> AsyncIterator[bytes]:
+    yield _ndjson(first)
+    async for event in state.processes.events(proc):
+        if "data" in event:
+            event = {**event, "data": base64.b64encode(event["data"]).decode()}
+        yield _ndjson(event)
+
+
 async def _read_fd(fd: int, activity: Activity) -> AsyncIterator[bytes]:
     with activity.track():
         try:
@@ -478,6 +549,8 @@ async def _read_fd(fd: int, activity: Activity) -> AsyncIterator[bytes]:
 
 def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     settings = settings or RuntimeSettings()
+    if settings.network == "proxy":
+        egress.check_isolated()
     state = RuntimeState(settings)  # fails loudly at start-up, not on first request
 
     @asynccontextmanager
@@ -486,15 +559,19 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         # than half a period.
         interval = min(30.0, settings.kernel_idle_seconds / 2)
         await state.executor.start()
+        relay = await egress.start_relay(settings) if settings.network == "proxy" else None
         reaper = asyncio.create_task(state.executor.reap_forever(interval=interval))
         memory = asyncio.create_task(state.executor.watch_session_memory())
         try:
             yield
         finally:
+            if relay is not None:
+                relay.close()
             for task in (reaper, memory):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await state.processes.aclose()
             await state.executor.aclose()
             state.workspace.close()
 

@@ -20,6 +20,7 @@ Contract:
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
@@ -49,6 +50,7 @@ from .schemas import (
     UploadList,
     UploadResult,
 )
+from .unix_transport import UNIX_SOCKET, UNRESOLVABLE_BASE
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -128,6 +130,32 @@ def _too_large() -> RuntimeBadAnswer:
     )
 
 
+# A background process's stream may be silent for long: no read deadline.
+_STREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=None, write=60, pool=30)
+
+
+async def _ndjson_lines(response: httpx.Response) -> AsyncIterator[dict]:
+    """The JSON lines of a streamed answer (each bounded), closing it at the end."""
+    try:
+        pending = bytearray()  # the line being received
+        async for chunk in response.aiter_bytes():
+            lines = chunk.split(b"\n")
+            for line in lines[:-1]:
+                pending += line
+                if pending.strip():
+                    yield json.loads(pending)
+                pending.clear()
+            pending += lines[-1]
+            if len(pending) > MAX_ANSWER_BYTES:
+                raise _too_large()
+        if pending.strip():
+            yield json.loads(pending)
+    except httpx.TransportError as e:
+        raise _unreachable(e) from e
+    finally:
+        await response.aclose()
+
+
 def _parse(model: type[M], response: httpx.Response) -> M:
     try:
         return model.model_validate_json(response.content)
@@ -138,17 +166,26 @@ def _parse(model: type[M], response: httpx.Response) -> M:
 class RuntimeClient:
     """Calls of one runtime at ``endpoint`` with its bearer ``token``."""
 
-    def __init__(self, http: httpx.AsyncClient, endpoint: str, token: str) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, endpoint: str, token: str, unix_socket: str = ""
+    ) -> None:
+        """``unix_socket``: the runtime listens there (``endpoint`` is then ignored: the
+        client's transport must be ``UnixSocketRouting``)."""
         self.http = http
-        self.base = endpoint.rstrip("/")
+        self.base = (UNRESOLVABLE_BASE if unix_socket else endpoint).rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}"}
+        self.extensions = {UNIX_SOCKET: unix_socket} if unix_socket else {}
 
     async def _request(
         self, method: str, path: str, *, headers: dict[str, str] | None = None, **kw: Any
     ) -> httpx.Response:
         try:
             response = await self.http.request(
-                method, self.base + path, headers={**self.headers, **(headers or {})}, **kw
+                method,
+                self.base + path,
+                headers={**self.headers, **(headers or {})},
+                extensions=self.extensions,
+                **kw,
             )
         except httpx.TransportError as e:
             raise _unreachable(e) from e
@@ -157,7 +194,9 @@ class RuntimeClient:
 
     async def _open(self, method: str, path: str, **kw: Any) -> httpx.Response:
         """A streamed answer; the caller reads it and must ``aclose()`` it."""
-        request = self.http.build_request(method, self.base + path, headers=self.headers, **kw)
+        request = self.http.build_request(
+            method, self.base + path, headers=self.headers, extensions=self.extensions, **kw
+        )
         try:
             response = await self.http.send(request, stream=True)
         except httpx.TransportError as e:
@@ -177,7 +216,9 @@ class RuntimeClient:
     async def _healthz(self) -> httpx.Response | None:
         """``GET /healthz`` (unauthenticated, 2 s); None when the runtime did not answer."""
         try:
-            return await self.http.get(self.base + "/healthz", timeout=2.0)
+            return await self.http.get(
+                self.base + "/healthz", timeout=2.0, extensions=self.extensions
+            )
         except httpx.TransportError:
             return None
 
@@ -279,27 +320,44 @@ class RuntimeClient:
             json=request.model_dump(),
             timeout=self._exec_timeout(request),
         )
-        try:
-            pending = bytearray()  # the line being received
-            async for chunk in response.aiter_bytes():
-                lines = chunk.split(b"\n")
-                for line in lines[:-1]:
-                    pending += line
-                    if pending.strip():
-                        yield json.loads(pending)
-                    pending.clear()
-                pending += lines[-1]
-                if len(pending) > MAX_ANSWER_BYTES:
-                    raise _too_large()
-            if pending.strip():
-                yield json.loads(pending)
-        finally:
-            await response.aclose()
+        async for event in _ndjson_lines(response):
+            yield event
 
     @staticmethod
     def _exec_timeout(request: ExecuteRequest) -> httpx.Timeout:
         # The runtime answers within the execution's own timeout (+ slot wait and start-up).
         return httpx.Timeout(connect=5.0, read=2 * request.timeout + 60, write=60, pool=30)
+
+    # -- processes that outlive a request (runtime/processes.py) --------------------------
+
+    async def start_process(
+        self, cid: str, code: str, *, timeout: float | None, stdin: bool
+    ) -> AsyncIterator[dict]:
+        """``start`` (the pid), then ``stdout``/``stderr`` (``data`` base64) and ``end``."""
+        body = {"code": code, "timeout": timeout, "stdin": stdin}
+        path = self._conversation(cid, "processes")
+        response = await self._open("POST", path, json=body, timeout=_STREAM_TIMEOUT)
+        async for event in _ndjson_lines(response):
+            yield event
+
+    async def process_events(self, cid: str, pid: int) -> AsyncIterator[dict]:
+        path = self._conversation(cid, "processes", str(pid), "events")
+        response = await self._open("GET", path, timeout=_STREAM_TIMEOUT)
+        async for event in _ndjson_lines(response):
+            yield event
+
+    async def list_processes(self, cid: str) -> list[dict]:
+        r = await self._request("GET", self._conversation(cid, "processes"))
+        return r.json()["processes"]
+
+    async def process_input(self, cid: str, pid: int, data: bytes, close: bool = False) -> None:
+        body = {"data": base64.b64encode(data).decode(), "close": close}
+        path = self._conversation(cid, "processes", str(pid), "input")
+        await self._request("POST", path, json=body)
+
+    async def process_signal(self, cid: str, pid: int, signal: str) -> None:
+        path = self._conversation(cid, "processes", str(pid), "signal")
+        await self._request("POST", path, json={"signal": signal})
 
     async def restart_kernel(self, cid: str) -> KernelRestarted:
         r = await self._request("POST", self._conversation(cid, "kernel", "restart"))

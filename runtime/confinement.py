@@ -18,6 +18,9 @@ What a code process gets, when Landlock is available (highest ABI, best effort):
 - TCP bind/connect denied unless ``network == "allow"`` (ABI 4); and with the network
   denied, no internet socket at all — UDP, ICMP, raw, ``listen`` without ``bind`` —
   by a seccomp filter (``seccomp``; applied even where Landlock is missing);
+- ``network == "proxy"`` (only in a network namespace whose one way out is the egress
+  relay, ``runtime/egress.py``): as denied, except IPv4 sockets may be made and TCP
+  connect is allowed to the relay's port alone;
 - abstract unix sockets and signals scoped to its own domain (ABI 6): it cannot signal
   the runtime, the spawner or its reapers, nor talk to their abstract sockets.
 A read-only candidate that contains the workspace root or the scratch base is dropped
@@ -79,9 +82,10 @@ def harden_runtime_process() -> None:
 class Confinement:
     def __init__(
         self, *, max_processes: int, mode: str = "auto", network: str = "deny",
-        min_abi: int = MIN_ABI, abi: int | None = None,
+        min_abi: int = MIN_ABI, abi: int | None = None, relay_port: int | None = None,
     ) -> None:  # fmt: skip
         self.mode = mode
+        self.relay_port = relay_port if network == "proxy" else None
         self.min_abi = min_abi
         self.network = network
         self.max_processes = max_processes
@@ -165,6 +169,8 @@ class Confinement:
                 reason = "; ".join(filter(None, [reason, unfiltered]))
         if self.network == "allow":
             network = "allowed"
+        elif self.network == "proxy":
+            network = "proxy" if self.confined and self.abi >= 4 else "unrestricted"
         else:
             network = "denied" if self.confined and self.abi >= 4 else "unrestricted"
         return ConfinementReport(
@@ -247,6 +253,8 @@ class Confinement:
             "cgroup": str(self.cgroup) if self.cgroup else None,
             "nproc": self.max_processes if not self.root else None,
             "deny_sockets": self.denies_sockets,
+            "connect_ports": [self.relay_port] if self.relay_port else [],
+            "inet": self.network == "proxy",
             "run_as": list(run_as) if run_as else None,
         }
 

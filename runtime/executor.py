@@ -42,8 +42,9 @@ from .cpu_cgroup import CpuGroups
 from .kernel import PythonKernel
 from .limits import Limits, classify, usage_by_call
 from .output import EventSink, OutputCollector, ResultCaps
+from .pipes import CodePipes
 from .schemas import ExecuteRequest, ExecutionError, ExecutionResult
-from .spawner import Spawner, SpawnFailed
+from .spawner import Call, Spawner, SpawnFailed
 from .workspace import Workspace
 
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -70,8 +71,10 @@ class Executor:
         limits: Limits | None = None,
         session_memory: int | None = None,
         result_caps: ResultCaps = ResultCaps(),
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.result_caps = result_caps
+        self.extra_env = dict(extra_env or {})  # the egress relay's proxy variables
         self.confinement = confinement
         self.limits = limits
         self.session_memory = session_memory
@@ -143,6 +146,7 @@ class Executor:
             # OpenBLAS reserves address space per thread, one per core by default: on a
             # node with many cores `import numpy` alone would pass RLIMIT_AS.
             "OPENBLAS_NUM_THREADS": _BLAS_THREADS,
+            **self.extra_env,
         }
 
     def _guard(self, cid: str) -> Callable[[], None]:
@@ -219,6 +223,23 @@ class Executor:
             truncated=collector.truncated,
             kernel_restarted=restarted,
         )
+
+    async def bash_call(self, conversation_id: str, code: str, pipes: CodePipes) -> Call:
+        """``bash -c CODE`` started as a bash execution starts (same confinement, limits,
+        environment and CPU share) with ``pipes``, for a process that outlives the
+        request (``runtime/processes.py``). Raises ``SpawnFailed`` if it could not start."""
+        self.confinement.check_can_execute()
+        cid = self.workspace.ensure_layout(conversation_id)
+        cwd = self.workspace.real_path(cid)
+        os.makedirs(self.scratch(cid), mode=0o700, exist_ok=True)
+        try:
+            return await self.spawner.spawn(
+                cid, ["bash", "--noprofile", "--norc", "-c", code], env=self.environment(cid, cwd),
+                cwd=cwd, read_write=[cwd, self.scratch(cid)], fds=pipes.child_fds,
+                guard=self._guard(cid), limits=self.limits, cpu_rlimit=True,
+            )  # fmt: skip
+        finally:
+            pipes.close_child_ends()
 
     def _kernel(self, cid: str, cwd: str, read_write: list[str]) -> PythonKernel:
         kernel = self._kernels.get(cid)

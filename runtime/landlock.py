@@ -84,6 +84,11 @@ class _RulesetAttr(ctypes.Structure):
     ]
 
 
+class _NetPortAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+
+
 class _PathBeneathAttr(ctypes.Structure):
     _pack_ = 1
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
@@ -163,6 +168,7 @@ def build_ruleset(
     policy: Policy,
     rules: Iterable[tuple[str, int]],
     no_follow: Iterable[tuple[str, int]] = (),
+    connect_ports: Iterable[int] = (),
 ) -> int:
     """A ruleset fd enforcing ``policy`` with ``(path, allowed rights)`` exceptions.
 
@@ -170,6 +176,8 @@ def build_ruleset(
     policy does not handle is dropped from the rule; on a file, only file rights count.
     ``no_follow`` rules are paths that code may have made (a conversation's entries):
     a symlink there is skipped, never followed — else it would grant its target.
+    ``connect_ports``: TCP ports code may connect to although the policy handles connect
+    (the egress relay's, in a sandbox whose network is the proxy).
     """
     attr = _RulesetAttr(policy.fs, policy.net, policy.scoped)
     # Kernels before ABI 4 / 6 know a shorter struct: pass only what they know.
@@ -186,6 +194,9 @@ def build_ruleset(
             add_path_rule(fd, path, allowed & policy.fs)
         for path, allowed in no_follow:
             add_path_rule(fd, path, allowed & policy.fs, follow=False)
+        if policy.net & NET_CONNECT_TCP:
+            for port in connect_ports:
+                add_port_rule(fd, port, NET_CONNECT_TCP)
     except BaseException:
         os.close(fd)
         raise
@@ -217,6 +228,18 @@ def add_path_rule(ruleset_fd: int, path: str, allowed: int, *, follow: bool = Tr
         )
     finally:
         os.close(target)
+
+
+def add_port_rule(ruleset_fd: int, port: int, allowed: int) -> None:
+    rule = _NetPortAttr(allowed, port)
+    _syscall(
+        _SYS_ADD_RULE,
+        ctypes.c_int(ruleset_fd),
+        ctypes.c_int(_RULE_NET_PORT),
+        ctypes.byref(rule),
+        ctypes.c_uint32(0),
+        what=f"landlock_add_rule(tcp port {port})",
+    )
 
 
 def restrict_self(ruleset_fd: int) -> None:

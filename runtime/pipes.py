@@ -1,7 +1,8 @@
 """Pipes between the runtime and a code process it starts through the spawner.
 
-Contract: ``CodePipes(extra=n)`` makes the stdio pipes (stdin is ``/dev/null``) plus ``n``
-more; ``child_fds`` are the ends the code process gets (as fds 0, 1, 2, 3…, in order),
+Contract: ``CodePipes(extra=n)`` makes the stdio pipes (stdin is ``/dev/null``, or a pipe
+written through ``stdin_writer`` with ``stdin=True``) plus ``n`` more; ``child_fds`` are
+the ends the code process gets (as fds 0, 1, 2, 3…, in order),
 ``close_child_ends()`` drops our copies once the spawner has them, so end-of-file on
 stdout/stderr means every process of the code closed them. ``reader(fd)`` wraps a read end
 in an asyncio stream; ``close()`` releases everything still open.
@@ -17,10 +18,14 @@ _STREAM_LIMIT = 64 * 1024 * 1024
 
 
 class CodePipes:
-    def __init__(self, *, to_child: int = 0, from_child: int = 0) -> None:
+    def __init__(self, *, to_child: int = 0, from_child: int = 0, stdin: bool = False) -> None:
         self._owned: list[int] = []
         self._transports: list[asyncio.BaseTransport] = []
-        stdin = self._own(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        self.stdin_writer: int | None = None  # with ``stdin``: our end of the code's fd 0
+        if stdin:
+            stdin, self.stdin_writer = self._pipe()
+        else:
+            stdin = self._own(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
         self.stdout, out_w = self._pipe()
         self.stderr, err_w = self._pipe()
         self.child_fds = [stdin, out_w, err_w]
@@ -48,6 +53,12 @@ class CodePipes:
             self._owned.remove(fd)
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def close_stdin(self) -> None:
+        """Close our end of the code's stdin (it reads end-of-file)."""
+        if self.stdin_writer is not None:
+            self._close(self.stdin_writer)
+            self.stdin_writer = None
 
     def close_child_ends(self) -> None:
         for fd in self.child_fds:

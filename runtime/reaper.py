@@ -227,7 +227,8 @@ def _exec_code(request: dict, fds: list[int], err_w: int, config: dict) -> NoRet
         if request.get("ruleset") is not None:  # built once per conversation by the spawner
             landlock.restrict_self(request["ruleset"])
         if config.get("deny_sockets"):  # network denied: no UDP, unix, raw… (seccomp)
-            seccomp.deny_sockets()
+            # Network "proxy": IPv4 too, in a namespace whose one way out is the relay.
+            seccomp.deny_sockets(inet=bool(config.get("inet")))
 
         for sig in (signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)

@@ -74,7 +74,10 @@ class ConfinementReport(BaseModel):
     mode: str = Field(description="The setting: auto, require or none.")
     confined: bool = Field(description="Executed code runs under Landlock.")
     landlock_abi: int = Field(description="The kernel's Landlock ABI; 0 = unavailable.")
-    network: str = Field(description="TCP for code: denied, allowed or unrestricted.")
+    network: str = Field(
+        description="TCP for code: denied, allowed, proxy (only the egress relay, in a "
+        "network namespace of its own) or unrestricted."
+    )
     features: list[str] = Field(description="Measures applied (filesystem, tcp, scope_signal…).")
     reason: str = Field(description="Empty when fully confined; else what is missing and why.")
 

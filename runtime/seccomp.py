@@ -52,45 +52,81 @@ _RET_ERRNO = 0x00050000  # | errno
 # struct seccomp_data: int nr; __u32 arch; __u64 ip; __u64 args[6]
 _NR, _ARCH, _ARG0 = 0, 4, 16  # args[0]'s low 32 bits (little endian)
 
-_AF_NETLINK = 16  # the one family code may still create
+_AF_INET = 2  # with ``inet``: the sandbox's network is the egress relay only
+_AF_NETLINK = 16  # the one family code may otherwise create
+_SOCK_STREAM, _SOCK_TYPE_MASK = 1, 0xF  # SOCK_NONBLOCK/SOCK_CLOEXEC sit above the mask
+_IPPROTO_TCP = 6
 _X32_BIT = 0x40000000
 
-# arch → (AUDIT_ARCH value, socket's number); io_uring's numbers are the same everywhere.
+# arch → (AUDIT_ARCH value, socket's number, listen's number); io_uring's numbers are the
+# same everywhere.
 _ARCHES = {
-    "x86_64": (0xC000003E, 41),
-    "aarch64": (0xC00000B7, 198),
+    "x86_64": (0xC000003E, 41, 50),
+    "aarch64": (0xC00000B7, 198, 201),
 }
 _IO_URING = (425, 426, 427)  # setup, enter, register
+_ARG1, _ARG2 = _ARG0 + 8, _ARG0 + 16
+_ALU_AND_K = 0x54  # BPF_ALU | BPF_AND | BPF_K
 
 
 def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("HBBI", code, jt, jf, k)
 
 
-def program(machine: str | None = None) -> bytes:
-    """The filter for ``machine`` (default: this one), as ``struct sock_filter``s."""
-    audit_arch, nr_socket = _ARCHES[machine or platform.machine()]
+def program(machine: str | None = None, *, inet: bool = False) -> bytes:
+    """The filter for ``machine`` (default: this one), as ``struct sock_filter``s.
+
+    ``inet``: code in a network namespace whose one way out is the egress relay may also
+    make IPv4 TCP sockets (``socket(AF_INET, SOCK_STREAM, 0 or IPPROTO_TCP)``; Landlock
+    limits their connect to the relay's port and denies bind) — still no UDP, ICMP, raw,
+    IPv6 or unix socket — and may not ``listen`` at all (listen binds an unbound socket
+    by itself, which Landlock does not see)."""
+    audit_arch, nr_socket, nr_listen = _ARCHES[machine or platform.machine()]
     deny = _RET_ERRNO | errno.EACCES
     # Each jump is counted in instructions from the next one.
-    insns = [
+    head = [
         _insn(_LD_W_ABS, _ARCH),
         _insn(_JEQ_K, audit_arch, jt=1),  # native: go on; foreign: ENOSYS
         _insn(_RET_K, _RET_ERRNO | errno.ENOSYS),
         _insn(_LD_W_ABS, _NR),
         _insn(_JGE_K, _X32_BIT, jf=1),  # x32 numbers: ENOSYS
         _insn(_RET_K, _RET_ERRNO | errno.ENOSYS),
-        _insn(_JEQ_K, _IO_URING[0], jt=4),
-        _insn(_JEQ_K, _IO_URING[1], jt=3),
-        _insn(_JEQ_K, _IO_URING[2], jt=2),
-        _insn(_JEQ_K, nr_socket, jt=2),
+    ]
+    if not inet:
+        body = [
+            _insn(_JEQ_K, _IO_URING[0], jt=4),
+            _insn(_JEQ_K, _IO_URING[1], jt=3),
+            _insn(_JEQ_K, _IO_URING[2], jt=2),
+            _insn(_JEQ_K, nr_socket, jt=2),
+            _insn(_RET_K, _RET_ALLOW),
+            _insn(_RET_K, deny),  # io_uring
+            _insn(_LD_W_ABS, _ARG0),  # socket(domain, …)
+            _insn(_JEQ_K, _AF_NETLINK, jt=1),
+            _insn(_RET_K, deny),
+            _insn(_RET_K, _RET_ALLOW),
+        ]
+        return b"".join(head + body)
+    body = [
+        _insn(_JEQ_K, _IO_URING[0], jt=5),  # → deny
+        _insn(_JEQ_K, _IO_URING[1], jt=4),
+        _insn(_JEQ_K, _IO_URING[2], jt=3),
+        _insn(_JEQ_K, nr_listen, jt=2),
+        _insn(_JEQ_K, nr_socket, jt=2),  # → socket checks
         _insn(_RET_K, _RET_ALLOW),
-        _insn(_RET_K, deny),  # io_uring
-        _insn(_LD_W_ABS, _ARG0),  # socket(domain, …)
-        _insn(_JEQ_K, _AF_NETLINK, jt=1),
+        _insn(_RET_K, deny),  # io_uring, listen
+        _insn(_LD_W_ABS, _ARG0),  # socket(domain, type, protocol)
+        _insn(_JEQ_K, _AF_NETLINK, jt=8),  # → allow
+        _insn(_JEQ_K, _AF_INET, jf=6),  # other families → deny
+        _insn(_LD_W_ABS, _ARG1),
+        _insn(_ALU_AND_K, _SOCK_TYPE_MASK),
+        _insn(_JEQ_K, _SOCK_STREAM, jf=3),  # datagram, raw… → deny
+        _insn(_LD_W_ABS, _ARG2),
+        _insn(_JEQ_K, 0, jt=2),  # → allow
+        _insn(_JEQ_K, _IPPROTO_TCP, jt=1),  # → allow (MPTCP, SCTP… → deny)
         _insn(_RET_K, deny),
         _insn(_RET_K, _RET_ALLOW),
     ]
-    return b"".join(insns)
+    return b"".join(head + body)
 
 
 def available() -> str:
@@ -110,9 +146,9 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
 
-def deny_sockets() -> None:
+def deny_sockets(*, inet: bool = False) -> None:
     """Install the filter on this thread and its future children (irreversible)."""
-    prog = program()
+    prog = program(inet=inet)
     fprog = _SockFprog(len(prog) // 8, prog)
     prctl.no_new_privs()
     if prctl.call(prctl.PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog)) != 0:

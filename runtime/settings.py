@@ -63,6 +63,22 @@ class RuntimeSettings(BaseSettings):
         8 * 1024 * 1024, ge=1024, description="Bytes of rich results kept per execution."
     )
     max_concurrent_executions: int = Field(8, ge=1)
+    max_background_processes: int = Field(
+        8,
+        ge=1,
+        description="Processes that outlive a request (E2B background commands) "
+        "running at once per conversation; one more answers 429 too_many_processes.",
+    )
+    process_buffer_bytes: int = Field(
+        1024 * 1024,
+        ge=4096,
+        description="Output kept per background process (oldest dropped first).",
+    )
+    max_process_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description="Longest life of a background process; then its tree is killed.",
+    )
     max_processes: int = Field(
         512, ge=16, description="Ceiling on processes of executed code (fork bombs stop here)."
     )
@@ -82,8 +98,18 @@ class RuntimeSettings(BaseSettings):
         "and other conversations' interpreters). No ABI mediates chmod, chown, utime, "
         "setxattr or stat.",
     )
-    network: Literal["deny", "allow"] = Field(
-        "deny", description="TCP bind/connect for executed code (Landlock ABI >= 4)."
+    network: Literal["deny", "allow", "proxy"] = Field(
+        "deny",
+        description="TCP bind/connect for executed code (Landlock ABI >= 4). `proxy`: only "
+        "to the egress relay the runtime runs on 127.0.0.1:`egress_relay_port`, which "
+        "forwards to `egress_socket`; the runtime refuses to start with it unless its "
+        "network namespace has nothing but loopback (the local backend's bubblewrap).",
+    )
+    egress_socket: Path | None = Field(
+        None, description="With network `proxy`: the egress proxy's Unix socket."
+    )
+    egress_relay_port: int = Field(
+        3128, ge=1, le=65535, description="With network `proxy`: the relay's port."
     )
     limit_memory: int | None = Field(
         None,
@@ -127,6 +153,12 @@ class RuntimeSettings(BaseSettings):
                 "set every SANDBOX_RUNTIME_LIMIT_* (MEMORY, CPU_SECONDS, FILE_SIZE, "
                 "CONVERSATION_SIZE) or none"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _proxy_needs_socket(self) -> RuntimeSettings:
+        if self.network == "proxy" and self.egress_socket is None:
+            raise ValueError("network `proxy` needs SANDBOX_RUNTIME_EGRESS_SOCKET")
         return self
 
     @classmethod

@@ -118,7 +118,11 @@ class Spawner:
         self.forget(cid)
         rules = [tuple(rule) for rule in self.config["read_only"]]
         rules += [(path, self.config["read_write"]) for path in read_write]
-        fd = landlock.build_ruleset(landlock.Policy(*self.config["policy"]), rules)
+        fd = landlock.build_ruleset(
+            landlock.Policy(*self.config["policy"]),
+            rules,
+            connect_ports=self.config.get("connect_ports", ()),
+        )
         self.rulesets[cid] = (key, fd)
         return fd
 
@@ -130,7 +134,12 @@ class Spawner:
         rules = [tuple(rule) for rule in self.config["read_only"]]
         rules += [(path, read) for path in message["read_only"]]
         mine = [(path, self.config["read_write"]) for path in message["read_write"]]
-        return landlock.build_ruleset(landlock.Policy(*self.config["policy"]), rules, mine)
+        return landlock.build_ruleset(
+            landlock.Policy(*self.config["policy"]),
+            rules,
+            mine,
+            connect_ports=self.config.get("connect_ports", ()),
+        )
 
     def forget(self, cid: str) -> None:
         cached = self.rulesets.pop(cid, None)
@@ -149,9 +158,24 @@ class Spawner:
                 os.close(fd)
             self.send({"op": "failed", "id": message["id"], "error": f"Landlock: {e}"})
             return
-        report_r, report_w = os.pipe()
         me = os.getpid()
-        pid = os.fork()
+        try:
+            report_r, report_w = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(report_r)
+                os.close(report_w)
+                raise
+        except OSError as e:
+            # Code at its process ceiling (a fork bomb holding RLIMIT_NPROC of the uid we
+            # share) makes fork fail here: that call fails, the spawner lives on.
+            for fd in fds:
+                os.close(fd)
+            if own is not None:
+                os.close(own)
+            self.send({"op": "failed", "id": message["id"], "error": f"cannot fork: {e}"})
+            return
         if pid == 0:
             os.close(report_r)
             signal.set_wakeup_fd(-1)

@@ -4,6 +4,7 @@ sandbox-workspace dev       API + local backend on 127.0.0.1, no auth, for one m
 sandbox-workspace api       the API (backend and auth from SANDBOX_WORKSPACE_* settings)
 sandbox-workspace runtime   the in-sandbox runtime (SANDBOX_RUNTIME_* settings)
 sandbox-workspace operator  the Kubernetes operator (SANDBOX_OPERATOR_* settings)
+sandbox-workspace egress-proxy  the egress proxy of a cluster's sandboxes
 sandbox-workspace crds      render the CustomResourceDefinitions from the models
 """
 
@@ -78,7 +79,12 @@ def _cmd_runtime(args: argparse.Namespace) -> int:
         "runtime ready", extra={"confinement": app.state.runtime.executor.confinement.describe()}
     )
     return _serve(
-        app, settings.host, settings.port, port_file=args.port_file, log_level=args.log_level
+        app,
+        settings.host,
+        settings.port,
+        port_file=args.port_file,
+        log_level=args.log_level,
+        uds=args.uds,
     )
 
 
@@ -183,6 +189,40 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_egress_proxy(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .egress.policy import PolicyError
+    from .egress.service import serve_cluster
+    from .kube import CredentialsError
+
+    logs.configure(args.log_level)
+    try:
+        asyncio.run(
+            serve_cluster(
+                args.namespace,
+                args.host,
+                args.port,
+                forbidden=args.forbidden or (),
+                interval=args.interval,
+                kubeconfig=args.kubeconfig,
+                port_file=args.port_file,
+            )
+        )
+    except (CredentialsError, PolicyError) as e:
+        print(f"sandbox-workspace egress-proxy: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        message = startup.listen_error(e, args.host, args.port)
+        if message is None:
+            raise
+        print(message, file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sandbox-workspace",
@@ -210,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     common(runtime)
     runtime.add_argument("--root", type=Path, help="workspace root (default /workspace)")
     runtime.add_argument("--workspace-path", help="the root as sandboxed code sees it")
+    runtime.add_argument(
+        "--uds", type=Path, help="listen on this Unix socket instead of --host/--port"
+    )
     runtime.add_argument("--log-level", default=os.environ.get("SANDBOX_RUNTIME_LOG_LEVEL", "info"))
     runtime.set_defaults(func=_cmd_runtime)
 
@@ -225,6 +268,27 @@ def build_parser() -> argparse.ArgumentParser:
         "-A", "--all-namespaces", action="store_true", help="watch the whole cluster"
     )
     op.set_defaults(func=_cmd_operator)
+
+    egress = sub.add_parser(
+        "egress-proxy", help="run the egress proxy of the sandboxes in these namespaces"
+    )
+    egress.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    egress.add_argument("--port", type=int, default=3128, help="port (0 picks a free one)")
+    egress.add_argument("--port-file", type=Path, help="write the bound port to this file")
+    egress.add_argument(
+        "-n", "--namespace", action="append", required=True, help="sessions' namespace"
+    )
+    egress.add_argument(
+        "--forbidden",
+        action="append",
+        help="a CIDR never reached besides the defaults (pod, service, store ranges)",
+    )
+    egress.add_argument(
+        "--interval", type=float, default=2.0, help="seconds between reads of the sessions"
+    )
+    egress.add_argument("--kubeconfig", type=Path, help="default: as kubectl finds it")
+    egress.add_argument("--log-level", default="info")
+    egress.set_defaults(func=_cmd_egress_proxy)
 
     crds = sub.add_parser("crds", help="render crds/*.yaml from the CRD models")
     crds.add_argument("--output-dir", type=Path, default=Path("crds"), help="default ./crds")

@@ -29,6 +29,20 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_unix(path: Path) -> socket.socket:
+    """A listening Unix socket at ``path`` (a stale one is replaced), owner-only."""
+    path.unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
 def write_port_file(path: Path, port: int) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(f"{port}\n")
@@ -44,12 +58,18 @@ def serve(
     log_level: str = "info",
     access_log: bool = False,
     on_listening: Callable[[int], None] | None = None,
+    uds: Path | None = None,
 ) -> None:
-    sock = bind(host, port)
-    if port_file is not None:
-        write_port_file(port_file, sock.getsockname()[1])
-    if on_listening is not None:
-        on_listening(sock.getsockname()[1])
+    """``uds``: listen on that Unix socket instead of ``host:port`` (a runtime in its own
+    network namespace, reached by the API through the socket)."""
+    if uds is not None:
+        sock = bind_unix(uds)
+    else:
+        sock = bind(host, port)
+        if port_file is not None:
+            write_port_file(port_file, sock.getsockname()[1])
+        if on_listening is not None:
+            on_listening(sock.getsockname()[1])
     config = uvicorn.Config(
         app,
         log_level=log_level,

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the pinned npm packages of the client tests (tests/clients: the Vercel AI SDK
 # `ai` and `@ag-ui/client`; `@hey-api/openapi-ts` and `typescript`, which generate and
-# compile the TypeScript client of tests/clients/test_generated_clients.py) from their lockfile with `npm ci`, when node and npm exist.
+# compile the TypeScript client of tests/clients/test_generated_clients.py; E2B's JS SDK
+# `e2b` and `@e2b/code-interpreter` of tests/clients/test_e2b_js_sdk.py) from their lockfile
+# with `npm ci`, when node and npm exist.
 # Skipped when the lockfile has not changed since the last install. Without node/npm it
 # only says so; tests/clients/test_clients.py then skips with that reason.
 set -euo pipefail

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from sandbox_workspace.contract.errors import Conflict, Unavailable
+from sandbox_workspace.egress.policy import EgressPolicy
 from sandbox_workspace.operator.models import FileUploadConfig
 
 
@@ -46,6 +47,9 @@ class RuntimeEndpoint:
     # Which runtime answers there (kubernetes: the pod and its start): a new pod keeps
     # the session's token and may reuse an address, yet its workspace starts empty.
     incarnation: str = ""
+    # The runtime listens on this Unix socket (local backend, a network namespace per
+    # session); ``url`` is then only a label.
+    unix_socket: str = ""
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,12 @@ class Backend(Protocol):
     async def delete_session(self, session_id: str) -> bool:
         """Delete the session and all its files; False when there was none."""
 
+    async def egress_policy(self, session_id: str) -> EgressPolicy | None:
+        """The session's egress policy; None: no network leaves it. KeyError: no session."""
+
+    async def set_egress_policy(self, session_id: str, policy: EgressPolicy | None) -> None:
+        """Change it on a live session: the next connection out is judged by it."""
+
     async def wait_changed(self, session_id: str, timeout: float) -> None:
         """Return when the session may have changed, at the latest after ``timeout``."""
 
@@ -146,6 +156,12 @@ class Backend(Protocol):
         raises ``ConversationDeleting`` when the conversation is being deleted or gone;
         while held, a deletion does not count the prefix empty — so no object can land
         under a prefix the deletion already found empty."""
+
+
+class EgressUnavailable(Conflict):
+    """This backend cannot enforce an egress policy (so it keeps none)."""
+
+    code = "egress_unavailable"
 
 
 class NameTaken(Conflict):

@@ -6,8 +6,10 @@ Contract of ``bwrap_argv``: the returned prefix runs a command with
   ``/tmp`` private and writable, ``/proc`` and ``/dev`` fresh;
 - the data directory hidden behind an empty tmpfs (other sessions are invisible), except
   the session's own directory (port file, log) and its workspace bound at ``/workspace``;
-- its own PID, IPC and UTS namespaces, dying with its parent; the host network, because
-  the API reaches the runtime on 127.0.0.1.
+- its own PID, IPC and UTS namespaces, dying with its parent;
+- ``extra`` options before the command: the local backend's egress namespaces add
+  ``--unshare-net`` and their socket directories (``local_egress``); without them the
+  host network, where the API reaches the runtime on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def bwrap_argv(
     session_dir: Path,
     workspace: Path,
     keep_visible: list[Path] | None = None,
+    extra: list[str] | None = None,
 ) -> list[str]:
     argv = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     for entry in sorted(os.listdir("/")):
@@ -48,7 +51,8 @@ def bwrap_argv(
         argv += ["--ro-bind", str(path), str(path)]
     argv += ["--tmpfs", str(data_dir)]
     argv += ["--bind", str(session_dir), str(session_dir)]
-    argv += ["--bind", str(workspace), SANDBOX_WORKSPACE, "--chdir", SANDBOX_WORKSPACE, "--"]
+    argv += ["--bind", str(workspace), SANDBOX_WORKSPACE, *(extra or [])]
+    argv += ["--chdir", SANDBOX_WORKSPACE, "--"]
     return argv
 
 

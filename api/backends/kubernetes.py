@@ -45,7 +45,8 @@ import httpx
 from sandbox_workspace import tracing
 from sandbox_workspace.contract import crd
 from sandbox_workspace.contract.conditions import ConditionType
-from sandbox_workspace.contract.errors import ApiError, ConversationDeleting
+from sandbox_workspace.contract.errors import ApiError, Conflict, ConversationDeleting
+from sandbox_workspace.egress.policy import EgressPolicy
 from sandbox_workspace.kube import Kube, KubeConflict, core_path, custom_path
 from sandbox_workspace.operator import models, naming
 
@@ -86,6 +87,7 @@ def session_body(
     storage: models.StorageSpec | None,
     network_enabled: bool,
     limits: models.ExecutionLimits | None = None,
+    egress: models.EgressSpec | None = None,
 ) -> dict:
     """The SandboxSession a caller's spec becomes, with the API's defaults for new
     sessions (idle timeout, storage, network) applied; pure, so it is tested whole."""
@@ -103,6 +105,7 @@ def session_body(
         **({"storage": storage} if storage is not None else {}),
         **({"network": models.NetworkSpec(enabled=True)} if network_enabled else {}),
         **({"limits": limits} if limits is not None else {}),
+        egress=egress,
     )
     return {
         "apiVersion": crd.API_VERSION,
@@ -133,9 +136,12 @@ class KubernetesBackend:
         network_enabled: bool = False,
         limits: models.ExecutionLimits | None = None,
         max_conversations: int | None = None,
+        egress: models.EgressSpec | None = None,
     ) -> None:
-        """``max_conversations``: ConversationWorkspaces one session may hold."""
+        """``max_conversations``: ConversationWorkspaces one session may hold;
+        ``egress``: the egress policy of new sessions (None: none)."""
         self.kube = kube
+        self.egress = egress
         self.limits = limits
         self.network_enabled = network_enabled
         self.namespace = namespace
@@ -260,6 +266,7 @@ class KubernetesBackend:
             idle_timeout_seconds=self.idle_timeout_seconds,
             storage=self.storage,
             network_enabled=self.network_enabled,
+            egress=self.egress,
             limits=self.limits,
         )
         tracing.with_traceparent(body["metadata"]["annotations"], crd.ANNOTATION_TRACEPARENT)
@@ -288,6 +295,37 @@ class KubernetesBackend:
         if session is None:
             raise KeyError(session_id)
         return session
+
+    # -- egress policy (issue 40) -------------------------------------------------------
+
+    async def egress_policy(self, session_id: str) -> EgressPolicy | None:
+        obj = await self._read(session_id)
+        if obj is None:
+            raise KeyError(session_id)
+        egress = models.SandboxSessionSpec.model_validate(obj.get("spec") or {}).egress
+        return None if egress is None else egress.policy()
+
+    async def set_egress_policy(self, session_id: str, policy: EgressPolicy | None) -> None:
+        """A merge patch of ``spec.egress`` on the session's own CR, conditional on the
+        version read (another owner's object under the name is never patched); the
+        proxy sees it on its next look, no new pod needed."""
+        egress = None if policy is None else models.EgressSpec.of(policy).model_dump(by_alias=True)
+        for _ in range(3):
+            obj = await self._read(session_id)
+            if obj is None:
+                raise KeyError(session_id)
+            body = {
+                "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+                "spec": {"egress": egress},
+            }
+            try:
+                patched = await self.kube.patch(self._sessions(obj["metadata"]["name"]), body)
+            except KubeConflict:
+                continue  # changed since read (activity annotation): read again
+            if patched is None:
+                raise KeyError(session_id)
+            return
+        raise Conflict(f"session '{session_id}' kept changing; try again")
 
     async def delete_session(self, session_id: str) -> bool:
         obj = await self._read(session_id)

@@ -28,6 +28,12 @@ Contract:
   have reached the timeout, and once more under the session's lock before the stop.
 - ``aclose`` stops every runtime; each child also gets SIGTERM from the kernel if the API
   process dies (``PR_SET_PDEATHSIG``), so no runtime outlives its API.
+- With ``egress`` (bubblewrap, network not ``allow``): each runtime and its code run in a
+  network namespace of their own whose one way out is the egress proxy, the runtime
+  listening on a Unix socket (``local_egress``). The session's egress policy
+  (``egress_policy``/``set_egress_policy``) is kept in ``session.json`` and applies to
+  the next connection; no policy, no network. Without ``egress`` setting a policy is
+  refused (409 ``egress_unavailable``): nothing would enforce it.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from pathlib import Path
 import httpx
 
 from sandbox_workspace.contract.errors import ConversationDeleting
+from sandbox_workspace.egress.policy import EgressPolicy
 from sandbox_workspace.operator.models import FileUploadConfig, SandboxSessionSpec
 from sandbox_workspace.operator.naming import dns_name
 from sandbox_workspace.runtime import idleness
@@ -63,6 +70,7 @@ from ..quotas import QuotaExceeded
 from ..runtime_client import RuntimeClient
 from .base import (
     ConversationPhase,
+    EgressUnavailable,
     NameTaken,
     RuntimeEndpoint,
     Session,
@@ -72,6 +80,7 @@ from .base import (
     StoreFence,
 )
 from .bwrap import SANDBOX_WORKSPACE, bwrap_argv
+from .local_egress import LocalEgress, policy_from_json, policy_to_json
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +111,7 @@ class _Record:
     created_at: str
     ttl_seconds: int | None
     file_upload: dict
+    egress: list[dict] | None = None  # the egress policy's rules (local_egress)
 
     @classmethod
     def from_spec(cls, spec: SessionSpec) -> _Record:
@@ -132,6 +142,7 @@ class _Process:
     token: str
     port_file: Path
     endpoint: RuntimeEndpoint | None = None
+    unix_socket: str = ""  # the runtime listens there, not on a port (egress namespaces)
     stopping: bool = False
     error: str = ""
     # The latest activity known without asking the runtime again (its start, at first).
@@ -170,12 +181,17 @@ class LocalBackend:
         runtime_env: dict[str, str] | None = None,
         max_conversations: int | None = None,
         idle_timeout_seconds: float | None = None,
+        egress: LocalEgress | None = None,
     ) -> None:
         """``bwrap``: path of bubblewrap to present workspaces at /workspace, or None;
         ``runtime_env``: further SANDBOX_RUNTIME_* settings of every runtime (confinement,
         network); ``max_conversations``: conversations one session may hold;
         ``idle_timeout_seconds``: stop a runtime idle this long (None: the custom
-        resource's default; 0: never)."""
+        resource's default; 0: never); ``egress``: a network namespace per session whose
+        one way out is the egress proxy (needs ``bwrap``)."""
+        if egress is not None and not bwrap:
+            raise ValueError("egress namespaces need bubblewrap")
+        self.egress = egress
         self.max_conversations = max_conversations
         self.idle_timeout = (
             DEFAULT_IDLE_TIMEOUT_SECONDS if idle_timeout_seconds is None else idle_timeout_seconds
@@ -204,13 +220,18 @@ class LocalBackend:
 
     async def start(self) -> None:
         self.sessions_dir.mkdir(parents=True, exist_ok=True)
+        if self.egress is not None:
+            await self.egress.start()
         for path in self.sessions_dir.glob("*/session.json"):
             try:
                 record = _Record(**json.loads(path.read_text()))
+                policy = policy_from_json(record.egress)
             except (ValueError, TypeError) as e:
                 log.warning("ignoring unreadable session record %s: %s", path, e)
                 continue
             self._records[record.session_id] = record
+            if self.egress is not None and policy is not None:
+                self.egress.policies[record.session_id] = policy
             self._dirs[record.session_id] = path.parent
         if self.idle_timeout > 0:
             self._reaper = asyncio.create_task(self._stop_idle_runtimes())
@@ -223,6 +244,8 @@ class LocalBackend:
         await asyncio.gather(*(self._stop(sid) for sid in list(self._procs)))
         for task in list(self._waiters):
             task.cancel()
+        if self.egress is not None:
+            await self.egress.aclose()
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -298,9 +321,41 @@ class LocalBackend:
             await self._stop(session_id)
             del self._records[session_id]
             self._api_activity.pop(session_id, None)
+            if self.egress is not None:
+                self.egress.policies.pop(session_id, None)
             await asyncio.to_thread(shutil.rmtree, self._dir(session_id), True)
             self._dirs.pop(session_id, None)
         return True
+
+    async def egress_policy(self, session_id: str) -> EgressPolicy | None:
+        """The session's egress policy (None: no network); KeyError for no session."""
+        self._need_egress()
+        record = self._records.get(session_id)
+        if record is None:
+            raise KeyError(session_id)
+        return policy_from_json(record.egress)
+
+    async def set_egress_policy(self, session_id: str, policy: EgressPolicy | None) -> None:
+        """Kept in the session's record; the proxy applies it to the next connection."""
+        egress = self._need_egress()
+        async with self._lock(session_id):
+            record = self._records.get(session_id)
+            if record is None:
+                raise KeyError(session_id)
+            record.egress = policy_to_json(policy)
+            _write_json(self._dir(session_id) / "session.json", asdict(record))
+            if policy is None:
+                egress.policies.pop(session_id, None)
+            else:
+                egress.policies[session_id] = policy
+
+    def _need_egress(self) -> LocalEgress:
+        if self.egress is None:  # code's network is the host's (or none): say so, not null
+            raise EgressUnavailable(
+                "this API does not enforce egress policies: the local backend needs "
+                "bubblewrap and SANDBOX_WORKSPACE_SESSION_NETWORK=deny for them"
+            )
+        return self.egress
 
     async def wait_changed(self, session_id: str, timeout: float) -> None:
         # Process state changes are not signalled; a short poll is cheap on one machine.
@@ -374,22 +429,34 @@ class LocalBackend:
     # -- processes -----------------------------------------------------------------------
 
     async def _spawn(self, record: _Record) -> None:
-        directory = self._dir(record.session_id)
+        sid = record.session_id
+        directory = self._dir(sid)
         port_file = directory / "runtime.port"
         port_file.unlink(missing_ok=True)
         token = secrets.token_urlsafe(32)
         upload = FileUploadConfig.model_validate(record.file_upload)
         workspace = directory / "workspace"
         command = self.runtime_command
+        listen = ["--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file)]
+        if self.egress is not None:
+            await self.egress.open(sid)
+            listen = self.egress.runtime_args()
         if self.bwrap:
+            isolate = self.egress.bwrap_args(sid) if self.egress is not None else []
             command = [
                 *bwrap_argv(
-                    self.bwrap, data_dir=self.data_dir, session_dir=directory, workspace=workspace
+                    self.bwrap,
+                    data_dir=self.data_dir,
+                    session_dir=directory,
+                    workspace=workspace,
+                    extra=isolate,
                 ),
                 *command,
             ]
         env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
         env.update(self.runtime_env)
+        if self.egress is not None:
+            env.update(self.egress.runtime_env())
         env.update(
             session_runtime_env(token, SANDBOX_WORKSPACE if self.bwrap else workspace, upload)
         )
@@ -397,12 +464,7 @@ class LocalBackend:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *command,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--port-file",
-                str(port_file),
+                *listen,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=asyncio.subprocess.STDOUT,
@@ -413,6 +475,8 @@ class LocalBackend:
         finally:
             os.close(log_fd)
         entry = _Process(proc=proc, token=token, port_file=port_file)
+        if self.egress is not None:
+            entry.unix_socket = str(self.egress.runtime_socket(sid))
         self._procs[record.session_id] = entry
         log.info("started runtime", extra={"session_id": record.session_id, "pid": proc.pid})
         task = asyncio.create_task(self._await_ready(record.session_id, entry))
@@ -422,17 +486,15 @@ class LocalBackend:
     async def _await_ready(self, session_id: str, entry: _Process) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_SECONDS
         while time.monotonic() < deadline and entry.proc.returncode is None:
-            if entry.port_file.exists():
-                port = int(entry.port_file.read_text().strip())
-                endpoint = RuntimeEndpoint(url=f"http://127.0.0.1:{port}", token=entry.token)
-                if await RuntimeClient(self.http, endpoint).health():
-                    entry.endpoint = endpoint
-                    log.info("runtime ready", extra={"session_id": session_id, "port": port})
-                    await entry.proc.wait()
-                    if not entry.stopping:
-                        entry.error = f"runtime exited unexpectedly (code {entry.proc.returncode})"
-                        log.warning(entry.error, extra={"session_id": session_id})
-                    return
+            endpoint = _listening(entry)
+            if endpoint is not None and await RuntimeClient(self.http, endpoint).health():
+                entry.endpoint = endpoint
+                log.info("runtime ready", extra={"session_id": session_id, "at": endpoint.url})
+                await entry.proc.wait()
+                if not entry.stopping:
+                    entry.error = f"runtime exited unexpectedly (code {entry.proc.returncode})"
+                    log.warning(entry.error, extra={"session_id": session_id})
+                return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(entry.proc.wait(), 0.05)
         if entry.proc.returncode is None:
@@ -446,6 +508,13 @@ class LocalBackend:
 
     async def _stop(self, session_id: str) -> None:
         entry = self._procs.pop(session_id, None)
+        try:
+            await self._end(entry)
+        finally:
+            if entry is not None and self.egress is not None:
+                await self.egress.close(session_id)
+
+    async def _end(self, entry: _Process | None) -> None:
         if entry is None or entry.proc.returncode is not None:
             return
         entry.stopping = True
@@ -501,6 +570,19 @@ class LocalBackend:
             "stopped an idle runtime; its files are kept",
             extra={"session_id": session_id, "idle_seconds": round(idle, 1)},
         )
+
+
+def _listening(entry: _Process) -> RuntimeEndpoint | None:
+    """Where the runtime listens, once it does (its socket, or the port in its file)."""
+    if entry.unix_socket:
+        if not os.path.exists(entry.unix_socket):
+            return None
+        label = f"unix:{entry.unix_socket}"
+        return RuntimeEndpoint(url=label, token=entry.token, unix_socket=entry.unix_socket)
+    if not entry.port_file.exists():
+        return None
+    port = int(entry.port_file.read_text().strip())
+    return RuntimeEndpoint(url=f"http://127.0.0.1:{port}", token=entry.token)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -13,6 +13,7 @@ honoured; API keys are ``keys``'s in ``required`` auth mode.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
@@ -38,7 +39,7 @@ from .ids import (
 )
 from .keys import owner_of, records_of
 from .keys import router as keys_router
-from .lifetimes import idempotency, lifetimes
+from .state import idempotency, lifetimes
 
 router = APIRouter(prefix="/e2b", tags=["e2b"], include_in_schema=False)
 router.include_router(keys_router)  # before the catch-all "not supported"
@@ -63,6 +64,9 @@ def e2b_error(e: ApiError) -> JSONResponse:
 
 
 async def _caller(request: Request, services: Services) -> Caller:
+    timers = lifetimes(services)
+    if timers.shared:  # any replica reaps shared timers: one that served an E2B call does
+        _reap(services, timers)
     key = well_formed_key(request.headers.get("x-api-key"))
     if services.settings.auth_mode == "dev":
         return dev_caller_for_api_key(key)
@@ -98,9 +102,13 @@ def _describe(sandbox_id: str, template: str, timeout: int) -> dict[str, Any]:
 ATTACH_KEY = "sandbox-workspace.conversation"  # metadata naming a conversation to attach
 
 
-def _keep(services: Services, sandbox_id: str, caller: Caller, timeout: int, **how) -> None:
+async def _keep(services: Services, sandbox_id: str, caller: Caller, timeout: int, **how):
     timers = lifetimes(services)
-    timers.set(sandbox_id, caller, timeout, **how)
+    await timers.set(caller, sandbox_id, timeout, **how)
+    _reap(services, timers)
+
+
+def _reap(services: Services, timers) -> None:
     timers.start(services.spawn, lambda sid, who: _end(services, sid, who))
 
 
@@ -120,11 +128,11 @@ async def _create(request: Request, services: Services, body: dict) -> JSONRespo
     async def make() -> dict[str, Any]:
         if attach:
             sandbox_id = attached_sandbox_id(str(attach))
-            _keep(services, sandbox_id, caller, timeout)
+            await _keep(services, sandbox_id, caller, timeout)
             try:  # 404 unless the conversation exists in the caller's own session
                 await Sandbox.open(services, caller, sandbox_id)
             except ApiError:
-                lifetimes(services).forget(sandbox_id)
+                await lifetimes(services).forget(caller, sandbox_id)
                 raise
         else:
             session = await services.sessions.ensure_running(caller, caller.session_id)
@@ -134,13 +142,15 @@ async def _create(request: Request, services: Services, body: dict) -> JSONRespo
             # The conversation exists for the runtime (its listings) at once: its directories
             # are made directly, not by a process in the sandbox (~80 ms of the create).
             await client(services, session).ensure_conversation(sandbox.cid)
-        _keep(services, sandbox_id, caller, timeout)
+        await _keep(services, sandbox_id, caller, timeout)
         answer = _describe(sandbox_id, template, timeout)
         answer["metadata"] = body.get("metadata") or {}
         answer["envdAccessToken"] = tokens(services).issue(caller, sandbox_id)
         return answer
 
     key = request.headers.get("idempotency-key")
+    if key is None:
+        return JSONResponse(await make(), status_code=201)
     once = idempotency(services).once
     return JSONResponse(await once(caller, key, body, make), status_code=201)
 
@@ -149,7 +159,7 @@ async def _end(services: Services, sandbox_id: str, caller: Caller) -> bool:
     """Kill: a fresh sandbox's conversation is deleted with the guarantee; an attached
     one is only detached (the user's chat files are never deleted by an SDK call)."""
     sandbox = await Sandbox.open(services, caller, sandbox_id)
-    lifetimes(services).forget(sandbox_id)
+    await lifetimes(services).forget(caller, sandbox_id)
     if is_attached(sandbox_id):
         return True
     await services.backend.delete_conversation(sandbox.session, sandbox.cid)
@@ -180,7 +190,8 @@ async def get_sandbox(sandbox_id: str, request: Request, services: ServicesDep) 
         caller = await _caller(request, services)
         sid = check_sandbox_id(sandbox_id)
         await Sandbox.open(services, caller, sid)
-        return JSONResponse(_describe(sid, "base", int(lifetimes(services).remaining(sid) or 0)))
+        left = await lifetimes(services).remaining(caller, sid)
+        return JSONResponse(_describe(sid, "base", int(left or 0)))
     except ApiError as e:
         return e2b_error(e)
 
@@ -193,7 +204,13 @@ async def list_sandboxes(request: Request, services: ServicesDep) -> Response:
         session = await services.sessions.ensure_running(caller, caller.session_id)
         ids = await client(services, session).list_conversations()
         found = [sid for cid in ids if (sid := sandbox_of(cid))]
-        return JSONResponse([_describe(sid, "base", DEFAULT_TIMEOUT) for sid in found])
+        timers = lifetimes(services)
+        left = await asyncio.gather(*(timers.remaining(caller, sid) for sid in found))
+        pairs = list(zip(found, left, strict=True))
+        if timers.shared:  # a sandbox without a timer is gone there (get answers 404)
+            pairs = [(sid, t) for sid, t in pairs if t is not None]
+        ends = [(sid, int(DEFAULT_TIMEOUT if t is None else t)) for sid, t in pairs]
+        return JSONResponse([_describe(sid, "base", t) for sid, t in ends])
     except ApiError as e:
         return e2b_error(e)
 
@@ -221,7 +238,7 @@ async def set_timeout(
         caller = await _caller(request, services)
         sid = check_sandbox_id(sandbox_id)
         await Sandbox.open(services, caller, sid)
-        _keep(services, sid, caller, timeout_of(body))
+        await _keep(services, sid, caller, timeout_of(body))
         return Response(status_code=204)
     except ApiError as e:
         return e2b_error(e)
@@ -241,8 +258,9 @@ async def connect_sandbox(
         sid = check_sandbox_id(sandbox_id)
         await Sandbox.open(services, caller, sid)
         timeout = timeout_of(body)
-        _keep(services, sid, caller, timeout, extend_only=True)
-        answer = _describe(sid, "base", int(lifetimes(services).remaining(sid) or timeout))
+        await _keep(services, sid, caller, timeout, extend_only=True)
+        left = await lifetimes(services).remaining(caller, sid)
+        answer = _describe(sid, "base", int(left or timeout))
         answer["envdAccessToken"] = tokens(services).issue(caller, sid)
         return JSONResponse(answer, status_code=200)
     except ApiError as e:

@@ -6,25 +6,35 @@ exactly as ``/api/v1/sessions/{id}/execute`` does (``conversation_opened`` /
 ``conversation_written``): the same confinement, quotas and deletion guarantee, and no
 second way into the sandbox. File operations are a small Python program run with bash
 (a fresh process, so the kernel's state and execution count are untouched).
+
+A fresh sandbox's home (``/home/user``) is the conversation's ``outputs/``: all its work
+starts there (``in_home``), so what E2B code writes is an output, which store mode ``s3``
+writes back (docs/e2b.md "Paths" says why); an attached chat conversation keeps the
+chat's layout. A sandbox the runtime does not list may still exist (``kept``: the backend
+tracks it, or the store holds it) and is then filled before use.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import json
 import shlex
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from sandbox_workspace.contract.errors import ApiError, BadGateway, BadRequest, NotFoundError
+from sandbox_workspace.contract.ids import UnsafePath, check_conversation_id
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult
 
-from ..backends.base import Session
+from ..backends.base import ConversationPhase, Session
+from ..backends.store_backend import StoreBackend
 from ..deps import Services
 from ..identity import Caller
 from ..routes.execute import _then
 from ..runtime_client import RuntimeClient
 from .ids import SandboxNotFound, conversation_of, is_attached
-from .lifetimes import lifetimes
+from .state import lifetimes
 
 # Per conversation: the code interpreter's execution count (our kernel keeps none); this
 # process's count, dropped at kill.
@@ -101,6 +111,58 @@ except OSError as e:
 """
 
 
+# A fresh sandbox's /home/user is its conversation's outputs/ (docs/e2b.md "Paths"): what
+# E2B code writes there is an output, written back to the store in ``s3`` mode and listed
+# as the conversation's files. Every command starts there with HOME set to it; the
+# interpreter goes there once per kernel (``__e2b_home__`` marks that it did).
+BASH_HOME = '[ -d outputs ] || mkdir -p outputs 2>/dev/null; cd outputs && export HOME="$PWD"; '
+_PY_SETUP = (
+    "import os as o, sys as s\n"
+    "h = o.path.join(o.environ.get('WORKSPACE_DIR') or o.getcwd(), 'outputs')\n"
+    "o.makedirs(h, exist_ok=True); o.chdir(h); o.environ['HOME'] = h; s.path.insert(0, h)"
+)
+# One simple statement (never displayed, never a block): it can open the cell's first
+# line. The setup runs in a namespace of its own: the cell's globals gain only the mark.
+PY_HOME = (
+    '__e2b_home__ = globals().get("__e2b_home__") '
+    f'or (lambda n: (exec({_PY_SETUP!r}, n), n["h"])[1])({{}})'
+)
+_COMPOUND = (
+    ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try,
+    ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Match,
+)  # fmt: skip
+if hasattr(ast, "TryStar"):
+    _COMPOUND += (ast.TryStar,)
+
+
+def python_in_home(code: str) -> str:
+    """The cell with ``PY_HOME`` before it, on its first line where that keeps every line
+    number (tracebacks name the cell's lines): in place of a blank or comment line, or
+    before a simple statement; on a line of its own otherwise (a cell opening with a
+    block: its line numbers are one more)."""
+    first, newline, rest = code.partition("\n")
+    if not first.strip() or first.lstrip().startswith("#"):
+        return PY_HOME + newline + rest
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return PY_HOME + "\n" + code
+    head = body[0] if body else None
+    if isinstance(head, ast.ImportFrom) and head.module == "__future__":
+        return code  # must stay first: this cell keeps the kernel's directory
+    simple = head is not None and not isinstance(head, _COMPOUND)
+    if simple and head.lineno == 1 and head.col_offset == 0:
+        return f"{PY_HOME}; {code}"
+    return PY_HOME + "\n" + code
+
+
+def in_home(request: ExecuteRequest) -> ExecuteRequest:
+    """The request run from the sandbox's home (outputs/)."""
+    bash = request.language == "bash"
+    code = BASH_HOME + request.code if bash else python_in_home(request.code)
+    return request.model_copy(update={"code": code})
+
+
 class PathNotFound(NotFoundError):
     code = "path_not_found"
 
@@ -117,25 +179,37 @@ class Sandbox:
     services: Services
     session: Session
     cid: str
+    attached: bool = False
 
     @classmethod
     async def open(cls, services: Services, caller: Caller, sandbox_id: str) -> Sandbox:
-        if is_attached(sandbox_id) and lifetimes(services).remaining(sandbox_id) is None:
-            # Detached (killed or timed out), or attached on another API process.
-            raise SandboxNotFound(f"sandbox '{sandbox_id}' not found (detached)")
+        timers = lifetimes(services)
+        if (timers.shared or is_attached(sandbox_id)) and await timers.remaining(
+            caller, sandbox_id
+        ) is None:
+            # Killed, timed out or detached (an attached sandbox lives by its timer; so
+            # does every sandbox when timers are shared, since they outlive API processes).
+            raise SandboxNotFound(f"sandbox '{sandbox_id}' not found (killed or timed out)")
         session = await services.sessions.ensure_running(caller, caller.session_id)
         cid = conversation_of(sandbox_id)
-        if cid not in await client(services, session).list_conversations():
+        if not await _tracked(services, session, sandbox_id, cid) and not (
+            cid in await client(services, session).list_conversations()
+            or await kept(services, session, cid)
+        ):
             raise SandboxNotFound(f"sandbox '{sandbox_id}' not found (killed, or not yours)")
-        await services.backend.conversation_opened(session, cid)
-        return cls(services, session, cid)
+        await services.backend.conversation_opened(session, cid)  # fills it from the store
+        return cls(services, session, cid, attached=is_attached(sandbox_id))
 
     @property
     def client(self) -> RuntimeClient:
         return client(self.services, self.session)
 
+    def _at_home(self, request: ExecuteRequest) -> ExecuteRequest:
+        # An attached chat conversation keeps the chat's layout: home is its directory.
+        return request if self.attached else in_home(request)
+
     async def run(self, request: ExecuteRequest) -> ExecutionResult:
-        raw = await self.client.execute_raw(self.cid, request)
+        raw = await self.client.execute_raw(self.cid, self._at_home(request))
         await self.services.backend.conversation_written(self.session, self.cid)
         return ExecutionResult.model_validate_json(raw)
 
@@ -143,11 +217,26 @@ class Sandbox:
         """The runtime's events (stdout/stderr/result, then done or error), with the
         after-write check before ``done`` as the execute route does."""
         return _then(
-            self.client.execute_stream(self.cid, request),
+            self.client.execute_stream(self.cid, self._at_home(request)),
             self.services.backend,
             self.session,
             self.cid,
         )
+
+    async def _drop_stored(self, rel: str) -> None:
+        """An SDK file call removed (or moved away) ``rel`` of a fresh sandbox's home: its
+        files leave the store too (``s3`` mode), or a new cache would be filled with them
+        again. An attached chat conversation's files are left as the chat has them."""
+        backend = self.services.backend
+        if self.attached or not isinstance(backend, StoreBackend):
+            return
+        base = f"outputs/{rel}" if rel else "outputs"
+        manifest = await backend.meta.get(backend.scope(self.session), self.cid)
+        for record in manifest.files if manifest else []:
+            path = record.file_path
+            if record.active and (path == base or path.startswith(base + "/")):
+                with contextlib.suppress(NotFoundError):  # deleted meanwhile
+                    await backend.delete_file(self.session, self.cid, record.file_id)
 
     async def fs(self, op: str, path: str, **args):
         """One file operation (``FS_PROGRAM``); its answer, or the matching API error."""
@@ -161,6 +250,8 @@ class Sandbox:
                 raise BadRequest(result.error.value, code=result.error.code) from None
             raise BadGateway(f"file operation failed: {result.stderr.strip()[-500:]}") from None
         if "ok" in answer:
+            if op in ("remove", "move"):
+                await self._drop_stored(path)
             return answer["ok"]
         kind, message = answer.get("kind"), answer.get("error", "failed")
         if kind == "not_found":
@@ -168,6 +259,36 @@ class Sandbox:
         if kind == "exists":
             raise PathExists(message)
         raise BadRequest(message, code="invalid_path")
+
+
+async def _tracked(services: Services, session: Session, sandbox_id: str, cid: str) -> bool:
+    """A fresh sandbox's conversation (a checked hex id) the backend tracks as READY
+    (kubernetes: its ConversationWorkspace, from the watch cache): found without the
+    runtime's listing — one round trip less per call (bench e2b on the node) and no cost
+    growing with the session's conversations. Otherwise (an attached id, which comes from
+    the caller's metadata; or not READY, e.g. another replica's watch not caught up) the
+    listing and ``kept`` decide."""
+    if is_attached(sandbox_id):
+        return False
+    return await services.backend.conversation_phase(session, cid) == ConversationPhase.READY
+
+
+async def kept(services: Services, session: Session, cid: str) -> bool:
+    """Whether a conversation the runtime does not list exists all the same: tracked by
+    the backend (kubernetes: its ConversationWorkspace), or held by the store (``s3``
+    mode: a new runtime, or one restarted, lists only what it was given so far). An id
+    no conversation may have (an attached one decodes to anything) is not looked up."""
+    try:
+        if check_conversation_id(cid) != cid:
+            return False
+    except UnsafePath:
+        return False
+    backend = services.backend
+    if await backend.conversation_phase(session, cid) == ConversationPhase.READY:
+        return True
+    if isinstance(backend, StoreBackend):
+        return await backend.meta.get(backend.scope(session), cid) is not None
+    return False
 
 
 def client(services: Services, session: Session) -> RuntimeClient:

@@ -7,8 +7,10 @@ sandbox), ``E2b-Sandbox-Port`` (49983 envd, 49999 the code interpreter) and
 ``conversation.Sandbox`` (the API's execution path, confined as ``/execute`` is).
 
 Served: ``GET /health``, ``GET/POST /files`` (multipart and octet-stream),
-``filesystem.Filesystem/{ListDir,Stat,MakeDir,Move,Remove}`` (Connect JSON, unary),
-``process.Process/Start`` (a server stream: start, stdout/stderr data, end), and
+``filesystem.Filesystem/{ListDir,Stat,MakeDir,Move,Remove}`` (Connect JSON, unary) and
+its watchers (``watchers``: CreateWatcher/GetWatcherEvents/RemoveWatcher, WatchDir),
+``process.Process`` (``processes``: Start, Connect, List, SendSignal, SendInput,
+CloseStdin), and
 ``POST /execute`` (NDJSON) over the conversation's stateful Python interpreter.
 Everything else answers Connect ``unimplemented`` / HTTP 501 with what is missing.
 """
@@ -18,7 +20,6 @@ from __future__ import annotations
 import ast
 import base64
 import json
-import shlex
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,7 +32,7 @@ from sandbox_workspace.runtime.schemas import MAX_CODE_BYTES, ExecuteRequest
 
 from ..deps import Services, ServicesDep
 from ..sse import with_keepalive
-from . import connect
+from . import connect, processes, watchers
 from .control import NotSupported, tokens
 from .conversation import EXECUTIONS, Sandbox
 from .paths import to_e2b, to_relative
@@ -147,6 +148,16 @@ def _connect_error(code: str, message: str) -> JSONResponse:
 
 @router.post("/filesystem.Filesystem/{method}")
 async def filesystem(method: str, request: Request, services: ServicesDep) -> Response:
+    if method == "WatchDir":
+        return await _watch_dir(request, services)
+    if method in watchers.UNARY:
+        try:
+            sandbox = await _sandbox(request, services)
+            return JSONResponse(await watchers.unary(method, sandbox, await request.json()))
+        except ApiError as e:
+            return _connect_error(connect.code_for_status(e.status), e.message)
+        except (ValueError, TypeError) as e:
+            return _connect_error("invalid_argument", f"malformed request: {e}")
     if method not in ("Stat", "ListDir", "MakeDir", "Move", "Remove"):
         return _connect_error("unimplemented", f"filesystem.Filesystem/{method} is not supported")
     try:
@@ -161,73 +172,57 @@ async def filesystem(method: str, request: Request, services: ServicesDep) -> Re
 # -- process.Process (Connect JSON) -----------------------------------------------------
 
 
-def command_of(process: dict) -> str:
-    """The bash source for envd's ProcessConfig (``/bin/bash -l -c CMD`` is the SDK's)."""
-    cmd, args = process.get("cmd", ""), list(process.get("args") or [])
-    if cmd in ("/bin/bash", "bash", "/bin/sh", "sh") and len(args) >= 2 and args[-2] == "-c":
-        source = args[-1]
-    else:
-        source = shlex.join([cmd, *args])
-    prefix = [f"export {k}={shlex.quote(v)}" for k, v in (process.get("envs") or {}).items()]
-    cwd = to_relative(process.get("cwd"))
-    if cwd:
-        prefix.append(f"cd {shlex.quote(cwd)}")
-    return "\n".join([*prefix, source])
-
-
-async def _process_events(sandbox: Sandbox, request: ExecuteRequest) -> AsyncIterator[bytes]:
-    yield connect.envelope({"event": {"start": {"pid": 1}}})
-    try:
-        async for event in sandbox.stream(request):
-            kind = event.get("type")
-            if kind in ("stdout", "stderr"):
-                data = base64.b64encode(event["text"].encode()).decode()
-                yield connect.envelope({"event": {"data": {kind: data}}})
-            elif kind == "done":
-                result = event["result"]
-                end: dict[str, Any] = {
-                    "exitCode": result["exit_code"],
-                    "exited": True,
-                    "status": f"exit status {result['exit_code']}",
-                }
-                if result.get("error"):
-                    end["error"] = result["error"]["value"]
-                yield connect.envelope({"event": {"end": end}})
-            elif kind == "error":
-                error = event["error"]
-                yield connect.end_stream("internal", error.get("message", "failed"))
-                return
-    except ApiError as e:
-        yield connect.end_stream(connect.code_for_status(e.status), e.message)
-        return
-    yield connect.end_stream()
-
-
 @router.post("/process.Process/{method}")
 async def process(method: str, request: Request, services: ServicesDep) -> Response:
-    if method != "Start":
+    if method in processes.UNARY:
+        try:
+            sandbox = await _sandbox(request, services)
+            return JSONResponse(await processes.unary(method, sandbox, await request.json()))
+        except ApiError as e:
+            return _connect_error(connect.code_for_status(e.status), e.message)
+        except (ValueError, TypeError) as e:
+            return _connect_error("invalid_argument", f"malformed request: {e}")
+    if method not in processes.STREAMS:
         return _connect_error("unimplemented", f"process.Process/{method} is not supported")
-    body = await request.body()
     try:
-        if request.headers.get("content-type", "").startswith(connect.STREAM_MEDIA_TYPE):
-            message = connect.read_envelopes(body)[0][1]
-        else:
-            message = await request.json()
+        message = await _stream_message(request)
         sandbox = await _sandbox(request, services)
-        process = message.get("process") or {}
-        timeout_ms = request.headers.get("connect-timeout-ms")
-        timeout = min(3600.0, int(timeout_ms) / 1000) if timeout_ms else 3600.0
-        execute = ExecuteRequest(language="bash", code=command_of(process), timeout=timeout)
+        if method == "Start":
+            timeout_ms = request.headers.get("connect-timeout-ms")
+            timeout = int(timeout_ms) / 1000 if timeout_ms and int(timeout_ms) > 0 else None
+            events = processes.start_events(sandbox, message, timeout)
+        else:
+            events = sandbox.client.process_events(sandbox.cid, processes.pid_of(message))
     except ApiError as e:
         return _stream_error(connect.code_for_status(e.status), e.message)
     except (ValueError, IndexError, TypeError) as e:
         return _stream_error("invalid_argument", f"malformed request: {e}")
-    events = with_keepalive(
-        _process_events(sandbox, execute),
+    stream = with_keepalive(
+        processes.envd_stream(sandbox, events),
         KEEPALIVE_SECONDS,
         connect.envelope({"event": {"keepalive": {}}}),
     )
-    return StreamingResponse(events, media_type=connect.STREAM_MEDIA_TYPE)
+    return StreamingResponse(stream, media_type=connect.STREAM_MEDIA_TYPE)
+
+
+async def _stream_message(request: Request) -> dict:
+    """The one message of a Connect server-stream request (enveloped, or plain JSON)."""
+    if request.headers.get("content-type", "").startswith(connect.STREAM_MEDIA_TYPE):
+        return connect.read_envelopes(await request.body())[0][1]
+    return await request.json()
+
+
+async def _watch_dir(request: Request, services: ServicesDep) -> Response:
+    try:
+        message = await _stream_message(request)
+        sandbox = await _sandbox(request, services)
+    except ApiError as e:
+        return _stream_error(connect.code_for_status(e.status), e.message)
+    except (ValueError, IndexError, TypeError) as e:
+        return _stream_error("invalid_argument", f"malformed request: {e}")
+    keepalive = connect.envelope({"keepalive": {}})
+    stream = with_keepalive(watchers.watch_stream(sandbox, message), KEEPALIVE_SECONDS, keepalive)
+    return StreamingResponse(stream, media_type=connect.STREAM_MEDIA_TYPE)
 
 
 def _stream_error(code: str, message: str) -> Response:

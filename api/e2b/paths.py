@@ -1,8 +1,10 @@
-"""E2B paths onto the conversation's directory.
+"""E2B paths onto the sandbox's home in its conversation.
 
 E2B code habitually works in ``/home/user`` (the default user's home) and with relative
-paths. Both name the conversation's directory: ``/home/user/a.txt`` and ``a.txt`` are
-``{conversation}/a.txt``; ``/home/user`` and ``""`` are the directory itself. Any other
+paths. Both name the sandbox's home, where its file calls and code start
+(``conversation.Sandbox``: ``outputs/`` of a fresh sandbox, the directory of an attached
+conversation): ``/home/user/a.txt`` and ``a.txt`` are ``{home}/a.txt``; ``/home/user``
+and ``""`` are home itself. Any other
 absolute path, and any path climbing out with ``..``, is a clear 400 — code runs
 confined to the conversation, so there is nothing else to reach.
 """

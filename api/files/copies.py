@@ -18,7 +18,10 @@ Contract, both modes:
   any new conversation: its ConversationWorkspace and finalizer on kubernetes, counted
   against the user's conversation cap) holding copies of the files of ``cid`` or of one
   of its snapshots — never a shared object or inode. 409 when ``to`` exists; whatever
-  fails, nothing of ``to`` is left (it is deleted as a conversation is).
+  fails, nothing of ``to`` is left (it is deleted as a conversation is). In ``s3`` mode
+  the same fork asked again (same ``cid``, snapshot and ``to``) is idempotent: one that
+  completed answers as its conversation now is; one a crash cut off (the API killed
+  mid-fork: copies made, no records) is completed, or deleted when its source is gone.
 """
 
 from __future__ import annotations
@@ -26,11 +29,17 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from sandbox_workspace.contract.errors import ApiError, Conflict, NotFoundError
+from sandbox_workspace.contract.errors import (
+    ApiError,
+    Conflict,
+    ConversationDeleting,
+    NotFoundError,
+)
 from sandbox_workspace.store.snapshots import Snapshot, StoreCopies, new_id
 
 from ..backends.base import ConversationPhase, Session
 from ..backends.store_backend import StoreBackend, conversation_exists
+from ..keyed_locks import KeyedLocks
 from ..quotas import QuotaExceeded
 
 KERNEL_NOTE = (
@@ -53,6 +62,11 @@ class ForkQuotaExceeded(ApiError):
 
 
 SnapshotView = Snapshot  # in ``local`` mode with no records (the workspace holds them)
+# A snapshot's quota check and its copies under one lock per session (= per user): two
+# snapshots of two conversations at once both read the bytes held before either was
+# made, and both passed (found in session 13). Per process: two replicas can
+# still both pass by one snapshot (docs/security.md).
+_QUOTA = KeyedLocks()
 
 
 @dataclass(frozen=True)
@@ -100,9 +114,10 @@ class StoredCopies:
             manifest = await b.meta.get(scope, cid)
             size = sum(r.file_size for r in (manifest.files if manifest else []) if r.active)
             copies = self._copies()
-            _over(await copies.stored_bytes(b.layout.session(scope.tenant, scope.session_id)),
-                  size, quota)  # fmt: skip
-            return await copies.create(scope, cid, name)
+            async with _QUOTA.hold((scope.tenant, scope.session_id)):
+                held = await copies.stored_bytes(b.layout.session(scope.tenant, scope.session_id))
+                _over(held, size, quota)
+                return await copies.create(scope, cid, name)
 
     async def snapshots(self, session: Session, cid: str) -> list[SnapshotView]:
         await self._existing(session, cid)
@@ -132,12 +147,30 @@ class StoredCopies:
         return snap
 
     async def fork(self, session: Session, cid: str, to: str, sid: str | None) -> Forked:
-        await self._existing(session, cid)
         b = self.backend
+        scope = b.scope(session)
+        again = None
         if await conversation_exists(b, session, to):
-            raise Conflict(f"conversation '{to}' exists already", code="conversation_exists")
-        if sid is not None:
-            await self._copies().get(b.scope(session), cid, sid)  # 404 before anything
+            if await b.conversation_phase(session, to) == ConversationPhase.DELETING:
+                raise ConversationDeleting(to)  # never answered as made while it goes
+            again = await self._copies().fork_mark(scope, to)
+            if again is None or (again.forked_from, again.snapshot_id) != (cid, sid):
+                raise Conflict(f"conversation '{to}' exists already", code="conversation_exists")
+        try:
+            await self._existing(session, cid)
+            if sid is not None:
+                await self._copies().get(scope, cid, sid)  # 404 before anything
+        except NotFoundError:
+            if again is not None and not again.done:  # cut off, and now never completed
+                await _undo_fork(b, session, to)
+            raise
+        if again is not None and again.done:
+            # The same fork asked again (a client whose answer was lost): answered as
+            # the conversation it made now is.
+            manifest = await b.meta.get(scope, to)
+            records = [r for r in (manifest.files if manifest else []) if r.active]
+            return Forked(to, len(records), sum(r.file_size for r in records))
+        # New, or the same fork cut off by a crash (copies made, no records): made whole.
         try:
             # Tracked as any new conversation (cap, ConversationWorkspace); not filled:
             # the first use fills it from what the fork writes.
@@ -145,11 +178,14 @@ class StoredCopies:
         except QuotaExceeded as e:
             raise ForkQuotaExceeded(e.message) from e
         try:
-            # Its (empty) cache directory now: where conversations are counted by their
-            # directories (the local backend), the fork counts from its creation.
-            await self.client(session).ensure_conversation(to)
             async with b.writing(session, to):
-                records = await self._copies().fork(b.scope(session), cid, to, sid)
+                if again is not None:  # its cache may hold what it had: none of the files
+                    await self.client(session).delete_conversation(to)
+                    b.forget(session, to)
+                # Its (empty) cache directory now: where conversations are counted by
+                # their directories (the local backend), the fork counts from its creation.
+                await self.client(session).ensure_conversation(to)
+                records = await self._copies().fork(scope, cid, to, sid)
             # The origin deleted meanwhile: what the fork read may be partial (its records
             # gone before they were read read as an empty conversation), so the fork is
             # undone and answers as one made after the deletion would (racing test).
@@ -182,8 +218,9 @@ class CacheCopies:
     async def snapshot(self, session: Session, cid: str, name: str, quota: int) -> SnapshotView:
         info = await self._existing(session, cid)
         client = self.client(session)
-        _over(await client.snapshot_bytes(), info.total_bytes, quota)
-        return _local_view(await client.snapshot(cid, new_id(), name))
+        async with _QUOTA.hold(session.session_id):
+            _over(await client.snapshot_bytes(), info.total_bytes, quota)
+            return _local_view(await client.snapshot(cid, new_id(), name))
 
     async def snapshots(self, session: Session, cid: str) -> list[SnapshotView]:
         await self._existing(session, cid)

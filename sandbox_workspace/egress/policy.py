@@ -15,11 +15,17 @@ Contract:
   IPv4-mapped, NAT64 (64:ff9b::/96), 6to4 and Teredo IPv6 forms are checked as the IPv4
   address they carry; the local-use NAT64 prefix 64:ff9b:1::/48 (where the address sits
   depends on the deployment) and IPv4-compatible ::/96 are refused whole.
+- A ``SecretBinding`` ties a named secret to one exact host and one place in a request
+  (a header, or ``Authorization: Bearer``). The sandbox sees only its placeholder, a
+  random string that is never derived from the value; the proxy swaps it for the value
+  in that place of requests to that host only (``secrets.py`` says exactly how).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -132,12 +138,65 @@ class Rule:
         return name == self.host
 
 
+_SECRET_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
+# Headers the proxy itself sets or that frame the request: a secret never goes there.
+_RESERVED_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "accept-encoding", "te"}
+)
+
+
+@dataclass(frozen=True)
+class SecretBinding:
+    """Secret ``name`` goes to ``host`` (exact) in header ``header``, after ``prefix``
+    (``Bearer `` for a bearer token). ``placeholder`` is what the sandbox sees."""
+
+    name: str
+    host: str
+    header: str = "authorization"
+    prefix: str = "Bearer "
+    placeholder: str = ""
+
+    @classmethod
+    def make(
+        cls,
+        name: str,
+        host: str,
+        *,
+        header: str = "authorization",
+        prefix: str | None = None,
+        placeholder: str = "",
+    ) -> SecretBinding:
+        """A validated binding. ``prefix`` defaults to ``Bearer `` for Authorization and
+        to nothing for any other header; the placeholder is random unless given."""
+        if not _SECRET_NAME.fullmatch(name):
+            raise PolicyError(f"secret name {name!r}: lower-case letters, digits and '-'")
+        if host.strip().startswith("*") or ip_literal(host) is not None:
+            raise PolicyError(f"secret {name!r}: bind it to one exact host name, not {host!r}")
+        header = header.strip().lower()
+        if not _HEADER_NAME.fullmatch(header) or header in _RESERVED_HEADERS:
+            raise PolicyError(f"secret {name!r}: {header!r} cannot carry a secret")
+        if prefix is None:
+            prefix = "Bearer " if header == "authorization" else ""
+        if not all(32 <= ord(c) < 127 for c in prefix):
+            raise PolicyError(f"secret {name!r}: the prefix must be printable ASCII")
+        placeholder = placeholder or f"sbw-secret-{name}-{secrets.token_hex(16)}"
+        if len(placeholder) < 24 or not re.fullmatch(r"[A-Za-z0-9._-]+", placeholder):
+            raise PolicyError(f"secret {name!r}: a placeholder is 24+ characters [A-Za-z0-9._-]")
+        return cls(name, canonical_host(host), header, prefix, placeholder)
+
+
 @dataclass(frozen=True)
 class EgressPolicy:
     rules: tuple[Rule, ...] = ()
+    secrets: tuple[SecretBinding, ...] = ()
 
     def describe(self) -> str:
         return ", ".join(r.host for r in self.rules) or "nothing"
+
+    def bindings_for(self, host: str) -> tuple[SecretBinding, ...]:
+        """The secrets bound to canonical ``host`` (exact match only)."""
+        return tuple(b for b in self.secrets if b.host == host)
 
 
 @dataclass(frozen=True)

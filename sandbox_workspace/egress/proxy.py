@@ -9,6 +9,15 @@ Contract:
   allows it; the first bytes in the tunnel must be a TLS ClientHello whose server name is
   that same host, or the tunnel is closed with a TLS ``unrecognized_name`` alert. The
   proxy never terminates TLS here: bytes pass through untouched.
+- Except for a host with a secret bound to it in the session's policy (exact name): there
+  the proxy verifies the upstream's certificate (system roots, or ``upstream_ca``)
+  before answering the CONNECT, then terminates the client's TLS with a leaf of its
+  per-install CA (``ca.py``; SNI must be the host), reads one request (origin form, the
+  same head checks as below, ``Content-Length`` bodies only), swaps each bound
+  placeholder in the bound header only (``secrets.py``), sets ``Host`` from the CONNECT
+  name, ``Accept-Encoding: identity`` and ``Connection: close``, and relays the answer
+  with the injected values masked. One request per connection; redirects are relayed,
+  never followed. Plain ``http://`` never carries a secret: its placeholders go as is.
 - ``METHOD http://host[:port]/path`` forwards that one request (scheme ``http``) with its
   ``Host`` set from the URL, one ``Content-Length`` and ``Connection: close``; the answer
   is relayed as is. A head an upstream could read differently from the proxy (bare CR or
@@ -30,18 +39,29 @@ import ipaddress
 import logging
 import re
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from .ca import InterceptCA
 from .policy import (
     DEFAULT_FORBIDDEN,
     DEFAULT_PORTS,
     EgressPolicy,
     IPAddress,
     IPNetwork,
+    SecretBinding,
     check_addresses,
     decide,
+)
+from .secrets import (
+    Scrubber,
+    SecretSource,
+    SecretUnavailable,
+    bound_in,
+    checked_value,
+    swap_headers,
 )
 from .tls import MAX_HELLO, NotClientHello, client_hello_sni
 
@@ -84,6 +104,8 @@ class ProxyConfig:
     # a forwarded body within this.
     client_timeout: float = 10.0
     header_limit: int = 32 * 1024
+    # CA file that upstreams of intercepted hosts must chain to (None: the system's).
+    upstream_ca: str | None = None
 
 
 class Refused(Exception):
@@ -142,10 +164,15 @@ class EgressProxy:
         *,
         resolve: Resolver = system_resolve,
         config: ProxyConfig | None = None,
+        ca: InterceptCA | None = None,
+        secrets: SecretSource | None = None,
     ) -> None:
         self.policies = policies
         self.resolve = resolve
         self.config = config or ProxyConfig()
+        self.ca, self.secrets = ca, secrets
+        self._upstream_tls = ssl.create_default_context(cafile=self.config.upstream_ca)
+        self._upstream_tls.set_alpn_protocols(["http/1.1"])
 
     async def serve_unix(self, path: str, session_id: str) -> asyncio.Server:
         async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -175,7 +202,7 @@ class EgressProxy:
                 )
                 writer.write(refusal_response(exc.status, exc.reason))
                 await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError):
             pass
         finally:
             writer.close()
@@ -185,6 +212,23 @@ class EgressProxy:
     async def _handle(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session_id: str | None
     ) -> None:
+        method, target, version, headers = await self._read_head(reader)
+        policy = self.policies(session_id) if session_id is not None else None
+        if method == "CONNECT":
+            host, port = parse_authority(target, None)
+            await self._tunnel(reader, writer, policy, host, port, session_id or "")
+        elif target.lower().startswith("http://"):
+            await self._forward(reader, writer, policy, method, target, version, headers)
+        else:
+            raise Refused(
+                400, "send requests in absolute form (http://host/path) or tunnel with CONNECT"
+            )
+
+    async def _read_head(
+        self, reader: asyncio.StreamReader
+    ) -> tuple[str, str, str, list[tuple[bytes, bytes]]]:
+        """(method, target, version, headers) of a request head that every upstream reads
+        as we do; Refused(400/431) otherwise."""
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.config.client_timeout)
         except asyncio.LimitOverrunError:
@@ -200,17 +244,24 @@ class EgressProxy:
         ):
             raise Refused(400, "malformed request line")
         method, target, version = (part.decode("ascii") for part in parts)
-        headers = parse_headers(header_lines)
-        policy = self.policies(session_id) if session_id is not None else None
-        if method == "CONNECT":
-            host, port = parse_authority(target, None)
-            await self._tunnel(reader, writer, policy, host, port)
-        elif target.lower().startswith("http://"):
-            await self._forward(reader, writer, policy, method, target, version, headers)
-        else:
-            raise Refused(
-                400, "send requests in absolute form (http://host/path) or tunnel with CONNECT"
+        return method, target, version, parse_headers(header_lines)
+
+    async def _send_body(
+        self, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, length: int
+    ) -> bool:
+        """Copy ``length`` body bytes; False when the client stopped early."""
+        while length > 0:
+            # Each part of the body within client_timeout: a client that stops
+            # sending (slowloris) must not hold this task and the upstream forever.
+            chunk = await asyncio.wait_for(
+                reader.read(min(length, _CHUNK)), self.config.client_timeout
             )
+            if not chunk:
+                return False
+            up_writer.write(chunk)
+            await up_writer.drain()
+            length -= len(chunk)
+        return True
 
     async def _open(
         self, policy: EgressPolicy | None, scheme: str, host: str, port: int
@@ -243,8 +294,18 @@ class EgressProxy:
         policy: EgressPolicy | None,
         host: str,
         port: int,
+        session_id: str,
     ) -> None:
         name, up_reader, up_writer = await self._open(policy, "https", host, port)
+        bindings = policy.bindings_for(name) if policy is not None else ()
+        if bindings:
+            try:
+                await self._intercept(
+                    reader, writer, up_reader, up_writer, name, port, bindings, session_id
+                )
+            finally:
+                up_writer.close()
+            return
         try:
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             await writer.drain()
@@ -278,6 +339,70 @@ class EgressProxy:
             if len(data) >= MAX_HELLO:
                 return data
 
+    async def _intercept(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up_reader: asyncio.StreamReader,
+        up_writer: asyncio.StreamWriter,
+        name: str,
+        port: int,
+        bindings: Sequence[SecretBinding],
+        session_id: str,
+    ) -> None:
+        if self.ca is None or self.secrets is None:
+            raise Refused(503, f"{name} has a secret bound to it, but this proxy has no CA")
+        try:
+            await asyncio.wait_for(
+                up_writer.start_tls(self._upstream_tls, server_hostname=name),
+                self.config.connect_timeout,
+            )
+        except ssl.SSLCertVerificationError as exc:
+            raise Refused(
+                502, f"the certificate of {name} did not verify: {exc.verify_message}"
+            ) from None
+        except (OSError, TimeoutError) as exc:
+            raise Refused(502, f"TLS with {name} failed ({type(exc).__name__})") from None
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await writer.drain()
+        try:
+            await asyncio.wait_for(
+                writer.start_tls(self.ca.server_context(name)), self.config.client_timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            # Another SNI (the context's sni_callback), no TLS, or a client that does not
+            # trust the CA: nothing was read, nothing reaches the upstream.
+            log.info(
+                "egress interception: client TLS failed",
+                extra={"host": name, "error": type(exc).__name__},
+            )
+            return
+        method, target, version, headers = await self._read_head(reader)
+        if not target.startswith("/") or method == "CONNECT":
+            raise Refused(400, "inside a tunnel, send origin-form requests (GET /path)")
+        length = body_length(headers)
+        values = {}
+        try:
+            for binding_name in bound_in(headers, bindings):
+                value = await self.secrets.value(session_id, binding_name)
+                values[binding_name] = checked_value(binding_name, value)
+        except SecretUnavailable as exc:
+            raise Refused(502, str(exc)) from None
+        headers = swap_headers(headers, bindings, values)
+        authority = name if port == 443 else f"{name}:{port}"
+        # identity: an echo of the value comes back as sent, where the scrubber finds it.
+        up_writer.write(
+            upstream_head(
+                f"{method} {target} {version}",
+                authority,
+                headers,
+                length,
+                (b"Accept-Encoding: identity",),
+            )
+        )
+        if await self._send_body(reader, up_writer, length or 0):
+            await _copy(up_reader, writer, Scrubber(list(values.values())))
+
     async def _forward(
         self,
         reader: asyncio.StreamReader,
@@ -292,38 +417,49 @@ class EgressProxy:
         if url.username or url.password:
             raise Refused(400, "credentials in the URL are not forwarded")
         host, port = parse_authority(url.netloc, DEFAULT_PORTS["http"])
-        if any(name == b"transfer-encoding" for name, _ in headers):
-            raise Refused(411, "chunked request bodies are not forwarded: send Content-Length")
-        lengths = {value for name, value in headers if name == b"content-length"}
-        if len(lengths) > 1 or not all(v.isdigit() for v in lengths):
-            # Two lengths could make the upstream read a second, unchecked request.
-            raise Refused(400, "one numeric Content-Length, please")
-        length = int(next(iter(lengths), b"0"))
+        length = body_length(headers)
         _, up_reader, up_writer = await self._open(policy, "http", host, port)
         try:
             path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-            out = [f"{method} {path} {version}".encode(), b"Host: " + url.netloc.encode()]
-            out += [k + b": " + v for k, v in headers if k not in _HOP_BY_HOP | _LENGTH]
-            if lengths:
-                out.append(b"Content-Length: %d" % length)
-            out.append(b"Connection: close")
-            up_writer.write(b"\r\n".join(out) + b"\r\n\r\n")
-            while length > 0:
-                # Each part of the body within client_timeout: a client that stops
-                # sending (slowloris) must not hold this task and the upstream forever.
-                chunk = await asyncio.wait_for(
-                    reader.read(min(length, _CHUNK)), self.config.client_timeout
-                )
-                if not chunk:
-                    return
-                up_writer.write(chunk)
-                await up_writer.drain()
-                length -= len(chunk)
+            up_writer.write(
+                upstream_head(f"{method} {path} {version}", url.netloc, headers, length, ())
+            )
+            if not await self._send_body(reader, up_writer, length or 0):
+                return
             # One request per connection: whatever else the client sends is not forwarded
             # (a second request on this connection could name another Host).
             await _copy(up_reader, writer)
         finally:
             up_writer.close()
+
+
+def body_length(headers: Sequence[tuple[bytes, bytes]]) -> int | None:
+    """The request's one Content-Length (None: no body); Refused for anything else."""
+    if any(name == b"transfer-encoding" for name, _ in headers):
+        raise Refused(411, "chunked request bodies are not forwarded: send Content-Length")
+    lengths = {value for name, value in headers if name == b"content-length"}
+    if len(lengths) > 1 or not all(v.isdigit() for v in lengths):
+        # Two lengths could make the upstream read a second, unchecked request.
+        raise Refused(400, "one numeric Content-Length, please")
+    return int(next(iter(lengths))) if lengths else None
+
+
+def upstream_head(
+    request_line: str,
+    host: str,
+    headers: Sequence[tuple[bytes, bytes]],
+    length: int | None,
+    extra: Sequence[bytes],
+) -> bytes:
+    """The head the upstream gets: our ``Host``, the client's end-to-end headers, one
+    length, ``extra`` and ``Connection: close`` (one request per connection)."""
+    dropped = _HOP_BY_HOP | _LENGTH | {h.split(b":")[0].lower() for h in extra}
+    out = [request_line.encode(), b"Host: " + host.encode()]
+    out += [k + b": " + v for k, v in headers if k not in dropped]
+    if length is not None:
+        out.append(b"Content-Length: %d" % length)
+    out += [*extra, b"Connection: close"]
+    return b"\r\n".join(out) + b"\r\n\r\n"
 
 
 def _sni_or_none(hello: bytes) -> str | None:
@@ -333,11 +469,15 @@ def _sni_or_none(hello: bytes) -> str | None:
         return None
 
 
-async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+async def _copy(
+    src: asyncio.StreamReader, dst: asyncio.StreamWriter, scrub: Scrubber | None = None
+) -> None:
     try:
         while data := await src.read(_CHUNK):
-            dst.write(data)
+            dst.write(scrub.feed(data) if scrub else data)
             await dst.drain()
+        if scrub:
+            dst.write(scrub.flush())
     finally:
         if dst.can_write_eof():
             with contextlib.suppress(OSError):

@@ -36,9 +36,9 @@ async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
                 dst.write_eof()
 
 
-async def relay(
-    host: str, port: int, target: str, on_ready: Callable[[int], None] | None = None
-) -> None:
+async def start_relay(host: str, port: int, target: str) -> asyncio.Server:
+    """A listening relay server (``port`` 0 picks one); the caller closes it."""
+
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_unix_connection(target)
@@ -49,7 +49,13 @@ async def relay(
         for w in (writer, up_writer):
             w.close()
 
-    server = await asyncio.start_server(on_client, host, port)
+    return await asyncio.start_server(on_client, host, port)
+
+
+async def relay(
+    host: str, port: int, target: str, on_ready: Callable[[int], None] | None = None
+) -> None:
+    server = await start_relay(host, port, target)
     if on_ready is not None:
         on_ready(server.sockets[0].getsockname()[1])
     async with server:

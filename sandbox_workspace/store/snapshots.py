@@ -26,7 +26,11 @@ Contract:
   write-back follows the new objects), then every file object the snapshot lacks deleted.
 - ``fork`` copies the active files of a conversation (or of one of its snapshots) to
   another's prefix, and writes that conversation's first metadata: the same files, new
-  ``file_id``s, the same versions and sources.
+  ``file_id``s, the same versions and sources. Before the first copy it writes the
+  fork's mark (``.sbw/fork.json``: its source, ``done: false``), after the metadata the
+  same with ``done: true`` — so a fork cut off by a crash (a conversation with some
+  copies and no records) is told from any other conversation (``fork_mark``), and the
+  same fork asked again completes it (the copies and the metadata are idempotent).
 - Snapshot ids are made here (``new_id``: 32 hex digits); any other id is 404 (never a key).
 """
 
@@ -48,6 +52,7 @@ from .metadata import Metadata
 _ID = re.compile(r"[0-9a-f]{32}")
 COPY_CONCURRENCY = 32  # CopyObject requests in flight
 _DOC = "snapshot.json"
+_FORK_MARK = "fork.json"
 _SWEEP_AFTER = timedelta(hours=1)  # an uncommitted snapshot this old was cut off
 
 
@@ -74,6 +79,18 @@ class Snapshot:
         doc = json.loads(data)
         doc["records"] = [FileRecord(**r) for r in doc["records"]]
         return cls(**doc)
+
+
+@dataclass(frozen=True)
+class ForkMark:
+    """What a conversation made by a fork was forked from, and whether it completed."""
+
+    forked_from: str
+    snapshot_id: str | None
+    done: bool
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
 
 
 class SnapshotNotFound(ObjectNotFound):
@@ -216,13 +233,13 @@ class StoreCopies:
                 return self._file(scope, src, snapshot_id, path)
         else:
             manifest = await self.meta.get(scope, src)
-            if manifest is None:
-                return []
-            records = [r for r in manifest.files if r.active]
+            records = [r for r in (manifest.files if manifest else []) if r.active]
 
             def source(path: str) -> str:
                 return self.layout.file(scope, src, path)
 
+        mark = self.layout.metadata(scope, dst, _FORK_MARK)
+        await self.store.put(mark, ForkMark(src, snapshot_id, done=False).to_bytes())
         await _bounded([self.store.copy(source(r.file_path),
                                         self.layout.file(scope, dst, r.file_path))
                         for r in records])  # fmt: skip
@@ -233,4 +250,13 @@ class StoreCopies:
             m.reset(forked)
 
         await self.meta.update(scope, dst, first)
+        await self.store.put(mark, ForkMark(src, snapshot_id, done=True).to_bytes())
         return forked
+
+    async def fork_mark(self, scope: Scope, cid: str) -> ForkMark | None:
+        """The mark of a conversation a fork made (None for any other)."""
+        try:
+            data, _ = await self.store.read(self.layout.metadata(scope, cid, _FORK_MARK))
+        except ObjectNotFound:
+            return None
+        return ForkMark(**json.loads(data))

@@ -12,8 +12,6 @@ Everything is on 127.0.0.1 of this machine or inside the namespace bwrap makes.
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
 import http.server
 import ipaddress
 import subprocess
@@ -21,41 +19,16 @@ import sys
 import tempfile
 import threading
 import time
-import zipfile
 from functools import partial
 from pathlib import Path
 
 from sandbox_workspace.api.backends.bwrap import bwrap_argv, bwrap_path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
+from wheel_index import make_wheel
+
 from sandbox_workspace.egress.policy import DEFAULT_FORBIDDEN, EgressPolicy, Rule
 from sandbox_workspace.egress.proxy import EgressProxy, ProxyConfig
-
-
-def make_wheel(directory: Path, name: str, version: str) -> Path:
-    """A pure wheel whose module says where it came from."""
-    dist = f"{name.replace('-', '_')}-{version}"
-    files = {
-        f"{name.replace('-', '_')}.py": f"ORIGIN = {str(directory)!r}\n".encode(),
-        f"{dist}.dist-info/METADATA": (
-            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-        ).encode(),
-        f"{dist}.dist-info/WHEEL": (
-            b"Wheel-Version: 1.0\nGenerator: spike\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-        ),
-    }
-    record = []
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{dist}.dist-info/RECORD,,")
-    files[f"{dist}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
-    project = directory / "simple" / name
-    project.mkdir(parents=True)
-    wheel = project / f"{dist}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, data in files.items():
-            zf.writestr(path, data)
-    (project / "index.html").write_text(f'<a href="{wheel.name}">{wheel.name}</a>\n')
-    return wheel
 
 
 def serve_dir(directory: Path) -> int:

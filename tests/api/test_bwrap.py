@@ -20,14 +20,24 @@ def bwrap_server(start_server):
     return start_server("dev", "--data-dir", "data", SANDBOX_WORKSPACE_SANDBOX_MOUNT="bwrap")
 
 
+def _is_bwrap(pid: int) -> bool:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"bwrap")
+
+
 def runtime_python_pid(session_dir: Path, runtime_pids) -> int:
-    pids = [
-        pid
-        for pid in runtime_pids(session_dir)
-        if not Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"bwrap")
-    ]
-    assert len(pids) == 1, pids
-    return pids[0]
+    """The runtime below the session's bwrap (its own argv names no host path: it
+    listens on a socket inside the sandbox)."""
+    pending = [pid for pid in runtime_pids(session_dir) if _is_bwrap(pid)]
+    found = set()
+    while pending:
+        pid = pending.pop()
+        if not _is_bwrap(pid):
+            found.add(pid)
+            continue
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            pending += [int(c) for c in (task / "children").read_text().split()]
+    assert len(found) == 1, found
+    return found.pop()
 
 
 def in_runtime_view(pid: int, *command: str) -> subprocess.CompletedProcess:

@@ -45,7 +45,10 @@ def sandbox(dev_server):
 
 
 def _stdout(sbx: Sandbox, code: str) -> str:
-    execution = sbx.run_code(code, timeout=240)
+    # The catalogue's relative paths start at the conversation's directory, as /execute's
+    # code does; a fresh sandbox's code starts in its home, outputs/, one level below.
+    start = "import os; os.chdir(os.environ['WORKSPACE_DIR'])\n"
+    execution = sbx.run_code(start + code, timeout=240)
     return "".join(execution.logs.stdout)
 
 
@@ -98,7 +101,7 @@ def test_sdk_file_calls_do_not_follow_links_that_code_made(dev_server, sandbox):
 
 
 def test_kill_deletes_a_2500_deep_tree_code_made(dev_server, sandbox):
-    directory = Path(sandbox.commands.run("pwd").stdout.strip())
+    directory = Path(sandbox.commands.run("pwd").stdout.strip()).parent  # home: outputs/
     assert directory.is_dir() and directory.name == f"e2b-{sandbox.sandbox_id}"
     sandbox.run_code(
         "import os\nos.makedirs('outputs', exist_ok=True)\nos.chdir('outputs')\n"

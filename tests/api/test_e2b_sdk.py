@@ -20,6 +20,7 @@ import httpx
 
 PROGRAM = r"""
 import json, sys
+from e2b import PtySize
 from e2b_code_interpreter import Sandbox
 
 report = {}
@@ -44,7 +45,7 @@ plot = sbx.run_code(
 )
 report["png"] = plot.results[0].png[:12] if plot.results else None
 try:
-    sbx.commands.list()
+    sbx.pty.create(PtySize(24, 80))
     report["unsupported"] = "answered"
 except Exception as e:
     report["unsupported"] = f"{type(e).__name__}: {e}"

@@ -211,7 +211,11 @@ def test_a_fork_has_its_own_files_and_later_writes_never_cross(who, mode):
     listing = api.get(f"/api/v1/sessions/sb-session-{user}/files", params={"conversation_id": "f1"})
     assert listing.json()["files"] == ["in.csv"], listing.text
 
-    assert api.post(url(user, "c1", "fork"), json={"conversation_id": "f1"}).status_code == 409
+    # The same fork again: s3 answers it as made (idempotent; nothing copied over the
+    # fork's own writes), local refuses it; either way the fork keeps its files.
+    again = api.post(url(user, "c1", "fork"), json={"conversation_id": "f1"})
+    assert again.status_code == (201 if mode.name == "s3" else 409), again.text
+    assert files(api, user, "f1") == fork
 
 
 def test_a_fork_from_a_snapshot_has_the_snapshots_files(who, mode):
@@ -255,6 +259,65 @@ def test_deleting_a_conversation_deletes_its_snapshots_and_never_its_forks(who, 
     assert files(api, user, "f2") == {"outputs/o.txt": "origin"}  # the other fork stays
 
 
+def _cut_off(mode: Mode, user: str, cid: str, origin: str) -> None:
+    """What an API killed mid-fork leaves (s3): the copies and an unfinished mark, no
+    records (the metadata is written after the copies)."""
+    import asyncio
+
+    from sandbox_workspace.store import S3Store
+    from sandbox_workspace.store.snapshots import ForkMark
+
+    base = f"workspaces/default/sb-session-{user}/{cid}/.sbw/"
+    records = [k for k in mode.objects(f"sb-session-{user}", cid)
+               if k.startswith((base + "files.json", base + "shards/"))]  # fmt: skip
+
+    async def cut() -> None:
+        store = S3Store(mode.seaweedfs.settings(mode.bucket))
+        try:
+            await store.put(base + "fork.json", ForkMark(origin, None, done=False).to_bytes())
+            for key in records:
+                await store.delete(key)
+        finally:
+            await store.aclose()
+
+    assert records
+    asyncio.run(cut())
+
+
+def test_the_same_fork_again_completes_one_a_crash_cut_off(who, mode):
+    """s3: a fork asked again (same origin, same target) after its answer was lost is
+    idempotent, and completes a fork the API's death cut off (copies, no records) — or
+    deletes it when its origin is gone. local: the runtime copies in one step; the
+    same fork again is a conflict."""
+    user, api = who
+    upload(api, user, "c1", "in.csv", b"a,b\n")
+    assert api.post(url(user, "c1", "fork"), json={"conversation_id": "f1"}).status_code == 201
+    again = api.post(url(user, "c1", "fork"), json={"conversation_id": "f1"})
+    if mode.name == "local":
+        assert again.status_code == 409, again.text
+        return
+    assert again.status_code == 201 and again.json()["file_count"] == 1, again.text
+    upload(api, user, "c2", "other.csv", b"c\n")
+    other = api.post(url(user, "c2", "fork"), json={"conversation_id": "f1"})
+    assert other.status_code == 409, other.text  # another origin: never mixed in
+
+    _cut_off(mode, user, "f1", "c1")
+    assert files(api, user, "f1") == {}  # no records: the fork's files are not there
+    done = api.post(url(user, "c1", "fork"), json={"conversation_id": "f1"})
+    assert done.status_code == 201 and done.json()["file_count"] == 1, done.text
+    assert files(api, user, "f1") == {"uploads/temparea/in.csv": "a,b\n"}
+
+    for cid in ("c2", "f1"):  # under the cap (3 conversations) again
+        assert api.delete(url(user, cid)).status_code == 200
+    assert api.post(url(user, "c1", "fork"), json={"conversation_id": "f2"}).status_code == 201
+    _cut_off(mode, user, "f2", "c1")
+    assert api.delete(url(user, "c1")).status_code == 200
+    gone = api.post(url(user, "c1", "fork"), json={"conversation_id": "f2"})
+    assert gone.status_code == 404, gone.text  # its origin gone: never completed
+    assert mode.objects(f"sb-session-{user}", "f2") == []
+    assert api.get(url(user, "f2", "snapshots")).status_code == 404
+
+
 def test_limits_refuse_with_nothing_half_made(who, mode):
     user, api = who
     upload(api, user, "c1", "big.csv", b"x" * 200_000)
@@ -275,6 +338,30 @@ def test_limits_refuse_with_nothing_half_made(who, mode):
     assert api.get(url(user, "f3", "snapshots")).status_code == 404  # no such conversation
     if mode.name == "s3":
         assert mode.objects(f"sb-session-{user}", "f3") == []
+
+
+def test_two_snapshots_at_once_cannot_both_pass_the_quota(who, mode):
+    """Two conversations of 200 kB each snapshotted at the same moment against a 300 kB
+    quota: one is made, the other answers 413 — the check and the copies are one step
+    per user (both passed when each read the bytes held before either was made)."""
+    user, api = who
+    for cid in ("q1", "q2"):
+        upload(api, user, cid, "big.csv", b"x" * 200_000)
+    start = threading.Barrier(2)
+    answers: list[int] = []
+
+    def snapshot(cid: str) -> None:
+        start.wait()
+        answers.append(api.post(url(user, cid, "snapshots")).status_code)
+
+    threads = [threading.Thread(target=snapshot, args=(cid,)) for cid in ("q1", "q2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(answers) == [201, 413], answers
+    made = [len(api.get(url(user, c, "snapshots")).json()["snapshots"]) for c in ("q1", "q2")]
+    assert sorted(made) == [0, 1], made
 
 
 WAITING = """

@@ -198,8 +198,9 @@ def test_kubeconform_is_strict_about_builtin_kinds(
 
 # ------------------------------------------------------------------ secure defaults
 def test_every_pod_is_locked_down(rendered: tuple[str, list[dict[str, Any]]]) -> None:
-    _, docs = rendered
-    assert len(workloads(docs)) == 2
+    name, docs = rendered
+    # API and operator; the hardened values add the egress proxy.
+    assert len(workloads(docs)) == (3 if name == "hardened" else 2)
     for workload in workloads(docs):
         pod = workload["spec"]["template"]["spec"]
         where = workload["metadata"]["name"]
@@ -215,7 +216,11 @@ def test_every_pod_is_locked_down(rendered: tuple[str, list[dict[str, Any]]]) ->
             assert ctx["capabilities"] == {"drop": ["ALL"]}, where
             assert ctx["runAsNonRoot"] is True, where
             assert "limits" in container["resources"], where
-            assert container["livenessProbe"]["httpGet"]["path"] == "/healthz", where
+            probe = container["livenessProbe"]
+            if "egress-proxy" in where:  # no HTTP of its own: its listener is probed
+                assert probe["tcpSocket"] == {"port": "proxy"}, where
+            else:
+                assert probe["httpGet"]["path"] == "/healthz", where
             mounts = {m["mountPath"] for m in container["volumeMounts"]}
             assert mounts == {"/tmp"}, where
 
@@ -256,6 +261,8 @@ def test_rbac_is_namespaced_and_minimal(rendered: tuple[str, list[dict[str, Any]
     assert set(roles) == {
         f"{RELEASE}-sandbox-workspace-api",
         f"{RELEASE}-sandbox-workspace-operator",
+        # Read-only sessions and pods (test_egress_proxy_component).
+        *([f"{RELEASE}-sandbox-workspace-egress-proxy"] if name == "hardened" else []),
     }
     for role in roles.values():
         assert role["metadata"]["namespace"] == sessions_ns
@@ -315,10 +322,115 @@ def test_sandbox_network_policy(rendered: tuple[str, list[dict[str, Any]]]) -> N
     else:
         assert spec["egress"] == [
             {
+                "to": [
+                    {
+                        "namespaceSelector": {
+                            "matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}
+                        },
+                        "podSelector": {
+                            "matchLabels": {
+                                "app.kubernetes.io/component": "egress-proxy",
+                                "app.kubernetes.io/instance": RELEASE,
+                                "app.kubernetes.io/name": "sandbox-workspace",
+                            }
+                        },
+                    }
+                ],
+                "ports": [{"port": 3128, "protocol": "TCP"}],
+            },
+            {
                 "to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}],
                 "ports": [{"port": 443, "protocol": "TCP"}],
-            }
+            },
         ]
+
+
+@pytest.mark.parametrize(
+    ("cidrs", "internal", "blocks"),
+    [
+        pytest.param(
+            ["0.0.0.0/0"],
+            [],
+            [{"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}],
+            id="link-local-always",
+        ),
+        pytest.param(
+            ["0.0.0.0/0", "::/0"],
+            ["10.244.0.0/16", "10.96.0.0/12", "192.168.5.0/24", "fd00::/8"],
+            [
+                {
+                    "cidr": "0.0.0.0/0",
+                    "except": ["169.254.0.0/16", "10.244.0.0/16", "10.96.0.0/12", "192.168.5.0/24"],
+                },
+                {"cidr": "::/0", "except": ["fe80::/10", "fd00::/8"]},
+            ],
+            id="pod-service-store",
+        ),
+        pytest.param(
+            ["10.0.0.0/8", "10.244.3.0/24", "203.0.113.0/24"],
+            ["10.244.0.0/16"],
+            [{"cidr": "10.0.0.0/8", "except": ["10.244.0.0/16"]}, {"cidr": "203.0.113.0/24"}],
+            id="inside-dropped-outside-untouched",
+        ),
+    ],
+)
+def test_cidr_mode_never_opens_link_local_nor_internal_ranges(
+    tools: Tools, cidrs: list[str], internal: list[str], blocks: list[dict[str, Any]]
+) -> None:
+    """Issue 40 item 5: egressCIDRs [0.0.0.0/0] no longer opens the metadata address,
+    the pods, the Services or the store."""
+    docs = render(
+        tools,
+        release=RELEASE,
+        namespace=NAMESPACE,
+        set_values={
+            "sandbox.networkPolicy.egressCIDRs": "{" + ",".join(cidrs) + "}",
+            **(
+                {"sandbox.networkPolicy.internalCIDRs": "{" + ",".join(internal) + "}"}
+                if internal
+                else {}
+            ),
+        },
+    )
+    (policy,) = by_kind(docs, "NetworkPolicy")
+    (rule,) = policy["spec"]["egress"]
+    assert rule["to"] == [{"ipBlock": b} for b in blocks]
+
+
+def test_egress_proxy_component(tools: Tools) -> None:
+    docs = render(tools, release=RELEASE, namespace=NAMESPACE, values=(HARDENED_VALUES,))
+    name = f"{RELEASE}-sandbox-workspace-egress-proxy"
+    pod = one(docs, "Deployment", name)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == [
+        "egress-proxy",
+        "--port",
+        "3128",
+        "--namespace",
+        "agent-sandboxes",
+        "--interval",
+        "2",
+        "--forbidden",
+        "10.244.0.0/16",
+        "--forbidden",
+        "10.96.0.0/12",
+    ]
+    assert pod["serviceAccountName"] == name
+    assert one(docs, "Service", name)["spec"]["ports"][0]["port"] == 3128
+    role = one(docs, "Role", name)
+    assert {v for r in role["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
+    assert sorted(res for r in role["rules"] for res in r["resources"]) == [
+        "pods",
+        "sandboxsessions",
+    ]
+    operator = next(d for d in workloads(docs) if "operator" in d["metadata"]["name"])
+    proxy = env_of(operator["spec"]["template"]["spec"]["containers"][0])
+    assert proxy["SANDBOX_OPERATOR_EGRESS_PROXY"] == f"{name}.{NAMESPACE}.svc:3128"
+    api = one(docs, "Deployment", f"{RELEASE}-sandbox-workspace-api")
+    default = env_of(api["spec"]["template"]["spec"]["containers"][0])[
+        "SANDBOX_WORKSPACE_SESSION_EGRESS"
+    ]
+    assert json.loads(default)["rules"][0] == {"host": "pypi.org"}
 
 
 def test_api_deployment_and_service(rendered: tuple[str, list[dict[str, Any]]]) -> None:
@@ -495,7 +607,8 @@ def test_tracing_endpoint_reaches_the_api_and_the_operator(
     _, docs = rendered
     for workload in workloads(docs):
         for container in workload["spec"]["template"]["spec"]["containers"]:
-            assert not any(name.startswith("OTEL_") for name in env_of(container))
+            env = env_of(container) if "env" in container else {}
+            assert not any(name.startswith("OTEL_") for name in env)
     endpoint = "http://otel-collector.observability:4318"
     traced = render(tools, set_values={"tracing.otlpEndpoint": endpoint})
     for full in ("sw-sandbox-workspace-api", "sw-sandbox-workspace-operator"):
@@ -524,7 +637,11 @@ def test_the_processes_accept_the_charts_settings(
     the meaning the values intend (a renamed setting or a bad format fails here)."""
     name, docs = rendered
     api = one(docs, "Deployment", f"{RELEASE}-sandbox-workspace-api")
-    operator = workloads(docs)[0] if workloads(docs)[0] is not api else workloads(docs)[1]
+    operator = one(
+        docs,
+        "StatefulSet" if any(d["kind"] == "StatefulSet" for d in docs) else "Deployment",
+        f"{RELEASE}-sandbox-workspace-operator",
+    )
     for container, settings_cls in (
         (api["spec"]["template"]["spec"]["containers"][0], ApiSettings),
         (operator["spec"]["template"]["spec"]["containers"][0], OperatorSettings),
@@ -583,6 +700,8 @@ def test_the_store_reads_its_keys_from_the_existing_secret(
 ) -> None:
     name, docs = rendered
     for workload in workloads(docs):
+        if "egress-proxy" in workload["metadata"]["name"]:
+            continue  # it holds no store credential
         env = env_of(workload["spec"]["template"]["spec"]["containers"][0])
         prefix = "SANDBOX_WORKSPACE_" if "SANDBOX_WORKSPACE_STORE" in env else "SANDBOX_OPERATOR_"
         assert env[prefix + "STORE"] == ("s3" if name == "hardened" else "local")

@@ -40,7 +40,11 @@ from kubeenv.controlplane import (
     build_binaries,
 )
 from kubeenv.nodeagent import PodRun, default_runtime_command
-from operator_env import operator, start_operator  # noqa: F401 (fixtures of the operator tests)
+from operator_env import (  # noqa: F401 (fixtures of the operator tests)
+    operator,
+    start_operator,
+    store_stack,
+)
 
 _state: dict[str, object] = {}
 

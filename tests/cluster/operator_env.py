@@ -3,7 +3,8 @@
 ``start_operator`` (fixture factory) runs an operator in a thread against the test's
 namespace, with short intervals; at teardown the test's sessions and workspaces are
 deleted while it still runs (their finalizers need it), then it stops. ``operator`` is
-one started with the defaults. The helpers create sessions and workspaces and reach a
+one started with the defaults; ``store_stack`` one in store mode ``s3`` with the API as a
+process beside it. The helpers create sessions and workspaces and reach a
 session's runtime as the API does (endpoint + token).
 """
 
@@ -191,3 +192,20 @@ def stats_count_as_activity(runtime: Runtime) -> bool:
     """Whether the runtime counts ``GET /v1/stats`` as activity (then nothing is idle)."""
     first = runtime.request("GET", "/v1/stats").json()["last_activity_at"]
     return runtime.request("GET", "/v1/stats").json()["last_activity_at"] != first
+
+
+@pytest.fixture
+def store_stack(kube_control_plane, namespace, start_operator, node_agent, seaweedfs, s3_bucket,
+                tmp_path):  # fmt: skip
+    """The operator (in-process) and the API (a process) in store mode s3 against the
+    test's bucket; answers the API's URL."""
+    from kubeenv.stack import Stack
+
+    start_operator(store="s3", s3=seaweedfs.settings(s3_bucket))
+    stack = Stack(
+        kube_control_plane.kubeconfig, namespace, tmp_path, api_env=seaweedfs.env(s3_bucket)
+    )
+    try:
+        yield stack.start_api()
+    finally:
+        stack.stop_api()

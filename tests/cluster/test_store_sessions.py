@@ -15,7 +15,6 @@ import httpx
 import pytest
 from api_calls import execute
 from kubeenv import KubeClient, NodeAgent, wait_until
-from kubeenv.stack import Stack
 from operator_env import TIMEOUT, sbs_path
 
 from sandbox_workspace.operator import naming
@@ -40,19 +39,6 @@ WRITE_OUTPUTS = (
     "open('outputs/deep/er/made.bin', 'wb').write(bytes(range(256)) * 4000)\n"
     "open('outputs/report.txt', 'w').write('made by code')\n"
 )
-
-
-@pytest.fixture
-def store_stack(kube_control_plane, namespace, start_operator, node_agent, seaweedfs, s3_bucket,
-                tmp_path):  # fmt: skip
-    start_operator(store="s3", s3=seaweedfs.settings(s3_bucket))
-    stack = Stack(
-        kube_control_plane.kubeconfig, namespace, tmp_path, api_env=seaweedfs.env(s3_bucket)
-    )
-    try:
-        yield stack.start_api()
-    finally:
-        stack.stop_api()
 
 
 def _pod_path(ns: str) -> str:

@@ -23,6 +23,7 @@ from kubeenv.client import KubeClient, wait_until
 from nodeenv.release import API, NAMESPACE, OPERATOR, RELEASE, SESSIONS, Release
 from sessions import SBS, UserSession
 
+from sandbox_workspace.contract.crd import API_VERSION, WORKSPACE_PLURAL
 from sandbox_workspace.operator import naming
 from sandbox_workspace.operator.pool.spec import CLAIM_ENV
 from sandbox_workspace.runtime.state import STATE
@@ -33,6 +34,7 @@ POOL = "sandboxworkspace.io/pool"
 PODS = f"/api/v1/namespaces/{SESSIONS}/pods"
 SIZE = 2
 API_PODS = "app.kubernetes.io/component=api"
+WORKSPACES = f"/apis/{API_VERSION}/namespaces/{SESSIONS}/{WORKSPACE_PLURAL}"
 
 
 def _ready(pod: dict) -> bool:
@@ -173,3 +175,44 @@ def test_hostile_catalogue_inside_a_claimed_pool_pod_and_the_pod_goes_with_its_s
         timeout=120,
         message="the claimed pod deleted with its session",
     )
+
+
+def test_e2b_sdk_create_run_files_kill_on_a_claimed_pool_pod(
+    pooled_session: UserSession, release: Release, kube: KubeClient, node_cluster
+):
+    """Issue 39 item 4: E2B's official SDK, unchanged, against the API pod of the release
+    (backend kubernetes): its sandbox is a conversation of the user's session, whose pod
+    came from the pool; kill deletes the conversation under the guarantee."""
+    from e2b import Sandbox
+
+    status = pooled_session.wait_phase("Running")["status"]
+    assert status["startedFrom"] == "pool"
+    name = status["podName"]
+    assert name in pooled_session.free_before  # type: ignore[attr-defined]
+    pod = kube.get(f"{PODS}/{name}")
+    # The release's auth mode is `required`: the platform issues the user an E2B key.
+    r = pooled_session.api.post(f"{release.api_url}/e2b/keys")
+    assert r.status_code == 201, r.text
+    options = {
+        "api_key": r.json()["key"],
+        "api_url": f"{release.api_url}/e2b",
+        "sandbox_url": f"{release.api_url}/e2b/envd",
+    }
+    sandbox = Sandbox.create(**options)
+    cid = f"e2b-{sandbox.sandbox_id}"
+    cw = f"{WORKSPACES}/{naming.workspace_name(pooled_session.name, cid)}"
+    assert kube.get(cw)["spec"]["conversationId"] == cid
+    result = sandbox.commands.run("echo hi")
+    assert (result.exit_code, result.stdout) == (0, "hi\n")
+    sandbox.files.write("/home/user/from-sdk.txt", "written through the SDK")
+    assert sandbox.files.read("from-sdk.txt") == "written through the SDK"
+    # In the claimed pool pod's workspace, under the sandbox's conversation.
+    directory = workspace_dir(node_cluster, pod)
+    mine = [f for f in user_files(directory) if f.startswith(f"{cid}/")]
+    assert any(f.endswith("/from-sdk.txt") for f in mine), user_files(directory)
+    assert pooled_session.sbs()["status"]["podName"] == name  # no other pod served it
+
+    assert sandbox.kill() is True
+    kube.wait_gone(cw, timeout=60)
+    assert not (directory / cid).exists(), user_files(directory)
+    assert kube.get(f"{PODS}/{name}")["metadata"]["uid"] == pod["metadata"]["uid"]

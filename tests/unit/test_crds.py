@@ -82,6 +82,7 @@ def test_session_crd_names_and_columns() -> None:
         ("Age", ".metadata.creationTimestamp"),
         ("Idle-Since", ".status.lastActivityTime"),
         ("Expires", ".status.expiresAt"),
+        ("Egress", ".spec.egress.rules[*].host"),
         ("Endpoint", ".status.endpoint"),
     ]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sandbox_workspace.api.e2b import connect
-from sandbox_workspace.api.e2b.envd import command_of, mark_main, result_line
+from sandbox_workspace.api.e2b.envd import mark_main, result_line
 from sandbox_workspace.api.e2b.ids import (
     AccessTokens,
     E2BUnauthorized,
@@ -14,6 +14,7 @@ from sandbox_workspace.api.e2b.ids import (
     well_formed_key,
 )
 from sandbox_workspace.api.e2b.paths import to_e2b, to_relative
+from sandbox_workspace.api.e2b.processes import command_of
 from sandbox_workspace.api.identity import Caller
 from sandbox_workspace.contract.errors import BadRequest
 
@@ -180,3 +181,71 @@ def test_key_records_in_a_secret_keep_hashes_only_and_survive_a_concurrent_write
     asyncio.run(first.update(lambda r: r.__setitem__("h-mine", {**record, "id": "m"})))
     secret = kube.objects["/api/v1/namespaces/sessions/secrets/sandbox-workspace-e2b-keys"]
     assert {"h-other", "h-mine"} <= set(secret["data"])
+
+
+def test_timers_are_per_owner_so_the_same_attached_id_never_crosses_users():
+    """Attached ids are the conversation id encoded: two users attaching their own
+    ``chat-7`` share the id, never a timer (a kill or a short timeout of one once
+    detached the other's)."""
+    import asyncio
+
+    from sandbox_workspace.api.e2b import lifetimes
+    from sandbox_workspace.api.e2b.ids import attached_sandbox_id
+
+    sid = attached_sandbox_id("chat-7")
+    alice, bob = Caller("alice", "e2b-key"), Caller("bob", "e2b-key")
+    other_tenant = Caller("alice", "e2b-key", "globex")
+    timers = lifetimes.Lifetimes()
+
+    async def play() -> list:
+        await timers.set(alice, sid, 600)
+        await timers.set(bob, sid, 1)
+        await timers.forget(bob, sid)
+        await timers.set(alice, sid, 5, extend_only=True)  # connect never shortens
+        return [await timers.remaining(c, sid) for c in (alice, bob, other_tenant)]
+
+    left_alice, left_bob, left_other = asyncio.run(play())
+    assert 590 < left_alice <= 600 and left_bob is None and left_other is None
+
+
+@pytest.mark.parametrize(
+    ("cell", "kept_lines"),
+    [
+        ("x = 1\nx + 1", True),
+        ("# a comment\nx = 1", True),
+        ("\nx = 1", True),
+        ('s = """a\nb"""\ns', True),
+        ("def f():\n    return 1\nf()", False),  # a block first: on a line of its own
+        ("@decorator\ndef f(): pass", False),
+        ("x = (", False),  # a syntax error stays one, one line further
+    ],
+)
+def test_python_cells_start_in_home_keeping_their_line_numbers(cell, kept_lines):
+    from sandbox_workspace.api.e2b.conversation import PY_HOME, python_in_home
+
+    code = python_in_home(cell)
+    assert code.startswith(PY_HOME)
+    assert code.count("\n") == cell.count("\n") + (0 if kept_lines else 1)
+    if "(" not in cell.rstrip()[-1:]:
+        compile(code, "<cell>", "exec")
+    future = "from __future__ import annotations\nx = 1"
+    assert python_in_home(future) == future  # must stay first: the cell keeps its cwd
+
+
+def test_the_home_setup_goes_to_outputs_once_per_interpreter(tmp_path, monkeypatch):
+    """What the kernel runs: the first cell goes to outputs/ (made), sets HOME and the
+    import path; a later cell leaves a directory the code chose alone."""
+    import os
+
+    from sandbox_workspace.api.e2b.conversation import python_in_home
+
+    monkeypatch.setenv("WORKSPACE_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    namespace: dict = {}
+    exec(python_in_home("import os\nos.makedirs('elsewhere')"), namespace)
+    assert os.getcwd() == str(tmp_path / "outputs") == os.environ["HOME"]
+    os.chdir("elsewhere")
+    exec(python_in_home("y = 2"), namespace)
+    assert os.getcwd() == str(tmp_path / "outputs" / "elsewhere")
+    assert set(namespace) - {"__builtins__"} == {"__e2b_home__", "os", "y"}

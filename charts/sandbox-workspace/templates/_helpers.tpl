@@ -125,3 +125,34 @@ here and the install must choose "auto" explicitly (docs/security.md).
 {{- end }}
 {{- .confinement }}
 {{- end -}}
+
+{{/* An IPv4 address as an integer. */}}
+{{- define "sw.ipv4int" -}}
+{{- $p := splitList "." . -}}
+{{- add (mul (atoi (index $p 0)) 16777216) (mul (atoi (index $p 1)) 65536) (mul (atoi (index $p 2)) 256) (atoi (index $p 3)) -}}
+{{- end -}}
+
+{{/* "true" when CIDR .a lies inside CIDR .b (IPv4 exactly; IPv6 only inside ::/0 or equal). */}}
+{{- define "sw.cidrWithin" -}}
+{{- $a := splitList "/" .a -}}
+{{- $b := splitList "/" .b -}}
+{{- $v6a := contains ":" .a -}}
+{{- $v6b := contains ":" .b -}}
+{{- if and $v6a $v6b -}}
+{{- if or (eq .b "::/0") (eq .a .b) }}true{{ end -}}
+{{- else if and (not $v6a) (not $v6b) -}}
+{{- $bits := atoi (index $b 1) -}}
+{{- if ge (atoi (index $a 1)) $bits -}}
+{{- $scale := 1 -}}
+{{- range until (sub 32 $bits | int) }}{{ $scale = mul $scale 2 }}{{ end -}}
+{{- if eq (div (include "sw.ipv4int" (index $a 0) | int64) $scale) (div (include "sw.ipv4int" (index $b 0) | int64) $scale) }}true{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Ranges sandboxes never reach: link-local (cloud metadata) and the deployment's own. */}}
+{{- define "sw.internalCIDRs" -}}
+{{- concat (list "169.254.0.0/16" "fe80::/10") .Values.sandbox.networkPolicy.internalCIDRs | toJson -}}
+{{- end -}}
+
+{{- define "sw.egressProxyName" -}}{{ include "sw.fullname" . }}-egress-proxy{{- end -}}

@@ -1,0 +1,123 @@
+"""envd's ``process.Process`` service over the runtime's processes (``runtime/processes.py``).
+
+Contract: every ``Start`` (the SDK's foreground and background commands alike: envd makes
+no difference, the SDK only stops waiting) starts a runtime process that outlives the
+request, confined and limited as every execution is, from the sandbox's home. Its stream
+is envd's: ``start`` (the pid), ``data`` (stdout/stderr base64), ``end``; keepalives
+between. ``Connect`` follows a running process (its buffered output first), ``List``
+names the sandbox's processes, ``SendSignal`` (SIGTERM, SIGKILL: the whole tree),
+``SendInput`` and ``CloseStdin`` reach its stdin. A PTY is not supported. A process ends
+with its sandbox (kill deletes the conversation: every process of it is killed), at its
+``timeout`` (the SDK's, else the runtime's ``max_process_seconds``) and with the runtime.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sandbox_workspace.contract.errors import ApiError
+from sandbox_workspace.runtime.schemas import ExecuteRequest
+
+from . import connect
+from .conversation import Sandbox
+from .paths import to_relative
+
+_SIGNALS = {"SIGNAL_SIGTERM": "SIGTERM", "SIGNAL_SIGKILL": "SIGKILL", 15: "SIGTERM", 9: "SIGKILL"}
+UNARY = ("List", "SendSignal", "SendInput", "CloseStdin")
+STREAMS = ("Start", "Connect")
+
+
+def command_of(process: dict) -> str:
+    """The bash source for envd's ProcessConfig (``/bin/bash -l -c CMD`` is the SDK's)."""
+    cmd, args = process.get("cmd", ""), list(process.get("args") or [])
+    if cmd in ("/bin/bash", "bash", "/bin/sh", "sh") and len(args) >= 2 and args[-2] == "-c":
+        source = args[-1]
+    else:
+        source = shlex.join([cmd, *args])
+    prefix = [f"export {k}={shlex.quote(v)}" for k, v in (process.get("envs") or {}).items()]
+    cwd = to_relative(process.get("cwd"))
+    if cwd:
+        prefix.append(f"cd {shlex.quote(cwd)}")
+    return "\n".join([*prefix, source])
+
+
+def pid_of(message: dict) -> int:
+    selector = message.get("process") or {}
+    if "pid" not in selector:
+        raise ValueError("select the process by pid (tags are not supported)")
+    return int(selector["pid"])
+
+
+def _info(process: dict) -> dict[str, Any]:
+    return {
+        "pid": process["pid"],
+        "config": {"cmd": "/bin/bash", "args": ["-l", "-c", process["code"]], "envs": {}},
+    }
+
+
+async def unary(method: str, sandbox: Sandbox, message: dict) -> dict:
+    client = sandbox.client
+    if method == "List":
+        listed = await client.list_processes(sandbox.cid)
+        return {"processes": [_info(p) for p in listed if p["running"]]}
+    if method == "SendSignal":
+        signal = _SIGNALS.get(message.get("signal"))
+        if signal is None:
+            raise ValueError(f"signal {message.get('signal')!r} is not supported")
+        await client.process_signal(sandbox.cid, pid_of(message), signal)
+        return {}
+    if method == "SendInput":
+        data = (message.get("input") or {}).get("stdin")
+        if data is None:
+            raise ValueError("only stdin input is supported (no PTY)")
+        await client.process_input(sandbox.cid, pid_of(message), base64.b64decode(data))
+        return {}
+    if method == "CloseStdin":
+        await client.process_input(sandbox.cid, pid_of(message), b"", close=True)
+        return {}
+    raise NotImplementedError(method)
+
+
+def start_events(sandbox: Sandbox, message: dict, timeout: float | None) -> AsyncIterator[dict]:
+    if message.get("pty"):
+        raise _PtyUnsupported("a PTY is not supported")
+    process = message.get("process") or {}
+    label = command_of(process)
+    code = sandbox._at_home(ExecuteRequest(language="bash", code=label, timeout=1)).code
+    stdin = bool(message.get("stdin", False))
+    return sandbox.client.start_process(sandbox.cid, code, timeout=timeout, stdin=stdin)
+
+
+class _PtyUnsupported(ApiError):
+    status, code = 501, "not_supported"
+
+
+async def envd_stream(
+    sandbox: Sandbox, runtime_events: AsyncIterator[dict]
+) -> AsyncIterator[bytes]:
+    """The runtime's process events as envd's ``ProcessEvent`` stream."""
+    try:
+        async for event in runtime_events:
+            kind = event.get("type")
+            if kind == "start":
+                yield connect.envelope({"event": {"start": {"pid": event["pid"]}}})
+            elif kind in ("stdout", "stderr"):
+                yield connect.envelope({"event": {"data": {kind: event["data"]}}})
+            elif kind == "end":
+                code = event["exit_code"]
+                end: dict[str, Any] = {"exitCode": code, "exited": True}
+                if code > 128:
+                    end["status"] = f"signal: {code - 128}"
+                else:
+                    end["status"] = f"exit status {code}"
+                if event.get("limit"):
+                    end["error"] = f"killed: {event['limit']}"
+                yield connect.envelope({"event": {"end": end}})
+                await sandbox.services.backend.conversation_written(sandbox.session, sandbox.cid)
+    except ApiError as e:
+        yield connect.end_stream(connect.code_for_status(e.status), e.message)
+        return
+    yield connect.end_stream()

@@ -1,0 +1,157 @@
+"""envd's directory watchers (``files.watch_dir``) by polling the sandbox's listing.
+
+Contract: ``CreateWatcher`` (the sync SDK) takes a snapshot of the directory (names, sizes,
+modification times; ``recursive`` down to ``MAX_DEPTH``) and answers a watcher id;
+``GetWatcherEvents`` lists again and answers what changed since the last look, as
+envd's events: a new path is ``CREATE``, a gone one ``REMOVE``, a changed size or time
+``WRITE`` (a rename is a ``REMOVE`` and a ``CREATE``); ``RemoveWatcher`` drops it.
+``WatchDir`` (the async SDK's stream) looks every ``POLL_SECONDS`` and sends the same
+events. At most ``MAX_PER_SANDBOX`` watchers per sandbox and ``MAX_WATCHERS`` per API
+process (then ``resource_exhausted``); a watcher nobody asked for ``IDLE_SECONDS`` is
+dropped. Watchers live in the API process that created them.
+
+Why polling, not inotify: it needs nothing new in the runtime (the listing is the file
+calls' own, confined as every execution), it holds no kernel watches that tenants share
+(``fs.inotify.max_user_watches``), and the sync SDK itself polls. What it cannot see: a
+file made and removed between two looks, and a write that keeps size and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from sandbox_workspace.contract.errors import ApiError, NotFoundError
+
+from . import connect
+from .conversation import Sandbox
+from .paths import to_relative
+
+MAX_DEPTH = 16
+MAX_PER_SANDBOX = 8
+MAX_WATCHERS = 256
+IDLE_SECONDS = 600.0
+POLL_SECONDS = 0.5
+
+
+class TooManyWatchers(ApiError):
+    status, code = 429, "too_many_watchers"
+
+
+class WatcherNotFound(NotFoundError):
+    code = "watcher_not_found"
+
+
+Snapshot = dict[str, tuple[int, str]]
+
+
+@dataclass
+class Watcher:
+    cid: str
+    rel: str
+    depth: int
+    seen: Snapshot
+    used: float = field(default_factory=time.monotonic)
+
+
+_WATCHERS: dict[str, Watcher] = {}
+
+
+async def snapshot(sandbox: Sandbox, rel: str, depth: int) -> Snapshot:
+    entries = await sandbox.fs("list", rel, depth=depth)
+    # A directory's own time changes with its entries: only its coming and going count.
+    return {e["rel"]: (0, "") if e["dir"] else (e["size"], e["mtime"]) for e in entries}
+
+
+def changes(before: Snapshot, after: Snapshot, base: str) -> list[dict]:
+    """envd's ``FilesystemEvent``s from one listing to the next (names relative to base)."""
+    cut = len(base) + 1 if base else 0
+    events = []
+    for path in sorted(after.keys() - before.keys()):
+        events.append({"name": path[cut:], "type": "EVENT_TYPE_CREATE"})
+    for path in sorted(before.keys() - after.keys()):
+        events.append({"name": path[cut:], "type": "EVENT_TYPE_REMOVE"})
+    for path in sorted(before.keys() & after.keys()):
+        if before[path] != after[path]:
+            events.append({"name": path[cut:], "type": "EVENT_TYPE_WRITE"})
+    return events
+
+
+def _drop_idle() -> None:
+    now = time.monotonic()
+    for wid in [w for w, x in _WATCHERS.items() if now - x.used > IDLE_SECONDS]:
+        del _WATCHERS[wid]
+
+
+def _admit(cid: str) -> None:
+    _drop_idle()
+    if len(_WATCHERS) >= MAX_WATCHERS:
+        raise TooManyWatchers("too many directory watchers on this server; stop some")
+    if sum(1 for w in _WATCHERS.values() if w.cid == cid) >= MAX_PER_SANDBOX:
+        raise TooManyWatchers(
+            f"at most {MAX_PER_SANDBOX} directory watchers per sandbox; stop one first"
+        )
+
+
+def _watched(message: dict) -> tuple[str, int]:
+    rel = to_relative(message.get("path"))
+    return rel, MAX_DEPTH if message.get("recursive") else 1
+
+
+def _mine(sandbox: Sandbox, message: dict) -> tuple[str, Watcher]:
+    wid = str(message.get("watcherId") or "")
+    watcher = _WATCHERS.get(wid)
+    if watcher is None or watcher.cid != sandbox.cid:
+        raise WatcherNotFound(f"no watcher {wid!r} in this sandbox")
+    watcher.used = time.monotonic()
+    return wid, watcher
+
+
+async def unary(method: str, sandbox: Sandbox, message: dict) -> dict:
+    if method == "CreateWatcher":
+        rel, depth = _watched(message)
+        _admit(sandbox.cid)
+        seen = await snapshot(sandbox, rel, depth)
+        _admit(sandbox.cid)  # again: others may have come in while we listed
+        wid = secrets.token_urlsafe(12)
+        _WATCHERS[wid] = Watcher(sandbox.cid, rel, depth, seen)
+        return {"watcherId": wid}
+    if method == "GetWatcherEvents":
+        _, watcher = _mine(sandbox, message)
+        now = await snapshot(sandbox, watcher.rel, watcher.depth)
+        events = changes(watcher.seen, now, watcher.rel)
+        watcher.seen = now
+        return {"events": events}
+    if method == "RemoveWatcher":
+        wid, _ = _mine(sandbox, message)
+        _WATCHERS.pop(wid, None)
+        return {}
+    raise NotImplementedError(method)
+
+
+UNARY = ("CreateWatcher", "GetWatcherEvents", "RemoveWatcher")
+
+
+async def watch_stream(sandbox: Sandbox, message: dict) -> AsyncIterator[bytes]:
+    """``WatchDir``: ``start``, then each change as it is seen (one watcher's slot)."""
+    rel, depth = _watched(message)
+    wid = secrets.token_urlsafe(12)
+    try:
+        _admit(sandbox.cid)
+        watcher = _WATCHERS[wid] = Watcher(sandbox.cid, rel, depth, {})
+        watcher.seen = await snapshot(sandbox, rel, depth)
+        yield connect.envelope({"start": {}})
+        while True:
+            await asyncio.sleep(POLL_SECONDS)
+            watcher.used = time.monotonic()
+            now = await snapshot(sandbox, rel, depth)
+            for event in changes(watcher.seen, now, rel):
+                yield connect.envelope({"filesystem": event})
+            watcher.seen = now
+    except ApiError as e:
+        yield connect.end_stream(connect.code_for_status(e.status), e.message)
+    finally:
+        _WATCHERS.pop(wid, None)

@@ -1,0 +1,278 @@
+"""What the egress proxy adds (issue 40 item 6), on loopback, in one run:
+
+- a tunnel (CONNECT, TLS passed through untouched) against the same request direct;
+- a host whose secret the proxy injects (TLS terminated by the proxy's CA, placeholder
+  swapped, answer scrubbed) against the floor of the same proxy relaying TLS.
+
+Each request is a new connection + TLS handshake + ``GET`` of 2 bytes (p50/p99 ms), then
+one download (MiB/s). The upstream (a blocking TLS server, a thread per connection) and
+the proxy (both listeners on one ``EgressProxy``) run in their own processes, so the
+client's GIL is not theirs. Writes ``bench/results/egress.json`` (``egress-quick.json``
+with --quick): ``added_p50_ms``, ``added_p99_ms``, ``throughput_ratio`` for the tunnel,
+the same under ``intercepted`` for the injected host, and the machine's load.
+
+    python -m bench egress [--quick]
+    python -m bench.egress --role upstream|proxy ...   (the two helper processes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import os
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.harness import Figure
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# Random bytes, like a compressed download. (A run of one byte is a slow case for
+# CPython's bytes.find, which the scrubber of an injected host's answer uses: ~55 MiB/s
+# on b"x" * n against 600+ MiB/s on random bytes or text, measured here.)
+CHUNK = os.urandom(1 << 20)
+PLACEHOLDER = "sbw-secret-bench-0123456789abcdef0123"
+VALUE = "bench-secret-value-0123456789"
+
+
+def serve_upstream(chain: str, port_file: str) -> None:
+    """GET /small → 2 bytes, GET /big?N → N MiB; a thread per connection."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(chain)
+    listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+    Path(port_file).write_text(str(listener.getsockname()[1]))
+
+    def one(conn: socket.socket) -> None:
+        try:
+            with ctx.wrap_socket(conn, server_side=True) as tls:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    data = tls.recv(4096)
+                    if not data:
+                        return
+                    head += data
+                path = head.split(b" ", 2)[1]
+                mib = int(path.split(b"?")[1]) if path.startswith(b"/big") else 0
+                tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (mib << 20 or 2))
+                for _ in range(mib):
+                    tls.sendall(CHUNK)
+                if not mib:
+                    tls.sendall(b"ok")
+        except (OSError, ssl.SSLError):
+            pass
+
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+
+def serve_proxy(upstream_port: int, upstream_ca: str, ca_dir: str, port_file: str) -> None:
+    """One proxy, two listeners: session ``tunnel`` (allowed, no secret) and ``inject``
+    (a secret bound to localhost)."""
+    from sandbox_workspace.egress.ca import InterceptCA
+    from sandbox_workspace.egress.policy import (
+        DEFAULT_FORBIDDEN,
+        EgressPolicy,
+        Rule,
+        SecretBinding,
+    )
+    from sandbox_workspace.egress.proxy import EgressProxy, ProxyConfig
+    from sandbox_workspace.egress.secrets import MemorySecretSource
+
+    rule = Rule.make("localhost", ports=[upstream_port])
+    binding = SecretBinding.make("bench", "localhost", placeholder=PLACEHOLDER)
+    policies = {"tunnel": EgressPolicy((rule,)), "inject": EgressPolicy((rule,), (binding,))}
+    loopback = ipaddress.ip_network("127.0.0.0/8")
+
+    async def resolve(host: str, port: int):
+        return [ipaddress.ip_address("127.0.0.1")]
+
+    async def main() -> None:
+        proxy = EgressProxy(
+            policies.get,
+            resolve=resolve,
+            config=ProxyConfig(
+                forbidden=tuple(n for n in DEFAULT_FORBIDDEN if n != loopback),
+                upstream_ca=upstream_ca,
+            ),
+            ca=InterceptCA.load_or_create(ca_dir),
+            secrets=MemorySecretSource({"inject": {"bench": VALUE}}),
+        )
+        ports = []
+        for session in ("tunnel", "inject"):
+            server = await proxy.serve_tcp("127.0.0.1", 0, lambda peer, s=session: s)
+            ports.append(server.sockets[0].getsockname()[1])
+        await asyncio.to_thread(Path(port_file).write_text, " ".join(map(str, ports)))
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def open_tls(ctx, upstream_port: int, proxy: int | None) -> ssl.SSLSocket:
+    sock = socket.create_connection(("127.0.0.1", proxy or upstream_port), timeout=30)
+    if proxy:
+        sock.sendall(f"CONNECT localhost:{upstream_port} HTTP/1.1\r\n\r\n".encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            data = sock.recv(4096)
+            if not data:
+                raise OSError(f"proxy closed: {answer!r}")
+            answer += data
+        if not answer.startswith(b"HTTP/1.1 200"):
+            raise OSError(answer.split(b"\r\n")[0].decode())
+    return ctx.wrap_socket(sock, server_hostname="localhost")
+
+
+def get(ctx, upstream_port: int, proxy: int | None, path: str) -> int:
+    """Bytes of body received for one request on a new connection."""
+    with open_tls(ctx, upstream_port, proxy) as tls:
+        tls.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: localhost\r\n"
+            f"Authorization: Bearer {PLACEHOLDER}\r\n\r\n".encode()
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = tls.recv(65536)
+            if not data:
+                raise OSError(f"closed before the answer: {head[:200]!r}")
+            head += data
+        head, _, body = head.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        got, buf = len(body), bytearray(1 << 20)
+        while got < length and (n := tls.recv_into(buf)):
+            got += n
+        return got
+
+
+def measure(ways: dict[str, tuple], upstream_port: int, requests: int, mib: int) -> dict:
+    """Each way (ctx, proxy port or None) measured in turn, request by request, so a
+    burst of load on the machine falls on all of them alike."""
+    out: dict[str, dict] = {name: {"times_ms": []} for name in ways}
+    for i in range(requests + 3):
+        for name, (ctx, proxy) in ways.items():
+            started = time.perf_counter()
+            get(ctx, upstream_port, proxy, "/small")
+            if i >= 3:  # the first three warm up
+                out[name]["times_ms"].append((time.perf_counter() - started) * 1000)
+    for name, (ctx, proxy) in ways.items():
+        started = time.perf_counter()
+        got = get(ctx, upstream_port, proxy, f"/big?{mib}")
+        out[name]["mib_per_s"] = got / (1 << 20) / (time.perf_counter() - started)
+    return out
+
+
+def wait_ports(path: Path, proc: subprocess.Popen) -> list[int]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if path.exists() and (text := path.read_text()):
+            return [int(p) for p in text.split()]
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited {proc.returncode}")
+        time.sleep(0.05)
+    raise RuntimeError(f"{proc.args} did not start")
+
+
+def compare(through: dict, base: dict) -> dict:
+    t, b = sorted(through["times_ms"]), sorted(base["times_ms"])
+    p99 = lambda xs: xs[max(int(len(xs) * 0.99) - 1, 0)]  # noqa: E731
+    return {
+        "added_p50_ms": round(statistics.median(t) - statistics.median(b), 3),
+        "added_p99_ms": round(p99(t) - p99(b), 3),
+        "throughput_ratio": round(through["mib_per_s"] / base["mib_per_s"], 3),
+        "p50_ms": round(statistics.median(t), 3),
+        "baseline_p50_ms": round(statistics.median(b), 3),
+        "mib_per_s": round(through["mib_per_s"], 1),
+        "baseline_mib_per_s": round(base["mib_per_s"], 1),
+    }
+
+
+def run(quick: bool) -> list[Figure]:
+    from sandbox_workspace.egress.ca import InterceptCA
+
+    requests, mib = (30, 16) if quick else (300, 256)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-egress-"))
+    # The upstream's certificate comes from a CA of its own (not the proxy's).
+    cert = tmp / "upstream-ca" / "ca.pem"
+    chain = tmp / "upstream.pem"
+    chain.write_bytes(InterceptCA.load_or_create(cert.parent).issue_pem("localhost"))
+    me = [sys.executable, "-m", "bench.egress"]
+    procs: list[subprocess.Popen] = []
+    load_before = os.getloadavg()[0]
+    try:
+        up = subprocess.Popen([*me, "--role", "upstream", "--cert", str(chain),
+                               "--port-file", str(tmp / "up.port")])  # fmt: skip
+        procs.append(up)
+        (upstream_port,) = wait_ports(tmp / "up.port", up)
+        proxy = subprocess.Popen([*me, "--role", "proxy", "--upstream-port", str(upstream_port),
+                                  "--cert", str(cert), "--ca-dir", str(tmp / "ca"),
+                                  "--port-file", str(tmp / "proxy.port")])  # fmt: skip
+        procs.append(proxy)
+        tunnel_port, inject_port = wait_ports(tmp / "proxy.port", proxy)
+        direct_ctx = ssl.create_default_context(cafile=str(cert))
+        ca_ctx = ssl.create_default_context(cafile=str(tmp / "ca" / "ca.pem"))
+        ways = {
+            "direct": (direct_ctx, None),
+            "tunnel": (direct_ctx, tunnel_port),
+            "injected": (ca_ctx, inject_port),
+        }
+        got = measure(ways, upstream_port, requests, mib)
+        direct, tunnel, injected = got["direct"], got["tunnel"], got["injected"]
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+    result = {
+        **compare(tunnel, direct),
+        "intercepted": compare(injected, tunnel),
+        "quick": quick,
+        "requests": requests,
+        "download_mib": mib,
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "cpus": os.cpu_count(),
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    # Quick mode (the test command's) never overwrites the full run's committed figures.
+    name = "egress-quick.json" if quick else "egress.json"
+    (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
+    print("egress: " + json.dumps(result), flush=True)
+    return [
+        Figure.of("egress tunnel request", "ms", tunnel["times_ms"], "direct",
+                  direct["times_ms"], "≤ +2 ms p50"),
+        Figure.of("egress injected-secret request", "ms", injected["times_ms"],
+                  "the proxy's tunnel", tunnel["times_ms"]),
+        Figure.of("egress tunnel download", "MiB/s", [tunnel["mib_per_s"]], "direct",
+                  [direct["mib_per_s"]], "≥ 0.8× direct"),
+        Figure.of("egress injected-secret download", "MiB/s", [injected["mib_per_s"]],
+                  "the proxy's tunnel", [tunnel["mib_per_s"]]),
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.egress")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--role", choices=["upstream", "proxy"])
+    parser.add_argument("--cert")
+    parser.add_argument("--ca-dir")
+    parser.add_argument("--upstream-port", type=int)
+    parser.add_argument("--port-file")
+    args = parser.parse_args(argv)
+    if args.role == "upstream":
+        serve_upstream(args.cert, args.port_file)
+    elif args.role == "proxy":
+        serve_proxy(args.upstream_port, args.cert, args.ca_dir, args.port_file)
+    else:
+        run(args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

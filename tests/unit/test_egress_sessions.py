@@ -1,0 +1,145 @@
+"""Egress policies of sessions on Kubernetes (issue 40): the spec model and its clear
+refusals, the proxy's pod address → session index, the sandbox pod's proxy settings."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from pydantic import ValidationError
+
+from sandbox_workspace.egress.cluster import (
+    ClusterPolicies,
+    address_index,
+    policy_from_spec,
+    session_policy,
+)
+from sandbox_workspace.egress.policy import PolicyError, decide
+from sandbox_workspace.operator.builders import build_sandbox_pod
+from sandbox_workspace.operator.main import resolve_egress_proxy
+from sandbox_workspace.operator.models import EgressSpec, SandboxSession, SandboxSessionSpec
+from sandbox_workspace.operator.settings import OperatorSettings
+
+RUNTIME = {"sandboxworkspace.io/component": "runtime"}
+
+
+def pod(session: str | None, ip: str, *, namespace: str = "ns", **extra: object) -> dict:
+    labels = dict(RUNTIME, **({"sandboxworkspace.io/session": session} if session else {}))
+    meta = {"name": f"p-{ip}", "namespace": namespace, "labels": labels}
+    meta.update(extra.pop("meta", {}))  # type: ignore[arg-type]
+    return {"metadata": meta, "status": {"podIP": ip}, **extra}
+
+
+def session(name: str, egress: object = None, namespace: str = "ns") -> dict:
+    spec = {"userId": "u"} | ({"egress": egress} if egress is not None else {})
+    return {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+# ----------------------------------------------------------------------- the spec model
+def test_spec_egress_is_validated_by_the_policy_rules_with_the_bad_rule_named():
+    spec = EgressSpec.model_validate(
+        {
+            "rules": [
+                {"host": "PyPI.org."},
+                {"host": "*.example.com", "ports": [80], "schemes": ["http"]},
+            ]
+        }
+    )
+    assert decide(spec.policy(), "https", "pypi.org", 443).allowed
+    assert decide(spec.policy(), "http", "a.example.com", 80).allowed
+    for rule, complaint in [
+        ({"host": "10.0.0.1"}, "not IP addresses"),
+        ({"host": "a.*.com"}, "not a valid host name"),
+        ({"host": "pypi.org", "ports": [0]}, "ports must be 1-65535"),
+        ({"host": "pypi.org", "schemes": ["ftp"]}, "schemes"),
+        ({"host": "bad host"}, "not a valid host name"),
+    ]:
+        with pytest.raises(ValidationError) as caught:
+            EgressSpec.model_validate({"rules": [{"host": "ok.org"}, rule]})
+        assert complaint in str(caught.value), rule
+        assert "rules.1" in str(caught.value)  # which rule
+    with pytest.raises(ValidationError):
+        EgressSpec.model_validate({"rules": [{"host": f"h{i}.org"} for i in range(101)]})
+
+
+def test_proxy_reads_the_spec_without_the_models_and_refuses_what_they_refuse():
+    assert policy_from_spec({"rules": [{"host": "pypi.org"}]}).rules[0].host == "pypi.org"
+    for raw in (
+        {"rules": "x"},
+        {"rules": [{"host": 1}]},
+        {"rules": [{"host": "a.org", "ports": ["443"]}]},
+        [],
+    ):
+        with pytest.raises(PolicyError):
+            policy_from_spec(raw)
+    # An invalid policy (written around the apiserver's schema) is no policy: deny all.
+    assert session_policy(session("s", {"rules": [{"host": "127.0.0.1"}]})) is None
+    assert session_policy(session("s")) is None
+
+
+# ---------------------------------------------------------------- address → session
+def test_address_index_maps_only_unambiguous_live_sandbox_pods():
+    pods = [
+        pod("a", "10.0.0.1"),
+        pod("b", "10.0.0.2", meta={"deletionTimestamp": "2026-01-01T00:00:00Z"}),
+        pod(None, "10.0.0.3"),  # a free pool pod: no session
+        pod("c", "10.0.0.4"),
+        pod("d", "10.0.0.4"),  # an address claimed twice: nobody's
+        pod("e", "10.0.0.5", spec={"hostNetwork": True}),
+        {
+            "metadata": {
+                "name": "x",
+                "namespace": "ns",
+                "labels": {"sandboxworkspace.io/session": "f"},
+            },
+            "status": {"podIP": "10.0.0.6"},
+        },
+        pod("g", "fd00::7"),
+    ]
+    assert address_index(pods) == {"10.0.0.1": "ns/a", "fd00::7": "ns/g"}
+
+
+def test_identify_uses_the_peer_address_and_denies_when_the_view_is_stale():
+    view = ClusterPolicies(max_stale=30)
+    view.update(
+        [session("a", {"rules": [{"host": "pypi.org"}]}), session("b")],
+        [pod("a", "10.0.0.1"), pod("b", "10.0.0.2")],
+    )
+    assert view.identify(("::ffff:10.0.0.1", 5000, 0, 0)) == "ns/a"
+    assert view.identify(("10.0.0.9", 5000)) is None and view.identify(None) is None
+    assert decide(view.lookup("ns/a"), "https", "pypi.org", 443).allowed
+    assert view.lookup("ns/b") is None  # no policy: closed
+    view.read_at = time.monotonic() - 31
+    assert view.lookup("ns/a") is None
+
+
+# ------------------------------------------------------------------- the sandbox pod
+def env(manifest: dict) -> dict:
+    return {e["name"]: e.get("value") for e in manifest["spec"]["containers"][0]["env"]}
+
+
+def test_sandbox_pod_points_at_the_proxy_and_opens_sockets_only_with_a_policy():
+    settings = OperatorSettings(_env_file=None, image="i", egress_proxy="10.96.0.9:3128")
+    plain = SandboxSession(name="s", namespace="ns", spec=SandboxSessionSpec(user_id="u"))
+    with_policy = SandboxSession(
+        name="s",
+        namespace="ns",
+        spec=SandboxSessionSpec.model_validate({"userId": "u", "egress": {"rules": []}}),
+    )
+    assert env(build_sandbox_pod(plain, settings))["HTTPS_PROXY"] == "http://10.96.0.9:3128"
+    assert env(build_sandbox_pod(plain, settings))["https_proxy"] == "http://10.96.0.9:3128"
+    assert env(build_sandbox_pod(plain, settings))["SANDBOX_RUNTIME_NETWORK"] == "deny"
+    assert env(build_sandbox_pod(with_policy, settings))["SANDBOX_RUNTIME_NETWORK"] == "allow"
+    no_proxy = OperatorSettings(_env_file=None, image="i")
+    assert "HTTP_PROXY" not in env(build_sandbox_pod(with_policy, no_proxy))
+
+
+def test_the_proxy_name_is_resolved_once_to_an_address():
+    def resolved(value: str) -> str | None:
+        return resolve_egress_proxy(
+            OperatorSettings(_env_file=None, egress_proxy=value)
+        ).egress_proxy
+
+    assert resolved("localhost:3128") in ("127.0.0.1:3128", "[::1]:3128")
+    assert resolved("10.96.0.9:3128") == "10.96.0.9:3128"
+    assert resolved("no-such-name.invalid:3128") == "no-such-name.invalid:3128"

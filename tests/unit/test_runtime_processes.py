@@ -1,0 +1,78 @@
+"""runtime/processes.py's bounds, without a runtime: the output buffer (bytes and events)
+and how many ended processes stay listed."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sandbox_workspace.runtime.processes import _MAX_EVENTS, Proc, Processes
+
+
+def _processes(buffer_bytes: int = 1000) -> Processes:
+    return Processes(None, max_per_conversation=2, buffer_bytes=buffer_bytes, max_lifetime=60)
+
+
+def _proc(pid: int = 1) -> Proc:
+    return Proc(cid="c", pid=pid, code="x", call=None, pipes=None)  # type: ignore[arg-type]
+
+
+def test_the_buffer_keeps_the_newest_bytes_and_a_bounded_number_of_events():
+    async def main():
+        processes, proc = _processes(), _proc()
+        for i in range(30):
+            processes._append(proc, {"type": "stdout", "data": bytes([65 + i % 26]) * 100})
+        assert proc.size <= 1000 and proc.dropped == 2000  # the oldest 20 chunks
+        processes, proc = _processes(buffer_bytes=1 << 20), _proc()
+        for _ in range(2 * _MAX_EVENTS):  # tiny writes: the count is bounded too
+            processes._append(proc, {"type": "stdout", "data": b"."})
+        assert len(proc.buffer) <= _MAX_EVENTS
+        processes._append(proc, {"type": "end", "exit_code": 0})
+        seen = [e async for e in processes.events(proc)]
+        assert seen[-1]["type"] == "end" and len(seen) <= _MAX_EVENTS
+
+    asyncio.run(main())
+
+
+def test_a_follower_gets_what_comes_after_it_started():
+    async def main():
+        processes, proc = _processes(), _proc()
+        processes._append(proc, {"type": "stdout", "data": b"before"})
+        got = []
+
+        async def follow():
+            async for event in processes.events(proc):
+                got.append(event.get("data"))
+
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0)
+        processes._append(proc, {"type": "stdout", "data": b"after"})
+        processes._append(proc, {"type": "end", "exit_code": 0})
+        await asyncio.wait_for(task, 5)
+        assert got == [b"before", b"after", None]
+
+    asyncio.run(main())
+
+
+def test_input_to_a_process_that_never_reads_gives_up_without_holding_a_thread(monkeypatch):
+    import threading
+
+    import pytest
+
+    from sandbox_workspace.runtime import processes as module
+    from sandbox_workspace.runtime.pipes import CodePipes
+    from sandbox_workspace.runtime.processes import ProcessNotFound
+
+    monkeypatch.setattr(module, "_INPUT_WAIT", 0.3)
+
+    async def main():
+        pipes = CodePipes(stdin=True)  # nobody reads the other end: it fills at 64 KiB
+        proc = Proc(cid="c", pid=1, code="x", call=None, pipes=pipes)  # type: ignore[arg-type]
+        threads = threading.active_count()
+        try:
+            with pytest.raises(ProcessNotFound, match="stdin is full"):
+                await _processes().write(proc, b"x" * (1 << 20))
+            assert threading.active_count() == threads
+        finally:
+            pipes.close()
+
+    asyncio.run(main())
