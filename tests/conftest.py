@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prebuild import Prebuild, group, order
+from prebuild import Prebuild, make_scheduler, order
 from redis_server import missing_reason, start_redis
 from seaweedfs import SeaweedFS, start_seaweedfs
 from seaweedfs import missing_reason as seaweedfs_missing
@@ -177,24 +177,48 @@ class RuntimeHandle:
 
 @pytest.fixture(scope="session")
 def start_server(tmp_path_factory: pytest.TempPathFactory):
+    """``start_server(*args, session_wide_server=False, **env)``: a ``sandbox-workspace`` server.
+    One started for a module (or a test) is stopped when its module ends
+    (``_servers_end_with_their_module``): idle servers and their runtimes left running to
+    the session's end cost CPU every second (~1 % each; hundreds by the last tiers).
+    The session-scoped servers (``dev_server``, ``chat_server``, ``ui_server``) say
+    ``session_wide_server=True`` and are stopped at the session's end."""
     started: list[ServerProcess] = []
+    session_wide: list[ServerProcess] = []
 
-    def start(*args: str, **env: str | None) -> ServerProcess:
+    def start(*args: str, session_wide_server: bool = False, **env: str | None) -> ServerProcess:
         workdir = tmp_path_factory.mktemp("server")
         server = ServerProcess(
             [PYTHON, "-m", "sandbox_workspace", *args], _base_env(**env), workdir
         ).start()
-        started.append(server)
+        (session_wide if session_wide_server else started).append(server)
         return server
 
+    def stop_module_servers() -> None:
+        servers, started[:] = list(started), []
+        _stop_all(servers)
+
+    start.stop_module_servers = stop_module_servers  # type: ignore[attr-defined]
     yield start
-    for server in started:
+    _stop_all(started + session_wide)
+
+
+def _stop_all(servers: list[ServerProcess]) -> None:
+    for server in servers:
         server.stop()
     # Checked after all are stopped: a server may use another's data directory.
-    leftover = [pid for server in started for pid in runtime_pids_under(server.workdir)]
+    leftover = [pid for server in servers for pid in runtime_pids_under(server.workdir)]
     for pid in leftover:
         os.kill(pid, signal.SIGKILL)
     assert not leftover, f"runtime processes outlived their API: {leftover}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _servers_end_with_their_module(start_server) -> Iterator[None]:
+    """Stops the servers a module started when the module ends (autouse, so torn down
+    after the module's own fixtures, which may still talk to them in their teardown)."""
+    yield
+    start_server.stop_module_servers()
 
 
 EXTERNAL_API = os.environ.get("SANDBOX_TEST_API_URL")
@@ -218,14 +242,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         _prebuild.start_for_paths(list(config.args))
 
 
-# tryfirst: the groups must be marked before xdist's worker hook reads them into node ids.
-@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup``: our units of work (tests/support/prebuild.py ``unit``)."""
+    if config.getvalue("dist") == "loadgroup":
+        return make_scheduler(config, log)
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tests_root = REPO / "tests"
-    order(items, tests_root)  # light tiers first; the heavy ones find their builds done
-    for item in items:
-        if (name := group(item, tests_root)) is not None:
-            item.add_marker(pytest.mark.xdist_group(name))
+    order(items, REPO / "tests")  # light tiers first; the heavy ones find their builds done
     if not EXTERNAL_API:
         return
     skip = pytest.mark.skip(
@@ -261,7 +286,13 @@ def dev_server(start_server) -> ServerProcess:
         return ServerProcess(argv=[], env={}, workdir=Path("."), url=EXTERNAL_API)
     # Without bubblewrap the reported paths are host paths, so tests can check the bytes
     # on disk directly; tests/api/test_bwrap.py covers the /workspace presentation.
-    return start_server("dev", "--data-dir", "data", SANDBOX_WORKSPACE_SANDBOX_MOUNT="none")
+    return start_server(
+        "dev",
+        "--data-dir",
+        "data",
+        session_wide_server=True,
+        SANDBOX_WORKSPACE_SANDBOX_MOUNT="none",
+    )
 
 
 @pytest.fixture

@@ -46,6 +46,7 @@ def chat_server(start_server, scripted_llm_server):
         "dev",
         "--data-dir",
         "data",
+        session_wide_server=True,
         **chat_env(
             scripted_llm_server,
             SANDBOX_WORKSPACE_CHAT_APPROVAL_TIMEOUT_SECONDS="30",

@@ -13,10 +13,11 @@ Contract:
   tiers that cover the builds' time first, then the heavy tiers longest unit first (the
   node tier is one inner session of ~5 min), then small light tiers that fill the other
   worker's time while the last heavy unit runs.
-- ``group(item)`` is the item's xdist group: its file, so a module's fixtures start on one
-  worker only, or its tier where a tier is one process (``node``: one inner session);
-  ``None`` (one test per unit) for ``test_bench.py``, whose tests each run a bench of
-  their own. Each worker of the cluster tier starts its own control plane.
+- ``unit(nodeid)`` is the test's xdist unit of work (``make_scheduler``, used for
+  ``--dist loadgroup``): its file, so a module's fixtures start on one worker only, or
+  its tier where a tier is one process (``node``: one inner session); the test itself
+  for ``test_bench.py``, whose tests each run a bench of their own. Each worker of the
+  cluster tier starts its own control plane.
 - ``Prebuild.start(root, items)`` starts ``scripts/prebuild.sh`` under ``nice`` with the
   steps the selected heavy tiers need (none selected: nothing starts); its output goes to
   ``build/prebuild.log``. Under xdist only the controller starts it
@@ -92,13 +93,33 @@ def order(items: list[pytest.Item], tests_root: Path) -> None:
     items.sort(key=lambda item: _RANK.get(tier(item, tests_root), 3))
 
 
-def group(item: pytest.Item, tests_root: Path) -> str | None:
-    name = tier(item, tests_root)
+def unit(nodeid: str) -> str:
+    """The xdist unit of work a test belongs to, from its node id (``tests/api/x.py::t``):
+    its file, so a module's fixtures start on one worker only; its tier where a tier is one
+    process (``node``: one inner session); the test itself for ``test_bench.py``, whose
+    tests each run a bench of their own."""
+    path = nodeid.split("::", 1)[0]
+    parts = Path(path).parts
+    name = parts[1] if len(parts) > 1 and parts[0] == "tests" else ""
     if name in WHOLE_TIERS:
         return name
     if name in PER_TEST_TIERS:
-        return None
-    return str(Path(str(item.path)).resolve().relative_to(tests_root.parent))
+        return nodeid
+    return path
+
+
+def make_scheduler(config: pytest.Config, log):
+    """The test command's scheduler: xdist's load-by-scope with ``unit`` as the scope.
+    (Not ``xdist_group`` marks: pytest 9 derives ``nodeid`` from the node's structured id,
+    so the suffix xdist 3.8 writes into ``_nodeid`` for them never reaches the scheduler
+    and every test became a unit of its own.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit(nodeid)
+
+    return UnitScheduling(config, log)
 
 
 def tiers_of_paths(args: list[str], tests_root: Path) -> set[str]:

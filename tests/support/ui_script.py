@@ -108,7 +108,7 @@ def ui_server(start_server):
     llm = ScriptedLLM().start()
     llm.responder = respond
     try:
-        yield start_server("dev", "--data-dir", "data", **server_env(llm))
+        yield start_server("dev", "--data-dir", "data", session_wide_server=True, **server_env(llm))
     finally:
         llm.stop()
 

@@ -54,13 +54,44 @@ def test_order_is_by_tier_and_stable_within_one():
 
 
 def test_a_file_is_one_unit_of_work_the_node_tier_one_and_each_bench_its_own():
-    def group_of(name: str) -> str | None:
-        return prebuild.group(_Item(TESTS / name), TESTS)  # type: ignore[arg-type]
+    unit = prebuild.unit
+    assert unit("tests/api/test_b.py::test_x[a-b]") == unit("tests/api/test_b.py::test_y")
+    assert unit("tests/api/test_b.py::test_y") == "tests/api/test_b.py"
+    assert unit("tests/cluster/test_pool.py::C::test_z") == "tests/cluster/test_pool.py"
+    assert unit("tests/node/test_a.py::test_1") == unit("tests/node/test_b.py::t") == "node"
+    assert unit("tests/test_bench.py::test_a") != unit("tests/test_bench.py::test_b")
 
-    assert group_of("api/test_b.py") == "tests/api/test_b.py"
-    assert group_of("cluster/test_pool.py") == "tests/cluster/test_pool.py"
-    assert group_of("node/test_a.py") == group_of("node/test_b.py") == "node"
-    assert group_of("test_bench.py") is None
+
+def test_the_scheduler_keeps_a_unit_on_one_worker(tmp_path: Path):
+    """Through xdist itself: two workers, three files; each file's tests ran on one."""
+    import subprocess
+    import sys
+
+    for name in ("a", "b", "c"):
+        (tmp_path / f"test_{name}.py").write_text(
+            "import os, pytest\n"
+            "@pytest.mark.parametrize('i', range(4))\n"
+            f"def test_{name}(i):\n"
+            "    print('WORKER', os.environ['PYTEST_XDIST_WORKER'])\n"
+        )
+    (tmp_path / "conftest.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(TESTS / 'support')!r})\n"
+        "from prebuild import make_scheduler\n"
+        "def pytest_xdist_make_scheduler(config, log):\n"
+        "    return make_scheduler(config, log)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p",
+         "no:cacheprovider", "-c", "/dev/null", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    workers: dict[str, set[str]] = {}
+    for line in result.stdout.splitlines():
+        if "PASSED" in line and line.startswith("[gw"):
+            workers.setdefault(line.split("::")[0].split()[-1], set()).add(line[1:4])
+    assert len(workers) == 3 and all(len(w) == 1 for w in workers.values()), workers
 
 
 def test_the_controller_builds_what_its_paths_reach():
