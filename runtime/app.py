@@ -486,10 +486,8 @@ async def stop_processes(conversation_id: str, state: State) -> ProcessesStopped
 async def start_process(conversation_id: str, body: ProcessStart, state: State):
     """Start ``bash -c code`` that outlives this request; NDJSON: ``start`` (its pid), then
     its output (``data`` base64) and ``end``. Disconnecting does not stop it."""
-    state.workspace.check_conversation_id(conversation_id)
-    proc = await state.processes.start(
-        conversation_id, body.code, timeout=body.timeout, stdin=body.stdin
-    )
+    cid = state.workspace.check_conversation_id(conversation_id)  # NFC, as the others
+    proc = await state.processes.start(cid, body.code, timeout=body.timeout, stdin=body.stdin)
     return StreamingResponse(
         _process_stream(state, proc, {"type": "start", "pid": proc.pid}),
         media_type="application/x-ndjson",

@@ -5,12 +5,13 @@ Contract:
   (``Executor.bash_call``: the spawner, confinement, rlimits, limits, cgroup, scratch
   environment), with a stdin pipe, and returns its ``Proc`` (``pid``: the code's pid).
   It does not take an execution slot (it lives on), but at most ``max_per_conversation``
-  run at once per conversation (``TooManyProcesses``, 429). Past ``timeout`` seconds
-  (``None``: ``max_lifetime``) its whole tree is killed.
+  run (or are starting) at once per conversation (``TooManyProcesses``, 429). Past
+  ``timeout`` seconds (``None``: ``max_lifetime``) its whole tree is killed.
 - Output is kept in a buffer of at most ``buffer_bytes`` (the oldest events are dropped,
   ``Proc.dropped`` counts their bytes); ``events(proc)`` replays the buffer and then
   follows new events until the end, which is ``{"type": "end", "exit_code": …}``.
-- ``write(proc, data)`` reaches the process's stdin; ``close_stdin``; ``signal(proc,
+- ``write(proc, data)`` reaches the process's stdin (and nothing else: stdin closed
+  meanwhile ends it with ``ProcessNotFound``); ``close_stdin``; ``signal(proc,
   SIGTERM)`` signals the process, SIGKILL kills its whole tree.
 - A process ends with its conversation (``stop_conversation`` kills every process of a
   conversation through the spawner) and with the runtime (the spawner's ``aclose``); an
@@ -112,6 +113,7 @@ class Processes:
         self.max_lifetime = max_lifetime
         self.linger = linger
         self._procs: dict[tuple[str, int], Proc] = {}
+        self._starting: dict[str, int] = {}  # cid → starts waiting for the spawner
         self._tasks: set[asyncio.Task] = set()
 
     def live(self, cid: str) -> list[Proc]:
@@ -129,12 +131,15 @@ class Processes:
     async def start(
         self, cid: str, code: str, *, timeout: float | None, stdin: bool = True
     ) -> Proc:
-        if len(self.live(cid)) >= self.max_per_conversation:
+        # Those still starting count too: concurrent starts all pass a check of the
+        # running ones alone while the spawner answers.
+        if len(self.live(cid)) + self._starting.get(cid, 0) >= self.max_per_conversation:
             raise TooManyProcesses(
                 f"at most {self.max_per_conversation} processes may run at once in a "
                 "sandbox; kill one (commands.kill) or wait for one to end"
             )
         pipes = CodePipes(stdin=stdin)
+        self._starting[cid] = self._starting.get(cid, 0) + 1
         try:
             call = await self.executor.bash_call(cid, code, pipes)
         except SpawnFailed as e:
@@ -143,6 +148,11 @@ class Processes:
         except BaseException:
             pipes.close()
             raise
+        finally:
+            if self._starting[cid] == 1:
+                del self._starting[cid]
+            else:
+                self._starting[cid] -= 1
         proc = Proc(cid=cid, pid=call.pid, code=code, call=call, pipes=pipes)
         self._procs[(cid, proc.pid)] = proc
         lifetime = min(timeout or self.max_lifetime, self.max_lifetime)
@@ -219,20 +229,28 @@ class Processes:
         if proc.exit_code is not None or fd is None:
             raise ProcessNotFound(f"process {proc.pid} has ended or closed its stdin")
         # Non-blocking writes with a bounded wait: a process that never reads fills the
-        # pipe, and a blocked write must not hold one of the runtime's threads.
-        os.set_blocking(fd, False)
+        # pipe, and a blocked write must not hold one of the runtime's threads. Through a
+        # copy of the fd: stdin closed while we wait (CloseStdin, the process's end) frees
+        # ``fd``'s number for the runtime's next open file, which the rest of the data
+        # must never reach; a closed stdin stops the write.
+        own = os.dup(fd)
+        os.set_blocking(own, False)
         view = memoryview(data)
         deadline = time.monotonic() + _INPUT_WAIT
         try:
             while view:
+                if proc.exit_code is not None or proc.pipes.stdin_writer != fd:
+                    raise OSError("its stdin was closed meanwhile")
                 try:
-                    view = view[os.write(fd, view[:65536]) :]
+                    view = view[os.write(own, view[:65536]) :]
                 except BlockingIOError:
                     if time.monotonic() > deadline:
                         raise TimeoutError("its stdin is full (it does not read)") from None
                     await asyncio.sleep(0.02)
         except (OSError, TimeoutError) as e:
             raise ProcessNotFound(f"process {proc.pid} does not take input: {e}") from e
+        finally:
+            os.close(own)
 
     def close_stdin(self, proc: Proc) -> None:
         proc.pipes.close_stdin()

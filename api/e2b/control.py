@@ -24,6 +24,7 @@ from sandbox_workspace.contract.errors import ApiError, BadRequest
 
 from ..deps import Services, ServicesDep
 from ..identity import Caller
+from . import processes
 from .conversation import EXECUTIONS, Sandbox, client
 from .ids import (
     AccessTokens,
@@ -157,8 +158,13 @@ async def _create(request: Request, services: Services, body: dict) -> JSONRespo
 
 async def _end(services: Services, sandbox_id: str, caller: Caller) -> bool:
     """Kill: a fresh sandbox's conversation is deleted with the guarantee; an attached
-    one is only detached (the user's chat files are never deleted by an SDK call)."""
+    one is only detached, its commands killed (the user's chat files are never deleted
+    by an SDK call)."""
     sandbox = await Sandbox.open(services, caller, sandbox_id)
+    if is_attached(sandbox_id):
+        # Detached only, but the commands the SDK started there end with it: they would
+        # run on (up to the runtime's max_process_seconds) out of any handle's reach.
+        await processes.kill_all(sandbox)
     await lifetimes(services).forget(caller, sandbox_id)
     if is_attached(sandbox_id):
         return True

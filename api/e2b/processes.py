@@ -7,7 +7,8 @@ is envd's: ``start`` (the pid), ``data`` (stdout/stderr base64), ``end``; keepal
 between. ``Connect`` follows a running process (its buffered output first), ``List``
 names the sandbox's processes, ``SendSignal`` (SIGTERM, SIGKILL: the whole tree),
 ``SendInput`` and ``CloseStdin`` reach its stdin. A PTY is not supported. A process ends
-with its sandbox (kill deletes the conversation: every process of it is killed), at its
+with its sandbox (kill deletes the conversation: every process of it is killed; killing
+an attached conversation only detaches it, and ``kill_all`` ends its commands), at its
 ``timeout`` (the SDK's, else the runtime's ``max_process_seconds``) and with the runtime.
 """
 
@@ -21,6 +22,7 @@ from typing import Any
 from sandbox_workspace.contract.errors import ApiError
 from sandbox_workspace.runtime.schemas import ExecuteRequest
 
+from ..runtime_client import RuntimeApiError
 from . import connect
 from .conversation import Sandbox
 from .paths import to_relative
@@ -79,6 +81,17 @@ async def unary(method: str, sandbox: Sandbox, message: dict) -> dict:
         await client.process_input(sandbox.cid, pid_of(message), b"", close=True)
         return {}
     raise NotImplementedError(method)
+
+
+async def kill_all(sandbox: Sandbox) -> None:
+    """SIGKILL (each one's whole tree) every process still running in the sandbox."""
+    for process in await sandbox.client.list_processes(sandbox.cid):
+        if process["running"]:
+            try:
+                await sandbox.client.process_signal(sandbox.cid, process["pid"], "SIGKILL")
+            except RuntimeApiError as e:
+                if e.status != 404:  # 404: it ended meanwhile
+                    raise
 
 
 def start_events(sandbox: Sandbox, message: dict, timeout: float | None) -> AsyncIterator[dict]:

@@ -50,7 +50,7 @@ Snapshot = dict[str, tuple[int, str]]
 
 @dataclass
 class Watcher:
-    cid: str
+    sandbox: tuple[str, str]  # (session id, conversation id): ``owner``
     rel: str
     depth: int
     seen: Snapshot
@@ -86,11 +86,17 @@ def _drop_idle() -> None:
         del _WATCHERS[wid]
 
 
-def _admit(cid: str) -> None:
+def owner(sandbox: Sandbox) -> tuple[str, str]:
+    """Whose a watcher is: conversation ids are per session (two users' attached chats
+    may share one), so the session goes with it."""
+    return (sandbox.session.session_id, sandbox.cid)
+
+
+def _admit(sandbox: tuple[str, str]) -> None:
     _drop_idle()
     if len(_WATCHERS) >= MAX_WATCHERS:
         raise TooManyWatchers("too many directory watchers on this server; stop some")
-    if sum(1 for w in _WATCHERS.values() if w.cid == cid) >= MAX_PER_SANDBOX:
+    if sum(1 for w in _WATCHERS.values() if w.sandbox == sandbox) >= MAX_PER_SANDBOX:
         raise TooManyWatchers(
             f"at most {MAX_PER_SANDBOX} directory watchers per sandbox; stop one first"
         )
@@ -104,7 +110,7 @@ def _watched(message: dict) -> tuple[str, int]:
 def _mine(sandbox: Sandbox, message: dict) -> tuple[str, Watcher]:
     wid = str(message.get("watcherId") or "")
     watcher = _WATCHERS.get(wid)
-    if watcher is None or watcher.cid != sandbox.cid:
+    if watcher is None or watcher.sandbox != owner(sandbox):
         raise WatcherNotFound(f"no watcher {wid!r} in this sandbox")
     watcher.used = time.monotonic()
     return wid, watcher
@@ -113,11 +119,11 @@ def _mine(sandbox: Sandbox, message: dict) -> tuple[str, Watcher]:
 async def unary(method: str, sandbox: Sandbox, message: dict) -> dict:
     if method == "CreateWatcher":
         rel, depth = _watched(message)
-        _admit(sandbox.cid)
+        _admit(owner(sandbox))
         seen = await snapshot(sandbox, rel, depth)
-        _admit(sandbox.cid)  # again: others may have come in while we listed
+        _admit(owner(sandbox))  # again: others may have come in while we listed
         wid = secrets.token_urlsafe(12)
-        _WATCHERS[wid] = Watcher(sandbox.cid, rel, depth, seen)
+        _WATCHERS[wid] = Watcher(owner(sandbox), rel, depth, seen)
         return {"watcherId": wid}
     if method == "GetWatcherEvents":
         _, watcher = _mine(sandbox, message)
@@ -140,8 +146,8 @@ async def watch_stream(sandbox: Sandbox, message: dict) -> AsyncIterator[bytes]:
     rel, depth = _watched(message)
     wid = secrets.token_urlsafe(12)
     try:
-        _admit(sandbox.cid)
-        watcher = _WATCHERS[wid] = Watcher(sandbox.cid, rel, depth, {})
+        _admit(owner(sandbox))
+        watcher = _WATCHERS[wid] = Watcher(owner(sandbox), rel, depth, {})
         watcher.seen = await snapshot(sandbox, rel, depth)
         yield connect.envelope({"start": {}})
         while True:

@@ -18,6 +18,8 @@ import pytest
 from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException
 from e2b_code_interpreter import Sandbox
 
+from sandbox_workspace.api.e2b import watchers
+
 SERVICE_TOKEN = "e2b-lifecycle-service-token-0123456789"
 DEV_KEY = "e2b_" + "ab" * 16
 
@@ -154,8 +156,13 @@ def test_attached_conversation_shows_chat_files_and_kill_only_detaches(dev_serve
             assert seen == chat_file.read_text()
             assert sbx.files.read("/home/user/uploads/temparea/sales.csv") == seen
             sbx.files.write("/home/user/outputs/from-sdk.txt", "made by SDK code")
+            background = sbx.commands.run("sleep 600", background=True, timeout=0)
         finally:
             assert sbx.kill() is True
+        # What the SDK started there ends with the sandbox: attached again, none runs.
+        again = Sandbox.create(metadata=attach, **opts)
+        assert background.pid not in [p.pid for p in again.commands.list()]
+        again.kill()
         # Detached only: the chat's files are all still there, and so is what code made.
         assert chat_file.read_bytes() == b"region,total\nnorth,3\n"
         assert (chat_file.parents[2] / "outputs" / "from-sdk.txt").read_text() == (
@@ -173,6 +180,31 @@ def test_attached_conversation_shows_chat_files_and_kill_only_detaches(dev_serve
             headers={"X-User-Id": key_user},
             timeout=30,
         )
+
+
+def test_two_users_chats_of_one_name_have_their_own_directory_watchers(dev_server):
+    # Conversation ids are per session: two users may each attach a chat named "chat-w".
+    # One user's watchers must neither use up the other's allowance nor be theirs.
+    keys = ["e2b_" + "a1" * 16, "e2b_" + "b2" * 16]
+    users = ["e2b-" + hashlib.sha256(k.encode()).hexdigest()[:16] for k in keys]
+    attach = {"sandbox-workspace.conversation": "chat-w"}
+    try:
+        for user in users:
+            _upload(dev_server.url, user, "chat-w")
+        mine, theirs = (Sandbox.create(metadata=attach, **sdk(dev_server.url, k)) for k in keys)
+        held = [mine.files.watch_dir("uploads") for _ in range(watchers.MAX_PER_SANDBOX)]
+        with pytest.raises(SandboxException, match="directory watchers per sandbox"):
+            mine.files.watch_dir("uploads")
+        theirs.files.watch_dir("uploads").stop()
+        for handle in held:
+            handle.stop()
+    finally:
+        for user in users:
+            httpx.delete(
+                f"{dev_server.url}/api/v1/sessions/sb-session-{user}",
+                headers={"X-User-Id": user},
+                timeout=30,
+            )
 
 
 def test_timeout_kills_a_fresh_sandbox_and_set_timeout_extends_it(dev_server):

@@ -4,8 +4,18 @@ and how many ended processes stay listed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import os
+import struct
+import termios
 
 from sandbox_workspace.runtime.processes import _MAX_EVENTS, Proc, Processes
+
+
+def _queued(fd: int) -> int:
+    """Bytes waiting in the pipe whose read end is ``fd``."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
 
 
 def _processes(buffer_bytes: int = 1000) -> Processes:
@@ -73,6 +83,37 @@ def test_input_to_a_process_that_never_reads_gives_up_without_holding_a_thread(m
                 await _processes().write(proc, b"x" * (1 << 20))
             assert threading.active_count() == threads
         finally:
+            pipes.close()
+
+    asyncio.run(main())
+
+
+def test_input_cut_short_by_closing_stdin_never_reaches_the_fd_number_reused(tmp_path):
+    # A write waiting for room while stdin is closed (CloseStdin, or the process ending)
+    # must not go on into whatever file the runtime opens next under the freed number:
+    # another conversation's pipe, a client's socket, an upload being written.
+    from sandbox_workspace.runtime.pipes import CodePipes
+    from sandbox_workspace.runtime.processes import ProcessNotFound
+
+    async def main():
+        pipes = CodePipes(stdin=True)  # nobody reads the other end: it fills at 64 KiB
+        proc = Proc(cid="c", pid=1, code="x", call=None, pipes=pipes)  # type: ignore[arg-type]
+        number = pipes.stdin_writer
+        held: list[int] = []
+        try:
+            writing = asyncio.create_task(_processes().write(proc, b"x" * (1 << 20)))
+            await asyncio.sleep(0)  # its first step fills the pipe, then it waits for room
+            assert _queued(pipes.child_fds[0]) and not writing.done()
+            pipes.close_stdin()
+            while not held or held[-1] != number:  # the next opens take the lowest free number
+                held.append(os.open(tmp_path / f"f{len(held)}", os.O_WRONLY | os.O_CREAT))
+                assert len(held) < 256
+            with contextlib.suppress(ProcessNotFound):
+                await asyncio.wait_for(writing, 15)
+            assert os.fstat(number).st_size == 0
+        finally:
+            for fd in held:
+                os.close(fd)
             pipes.close()
 
     asyncio.run(main())
