@@ -124,7 +124,8 @@ def test_a_chat_run_is_one_trace_run_tool_runtime_execute(client, user, otlp, sc
 
 def test_without_an_endpoint_nothing_is_set_up(tmp_path):
     """No OTEL_EXPORTER_OTLP_ENDPOINT: no SDK loaded, no provider, FastAPI's request spans
-    off, no transport wrapper, and ``span()`` is one shared null context."""
+    off, no tracing transport wrapper (the Unix-socket routing of local runtimes wraps
+    the plain pool), and ``span()`` is one shared null context."""
     probe = f"""
 import json, sys
 from opentelemetry import trace
@@ -139,7 +140,7 @@ print(json.dumps({{
     "sdk_loaded": any(m.startswith("opentelemetry.sdk") for m in sys.modules),
     "provider": type(trace.get_tracer_provider()).__name__,
     "fastapi_tracing": app._native_telemetry.enabled(),
-    "transport": type(http._transport).__name__,
+    "transport": type(getattr(http._transport, "default", http._transport)).__name__,
     "same_null_context": tracing.span("a") is tracing.span("b", {{"k": "v"}}),
     "traceparent": tracing.traceparent(),
 }}))
