@@ -18,11 +18,12 @@ Contract:
   its tier where a tier is one process (``node``: one inner session); the test itself
   for ``test_bench.py``, whose tests each run a bench of their own. Each worker of the
   cluster tier starts its own control plane.
-- ``Prebuild.start(root, items)`` starts ``scripts/prebuild.sh`` under ``nice`` with the
-  steps the selected heavy tiers need (none selected: nothing starts); its output goes to
-  ``build/prebuild.log``. Under xdist only the controller starts it
-  (``start_for_paths``, from the run's arguments, before the workers exist) and passes
-  the steps and its pid to the workers in the environment (``adopt``).
+- ``Prebuild.start(root, items)`` starts ``scripts/prebuild.sh`` (not niced: it is on the
+  run's critical path) with the steps the selected heavy tiers need (none selected:
+  nothing starts); its output goes to ``build/prebuild.log``. Under xdist only the
+  controller starts it (``start_for_paths``, from the run's arguments, before the
+  workers exist) and passes the steps and its pid to the workers in the environment
+  (``adopt``).
 - ``Prebuild.wait(item)`` blocks until every step the item's tier needs has ended. It is
   called from a ``pytest_runtest_protocol`` wrapper that runs *outside* pytest-timeout's
   timer, so a cold build never counts against a test's timeout. A failed step is not
@@ -184,9 +185,12 @@ class Prebuild:
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
                 [
+                    # Not niced (it was, at 10): with two busy workers a niced cold Go
+                    # build got almost no CPU — kube took over 30 min in a fresh-clone
+                    # run (4 min beside a serial run) and the heavy tiers waited for it.
                     "nice",
                     "-n",
-                    "10",
+                    "0",
                     "bash",
                     str(self.repo / "scripts" / "prebuild.sh"),
                     str(self.dir),
