@@ -109,8 +109,8 @@ class Executor:
         while True:
             await asyncio.sleep(interval)
             spawner = self.spawner.pid
-            if spawner is None:
-                continue
+            if spawner is None or not self.spawner.running():
+                continue  # nothing runs, nothing to kill: no /proc walk in a thread
             usage = await asyncio.to_thread(usage_by_call, spawner)
             if sum(usage.values()) <= self.session_memory:
                 continue

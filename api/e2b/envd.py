@@ -22,6 +22,7 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -151,18 +152,18 @@ async def filesystem(method: str, request: Request, services: ServicesDep) -> Re
     if method == "WatchDir":
         return await _watch_dir(request, services)
     if method in watchers.UNARY:
-        try:
-            sandbox = await _sandbox(request, services)
-            return JSONResponse(await watchers.unary(method, sandbox, await request.json()))
-        except ApiError as e:
-            return _connect_error(connect.code_for_status(e.status), e.message)
-        except (ValueError, TypeError) as e:
-            return _connect_error("invalid_argument", f"malformed request: {e}")
+        return await _unary(request, services, partial(watchers.unary, method))
     if method not in ("Stat", "ListDir", "MakeDir", "Move", "Remove"):
         return _connect_error("unimplemented", f"filesystem.Filesystem/{method} is not supported")
+    return await _unary(request, services, partial(_fs_call, method))
+
+
+async def _unary(request: Request, services, call) -> Response:
+    """One unary Connect-JSON call on the request's sandbox: ``call(sandbox, body)``'s
+    answer, or the Connect error that says what went wrong."""
     try:
         sandbox = await _sandbox(request, services)
-        return JSONResponse(await _fs_call(method, sandbox, await request.json()))
+        return JSONResponse(await call(sandbox, await request.json()))
     except ApiError as e:
         return _connect_error(connect.code_for_status(e.status), e.message)
     except (ValueError, TypeError) as e:
@@ -175,13 +176,7 @@ async def filesystem(method: str, request: Request, services: ServicesDep) -> Re
 @router.post("/process.Process/{method}")
 async def process(method: str, request: Request, services: ServicesDep) -> Response:
     if method in processes.UNARY:
-        try:
-            sandbox = await _sandbox(request, services)
-            return JSONResponse(await processes.unary(method, sandbox, await request.json()))
-        except ApiError as e:
-            return _connect_error(connect.code_for_status(e.status), e.message)
-        except (ValueError, TypeError) as e:
-            return _connect_error("invalid_argument", f"malformed request: {e}")
+        return await _unary(request, services, partial(processes.unary, method))
     if method not in processes.STREAMS:
         return _connect_error("unimplemented", f"process.Process/{method} is not supported")
     try:
