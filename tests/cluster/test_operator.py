@@ -129,7 +129,10 @@ def test_printer_columns(kube_api: KubeClient, namespace: str, operator):
     wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
     table = "application/json;as=Table;v=v1;g=meta.k8s.io"
     for path, expected in (
-        (sbs_path(namespace), ["Name", "User", "Phase", "Pod", "Age", "Idle-Since", "Expires"]),
+        (
+            sbs_path(namespace),
+            ["Name", "User", "Phase", "Pod", "Age", "Idle-Since", "Expires", "Egress"],
+        ),
         (cws_path(namespace), ["Name", "Conversation", "Session", "Phase", "Files", "Age"]),
     ):
         body = kube_api._http.get(path, headers={"Accept": table}).json()

@@ -424,7 +424,10 @@ class NodeAgent:
         uid = meta["uid"]
         node = spec.get("nodeName")
         if not node:
-            if not meta.get("deletionTimestamp"):
+            # Like the default scheduler, bind only the pods that name it (or no one):
+            # a pod for another scheduler waits for that one.
+            mine = spec.get("schedulerName") in (None, "default-scheduler")
+            if mine and not meta.get("deletionTimestamp"):
                 self._bind(pod)
             return
         if node != self.node_name:
