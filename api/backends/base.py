@@ -139,6 +139,11 @@ class Backend(Protocol):
         kubernetes backend creates its CR, finalizer included); raises
         ``ConversationDeleting`` while it is being deleted. Cheap when already known."""
 
+    async def conversation_created(self, session: Session, conversation_id: str) -> None:
+        """``conversation_opened`` for an id the caller has just made at random and never
+        given out (an E2B sandbox's): nothing of it can exist anywhere yet, so a store
+        has nothing to fill or refuse — tracked, with no store round trip."""
+
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
         """Delete a conversation's files. True when deletion is complete on return,
         False when it was requested and completes asynchronously (finalizer)."""

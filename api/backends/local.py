@@ -381,6 +381,8 @@ class LocalBackend:
                 check_conversation_quota, workspace, conversation_id, self.max_conversations
             )
 
+    conversation_created = conversation_opened  # nothing more to know here
+
     async def conversation_written(self, session: Session, conversation_id: str) -> None:
         # Deletion here is synchronous and the runtime refuses commits while it deletes:
         # a write that landed either came before (and is deleted) or starts afresh after.

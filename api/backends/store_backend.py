@@ -217,6 +217,14 @@ class StoreBackend(MetadataDecorator):
         manifest = await self.ensure_filled(session, conversation_id)
         await self.refuse_disabled(session, conversation_id, manifest)
 
+    async def conversation_created(self, session: Session, conversation_id: str) -> None:
+        """A new id (``Backend.conversation_created``): tracked, and filled by
+        definition — the store holds nothing of it, so it is not read."""
+        await self.inner.conversation_created(session, conversation_id)
+        key = self._fill_key(session, conversation_id)
+        if key is not None:
+            self._filled.add(key)
+
     def _fill_key(self, session: Session, conversation_id: str) -> tuple[str, str, str] | None:
         ep = session.endpoint
         if ep is None:

@@ -4,7 +4,8 @@ read of the metadata's head is a few ms each, around every command).
 ``StoreBackend`` over a ``DirStore`` that counts its calls and a real runtime process:
 - the first open of a conversation reads its metadata once (the fill and the disabled
   check share it), a later open once (the disabled check: another replica may have
-  disabled the workspace);
+  disabled the workspace); a conversation just created under a new random id (an E2B
+  sandbox's) is not read at all;
 - a write-back of a conversation whose cache holds no file reads nothing from the store;
   one holding a file still copies and records it, and a disabled workspace is still
   refused.
@@ -34,6 +35,8 @@ from sandbox_workspace.store.layout import Layout
 class Inner:
     async def conversation_opened(self, session, cid) -> None:
         pass
+
+    conversation_created = conversation_opened
 
     async def conversation_written(self, session, cid) -> None:
         pass
@@ -109,3 +112,11 @@ async def test_hooks_read_the_store_only_when_they_need_it(world) -> None:
     await backend.set_enabled(session, cid, False)
     with pytest.raises(WorkspaceDisabled):
         await backend.conversation_opened(session, cid)
+
+
+async def test_a_conversation_created_under_a_new_id_is_not_read(world) -> None:
+    backend, store, runtime, session = world
+    await backend.conversation_created(session, "e2b-0123456789abcdef0123")
+    assert store.taken() == {}
+    await backend.conversation_opened(session, "e2b-0123456789abcdef0123")
+    assert store.taken() == {"read": 1}  # counted as filled: the disabled check alone
