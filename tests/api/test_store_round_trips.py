@@ -115,7 +115,7 @@ async def test_hooks_read_the_store_only_when_they_need_it(world) -> None:
 
 
 async def test_a_conversation_created_under_a_new_id_is_not_read(world) -> None:
-    backend, store, runtime, session = world
+    backend, store, _, session = world
     await backend.conversation_created(session, "e2b-0123456789abcdef0123")
     assert store.taken() == {}
     await backend.conversation_opened(session, "e2b-0123456789abcdef0123")
