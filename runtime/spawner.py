@@ -50,6 +50,7 @@ class Call:
     id: int
     cid: str
     pid: int = 0
+    start: int | None = None  # the code process's start time (``pids.start_time``)
     reaper: int = 0
     watched: bool = False  # its reaper checks limits (and takes SIGUSR1)
     limit: str | None = None
@@ -130,7 +131,7 @@ class Spawner:
         self._starting[call.id] = started
         self._calls[call.id] = call
         try:
-            call.pid, call.reaper = await started
+            call.pid, call.start, call.reaper = await started
         except BaseException:
             self._starting.pop(call.id, None)
             self._calls.pop(call.id, None)
@@ -195,7 +196,8 @@ class Spawner:
     def _dispatch(self, message: dict) -> None:
         op, ident = message["op"], message["id"]
         if op == "started":
-            _resolve(self._starting.pop(ident, None), (message["pid"], message["reaper"]))
+            started = (message["pid"], message.get("start"), message["reaper"])
+            _resolve(self._starting.pop(ident, None), started)
         elif op == "failed":
             future = self._starting.pop(ident, None)
             self._calls.pop(ident, None)
