@@ -47,6 +47,8 @@ from .schemas import ExecuteRequest, ExecutionError, ExecutionResult
 from .spawner import Call, Spawner, SpawnFailed
 from .workspace import Workspace
 
+_INLINE_WALK_SECONDS = 0.002  # the session-memory walk runs on the loop while this quick
+
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _BLAS_THREADS = str(min(8, len(os.sched_getaffinity(0))))
 
@@ -103,15 +105,23 @@ class Executor:
     async def watch_session_memory(self, interval: float = 0.25) -> None:
         """Keep the memory of all code together under ``session_memory``: past it, the
         execution holding the most is killed (memory_limit_exceeded). Overshoot: what
-        code allocates in ``interval`` (RLIMIT_AS bounds each process meanwhile)."""
+        code allocates in ``interval`` (RLIMIT_AS bounds each process meanwhile). With no
+        call alive it sleeps until one starts: an idle runtime makes no wakeup for it."""
         if not self.session_memory:
             return
+        inline = True
         while True:
+            await self.spawner.busy.wait()  # a call started: it is measured ``interval`` on
             await asyncio.sleep(interval)
             spawner = self.spawner.pid
             if spawner is None or not self.spawner.running():
                 continue  # nothing runs, nothing to kill: no /proc walk in a thread
-            usage = await asyncio.to_thread(usage_by_call, spawner)
+            # A few processes (an idle interpreter) are walked in well under a millisecond:
+            # on the loop, one wakeup, not four for the hand-off to a thread and back. After
+            # a slower walk (a large tree) the next ones go to a thread, until one is quick.
+            walk = _timed(usage_by_call, spawner)
+            usage, spent = walk() if inline else await asyncio.to_thread(walk)
+            inline = spent < _INLINE_WALK_SECONDS
             if sum(usage.values()) <= self.session_memory:
                 continue
             largest = max(usage, key=usage.__getitem__)
@@ -320,3 +330,13 @@ class Executor:
             pathsafe.remove_tree(fd, name)
         finally:
             os.close(fd)
+
+
+def _timed(fn: Callable, *args: object) -> Callable[[], tuple]:
+    """``fn(*args)`` as a call returning its result and the seconds it took."""
+
+    def run() -> tuple:
+        began = time.monotonic()
+        return fn(*args), time.monotonic() - began
+
+    return run
