@@ -12,15 +12,21 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 from api_calls import execute
+from polling import wait_for
+from starlette.applications import Starlette
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sandbox_workspace.runtime.limits import descendants
+from sandbox_workspace.server import QuietServer, bind, dated
 
 pytestmark = pytest.mark.local_backend
 
@@ -116,3 +122,20 @@ def test_a_server_with_no_tick_still_exits_at_once_on_a_signal(start_server, tmp
     # The signal wakes the loop itself; nothing waits for a tick (or never ends for want of one).
     assert time.monotonic() - started < 10
     assert "Finished server process" in runtime.log()
+
+
+def test_a_server_with_no_tick_exits_when_another_thread_says_so():
+    """How the tests' own servers (scripted LLM, table source) and the metrics listener
+    are stopped: ``should_exit`` set from outside the server's loop wakes it."""
+    config = uvicorn.Config(
+        Starlette(), log_level="warning", lifespan="off", http=dated(HttpToolsProtocol)
+    )
+    server = QuietServer(config)
+    sock = bind("127.0.0.1", 0)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, "the server to start")
+    server.should_exit = True
+    thread.join(timeout=10)
+    sock.close()
+    assert not thread.is_alive()
