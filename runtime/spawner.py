@@ -15,8 +15,6 @@ Contract:
 - ``Call.exited`` resolves to the exit status (128 + signal when killed);
   ``kill(call)`` kills the call's whole process tree; ``await stop(cid)`` returns once
   every process of the conversation is gone.
-- ``busy`` is set while any call is starting or running, clear when none is: what
-  watches running code waits on it instead of polling an idle runtime.
 """
 
 from __future__ import annotations
@@ -74,7 +72,6 @@ class Spawner:
         self._calls: dict[int, Call] = {}
         self._stops: dict[int, asyncio.Future] = {}
         self._lock = asyncio.Lock()
-        self.busy = asyncio.Event()
 
     @property
     def pid(self) -> int | None:
@@ -135,12 +132,11 @@ class Spawner:
         started = asyncio.get_running_loop().create_future()
         self._starting[call.id] = started
         self._calls[call.id] = call
-        self.busy.set()
         try:
             call.pid, call.start, call.reaper, call.reaper_start = await started
         except BaseException:
             self._starting.pop(call.id, None)
-            self._forget(call.id)
+            self._calls.pop(call.id, None)
             # Cancelled while starting: the spawner starts it anyway, so kill it right after.
             with contextlib.suppress(SpawnFailed):
                 self._send({"op": "kill", "id": call.id})
@@ -213,11 +209,11 @@ class Spawner:
             _resolve(self._starting.pop(ident, None), started)
         elif op == "failed":
             future = self._starting.pop(ident, None)
-            self._forget(ident)
+            self._calls.pop(ident, None)
             if future is not None and not future.done():
                 future.set_exception(SpawnFailed(message["error"]))
         elif op == "exited":
-            call = self._forget(ident)
+            call = self._calls.pop(ident, None)
             if call is not None:
                 call.limit = message.get("limit") or call.limit
                 _resolve(call.exited, message["code"])
@@ -240,13 +236,6 @@ class Spawner:
         for future in self._stops.values():
             _resolve(future, None)
         self._starting, self._calls, self._stops = {}, {}, {}
-        self.busy.clear()
-
-    def _forget(self, ident: int) -> Call | None:
-        call = self._calls.pop(ident, None)
-        if not self._calls:
-            self.busy.clear()
-        return call
 
     async def aclose(self) -> None:
         """Stop the spawner; it kills every call before it exits."""

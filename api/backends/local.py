@@ -15,7 +15,9 @@ Contract:
 - Conversations are tracked in-process: one being deleted (from the API's acceptance of
   the deletion until the runtime confirmed it gone) is DELETING and refuses writes with
   409 ``conversation_deleting``; the runtime refuses them too while it deletes (its own
-  409, relayed). A conversation whose directory exists is READY, else ABSENT.
+  409, relayed). A conversation whose directory exists is READY, else ABSENT. A fork's
+  new conversation has its origin recorded in the API's data directory before its
+  directory is made (``fork_opened``, ``local_forks``), forgotten with its deletion.
 - ``delete_conversation`` never starts a runtime: a session that is down has its
   conversation deleted in this process (the runtime's own ``Workspace`` deletion), under
   the session's lock so that no runtime starts on the directory meanwhile.
@@ -69,8 +71,10 @@ from sandbox_workspace.runtime.workspace import Workspace
 from ..quotas import QuotaExceeded
 from ..runtime_client import RuntimeClient
 from .base import (
+    ConversationExists,
     ConversationPhase,
     EgressUnavailable,
+    ForkOrigin,
     NameTaken,
     RuntimeEndpoint,
     Session,
@@ -81,6 +85,7 @@ from .base import (
 )
 from .bwrap import SANDBOX_WORKSPACE, bwrap_argv
 from .local_egress import LocalEgress, policy_from_json, policy_to_json
+from .local_forks import ForkRecords
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +203,7 @@ class LocalBackend:
         )
         self.data_dir = data_dir.resolve()
         self.sessions_dir = self.data_dir / "sessions"
+        self.forks = ForkRecords(self.data_dir)
         self.http = http
         self.bwrap = bwrap
         self.runtime_command = runtime_command or [
@@ -215,7 +221,6 @@ class LocalBackend:
         self._deleting = DeletionGate()  # (session, conversation) being deleted
         self._api_activity: dict[str, datetime] = {}  # session id → record_activity's time
         self._reaper: asyncio.Task | None = None
-        self._running = asyncio.Event()  # some runtime process may run: the idle stop looks
 
     # -- lifecycle of the backend ------------------------------------------------------
 
@@ -325,6 +330,7 @@ class LocalBackend:
             if self.egress is not None:
                 self.egress.policies.pop(session_id, None)
             await asyncio.to_thread(shutil.rmtree, self._dir(session_id), True)
+            await asyncio.to_thread(self.forks.forget_session, session_id)
             self._dirs.pop(session_id, None)
         return True
 
@@ -376,11 +382,40 @@ class LocalBackend:
         # The runtime creates directories on first write; a deletion and the cap matter.
         if self._deleting.is_deleting((session.session_id, conversation_id)):
             raise ConversationDeleting(conversation_id)
+        await asyncio.to_thread(self._open, session.session_id, conversation_id)
+
+    def _open(self, session_id: str, conversation_id: str) -> None:
+        workspace = self.workspace_dir(session_id)
+        if (workspace / conversation_id).is_dir():
+            return  # known: the hot path, one stat
+        # New: made otherwise than by a fork, so no fork's record (one cut off before its
+        # directory was made) may claim it later.
+        self.forks.forget(session_id, conversation_id)
         if self.max_conversations is not None:
-            workspace = self.workspace_dir(session.session_id)
-            await asyncio.to_thread(
-                check_conversation_quota, workspace, conversation_id, self.max_conversations
-            )
+            check_conversation_quota(workspace, conversation_id, self.max_conversations)
+
+    async def fork_opened(self, session: Session, conversation_id: str, origin: ForkOrigin) -> None:
+        """The origin recorded before the directory exists (the runtime makes it next):
+        killed between the two, the record is there and the conversation absent — the
+        same fork again starts afresh, another use of the id forgets the record."""
+        sid = session.session_id
+        if self._deleting.is_deleting((sid, conversation_id)):
+            raise ConversationDeleting(conversation_id)
+
+        def open_fork() -> None:
+            workspace = self.workspace_dir(sid)
+            if (workspace / conversation_id).is_dir():
+                if self.forks.read(sid, conversation_id) != origin:
+                    raise ConversationExists(f"conversation '{conversation_id}' exists already")
+                return
+            if self.max_conversations is not None:
+                check_conversation_quota(workspace, conversation_id, self.max_conversations)
+            self.forks.record(sid, conversation_id, origin)
+
+        await asyncio.to_thread(open_fork)
+
+    async def fork_origin(self, session: Session, conversation_id: str) -> ForkOrigin | None:
+        return await asyncio.to_thread(self.forks.read, session.session_id, conversation_id)
 
     async def conversation_written(self, session: Session, conversation_id: str) -> None:
         # Deletion here is synchronous and the runtime refuses commits while it deletes:
@@ -415,6 +450,8 @@ class LocalBackend:
                     result = await asyncio.to_thread(
                         _delete_offline, self.workspace_dir(sid), conversation_id
                     )
+                if not result.exists:
+                    await asyncio.to_thread(self.forks.forget, sid, conversation_id)
         return not result.exists
 
     async def _settled(self, session_id: str) -> tuple[SessionStatus, RuntimeEndpoint | None]:
@@ -479,7 +516,6 @@ class LocalBackend:
         if self.egress is not None:
             entry.unix_socket = str(self.egress.runtime_socket(sid))
         self._procs[record.session_id] = entry
-        self._running.set()
         log.info("started runtime", extra={"session_id": record.session_id, "pid": proc.pid})
         task = asyncio.create_task(self._await_ready(record.session_id, entry))
         self._waiters.add(task)
@@ -510,8 +546,6 @@ class LocalBackend:
 
     async def _stop(self, session_id: str) -> None:
         entry = self._procs.pop(session_id, None)
-        if not self._procs:
-            self._running.clear()
         try:
             await self._end(entry)
         finally:
@@ -532,11 +566,9 @@ class LocalBackend:
     # -- idle stop -----------------------------------------------------------------------
 
     async def _stop_idle_runtimes(self) -> None:
-        """Every few seconds (a quarter of the timeout, at most 30 s): stop the idle. A
-        stop is that late at most; while no runtime runs the loop sleeps (no wakeup)."""
+        """Every few seconds (a quarter of the timeout, at most 30 s): stop the idle."""
         interval = min(max(self.idle_timeout / 4, _POLL_SECONDS), _IDLE_CHECK_MAX_SECONDS)
         while True:
-            await self._running.wait()
             await asyncio.sleep(interval)
             for session_id, entry in list(self._procs.items()):
                 try:
