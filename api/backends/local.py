@@ -3,7 +3,8 @@
 Contract:
 - A session is a directory ``{data_dir}/sessions/{dns_name(session_id)}/`` holding
   ``session.json`` (the spec), ``workspace/`` (the runtime's root, kept while the session
-  exists, also across restarts of the API) and ``runtime.log``.
+  exists, also across restarts of the API), ``run/`` (the runtime's port file: the only
+  part its sandbox sees) and ``runtime.log``.
 - Whose directory is in its ``session.json``, not its name: at start each session is
   found where its record is (a directory made before 2026-11-28 keeps its legacy 32-bit
   name and files), and a new session never takes a directory whose record names another
@@ -469,7 +470,10 @@ class LocalBackend:
     async def _spawn(self, record: _Record) -> None:
         sid = record.session_id
         directory = self._dir(sid)
-        port_file = directory / "runtime.port"
+        # The one part of the session's directory its sandbox sees (bwrap.py says why).
+        run_dir = directory / "run"
+        run_dir.mkdir(mode=0o700, exist_ok=True)
+        port_file = run_dir / "runtime.port"
         port_file.unlink(missing_ok=True)
         token = secrets.token_urlsafe(32)
         upload = FileUploadConfig.model_validate(record.file_upload)
@@ -485,7 +489,7 @@ class LocalBackend:
                 *bwrap_argv(
                     self.bwrap,
                     data_dir=self.data_dir,
-                    session_dir=directory,
+                    run_dir=run_dir,
                     workspace=workspace,
                     extra=isolate,
                 ),
