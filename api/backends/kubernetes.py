@@ -311,7 +311,13 @@ class KubernetesBackend:
         """A merge patch of ``spec.egress`` on the session's own CR, conditional on the
         version read (another owner's object under the name is never patched); the
         proxy sees it on its next look, no new pod needed."""
-        egress = None if policy is None else models.EgressSpec.of(policy).model_dump(by_alias=True)
+        # Only the rules: a merge patch leaves spec.egress.secrets (the platform's
+        # bindings, set on the CR) as they are. None clears the whole policy.
+        egress = (
+            None
+            if policy is None
+            else models.EgressSpec.of(policy).model_dump(by_alias=True, include={"rules"})
+        )
         for _ in range(3):
             obj = await self._read(session_id)
             if obj is None:
