@@ -171,7 +171,9 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     # transports. aiohttp has no write timeout: connect, read and pool apply. Model
     # streams go over aiohttp directly (``chat.llm.LlmClient``: per token, even httpx's layers
     # over aiohttp were the API's largest CPU share in bench/chat.py).
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+    limits = httpx.Limits(
+        max_connections=settings.runtime_connections, max_keepalive_connections=64
+    )
     transport = tracing.transport(AiohttpTransport(limits=limits))  # traced runtime calls
     # Local runtimes in network namespaces of their own listen on Unix sockets.
     transport = UnixSocketRouting(transport)

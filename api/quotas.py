@@ -41,6 +41,26 @@ class Quotas(BaseModel):
     executions_per_user: int = Field(
         32, ge=1, description="/execute calls of one user in progress at once (then 429)."
     )
+    e2b_streams_per_user: int = Field(
+        32,
+        ge=1,
+        description="E2B streams (commands, `commands.connect`, `run_code`) one user may "
+        "hold open at once on one API replica (then 429, the SDK's rate-limit error).",
+    )
+    e2b_streams_per_tenant: int = Field(
+        128,
+        ge=1,
+        description="E2B streams all users of one tenant may hold open at once on one API "
+        "replica (then 429).",
+    )
+    e2b_watchers_per_user: int = Field(
+        32, ge=1, description="E2B directory watchers one user may hold on one API replica."
+    )
+    e2b_watchers_per_tenant: int = Field(
+        128,
+        ge=1,
+        description="E2B directory watchers all users of one tenant may hold on one API replica.",
+    )
     snapshot_bytes_per_user: int = Field(
         10 * 1024**3,
         ge=0,
@@ -67,10 +87,12 @@ class TooManyAtOnce(ApiError):
 
 
 class Concurrency:
-    def __init__(self, kind: str, cap: int, setting: str) -> None:
+    def __init__(self, kind: str, cap: int, setting: str, scope: str = "per user") -> None:
         self.kind = kind
         self.cap = cap
-        self.setting = setting
+        # A quota's name (``runs_per_user``), or any other words naming what sets the cap.
+        self.setting = setting if " " in setting else _PREFIX + setting.upper()
+        self.scope = scope
         self._held: dict[str, int] = {}
 
     def held(self, key: str) -> int:
@@ -80,8 +102,8 @@ class Concurrency:
         count = self._held.get(key, 0)
         if count >= self.cap:
             raise TooManyAtOnce(
-                f"{self.kind}: at most {self.cap} at once per user "
-                f"({_PREFIX}{self.setting.upper()}); retry when one has finished"
+                f"{self.kind}: at most {self.cap} at once {self.scope} "
+                f"({self.setting}); retry when one has finished"
             )
         self._held[key] = count + 1
         released = False

@@ -183,6 +183,13 @@ class ApiSettings(BaseSettings):
     runtime_request_timeout_seconds: float = Field(
         300.0, gt=0, description="Read timeout for calls to a sandbox runtime."
     )
+    runtime_connections: int = Field(
+        512,
+        ge=8,
+        description="Connections to sandbox runtimes one API replica keeps at most (all "
+        "runtimes together). Long streams that hold one (E2B commands, `run_code`) take at "
+        "most half, so other calls always find one free.",
+    )
     llm_provider: Literal["openai", "anthropic"] = Field(
         "openai",
         description="The model's API: `openai` (Chat Completions, any compatible endpoint) "
@@ -285,6 +292,7 @@ class ApiSettings(BaseSettings):
         default_factory=Quotas,
         description="Per-user caps: conversations_per_user (409 quota_exceeded), "
         "runs_per_user, followers_per_user, executions_per_user (429 with Retry-After), "
+        "e2b_streams_per_user/_per_tenant, e2b_watchers_per_user/_per_tenant (429), "
         "snapshot_bytes_per_user (413).",
     )
     log_level: str = "info"

@@ -39,7 +39,9 @@ from .raw_upload import FEATURE as RAW_UPLOAD
 from .raw_upload import receive_raw_upload
 from .schemas import (
     DEFAULT_OUTPUTS_LISTED,
+    KEEPALIVE_HEADER,
     MAX_OUTPUTS_LISTED,
+    PROCESS_KEEPALIVE_SECONDS,
     ConversationDeleted,
     ConversationIds,
     ConversationInfo,
@@ -70,6 +72,7 @@ from .uploads import (
 from .workspace import Workspace
 
 _READ_CHUNK = 1024 * 1024
+PROCESS_STREAM_HEADERS = {KEEPALIVE_HEADER: str(PROCESS_KEEPALIVE_SECONDS)}
 
 
 class RuntimeState:
@@ -491,6 +494,7 @@ async def start_process(conversation_id: str, body: ProcessStart, state: State):
     return StreamingResponse(
         _process_stream(state, proc, {"type": "start", "pid": proc.pid}),
         media_type="application/x-ndjson",
+        headers=PROCESS_STREAM_HEADERS,
     )
 
 
@@ -508,6 +512,7 @@ async def process_events(conversation_id: str, pid: int, state: State):
     return StreamingResponse(
         _process_stream(state, proc, {"type": "start", "pid": proc.pid}),
         media_type="application/x-ndjson",
+        headers=PROCESS_STREAM_HEADERS,
     )
 
 
@@ -530,7 +535,7 @@ async def process_signal(conversation_id: str, pid: int, body: ProcessSignal, st
 
 async def _process_stream(state: RuntimeState, proc, first: dict) -> AsyncIterator[bytes]:
     yield _ndjson(first)
-    async for event in state.processes.events(proc):
+    async for event in state.processes.events(proc, idle=PROCESS_KEEPALIVE_SECONDS):
         if "data" in event:
             event = {**event, "data": base64.b64encode(event["data"]).decode()}
         yield _ndjson(event)

@@ -20,6 +20,7 @@ Contract:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
@@ -33,6 +34,7 @@ from sandbox_workspace.contract.errors import ApiError
 
 from .output_frames import Frame, parse_frames
 from .schemas import (
+    KEEPALIVE_HEADER,
     ConversationDeleted,
     ConversationIds,
     ConversationInfo,
@@ -130,15 +132,46 @@ def _too_large() -> RuntimeBadAnswer:
     )
 
 
-# A background process's stream may be silent for long: no read deadline.
+# A background process's stream may be silent for long: no transport read deadline; the
+# runtime's keepalives give it one (``_silence_limit``).
 _STREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=None, write=60, pool=30)
+# How many keepalive intervals without a byte make a process stream dead: the runtime
+# hangs, or the connection is gone without a reset (a node lost). Its pooled connection
+# is freed then, not held for the process's whole life.
+SILENT_KEEPALIVES = 4
 
 
-async def _ndjson_lines(response: httpx.Response) -> AsyncIterator[dict]:
-    """The JSON lines of a streamed answer (each bounded), closing it at the end."""
+def _silence_limit(response: httpx.Response) -> float | None:
+    try:
+        interval = float(response.headers.get(KEEPALIVE_HEADER, ""))
+    except ValueError:
+        return None  # a runtime that sends no keepalives: no deadline
+    return SILENT_KEEPALIVES * interval if interval > 0 else None
+
+
+async def _chunks(response: httpx.Response, silence: float | None) -> AsyncIterator[bytes]:
+    chunks = response.aiter_bytes()
+    while True:
+        try:
+            async with asyncio.timeout(silence):
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise RuntimeUnavailable(
+                f"sandbox runtime sent nothing for {silence:g} s on a stream it keeps alive"
+            ) from None
+        yield chunk
+
+
+async def _ndjson_lines(
+    response: httpx.Response, silence: float | None = None
+) -> AsyncIterator[dict]:
+    """The JSON lines of a streamed answer (each bounded), closing it at the end; past
+    ``silence`` seconds without a byte it fails as an unreachable runtime."""
     try:
         pending = bytearray()  # the line being received
-        async for chunk in response.aiter_bytes():
+        async for chunk in _chunks(response, silence):
             lines = chunk.split(b"\n")
             for line in lines[:-1]:
                 pending += line
@@ -154,6 +187,13 @@ async def _ndjson_lines(response: httpx.Response) -> AsyncIterator[dict]:
         raise _unreachable(e) from e
     finally:
         await response.aclose()
+
+
+async def _process_events(response: httpx.Response) -> AsyncIterator[dict]:
+    """A process stream's events, its keepalives taken out (they only prove it lives)."""
+    async for event in _ndjson_lines(response, _silence_limit(response)):
+        if event.get("type") != "keepalive":
+            yield event
 
 
 def _parse(model: type[M], response: httpx.Response) -> M:
@@ -337,13 +377,13 @@ class RuntimeClient:
         body = {"code": code, "timeout": timeout, "stdin": stdin}
         path = self._conversation(cid, "processes")
         response = await self._open("POST", path, json=body, timeout=_STREAM_TIMEOUT)
-        async for event in _ndjson_lines(response):
+        async for event in _process_events(response):
             yield event
 
     async def process_events(self, cid: str, pid: int) -> AsyncIterator[dict]:
         path = self._conversation(cid, "processes", str(pid), "events")
         response = await self._open("GET", path, timeout=_STREAM_TIMEOUT)
-        async for event in _ndjson_lines(response):
+        async for event in _process_events(response):
             yield event
 
     async def list_processes(self, cid: str) -> list[dict]:

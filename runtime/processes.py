@@ -9,10 +9,13 @@ Contract:
   ``timeout`` seconds (``None``: ``max_lifetime``) its whole tree is killed.
 - Output is kept in a buffer of at most ``buffer_bytes`` (the oldest events are dropped,
   ``Proc.dropped`` counts their bytes); ``events(proc)`` replays the buffer and then
-  follows new events until the end, which is ``{"type": "end", "exit_code": …}``.
+  follows new events until the end, which is ``{"type": "end", "exit_code": …}``; with
+  ``idle`` it sends ``{"type": "keepalive"}`` whenever nothing came for that long (a
+  quiet process's follower can then tell a silent process from a dead connection).
 - ``write(proc, data)`` reaches the process's stdin (and nothing else: stdin closed
   meanwhile ends it with ``ProcessNotFound``); ``close_stdin``; ``signal(proc,
-  SIGTERM)`` signals the process, SIGKILL kills its whole tree.
+  SIGTERM)`` signals the process — the one started, never a later holder of its pid
+  (``pids.send_signal``) — and SIGKILL kills its whole tree.
 - A process ends with its conversation (``stop_conversation`` kills every process of a
   conversation through the spawner) and with the runtime (the spawner's ``aclose``); an
   ended process is listed (not running) for ``linger`` seconds, then forgotten.
@@ -33,6 +36,7 @@ from pydantic import BaseModel, Field
 
 from sandbox_workspace.contract.errors import ApiError, BadRequest, NotFoundError
 
+from .pids import send_signal
 from .pipes import CodePipes
 from .schemas import MAX_CODE_BYTES
 from .spawner import Call, SpawnFailed
@@ -44,6 +48,7 @@ _SIGNALS = {"SIGTERM": signals.SIGTERM, "SIGKILL": signals.SIGKILL, "SIGINT": si
 _MAX_INPUT = 1 << 20
 _INPUT_WAIT = 10.0
 _MAX_EVENTS = 4096  # per process buffer: followers copy it, so its length is bounded too
+KEEPALIVE = {"type": "keepalive"}
 
 
 class ProcessStart(BaseModel):
@@ -211,8 +216,9 @@ class Processes:
         if self._procs.get((proc.cid, proc.pid)) is proc:  # the pid may be another's now
             del self._procs[(proc.cid, proc.pid)]
 
-    async def events(self, proc: Proc):
-        """The buffered events, then new ones as they come, up to the end."""
+    async def events(self, proc: Proc, idle: float | None = None):
+        """The buffered events, then new ones as they come, up to the end; with ``idle``,
+        a ``keepalive`` event after each ``idle`` seconds without one."""
         position = 0
         while True:
             waiter = proc.changed
@@ -222,7 +228,11 @@ class Processes:
                     yield event
                     if event["type"] == "end":
                         return
-            await waiter.wait()
+            try:
+                async with asyncio.timeout(idle):
+                    await waiter.wait()
+            except TimeoutError:
+                yield KEEPALIVE
 
     async def write(self, proc: Proc, data: bytes) -> None:
         fd = proc.pipes.stdin_writer
@@ -264,8 +274,12 @@ class Processes:
         if number == signals.SIGKILL:
             self.executor.spawner.kill(proc.call)  # the whole tree, daemons included
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(proc.pid, number)
+        # The process, not its pid number: between its end (its reaper frees the pid at
+        # once) and ``exit_code`` (after the tree's cleanup and the pipes' drain, seconds)
+        # the pid may be a new process's — another command of this sandbox, even.
+        with contextlib.suppress(PermissionError):
+            if not send_signal(proc.pid, proc.call.start, number):
+                raise ProcessNotFound(f"process {proc.pid} has ended")
 
     async def aclose(self) -> None:
         for task in list(self._tasks):

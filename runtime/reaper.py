@@ -13,7 +13,8 @@ Contract of ``run_call`` (never returns):
   the reaper; switches uid if asked; and it is under the conversation's Landlock
   ruleset (its own conversation and scratch read-write, the system read-only). A failure in any step
   is reported and nothing runs unconfined.
-- It writes one JSON line to ``report_fd``: ``{"pid": …}`` or ``{"error": …}``.
+- It writes one JSON line to ``report_fd``: ``{"pid": …, "start": …}`` (the code
+  process's start time, ``pids.start_time``) or ``{"error": …}``.
 - With ``limits`` in the request (``runtime/limits.py``) the code process gets its
   rlimits and ``oom_score_adj``, and the reaper checks the tree every tick; past a
   limit it kills the tree and writes a second line ``{"limit": name}``; so too
@@ -37,6 +38,7 @@ from typing import NoReturn
 
 from . import landlock, prctl, seccomp
 from .limits import TICK_SECONDS, Limits, TreeWatch, apply_in_child, killed_by_oom, oom_kills
+from .pids import start_time
 
 _KILL_DEADLINE = 30.0
 
@@ -89,7 +91,9 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
             return _exit_code(os.waitpid(root, 0)[1])
         _watch(request, os.getpid())  # before the report: the runtime may signal at once
         ooms = oom_kills()
-        _report(report_fd, {"pid": root}, close=False)
+        # Its start time with its pid: the runtime signals this process, never a later
+        # holder of the pid (``pids.send_signal``). Read while it is our unreaped child.
+        _report(report_fd, {"pid": root, "start": start_time(root)}, close=False)
         while True:
             child, status = os.waitpid(-1, 0)
             if child == root:

@@ -103,6 +103,13 @@ class Health(BaseModel):
 
 MAX_CODE_BYTES = 256 * 1024
 
+# A process stream (``…/processes``, ``…/processes/{pid}/events``) sends
+# ``{"type": "keepalive"}`` after this many seconds without an event, and says so in the
+# header: a follower may take a much longer silence for a dead connection (a runtime
+# that does not send the header — an older one — gets no such deadline).
+PROCESS_KEEPALIVE_SECONDS = 15.0
+KEEPALIVE_HEADER = "x-sandbox-keepalive-seconds"
+
 
 class ExecuteRequest(BaseModel):
     """Run code in a conversation's directory."""

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from .cpu_cgroup import CpuGroups
 from .limits import Limits
+from .pids import send_signal
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ class Call:
     id: int
     cid: str
     pid: int = 0
+    start: int | None = None  # the code process's start time (``pids.start_time``)
     reaper: int = 0
+    reaper_start: int | None = None
     watched: bool = False  # its reaper checks limits (and takes SIGUSR1)
     limit: str | None = None
     exited: asyncio.Future = field(
@@ -130,7 +133,7 @@ class Spawner:
         self._starting[call.id] = started
         self._calls[call.id] = call
         try:
-            call.pid, call.reaper = await started
+            call.pid, call.start, call.reaper, call.reaper_start = await started
         except BaseException:
             self._starting.pop(call.id, None)
             self._calls.pop(call.id, None)
@@ -146,8 +149,10 @@ class Spawner:
 
     def mark_execution(self, call: Call) -> None:
         if call.watched and call.reaper and not call.exited.done():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(call.reaper, signal.SIGUSR1)
+            # By its start time too: a reaper reaped just now (its ``exited`` not read
+            # yet) left its pid free, and SIGUSR1 ends a process that does not catch it.
+            with contextlib.suppress(PermissionError):
+                send_signal(call.reaper, call.reaper_start, signal.SIGUSR1)
 
     def kill(self, call: Call) -> None:
         if not call.exited.done():
@@ -195,7 +200,13 @@ class Spawner:
     def _dispatch(self, message: dict) -> None:
         op, ident = message["op"], message["id"]
         if op == "started":
-            _resolve(self._starting.pop(ident, None), (message["pid"], message["reaper"]))
+            started = (
+                message["pid"],
+                message.get("start"),
+                message["reaper"],
+                message.get("reaper_start"),
+            )
+            _resolve(self._starting.pop(ident, None), started)
         elif op == "failed":
             future = self._starting.pop(ident, None)
             self._calls.pop(ident, None)

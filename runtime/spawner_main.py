@@ -10,7 +10,9 @@ Protocol (``SOCK_SEQPACKET``, one JSON object per message, fds by ``SCM_RIGHTS``
                       "read_only"?} + fds
                      {"op": "kill", "id"}            kill one call's whole tree
                      {"op": "stop", "id", "cid"}     kill every call of a conversation
-  spawner → runtime  {"op": "started", "id", "pid", "reaper"} | {"op": "failed", "id", "error"}
+  spawner → runtime  {"op": "started", "id", "pid", "start", "reaper", "reaper_start"}
+                                     (start times: ``pids.start_time``)
+                     {"op": "failed", "id", "error"}
                      {"op": "exited", "id", "code", "limit"}  (code: exit status, 128 +
                                      signal; limit: the limit the reaper killed it for)
                      {"op": "stopped", "id"}         every call of that cid has ended
@@ -33,6 +35,7 @@ import sys
 import time
 
 from . import landlock, prctl, reaper
+from .pids import start_time
 
 _MAX_MESSAGE = 1 << 20
 _MAX_FDS = 16
@@ -193,7 +196,10 @@ class Spawner:
             self.calls[pid] = (message["id"], message["cid"])
             self.by_id[message["id"]] = pid
             self.reports[pid] = report_r
-            self.send({"op": "started", "id": message["id"], "pid": report["pid"], "reaper": pid})
+            # The reaper is our unreaped child: its start time is surely its own.
+            started = {"pid": report["pid"], "start": report.get("start"), "reaper": pid,
+                       "reaper_start": start_time(pid)}  # fmt: skip
+            self.send({"op": "started", "id": message["id"], **started})
         else:
             os.close(report_r)
             # The reaper exits on its own; it is reaped (and ignored) like an orphan.

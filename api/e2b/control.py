@@ -138,7 +138,7 @@ async def _create(request: Request, services: Services, body: dict) -> JSONRespo
         else:
             session = await services.sessions.ensure_running(caller, caller.session_id)
             sandbox_id = new_sandbox_id()
-            sandbox = Sandbox(services, session, conversation_of(sandbox_id))
+            sandbox = Sandbox(services, session, conversation_of(sandbox_id), caller=caller)
             await services.backend.conversation_opened(session, sandbox.cid)
             # The conversation exists for the runtime (its listings) at once: its directories
             # are made directly, not by a process in the sandbox (~80 ms of the create).
@@ -170,7 +170,7 @@ async def _end(services: Services, sandbox_id: str, caller: Caller) -> bool:
         return True
     await services.backend.delete_conversation(sandbox.session, sandbox.cid)
     services.runs.cancel_conversation(sandbox.session.session_id, sandbox.cid)
-    EXECUTIONS.pop(sandbox.cid, None)
+    EXECUTIONS.pop(sandbox.key, None)
     return True
 
 

@@ -21,7 +21,7 @@ import contextlib
 import json
 import shlex
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sandbox_workspace.contract.errors import ApiError, BadGateway, BadRequest, NotFoundError
 from sandbox_workspace.contract.ids import UnsafePath, check_conversation_id
@@ -36,9 +36,11 @@ from ..runtime_client import RuntimeClient
 from .ids import SandboxNotFound, conversation_of, is_attached
 from .state import lifetimes
 
-# Per conversation: the code interpreter's execution count (our kernel keeps none); this
-# process's count, dropped at kill.
-EXECUTIONS: dict[str, int] = {}
+# Per sandbox (``Sandbox.key``: tenant, user, conversation — a conversation id is the
+# user's own name, and another tenant's user may have the same one): the code
+# interpreter's execution count (our kernel keeps none); this process's count, dropped at
+# kill.
+EXECUTIONS: dict[tuple[str, str, str], int] = {}
 
 # One operation per call: argv[1] is {"op", "path", …} with paths relative to the cwd
 # (the conversation's directory); prints one JSON line: {"ok": …} or {"error", "kind"}.
@@ -180,6 +182,12 @@ class Sandbox:
     session: Session
     cid: str
     attached: bool = False
+    caller: Caller = field(kw_only=True)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Whose sandbox this is, in full: conversation ids repeat across users."""
+        return (self.caller.tenant, self.caller.user_id, self.cid)
 
     @classmethod
     async def open(cls, services: Services, caller: Caller, sandbox_id: str) -> Sandbox:
@@ -198,7 +206,7 @@ class Sandbox:
         ):
             raise SandboxNotFound(f"sandbox '{sandbox_id}' not found (killed, or not yours)")
         await services.backend.conversation_opened(session, cid)  # fills it from the store
-        return cls(services, session, cid, attached=is_attached(sandbox_id))
+        return cls(services, session, cid, attached=is_attached(sandbox_id), caller=caller)
 
     @property
     def client(self) -> RuntimeClient:

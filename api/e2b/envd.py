@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from sandbox_workspace.contract.errors import ApiError, BadRequest, TooLarge
 from sandbox_workspace.runtime.schemas import MAX_CODE_BYTES, ExecuteRequest
@@ -34,6 +34,7 @@ from sandbox_workspace.runtime.schemas import MAX_CODE_BYTES, ExecuteRequest
 from ..deps import Services, ServicesDep
 from ..sse import with_keepalive
 from . import connect, processes, watchers
+from .admission import HeldStream, caps
 from .control import NotSupported, tokens
 from .conversation import EXECUTIONS, Sandbox
 from .paths import to_e2b, to_relative
@@ -188,6 +189,8 @@ async def process(method: str, request: Request, services: ServicesDep) -> Respo
             events = processes.start_events(sandbox, message, timeout)
         else:
             events = sandbox.client.process_events(sandbox.cid, processes.pid_of(message))
+        # Last: nothing above holds anything (``events`` starts when iterated).
+        release = caps(services).streams.take(sandbox.caller)
     except ApiError as e:
         return _stream_error(connect.code_for_status(e.status), e.message)
     except (ValueError, IndexError, TypeError) as e:
@@ -197,7 +200,7 @@ async def process(method: str, request: Request, services: ServicesDep) -> Respo
         KEEPALIVE_SECONDS,
         connect.envelope({"event": {"keepalive": {}}}),
     )
-    return StreamingResponse(stream, media_type=connect.STREAM_MEDIA_TYPE)
+    return HeldStream(stream, release, media_type=connect.STREAM_MEDIA_TYPE)
 
 
 async def _stream_message(request: Request) -> dict:
@@ -217,7 +220,9 @@ async def _watch_dir(request: Request, services: ServicesDep) -> Response:
         return _stream_error("invalid_argument", f"malformed request: {e}")
     keepalive = connect.envelope({"keepalive": {}})
     stream = with_keepalive(watchers.watch_stream(sandbox, message), KEEPALIVE_SECONDS, keepalive)
-    return StreamingResponse(stream, media_type=connect.STREAM_MEDIA_TYPE)
+    # Its watcher's slots are the stream's own (``watch_stream``); the send deadline
+    # still ends it for a client that stopped reading.
+    return HeldStream(stream, lambda: None, media_type=connect.STREAM_MEDIA_TYPE)
 
 
 def _stream_error(code: str, message: str) -> Response:
@@ -303,7 +308,7 @@ async def _execution_lines(sandbox: Sandbox, request: ExecuteRequest) -> AsyncIt
                 }
     except ApiError as e:
         yield {"type": "error", "name": e.code, "value": e.message, "traceback": ""}
-    count = EXECUTIONS[sandbox.cid] = EXECUTIONS.get(sandbox.cid, 0) + 1
+    count = EXECUTIONS[sandbox.key] = EXECUTIONS.get(sandbox.key, 0) + 1
     yield {"type": "number_of_executions", "execution_count": count}
     yield {"type": "end_of_execution"}
 
@@ -319,6 +324,7 @@ async def execute(request: Request, services: ServicesDep) -> Response:
         if body.get("env_vars"):
             raise NotSupported("env_vars on run_code are not supported")
         execute = ExecuteRequest(language=language, code=body.get("code") or "", timeout=300)
+        release = caps(services).streams.take(sandbox.caller)  # E2B's 429 shape
     except ApiError as e:
         return _file_error(e)
     except ValueError as e:
@@ -328,7 +334,7 @@ async def execute(request: Request, services: ServicesDep) -> Response:
         async for line in _execution_lines(sandbox, execute):
             yield json.dumps(line).encode() + b"\n"
 
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+    return HeldStream(lines(), release, media_type="application/x-ndjson")
 
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])

@@ -6,9 +6,12 @@ modification times; ``recursive`` down to ``MAX_DEPTH``) and answers a watcher i
 envd's events: a new path is ``CREATE``, a gone one ``REMOVE``, a changed size or time
 ``WRITE`` (a rename is a ``REMOVE`` and a ``CREATE``); ``RemoveWatcher`` drops it.
 ``WatchDir`` (the async SDK's stream) looks every ``POLL_SECONDS`` and sends the same
-events. At most ``MAX_PER_SANDBOX`` watchers per sandbox and ``MAX_WATCHERS`` per API
-process (then ``resource_exhausted``); a watcher nobody asked for ``IDLE_SECONDS`` is
-dropped. Watchers live in the API process that created them.
+events. At most ``MAX_PER_SANDBOX`` watchers per sandbox, and per user, per tenant and
+per API process as ``admission.caps(services).watchers`` says (quotas
+``e2b_watchers_per_user``/``_per_tenant``, then ``admission.MAX_WATCHERS`` for all
+tenants together) — then ``resource_exhausted``; a watcher nobody asked for
+``IDLE_SECONDS`` is dropped (and its slots freed). Watchers live in the API process that
+created them.
 
 Why polling, not inotify: it needs nothing new in the runtime (the listing is the file
 calls' own, confined as every execution), it holds no kernel watches that tenants share
@@ -21,18 +24,19 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from sandbox_workspace.contract.errors import ApiError, NotFoundError
 
+from ..quotas import TooManyAtOnce
 from . import connect
+from .admission import caps
 from .conversation import Sandbox
 from .paths import to_relative
 
 MAX_DEPTH = 16
 MAX_PER_SANDBOX = 8
-MAX_WATCHERS = 256
 IDLE_SECONDS = 600.0
 POLL_SECONDS = 0.5
 
@@ -54,6 +58,7 @@ class Watcher:
     rel: str
     depth: int
     seen: Snapshot
+    release: Callable[[], None]  # its slots of the caller's caps
     used: float = field(default_factory=time.monotonic)
 
 
@@ -80,10 +85,16 @@ def changes(before: Snapshot, after: Snapshot, base: str) -> list[dict]:
     return events
 
 
+def _drop(wid: str) -> None:
+    watcher = _WATCHERS.pop(wid, None)
+    if watcher is not None:
+        watcher.release()
+
+
 def _drop_idle() -> None:
     now = time.monotonic()
     for wid in [w for w, x in _WATCHERS.items() if now - x.used > IDLE_SECONDS]:
-        del _WATCHERS[wid]
+        _drop(wid)
 
 
 def owner(sandbox: Sandbox) -> tuple[str, str]:
@@ -92,14 +103,17 @@ def owner(sandbox: Sandbox) -> tuple[str, str]:
     return (sandbox.session.session_id, sandbox.cid)
 
 
-def _admit(sandbox: tuple[str, str]) -> None:
+def _admit(sandbox: Sandbox) -> Callable[[], None]:
+    """One watcher's slots (the release), or ``TooManyWatchers`` naming the cap."""
     _drop_idle()
-    if len(_WATCHERS) >= MAX_WATCHERS:
-        raise TooManyWatchers("too many directory watchers on this server; stop some")
-    if sum(1 for w in _WATCHERS.values() if w.sandbox == sandbox) >= MAX_PER_SANDBOX:
+    if sum(1 for w in _WATCHERS.values() if w.sandbox == owner(sandbox)) >= MAX_PER_SANDBOX:
         raise TooManyWatchers(
             f"at most {MAX_PER_SANDBOX} directory watchers per sandbox; stop one first"
         )
+    try:
+        return caps(sandbox.services).watchers.take(sandbox.caller)
+    except TooManyAtOnce as e:
+        raise TooManyWatchers(e.message) from None
 
 
 def _watched(message: dict) -> tuple[str, int]:
@@ -119,11 +133,14 @@ def _mine(sandbox: Sandbox, message: dict) -> tuple[str, Watcher]:
 async def unary(method: str, sandbox: Sandbox, message: dict) -> dict:
     if method == "CreateWatcher":
         rel, depth = _watched(message)
-        _admit(owner(sandbox))
-        seen = await snapshot(sandbox, rel, depth)
-        _admit(owner(sandbox))  # again: others may have come in while we listed
+        release = _admit(sandbox)  # before the listing: concurrent creates count
+        try:
+            seen = await snapshot(sandbox, rel, depth)
+        except BaseException:
+            release()
+            raise
         wid = secrets.token_urlsafe(12)
-        _WATCHERS[wid] = Watcher(owner(sandbox), rel, depth, seen)
+        _WATCHERS[wid] = Watcher(owner(sandbox), rel, depth, seen, release)
         return {"watcherId": wid}
     if method == "GetWatcherEvents":
         _, watcher = _mine(sandbox, message)
@@ -133,7 +150,7 @@ async def unary(method: str, sandbox: Sandbox, message: dict) -> dict:
         return {"events": events}
     if method == "RemoveWatcher":
         wid, _ = _mine(sandbox, message)
-        _WATCHERS.pop(wid, None)
+        _drop(wid)
         return {}
     raise NotImplementedError(method)
 
@@ -146,8 +163,7 @@ async def watch_stream(sandbox: Sandbox, message: dict) -> AsyncIterator[bytes]:
     rel, depth = _watched(message)
     wid = secrets.token_urlsafe(12)
     try:
-        _admit(owner(sandbox))
-        watcher = _WATCHERS[wid] = Watcher(owner(sandbox), rel, depth, {})
+        watcher = _WATCHERS[wid] = Watcher(owner(sandbox), rel, depth, {}, _admit(sandbox))
         watcher.seen = await snapshot(sandbox, rel, depth)
         yield connect.envelope({"start": {}})
         while True:
@@ -160,4 +176,4 @@ async def watch_stream(sandbox: Sandbox, message: dict) -> AsyncIterator[bytes]:
     except ApiError as e:
         yield connect.end_stream(connect.code_for_status(e.status), e.message)
     finally:
-        _WATCHERS.pop(wid, None)
+        _drop(wid)

@@ -18,16 +18,20 @@ from typing import Any
 import kopf
 
 from sandbox_workspace.contract.crd import (
+    API_VERSION,
     COMPONENT_RUNTIME,
     FINALIZER_FILES,
     LABEL_COMPONENT,
     PREFIX,
+    SESSION_PLURAL,
+    WORKSPACE_PLURAL,
 )
 
 from ..context import OperatorContext
 from ..deadlines import Deadlines
 from ..diffbase import SessionDiffBaseStorage, SessionProgressStorage
-from ..peering import Activity
+from ..discovery import wait_until_served
+from ..peering import PEERING_GROUP, Activity
 from . import checks
 
 
@@ -69,6 +73,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # default, 60 s, is a minute with nothing reconciled).
     settings.peering.lifetime = ours.peering_lifetime_seconds
     await ctx.start()
+    # kopf reads the apiserver's discovery once, right after this handler: an apiserver
+    # still starting would leave the operator serving nothing (discovery.py says why).
+    await wait_until_served(ctx.api, served_resources(ours.standalone, not ours.namespaces))
     ctx.activity = Activity(
         ctx.api,
         standalone=ours.standalone,
@@ -82,6 +89,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     ctx.deadlines = Deadlines(partial(checks.on_deadline, ctx), concurrency=ours.check_concurrency)
     if ours.metrics_port:
         ctx.metrics.serve(ours.metrics_port, ours.metrics_host)
+
+
+def served_resources(standalone: bool, clusterwide: bool) -> dict[str, tuple[str, ...]]:
+    """The custom resources kopf must find in discovery (pods are built in)."""
+    wanted = {API_VERSION: (SESSION_PLURAL, WORKSPACE_PLURAL)}
+    if not standalone:
+        wanted[PEERING_GROUP] = ("clusterkopfpeerings",) if clusterwide else ("kopfpeerings",)
+    return wanted
 
 
 def _quiet_event_handlers(record: logging.LogRecord) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from api_calls import required_api
 from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException
 from e2b_code_interpreter import Sandbox
 
@@ -41,13 +42,7 @@ def _wait(condition, what: str, timeout: float = 30) -> None:
 
 @pytest.fixture(scope="module")
 def secure_api(start_server):
-    return start_server(
-        "api",
-        SANDBOX_WORKSPACE_AUTH_MODE="required",
-        SANDBOX_WORKSPACE_SERVICE_TOKEN=SERVICE_TOKEN,
-        SANDBOX_WORKSPACE_DATA_DIR="data",
-        SANDBOX_WORKSPACE_SANDBOX_MOUNT="none",
-    )
+    return required_api(start_server, SERVICE_TOKEN)
 
 
 def _as(user: str, tenant: str) -> dict[str, str]:

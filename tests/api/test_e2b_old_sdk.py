@@ -10,12 +10,11 @@ docs/e2b.md's compatibility table lists.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from e2b_program import UNSUPPORTED_CALLS, run_program
+from e2b_program import UNSUPPORTED_CALLS, e2b_env, run_program
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / ".cache" / "e2b-sdk-old"
@@ -55,14 +54,7 @@ def test_an_sdk_from_before_v2_routes_runs_the_core_calls(dev_server, tmp_path):
     subprocess.run(["bash", str(REPO / "scripts" / "install-e2b-old-sdk.sh")], check=True)
     report = run_program(
         [sys.executable, "-c", PROGRAM],
-        {
-            "PATH": os.environ["PATH"],
-            "HOME": str(tmp_path),
-            "PYTHONPATH": str(TARGET),
-            "E2B_API_URL": f"{dev_server.url}/e2b",
-            "E2B_SANDBOX_URL": f"{dev_server.url}/e2b/envd",
-            "E2B_API_KEY": KEY,
-        },
+        {**e2b_env(dev_server.url, KEY, home=tmp_path), "PYTHONPATH": str(TARGET)},
         tmp_path,
     )
     assert report["version"] == "2.50.0" and report["has_v2_create"] is False

@@ -8,13 +8,13 @@ session) are contained, and every process of the sandbox is gone once it is kill
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
 
-from tests.api.test_e2b_sdk import _e2b_env
+from e2b_program import e2b_env, run_program
+
+from tests.api.test_e2b_sdk import KEY
 
 PROGRAM = r"""
 import asyncio, json, time
@@ -110,16 +110,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_background_commands_stdin_kill_and_hostile_ones_end_with_the_sandbox(dev_server, tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-c", PROGRAM],
-        env=_e2b_env(dev_server.url),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = run_program([sys.executable, "-c", PROGRAM], e2b_env(dev_server.url, KEY), tmp_path)
     assert report["fg"] == [0, "hi\n"]
     assert report["listed"] and report["followed"]
     assert report["killed"] is True and report["gone"]

@@ -9,14 +9,12 @@ gone from disk (the deletion guarantee of DELETE …/conversations/{cid}).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+from e2b_program import e2b_env, run_program
 
 PROGRAM = r"""
 import json, sys
@@ -71,32 +69,14 @@ print(json.dumps(report))
 KEY = "e2b_0123456789abcdef0123456789abcdef"
 
 
-def _e2b_env(url: str) -> dict[str, str]:
-    # Only E2B's variables (and what any process needs): no Sandbox Workspace settings.
-    return {
-        "PATH": os.environ["PATH"],
-        "HOME": os.environ.get("HOME", "/tmp"),
-        "E2B_API_URL": f"{url}/e2b",
-        "E2B_SANDBOX_URL": f"{url}/e2b/envd",
-        "E2B_API_KEY": KEY,
-    }
-
-
 def _conversation_dirs(root: Path, sandbox_id: str) -> list[Path]:
     return [p for p in root.rglob(f"e2b-{sandbox_id}") if p.is_dir()]
 
 
 def test_an_e2b_program_runs_unchanged_and_kill_deletes_its_files(dev_server, tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-c", PROGRAM],
-        env=_e2b_env(dev_server.url),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    report = run_program(
+        [sys.executable, "-c", PROGRAM], e2b_env(dev_server.url, KEY), tmp_path, timeout=180
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
     assert {"hello.txt", "notes"} <= set(report["listed"])
     assert report["read"] == "hello from e2b"
     assert report["nested"] == "relative"

@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+from api_calls import required_api
 from rss_watch import PeakWatch
 
 pytestmark = pytest.mark.local_backend
@@ -39,14 +40,7 @@ class Watched:
 
 @pytest.fixture(scope="module")
 def bounded_api(start_server):
-    return start_server(
-        "api",
-        SANDBOX_WORKSPACE_AUTH_MODE="required",
-        SANDBOX_WORKSPACE_SERVICE_TOKEN=SERVICE_TOKEN,
-        SANDBOX_WORKSPACE_DATA_DIR="data",
-        SANDBOX_WORKSPACE_SANDBOX_MOUNT="none",
-        **BOUNDS,
-    )
+    return required_api(start_server, SERVICE_TOKEN, **BOUNDS)
 
 
 def connect(server) -> socket.socket:

@@ -238,13 +238,16 @@ def test_local_mode_keeps_no_mirror(api, session_url):
 # killed with it and the ceiling is free again before the test looks (seen: exit 254).
 # Each child execs sleep at once: forked Python copies would count against the memory
 # limit per execution (copy-on-write pages count in both).
+# posix_spawn (vfork-like), not fork + exec: a forked interpreter holds ~8 MB of resident
+# memory until its exec, and on a loaded machine enough of them wait at once to pass the
+# execution's memory limit (512Mi) — the filler was then killed before the ceiling, and the
+# test failed in CI with "never reached".
 HOLD_THE_CEILING = """python3 -c '
 import os, shutil, time
 sleep = shutil.which("sleep")
 while True:
     try:
-        if os.fork() == 0:
-            os.execv(sleep, ["sleep", "120"])
+        os.posix_spawn(sleep, ["sleep", "120"], {})
     except OSError:
         time.sleep(0.02)
 '"""
@@ -262,7 +265,8 @@ def test_stop_works_when_code_filled_the_process_ceiling(api):
         filling = pool.submit(act, api, "exec", command=HOLD_THE_CEILING, timeout=300)
         deadline = time.monotonic() + 60
         while act(api, "exec", command="true").json()["success"]:
-            assert time.monotonic() < deadline, "the process ceiling was never reached"
+            ended = filling.result().json() if filling.done() else "still running"
+            assert time.monotonic() < deadline, f"the ceiling was never reached; filler: {ended}"
             time.sleep(0.1)
         ok(act(api, "stop"))
         filling.result(timeout=30)

@@ -9,14 +9,13 @@ configuration is E2B's three environment variables (docs/e2b.md).
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from e2b_program import run_program
+from e2b_program import e2b_env, run_program
 
 HERE = Path(__file__).resolve().parent
 NODE = shutil.which("node")
@@ -32,13 +31,7 @@ def test_the_js_sdk_runs_the_e2b_program_unchanged(dev_server, tmp_path):
         subprocess.run(["bash", str(HERE.parents[1] / "scripts/install-node-deps.sh")], check=True)
     report = run_program(
         [NODE, str(HERE / "e2b_sdk.mjs")],
-        {
-            "PATH": os.environ["PATH"],
-            "HOME": str(tmp_path),
-            "E2B_API_URL": f"{dev_server.url}/e2b",
-            "E2B_SANDBOX_URL": f"{dev_server.url}/e2b/envd",
-            "E2B_API_KEY": KEY,
-        },
+        e2b_env(dev_server.url, KEY, home=tmp_path),
         HERE,
     )
     assert {"hello.txt", "notes"} <= set(report["listed"])

@@ -7,8 +7,21 @@ variables, PATH, HOME) reaches it, so nothing of Sandbox Workspace configures it
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
+
+
+def e2b_env(url: str, key: str, home: Path | None = None) -> dict[str, str]:
+    """E2B's three variables for a server at ``url`` (and what any process needs: PATH,
+    HOME — ours unless ``home``): no Sandbox Workspace setting."""
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home) if home else os.environ.get("HOME", "/tmp"),
+        "E2B_API_URL": f"{url}/e2b",
+        "E2B_SANDBOX_URL": f"{url}/e2b/envd",
+        "E2B_API_KEY": key,
+    }
 
 
 def run_program(argv: list[str], env: dict[str, str], cwd: Path, timeout: float = 120) -> dict:

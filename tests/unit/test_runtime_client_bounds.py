@@ -77,3 +77,45 @@ def test_many_small_stream_lines_pass():
 
     asyncio.run(some())
     assert taken[-1] == {"type": "stdout", "text": "a"}
+
+
+class Stalled(httpx.AsyncByteStream):
+    """A process stream that sends its start, then nothing, ever (a hung runtime)."""
+
+    async def __aiter__(self):
+        yield b'{"type": "start", "pid": 7}\n{"type": "keepalive"}\n'
+        await asyncio.Event().wait()
+
+
+def _process_client(headers: dict[str, str]) -> RuntimeClient:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers=headers, stream=Stalled())
+
+    return RuntimeClient(httpx.AsyncClient(transport=httpx.MockTransport(answer)), "http://r", "t")
+
+
+def test_a_process_stream_that_promised_keepalives_and_went_silent_is_given_up():
+    """Its pooled connection is freed after SILENT_KEEPALIVES intervals, not held for the
+    process's life; keepalives never reach the caller."""
+    from sandbox_workspace.runtime.client import RuntimeUnavailable
+    from sandbox_workspace.runtime.schemas import KEEPALIVE_HEADER
+
+    seen = []
+
+    async def follow(runtime: RuntimeClient):
+        async for event in runtime.process_events("c", 7):
+            seen.append(event["type"])
+
+    async def main():
+        promised = _process_client({KEEPALIVE_HEADER: "0.05"})
+        with pytest.raises(RuntimeUnavailable, match=r"sent nothing for 0\.2 s"):
+            await asyncio.wait_for(follow(promised), 5)
+        assert seen == ["start"]
+        # A runtime that promises nothing (an older one) keeps the old contract: no
+        # deadline — a quiet process may be quiet for long.
+        quiet = asyncio.create_task(follow(_process_client({})))
+        await asyncio.sleep(0.5)
+        assert not quiet.done()
+        quiet.cancel()
+
+    asyncio.run(main())

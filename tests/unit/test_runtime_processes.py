@@ -117,3 +117,53 @@ def test_input_cut_short_by_closing_stdin_never_reaches_the_fd_number_reused(tmp
             pipes.close()
 
     asyncio.run(main())
+
+
+def test_a_silent_follower_gets_keepalives_and_then_the_rest():
+    async def main():
+        processes, proc = _processes(), _proc()
+        got, kept_alive = [], asyncio.Event()
+
+        async def follow():
+            async for event in processes.events(proc, idle=0.05):
+                got.append(event["type"])
+                kept_alive.set()
+
+        task = asyncio.create_task(follow())
+        await asyncio.wait_for(kept_alive.wait(), 5)
+        processes._append(proc, {"type": "end", "exit_code": 0})
+        await asyncio.wait_for(task, 5)
+        assert got[-1] == "end" and set(got[:-1]) == {"keepalive"}
+
+    asyncio.run(main())
+
+
+def test_a_signal_reaches_the_process_started_never_a_later_holder_of_its_pid():
+    """A pid freed by its process's end (the reaper reaps it at once; ``exit_code`` comes
+    seconds later) may be another process's: the signal must name the process by its
+    start time too. The sleeper plays the pid's new holder."""
+    import subprocess
+    from types import SimpleNamespace
+
+    import pytest
+
+    from sandbox_workspace.runtime.pids import start_time
+    from sandbox_workspace.runtime.processes import ProcessNotFound
+
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        started = start_time(sleeper.pid)
+        assert started is not None
+        processes = _processes()
+        gone = Proc(cid="c", pid=sleeper.pid, code="x", call=SimpleNamespace(start=started - 1),
+                    pipes=None)  # type: ignore[arg-type]  # fmt: skip
+        with pytest.raises(ProcessNotFound, match="has ended"):
+            processes.signal(gone, "SIGTERM")
+        assert sleeper.poll() is None, "the signal reached the pid's new holder"
+        mine = Proc(cid="c", pid=sleeper.pid, code="x", call=SimpleNamespace(start=started),
+                    pipes=None)  # type: ignore[arg-type]  # fmt: skip
+        processes.signal(mine, "SIGTERM")
+        assert sleeper.wait(10) == -15
+    finally:
+        sleeper.kill()
+        sleeper.wait()

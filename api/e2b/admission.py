@@ -1,0 +1,109 @@
+"""What one E2B caller may hold open in this API process: per user, per tenant, and for
+the whole process (the last guard), so neither one user nor one tenant takes it all.
+
+Contract:
+- ``caps(services)``: this app's ``streams`` and ``watchers`` (``Caps``). ``take(caller)``
+  takes one slot of the caller's user, of its tenant and of the process, in that order,
+  and returns their release (idempotent); at any cap it takes none and raises
+  ``TooManyAtOnce`` (429, naming the cap and its setting; on a Connect stream that is
+  ``resource_exhausted``, which E2B's SDKs raise as their rate-limit error).
+- Streams are E2B's process streams (``Start``, ``Connect``) and the code interpreter's
+  ``/execute``: each holds one of the replica's runtime connections for its whole life
+  (``runtime_connections``, one pool for every runtime), so together they take at most
+  half of them — file calls, ``List``, signals and creates of every user always find one.
+- ``HeldStream``: the streaming answer that holds a slot. It releases it when the
+  answer ends, however it ends, and closes its source then (the runtime connection goes
+  back at once); a client that takes no byte for ``SEND_SECONDS`` (it stopped reading:
+  its window is full) is given up, so it cannot keep a slot, or a connection, for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.responses import StreamingResponse
+from starlette.types import Message, Send
+
+from ..identity import Caller
+from ..quotas import Concurrency, TooManyAtOnce
+
+MAX_WATCHERS = 256  # per API process, all tenants: the last guard
+SEND_SECONDS = 60.0  # four of envd's keepalive intervals: a reading client takes one
+
+
+class Caps:
+    def __init__(self, kind: str, per_user: tuple[int, str], per_tenant: tuple[int, str],
+                 total: tuple[int, str]) -> None:  # fmt: skip
+        self.user = Concurrency(kind, *per_user)
+        self.tenant = Concurrency(kind, *per_tenant, scope="per tenant")
+        self.total = Concurrency(kind, *total, scope="on this API replica")
+
+    def take(self, caller: Caller) -> Callable[[], None]:
+        releases: list[Callable[[], None]] = []
+        try:
+            releases.append(self.user.take(json.dumps([caller.tenant, caller.user_id])))
+            releases.append(self.tenant.take(caller.tenant))
+            releases.append(self.total.take(""))
+        except TooManyAtOnce:
+            for release in releases:
+                release()
+            raise
+
+        def release_all() -> None:
+            for release in releases:
+                release()
+
+        return release_all
+
+
+@dataclass
+class _Caps:
+    streams: Caps
+    watchers: Caps
+
+
+def caps(services) -> _Caps:
+    """Made once per app and kept on its Services (two apps in one process keep theirs)."""
+    made = getattr(services, "e2b_caps", None)
+    if made is None:
+        quotas = services.settings.quotas
+        made = services.e2b_caps = _Caps(
+            streams=Caps(
+                "E2B streams",
+                (quotas.e2b_streams_per_user, "e2b_streams_per_user"),
+                (quotas.e2b_streams_per_tenant, "e2b_streams_per_tenant"),
+                (
+                    services.settings.runtime_connections // 2,
+                    "half of SANDBOX_WORKSPACE_RUNTIME_CONNECTIONS",
+                ),
+            ),
+            watchers=Caps(
+                "E2B directory watchers",
+                (quotas.e2b_watchers_per_user, "e2b_watchers_per_user"),
+                (quotas.e2b_watchers_per_tenant, "e2b_watchers_per_tenant"),
+                (MAX_WATCHERS, "a fixed bound"),
+            ),
+        )
+    return made
+
+
+class HeldStream(StreamingResponse):
+    def __init__(self, content, release: Callable[[], None], media_type: str) -> None:
+        super().__init__(content, media_type=media_type)
+        self.release = release
+
+    async def stream_response(self, send: Send) -> None:
+        async def bounded(message: Message) -> None:
+            # Past the deadline: TimeoutError, an OSError, which Starlette takes for a
+            # client that went away: the connection is closed.
+            async with asyncio.timeout(SEND_SECONDS):
+                await send(message)
+
+        try:
+            await super().stream_response(bounded)
+        finally:
+            self.release()
+            await self.body_iterator.aclose()
