@@ -200,3 +200,25 @@ async def test_without_splice_it_copies_with_the_same_half_close(monkeypatch):
     assert await r.recv_exactly(r.client, 6) == b"answer"
     await asyncio.wait_for(r.task, 10)
     r.client.close()
+
+
+async def test_out_of_descriptors_it_copies_and_closes_what_it_made(monkeypatch):
+    """A flood of tunnels that exhausts the proxy's descriptors degrades to copying."""
+
+    def no_pipe(flags: int) -> tuple[int, int]:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(os, "pipe2", no_pipe)
+    before = len(os.listdir("/proc/self/fd"))
+    r = await _relayed()
+    loop = asyncio.get_running_loop()
+    await loop.sock_sendall(r.client, b"ping")
+    assert await r.recv_exactly(r.upstream, 4) == b"ping"
+    r.client.close()
+    await r.recv_eof(r.upstream)
+    r.upstream.close()  # the other direction ends too
+    await asyncio.wait_for(r.task, 10)
+    for w in r.writers:
+        w.close()
+        await w.wait_closed()
+    assert len(os.listdir("/proc/self/fd")) == before
