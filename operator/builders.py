@@ -142,6 +142,18 @@ def runtime_env(
     ]
 
 
+def mount_egress_ca(spec: dict[str, Any], configmap: str, *, optional: bool = False) -> None:
+    """The egress CA's public part at ``EGRESS_CA_MOUNT`` of the pod ``spec``'s runtime
+    (the whole ConfigMap, no subPath: a rotated CA reaches running pods)."""
+    spec["containers"][0]["volumeMounts"].append(
+        {"name": "egress-ca", "mountPath": EGRESS_CA_MOUNT, "readOnly": True}
+    )
+    source: dict[str, Any] = {"name": configmap}
+    if optional:
+        source["optional"] = True
+    spec["volumes"].append({"name": "egress-ca", "configMap": source})
+
+
 def code_network(session: SandboxSession, settings: OperatorSettings) -> dict[str, Any]:
     """The runtime's network settings for the session's code. CIDR mode (``network.
     enabled``): allowed, its NetworkPolicy decides. An egress policy on a cluster with a
@@ -297,13 +309,7 @@ def _runtime_pod(
         ],
     }
     if session.spec.egress is not None and settings.egress_ca_configmap:
-        # The whole ConfigMap, no subPath: a rotated CA reaches running pods.
-        container["volumeMounts"].append(
-            {"name": "egress-ca", "mountPath": EGRESS_CA_MOUNT, "readOnly": True}
-        )
-        spec["volumes"].append(
-            {"name": "egress-ca", "configMap": {"name": settings.egress_ca_configmap}}
-        )
+        mount_egress_ca(spec, settings.egress_ca_configmap)
     if settings.runtime_class_name:
         spec["runtimeClassName"] = settings.runtime_class_name
     return {

@@ -111,6 +111,14 @@ class Confinement:
                 extra={"confinement": self.report().model_dump()},
             )
 
+    def proxy_through(self, port: int) -> dict:
+        """From ``deny`` to ``proxy_port`` at ``port`` (a pooled runtime's claim, before
+        any code ran): what changes in ``spawner_config``."""
+        if self.network != "deny":
+            raise ValueError(f"network {self.network!r} cannot become proxy_port")
+        self.network, self.connect_port = "proxy_port", port
+        return {"connect_ports": [port], "inet": True}
+
     @staticmethod
     def _probe(given: int | None = None) -> tuple[int, str]:
         """The kernel's Landlock ABI (``given``: a stated one, for tests of the rules)."""

@@ -242,6 +242,19 @@ class Executor:
         finally:
             pipes.close_child_ends()
 
+    def proxy_through(self, port: int, code_env: dict[str, str]) -> None:
+        """A pooled runtime claimed for a session with an egress policy: its code gets
+        network ``proxy_port`` at ``port`` and ``code_env``. Only before any code ran;
+        the same again is a no-op, anything else ``ValueError``."""
+        confinement = self.confinement
+        same_env = all(self.extra_env.get(k) == v for k, v in code_env.items())
+        if (confinement.network, confinement.connect_port, same_env) == ("proxy_port", port, True):
+            return
+        if self.spawner.spawned or self._kernels:
+            raise ValueError("code ran already: its network cannot change")
+        self.spawner.configure(confinement.proxy_through(port))
+        self.extra_env.update(code_env)
+
     def _kernel(self, cid: str, cwd: str, read_write: list[str]) -> PythonKernel:
         kernel = self._kernels.get(cid)
         if kernel is None:

@@ -183,12 +183,7 @@ class RuntimeSettings(BaseSettings):
     @field_validator("code_env")
     @classmethod
     def _code_env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if not _ENV_NAME.fullmatch(name):
-                raise ValueError(f"code_env: {name!r} is not an environment variable name")
-        if sum(len(k) + len(v) for k, v in value.items()) > _CODE_ENV_BYTES:
-            raise ValueError(f"code_env: more than {_CODE_ENV_BYTES} bytes")
-        return value
+        return check_code_env(value)
 
     def connect_port(self) -> int | None:
         """The one TCP port executed code may connect to (None: network's own rule)."""
@@ -264,6 +259,16 @@ class _Given(RuntimeSettings):
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, **_sources):
         return (init_settings,)
+
+
+def check_code_env(value: dict[str, str]) -> dict[str, str]:
+    """``code_env`` as code may get it: variable names only, at most 64 KiB in all."""
+    for name in value:
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"code_env: {name!r} is not an environment variable name")
+    if sum(len(k) + len(v) for k, v in value.items()) > _CODE_ENV_BYTES:
+        raise ValueError(f"code_env: more than {_CODE_ENV_BYTES} bytes")
+    return value
 
 
 def _env_value(value: Any) -> str:

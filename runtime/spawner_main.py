@@ -10,6 +10,8 @@ Protocol (``SOCK_SEQPACKET``, one JSON object per message, fds by ``SCM_RIGHTS``
                       "read_only"?} + fds
                      {"op": "kill", "id"}            kill one call's whole tree
                      {"op": "stop", "id", "cid"}     kill every call of a conversation
+                     {"op": "configure", "config"}   config changes for calls to come
+                                     (a pooled runtime's claim; ignored once a call ran)
   spawner → runtime  {"op": "started", "id", "pid", "start", "reaper", "reaper_start"}
                                      (start times: ``pids.start_time``)
                      {"op": "failed", "id", "error", "ceiling"?}  (ceiling: fork
@@ -95,7 +97,12 @@ class Spawner:
             return
         for fd in fds:
             os.close(fd)
-        if op == "kill":
+        if op == "configure":
+            # A pooled runtime's claim, before any call: the network of calls to come.
+            # Cached rulesets hold the old rules, so none may exist (nothing ran yet).
+            if not self.calls and not self.rulesets:
+                self.config.update(message["config"])
+        elif op == "kill":
             self.signal_reaper(self.by_id.get(message["id"]))
         elif op == "stop":
             self.forget(message["cid"])

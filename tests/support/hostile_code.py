@@ -546,3 +546,19 @@ while True:
     except OSError:
         time.sleep(0.02)
 '"""
+
+
+# Code that prints what a TCP connect to each port given (127.0.0.1) met: "made" or the
+# errno's name (EACCES: Landlock refused it). Ports from the variables named.
+def connect_probe(*port_vars: str) -> str:
+    ports = ", ".join(f'int(os.environ["{v}"])' for v in port_vars)
+    return f"""
+import errno, os, socket
+def refused(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except OSError as e:
+        return errno.errorcode[e.errno]
+    return "made"
+print(*(refused(p) for p in ({ports},)))
+"""

@@ -30,7 +30,7 @@ from sandbox_workspace.egress.secrets import SecretUnavailable
 from sandbox_workspace.operator.builders import EGRESS_CA_BUNDLE, build_sandbox_pod
 from sandbox_workspace.operator.main import resolve_egress_proxy
 from sandbox_workspace.operator.models import EgressSpec, SandboxSession, SandboxSessionSpec
-from sandbox_workspace.operator.pool.spec import misfits
+from sandbox_workspace.operator.pool.spec import build_pool_pod, claim_egress, misfits
 from sandbox_workspace.operator.settings import OperatorSettings
 
 RUNTIME = {"sandboxworkspace.io/component": "runtime"}
@@ -202,8 +202,21 @@ def test_a_bound_secret_gives_the_pod_a_placeholder_and_the_proxy_the_same_one()
     # Another session's binding of the same name has another placeholder.
     other = build_sandbox_pod(SandboxSession.from_body(session("t", egress)), settings)
     assert code_env(other)["SBW_SECRET_API"] != placeholder
-    # A session with a binding never takes a pooled pod (it has no placeholder).
-    assert "egress" in misfits(SandboxSession.from_body(body).spec, settings)
+    # A pooled pod may serve it: the claim brings the network and the code's variables
+    # (the same ones), and every pool member mounts the CA (optional: the pool does not
+    # wait for the proxy to publish it).
+    policy_only = SandboxSessionSpec.model_validate(
+        {"userId": "u", "egress": egress, "storage": {"persistent": False}}
+    )
+    assert misfits(policy_only, settings) == []
+    egress = claim_egress(SandboxSession.from_body(body), settings)
+    assert egress == {"proxy_port": 3128, "code_env": code_env(manifest)}
+    pooled = build_pool_pod("ns", settings)
+    ca = {"name": "egress-ca", "configMap": {"name": "ca", "optional": True}}
+    assert ca in pooled["spec"]["volumes"]
+    assert env(pooled)["SANDBOX_RUNTIME_NETWORK"] == "deny"  # until a claim says more
+    plain = SandboxSession(name="p", namespace="ns", spec=SandboxSessionSpec(user_id="u"))
+    assert claim_egress(plain, settings) is None
 
 
 @pytest.mark.parametrize(
