@@ -104,7 +104,10 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             from .backends.local_egress import LocalEgress
 
             egress = LocalEgress(
-                hosts=settings.local_egress_hosts, permit=settings.local_egress_permit
+                hosts=settings.local_egress_hosts,
+                permit=settings.local_egress_permit,
+                max_connections=settings.egress_max_connections,
+                idle_timeout=settings.egress_idle_seconds,
             )
         return LocalBackend(
             settings.data_dir,

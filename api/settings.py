@@ -131,6 +131,23 @@ class ApiSettings(BaseSettings):
         description="Dev mode only (tests, demos): networks taken off the egress proxy's "
         'forbidden ranges (e.g. `["127.0.0.0/8"]` for servers of a test on loopback).',
     )
+    egress_max_connections: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="Local backend: connections one session's code may have open through "
+        "the egress proxy at once (tunnels, requests); the next is answered `429 Egress "
+        "refused` naming this setting. On Kubernetes: chart "
+        "`egressProxy.maxConnectionsPerSession`.",
+    )
+    egress_idle_seconds: float = Field(
+        600.0,
+        gt=0,
+        le=86400,
+        description="Local backend: seconds an egress tunnel (or an answer being relayed) "
+        "may move no byte before the proxy closes it. On Kubernetes: chart "
+        "`egressProxy.idleTimeoutSeconds`.",
+    )
     limits: ExecutionLimits = Field(
         default_factory=ExecutionLimits,
         description="Limits of each execution of code in new sessions: memory, cpu_seconds, "

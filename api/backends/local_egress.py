@@ -4,8 +4,7 @@ out is the egress proxy (issue 40; docs/egress-spike.md, "Local backend").
 Contract:
 - One ``EgressProxy`` (``sandbox_workspace.egress.proxy``) in the API process, with one
   Unix listener per running session in a private run directory (mode 0700, a short path:
-  Unix socket paths are limited to 107 bytes), each taking at most ``max_connections``
-  connections at once (more are closed unanswered). The listener is the session's identity:
+  Unix socket paths are limited to 107 bytes). The listener is the session's identity:
   the proxy applies the policy of the session whose socket a connection came in on, and
   nothing the sandbox sends can name another session.
 - A session's runtime runs under bubblewrap with ``--unshare-net`` (nothing but
@@ -15,7 +14,12 @@ Contract:
 - The runtime runs with network ``proxy``: it relays 127.0.0.1:3128 in the namespace to
   the proxy's socket, and code gets ``HTTP(S)_PROXY`` pointing there.
 - No policy: the proxy refuses every connection ("no egress policy"), so the session has
-  no network at all. ``set_policy`` applies to the next connection.
+  no network at all. ``set_policy`` applies to the next connection and closes the open
+  ones it no longer allows; ``close`` (the runtime stops, the session goes) closes them
+  all.
+- Bounds per session (the proxy's): ``max_connections`` open at once (the next answered
+  ``429`` naming ``SANDBOX_WORKSPACE_EGRESS_MAX_CONNECTIONS``), ``idle_timeout`` seconds
+  of silence close a tunnel.
 - ``hosts``: a closed name table (tests, demos): when given, the proxy resolves only
   those names, to those addresses. ``permit``: networks taken off the forbidden ranges
   (loopback for a test's own servers); never set in production.
@@ -48,6 +52,7 @@ INSIDE = Path("/tmp/.sbw")
 _RUNTIME_SOCKET = "runtime.sock"
 _EGRESS_SOCKET = "egress.sock"
 _MAX_SOCKET_PATH = 107
+CONNECTIONS_SETTING = "SANDBOX_WORKSPACE_EGRESS_MAX_CONNECTIONS"
 
 
 def policy_to_json(policy: EgressPolicy | None) -> list[dict] | None:
@@ -77,15 +82,21 @@ class LocalEgress:
         hosts: Mapping[str, Sequence[str]] | None = None,
         permit: Sequence[str] = (),
         max_connections: int = 64,
+        idle_timeout: float = 600.0,
     ) -> None:
-        self.max_connections = max_connections
         self.policies: dict[str, EgressPolicy] = {}
         self._servers: dict[str, asyncio.Server] = {}
         forbidden = without(DEFAULT_FORBIDDEN, [ipaddress.ip_network(p) for p in permit])
+        config = ProxyConfig(
+            forbidden=forbidden,
+            max_connections=max_connections,
+            connections_setting=CONNECTIONS_SETTING,
+            idle_timeout=idle_timeout,
+        )
         self.proxy = EgressProxy(
             self.policies.get,
             resolve=table_resolver(hosts) if hosts is not None else system_resolve,
-            config=ProxyConfig(forbidden=forbidden),
+            config=config,
         )
         self.run_dir: Path | None = None
 
@@ -121,28 +132,22 @@ class LocalEgress:
             (directory / sub).mkdir(parents=True, mode=0o700, exist_ok=True)
         path = directory / "eg" / _EGRESS_SOCKET
         path.unlink(missing_ok=True)
-        self._servers[session_id] = await self._listen(str(path), session_id)
+        self._servers[session_id] = await self.proxy.serve_unix(str(path), session_id)
 
-    async def _listen(self, path: str, session_id: str) -> asyncio.Server:
-        """The proxy on the session's socket, at most ``max_connections`` at once: a
-        flood from one sandbox ends at its own cap, not at the API's file descriptors."""
-        open_now = 0
-
-        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            nonlocal open_now
-            if open_now >= self.max_connections:
-                writer.close()
-                return
-            open_now += 1
-            try:
-                await self.proxy.handle(reader, writer, session_id)
-            finally:
-                open_now -= 1
-
-        limit = self.proxy.config.header_limit
-        return await asyncio.start_unix_server(on_client, path, limit=limit)
+    def set_policy(self, session_id: str, policy: EgressPolicy | None) -> None:
+        """The session's policy from now on: the next connection is judged by it, and
+        its open connections that it no longer allows are closed."""
+        if policy is None:
+            self.policies.pop(session_id, None)
+        else:
+            self.policies[session_id] = policy
+        self.proxy.recheck(session_id)
 
     async def close(self, session_id: str) -> None:
+        """The session's runtime is stopping or the session is gone: its listener and
+        every connection still open through it (a tunnel's upstream side would otherwise
+        outlive the sandbox until the upstream hangs up)."""
+        self.proxy.close_session(session_id)
         server = self._servers.pop(session_id, None)
         if server is not None:
             server.close()
