@@ -119,11 +119,14 @@ class RuntimeState:
                 min_abi=settings.confinement_min_abi,
                 relay_port=settings.egress_relay_port,
             ),
-            extra_env=(
-                egress.code_environment(settings.egress_relay_port)
-                if settings.network == "proxy"
-                else None
-            ),
+            extra_env={
+                **settings.code_env,
+                **(
+                    egress.code_environment(settings.egress_relay_port)
+                    if settings.network == "proxy"
+                    else {}
+                ),
+            },
         )
         self.processes = Processes(
             self.executor,

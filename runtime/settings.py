@@ -11,6 +11,8 @@ setting a newer writer added (during an upgrade), starts and ignores it.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,6 +22,14 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sandbox_workspace.contract.quantity import parse_bytes
 
 from .limits import Limits
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# What the executor sets itself (executor.environment) or the loader reads.
+_RUNTIME_OWN = re.compile(
+    r"PATH|HOME|TMPDIR|LANG|LC_ALL|WORKSPACE_DIR|MPLBACKEND|MPLCONFIGDIR|"
+    r"OPENBLAS_NUM_THREADS|PYTHONUNBUFFERED|PYTHONDONTWRITEBYTECODE|LD_.*|"
+    r"SBW_(SHM|KERNEL|SPAWNER)_.*"
+)
 
 
 class RuntimeSettings(BaseSettings):
@@ -111,6 +121,13 @@ class RuntimeSettings(BaseSettings):
     egress_relay_port: int = Field(
         3128, ge=1, le=65535, description="With network `proxy`: the relay's port."
     )
+    code_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Variables executed code gets on top of its own environment, as JSON "
+        "(the egress CA bundle's `SSL_CERT_FILE` and friends, secret placeholders such "
+        "as `SBW_SECRET_API`); never a variable the runtime sets itself (`PATH`, `HOME`, "
+        "`LD_PRELOAD`, ...).",
+    )
     limit_memory: int | None = Field(
         None,
         description="Memory of one execution (bytes or a quantity such as 512Mi): each "
@@ -189,6 +206,20 @@ class RuntimeSettings(BaseSettings):
             conversation_size=self.limit_conversation_size or 0,
         )
 
+    @field_validator("code_env")
+    @classmethod
+    def _code_env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not _ENV_NAME.fullmatch(name) or _RUNTIME_OWN.fullmatch(name):
+                raise ValueError(
+                    f"code_env: {name!r} is not a variable the platform may set for code "
+                    "(a name of letters, digits and _; not PATH, HOME, TMPDIR, LD_*, "
+                    "SBW_* of the runtime's own)"
+                )
+            if "\0" in text:
+                raise ValueError(f"code_env: the value of {name} holds a NUL")
+        return value
+
     @field_validator("allowed_file_types", mode="before")
     @classmethod
     def _split_types(cls, value: object) -> object:
@@ -238,4 +269,6 @@ def _env_value(value: Any) -> str:
         return value.get_secret_value()
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"))
     return str(value)

@@ -498,7 +498,7 @@ class LocalBackend:
         env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
         env.update(self.runtime_env)
         if self.egress is not None:
-            env.update(self.egress.runtime_env())
+            env.update(self.egress.runtime_env(sid))
         env.update(
             session_runtime_env(token, SANDBOX_WORKSPACE if self.bwrap else workspace, upload)
         )

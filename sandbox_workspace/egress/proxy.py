@@ -443,6 +443,10 @@ class EgressProxy:
             ) from None
         except (OSError, TimeoutError) as exc:
             raise Refused(502, f"TLS with {name} failed ({type(exc).__name__})") from None
+        # Stop reading before the client may answer the 200: start_tls, run as a task by
+        # wait_for, begins a loop turn later, and a ClientHello read into the stream's
+        # buffer meanwhile would never reach TLS (the handshake then hangs).
+        writer.transport.pause_reading()
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.drain()
         try:
@@ -453,7 +457,9 @@ class EgressProxy:
             # Another SNI (the context's sni_callback), no TLS, or a client that does not
             # trust the CA: nothing was read, nothing reaches the upstream.
             log.info(
-                "egress interception: client TLS failed",
+                "egress interception: client TLS with %s failed: %r",
+                name,
+                exc,
                 extra={"host": name, "error": type(exc).__name__},
             )
             return

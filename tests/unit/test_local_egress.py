@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import ipaddress
+import json
 import os
 import socket
 import ssl
@@ -24,8 +25,10 @@ from sandbox_workspace.api.backends.local_egress import (
     without,
 )
 from sandbox_workspace.egress.policy import DEFAULT_FORBIDDEN, EgressPolicy, PolicyError, Rule
+from sandbox_workspace.operator.models import EgressSecret
 from sandbox_workspace.runtime import egress, landlock, seccomp
 from sandbox_workspace.runtime.client import RuntimeClient
+from sandbox_workspace.runtime.settings import RuntimeSettings
 from sandbox_workspace.runtime.unix_transport import UnixSocketRouting
 
 
@@ -226,3 +229,36 @@ def test_landlock_lets_code_connect_to_the_relay_port_alone():
     finally:
         for s in servers:
             s.close()
+
+
+async def test_bound_secrets_give_code_a_placeholder_and_trust_and_hide_the_values(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    spec = EgressSecret.model_validate(
+        {"name": "api", "host": "api.test", "secretKeyRef": {"name": "k", "key": "t"}}
+    )
+    (tmp_path / "values" / "k").mkdir(parents=True)
+    (tmp_path / "values" / "k" / "t").write_text("sk-value-123\n")
+    local = LocalEgress(secrets=[spec], secrets_dir=tmp_path / "values", ca_dir=tmp_path / "ca")
+    await local.start()
+    try:
+        await local.open("s1")
+        local.set_policy("s1", EgressPolicy((Rule.make("api.test"),)))
+        (binding,) = local.policies["s1"].secrets
+        assert await local.value("s1", "api") == "sk-value-123"  # the file, no newline
+        assert await local.value("s1", "other") is None
+        code_env = json.loads(local.runtime_env("s1")["SANDBOX_RUNTIME_CODE_ENV"])
+        assert code_env["SBW_SECRET_API"] == binding.placeholder
+        assert code_env["SSL_CERT_FILE"] == local.system_bundle
+        assert "sk-value-123" not in json.dumps(code_env)
+        args = local.bwrap_args("s1")
+        hidden = args.index("--tmpfs")
+        assert args[hidden + 1] == str((tmp_path / "values").resolve())
+        bound = args.index(local.system_bundle)  # the bundle with the CA, over the system's
+        assert args[bound - 2] == "--ro-bind" and args[bound - 1].endswith("trust.pem")
+        assert oct((tmp_path / "ca").stat().st_mode & 0o777) == "0o700"
+    finally:
+        await local.aclose()
+    with pytest.raises(ValueError, match="LD_PRELOAD"):
+        RuntimeSettings.env(code_env={"LD_PRELOAD": "/x.so"})
