@@ -122,7 +122,11 @@ def runtime_env(
     from ``secret`` (default: the session's runtime Secret)."""
     upload = session.spec.file_upload_config
     secret = secret or naming.runtime_secret_name(session.name, legacy=session.legacy_children)
+    egress = [*proxy_env(settings.egress_proxy), *egress_env(session, settings)]
     env = RuntimeSettings.env(
+        # The runtime builds code's environment from scratch: what code needs of the
+        # egress wiring (the proxy, the CA bundle, the placeholders) is passed on by name.
+        code_env={e["name"]: e["value"] for e in egress} or None,
         max_file_size_bytes=upload.max_file_size_bytes,
         max_file_count=upload.max_file_count,
         allowed_file_types=upload.allowed_file_types,
@@ -141,8 +145,7 @@ def runtime_env(
         *({"name": k, "value": v} for k, v in session.spec.limits.runtime_env().items()),
         # The root filesystem is read-only; tools that want a home get the scratch space.
         {"name": "HOME", "value": "/tmp"},
-        *proxy_env(settings.egress_proxy),
-        *egress_env(session, settings),
+        *egress,
     ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
 import time
 
@@ -176,6 +177,11 @@ def test_a_bound_secret_gives_the_pod_a_placeholder_and_the_proxy_the_same_one()
     assert view.secret_ref("ns/s", "api") == SecretRef("ns", "k", "t", "api.example.com")
     assert env(manifest)["PIP_CERT"] == EGRESS_CA_BUNDLE
     assert {"name": "egress-ca", "configMap": {"name": "ca"}} in manifest["spec"]["volumes"]
+    # Code's environment is built from scratch: the runtime passes these on by name.
+    code_env = json.loads(env(manifest)["SANDBOX_RUNTIME_CODE_ENV"])
+    assert code_env["SBW_SECRET_API"] == placeholder
+    assert code_env["HTTPS_PROXY"] == "http://10.96.0.9:3128"
+    assert code_env["SSL_CERT_FILE"] == EGRESS_CA_BUNDLE
     # Another session's binding of the same name has another placeholder.
     other = build_sandbox_pod(SandboxSession.from_body(session("t", egress)), settings)
     assert env(other)["SBW_SECRET_API"] != placeholder
