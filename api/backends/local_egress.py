@@ -207,6 +207,8 @@ class LocalEgress:
         if spec is None or self.secrets_dir is None:
             return None
         ref = spec.secret_key_ref
+        if ref.key in (".", ".."):  # the pattern lets dots through: never a directory
+            return None
         path = self.secrets_dir / ref.name / ref.key
         try:
             text = await asyncio.to_thread(path.read_text, encoding="utf-8")

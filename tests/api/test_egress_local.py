@@ -14,8 +14,10 @@ from __future__ import annotations
 import http.server
 import json
 import shutil
+import socket
 import ssl
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -251,6 +253,57 @@ def test_no_policy_no_network_and_a_live_change_applies_to_the_next_connection(s
     assert session.policy(None).status_code == 200
     out = session.run(fetch(url))["stdout"]
     assert "STATUS 403" in out, out
+
+
+def test_a_policy_change_closes_a_tunnel_code_holds_open(session):
+    """Through the whole path (API → backend → proxy → relay → code): a tunnel open
+    under the old policy is closed when the new one no longer allows its host."""
+    held = socket.create_server(("127.0.0.1", 0))  # an upstream that never speaks
+    port = held.getsockname()[1]
+    got: list[bytes] = []
+
+    def accept() -> None:
+        conn, _ = held.accept()
+        got.append(conn.recv(10))  # the ClientHello relayed: a live tunnel
+        while conn.recv(4096):  # until the proxy closes it
+            pass
+        conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    rule = {"host": "other.test", "ports": [port], "schemes": ["https"]}
+    assert session.policy([rule]).status_code == 200
+    result: list[dict] = []
+    code = threading.Thread(
+        target=lambda: result.append(
+            session.run(f"""
+import socket, ssl, time
+s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+s.sendall(b"CONNECT other.test:{port} HTTP/1.1\\r\\n\\r\\n")
+print(s.recv(100).split(b"\\r\\n")[0].decode())
+incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="other.test")
+try:
+    tls.do_handshake()
+except ssl.SSLWantReadError:
+    s.sendall(outgoing.read())
+started = time.monotonic()
+try:
+    print("CLOSED" if s.recv(100) == b"" else "DATA", round(time.monotonic() - started, 1))
+except TimeoutError:
+    print("STILL OPEN after 20 s")
+""")
+        )
+    )
+    code.start()
+    deadline = time.monotonic() + 30
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert got, "the tunnel never reached the upstream"
+    assert session.policy([{**rule, "host": "index.test"}]).status_code == 200
+    code.join(60)
+    held.close()
+    out = result[0]["stdout"]
+    assert "HTTP/1.1 200 Connection established" in out and "CLOSED" in out, result
 
 
 def test_raw_ips_and_the_hosts_network_are_out_of_reach(session, indexes):
