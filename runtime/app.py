@@ -117,7 +117,7 @@ class RuntimeState:
                 mode=settings.confinement,
                 network=settings.network,
                 min_abi=settings.confinement_min_abi,
-                relay_port=settings.egress_relay_port,
+                connect_port=settings.connect_port(),
             ),
             extra_env={
                 **settings.code_env,

@@ -74,7 +74,7 @@ class Executor:
         extra_env: dict[str, str] | None = None,
     ) -> None:
         self.result_caps = result_caps
-        self.extra_env = dict(extra_env or {})  # code_env, the egress relay's variables
+        self.extra_env = dict(extra_env or {})  # code_env, the egress relay's proxy variables
         self.confinement = confinement
         self.limits = limits
         self.session_memory = session_memory
@@ -132,8 +132,7 @@ class Executor:
         path = os.pathsep.join([interpreter_dir, os.environ.get("PATH", _SAFE_PATH)])
         scratch = self.scratch(cid)
         return {
-            # First: the platform's variables (code_env, the relay's proxy) never
-            # replace the runtime's own below.
+            # First: what the runtime sets itself wins (code_env naming PATH changes nothing).
             **self.extra_env,
             "PATH": path,
             "HOME": scratch,

@@ -43,7 +43,13 @@ _SPAWNER_ENV = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "TMPDIR")
 
 
 class SpawnFailed(Exception):
-    """The code process could not be started (the message says why)."""
+    """The code process could not be started (the message says why). ``at_ceiling``: the
+    process ceiling was full (code holds every process it may have), so the caller is
+    told to wait or kill, not that the runtime is broken."""
+
+    def __init__(self, message: str, *, at_ceiling: bool = False) -> None:
+        super().__init__(message)
+        self.at_ceiling = at_ceiling
 
 
 @dataclass
@@ -211,7 +217,8 @@ class Spawner:
             future = self._starting.pop(ident, None)
             self._calls.pop(ident, None)
             if future is not None and not future.done():
-                future.set_exception(SpawnFailed(message["error"]))
+                ceiling = bool(message.get("ceiling"))
+                future.set_exception(SpawnFailed(message["error"], at_ceiling=ceiling))
         elif op == "exited":
             call = self._calls.pop(ident, None)
             if call is not None:

@@ -12,7 +12,8 @@ Protocol (``SOCK_SEQPACKET``, one JSON object per message, fds by ``SCM_RIGHTS``
                      {"op": "stop", "id", "cid"}     kill every call of a conversation
   spawner → runtime  {"op": "started", "id", "pid", "start", "reaper", "reaper_start"}
                                      (start times: ``pids.start_time``)
-                     {"op": "failed", "id", "error"}
+                     {"op": "failed", "id", "error", "ceiling"?}  (ceiling: fork
+                                     failed with EAGAIN, the process ceiling is full)
                      {"op": "exited", "id", "code", "limit"}  (code: exit status, 128 +
                                      signal; limit: the limit the reaper killed it for)
                      {"op": "stopped", "id"}         every call of that cid has ended
@@ -26,6 +27,7 @@ spawner_config``) comes as JSON in ``SBW_SPAWNER_CONFIG``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
@@ -177,7 +179,10 @@ class Spawner:
                 os.close(fd)
             if own is not None:
                 os.close(own)
-            self.send({"op": "failed", "id": message["id"], "error": f"cannot fork: {e}"})
+            failed = {"op": "failed", "id": message["id"], "error": f"cannot fork: {e}"}
+            if e.errno == errno.EAGAIN:  # the process ceiling, not a broken runtime
+                failed["ceiling"] = True
+            self.send(failed)
             return
         if pid == 0:
             os.close(report_r)
