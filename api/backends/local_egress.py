@@ -233,7 +233,10 @@ class LocalEgress:
         directory = self._dir(session_id)
         trust = []
         if self.proxy.ca is not None and self.system_bundle:
-            trust = ["--ro-bind", str(directory / "eg" / _TRUST), self.system_bundle]
+            # Over the file itself: bwrap cannot mount onto a symlink's path (Fedora's
+            # bundle is one); SSL_CERT_FILE may still name the link.
+            bundle = os.path.realpath(self.system_bundle)
+            trust = ["--ro-bind", str(directory / "eg" / _TRUST), bundle]
         if self.secrets_dir is not None:  # the values: never in the sandbox's filesystem
             trust += ["--tmpfs", str(self.secrets_dir.resolve())]
         return [

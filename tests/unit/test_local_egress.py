@@ -254,7 +254,8 @@ async def test_bound_secrets_give_code_a_placeholder_and_trust_and_hide_the_valu
         args = local.bwrap_args("s1")
         hidden = args.index("--tmpfs")
         assert args[hidden + 1] == str((tmp_path / "values").resolve())
-        bound = args.index(local.system_bundle)  # the bundle with the CA, over the system's
+        # The bundle with the CA, over the system's (the file, not a link to it).
+        bound = args.index(await asyncio.to_thread(os.path.realpath, local.system_bundle))
         assert args[bound - 2] == "--ro-bind" and args[bound - 1].endswith("trust.pem")
         assert oct((tmp_path / "ca").stat().st_mode & 0o777) == "0o700"
     finally:
