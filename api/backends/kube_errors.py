@@ -49,8 +49,9 @@ def api_error(exc: KubeError) -> ApiError:
         return Conflict(f"a Kubernetes object changed meanwhile; retry: {exc}")
     if exc.status == 403 and "exceeded quota" in str(exc):
         return Conflict(
+            # Not the apiserver's text: it counts every user's objects in the namespace.
             "the cluster's quota of sessions or conversations in this namespace is reached; "
-            f"delete some, or ask its administrator to raise it: {exc}",
+            "delete some, or ask its administrator to raise it",
             code="quota_exceeded",
         )
     return BadGateway(f"the Kubernetes API answered {exc.status}: {exc}", code="kubernetes_error")

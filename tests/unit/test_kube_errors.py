@@ -80,3 +80,4 @@ async def test_a_kubernetes_error_in_a_tool_call_is_the_tools_failed_result():
     tools = Refused(None, session_id="s", conversation_id="c", workspace_path="/w")  # type: ignore[arg-type]
     outcome = await tools.call("bash", '{"command": "ls"}')
     assert not outcome.ok and outcome.output.startswith("bash failed: the cluster's quota")
+    assert "count/" not in outcome.output  # other users' counts are not told
