@@ -227,7 +227,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         ),
         llm=build_llm(settings),
         store=store,
-        user_limits=UserLimits(settings.quotas),
+        user_limits=UserLimits(settings.quotas, settings.runtime_connections),
     )
 
     @asynccontextmanager

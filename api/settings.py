@@ -216,8 +216,8 @@ class ApiSettings(BaseSettings):
         512,
         ge=8,
         description="Connections to sandbox runtimes one API replica keeps at most (all "
-        "runtimes together). Long streams that hold one (E2B commands, `run_code`) take at "
-        "most half, so other calls always find one free.",
+        "runtimes together). Calls that hold one while code runs (`/execute`, E2B commands, "
+        "`run_code`) take at most half together (then 429), so other calls always find one.",
     )
     llm_provider: Literal["openai", "anthropic"] = Field(
         "openai",

@@ -167,11 +167,11 @@ async def _end(services: Services, sandbox_id: str, caller: Caller) -> bool:
         # run on (up to the runtime's max_process_seconds) out of any handle's reach.
         await processes.kill_all(sandbox)
     await lifetimes(services).forget(caller, sandbox_id)
+    EXECUTIONS.pop(sandbox.key, None)  # the next attach is a new sandbox, counting from 1
     if is_attached(sandbox_id):
         return True
     await services.backend.delete_conversation(sandbox.session, sandbox.cid)
     services.runs.cancel_conversation(sandbox.session.session_id, sandbox.cid)
-    EXECUTIONS.pop(sandbox.key, None)
     return True
 
 
