@@ -117,13 +117,16 @@ class RuntimeState:
                 mode=settings.confinement,
                 network=settings.network,
                 min_abi=settings.confinement_min_abi,
-                relay_port=settings.egress_relay_port,
+                connect_port=settings.connect_port(),
             ),
-            extra_env=(
-                egress.code_environment(settings.egress_relay_port)
-                if settings.network == "proxy"
-                else None
-            ),
+            extra_env={
+                **settings.code_env,
+                **(
+                    egress.code_environment(settings.egress_relay_port)
+                    if settings.network == "proxy"
+                    else {}
+                ),
+            },
         )
         self.processes = Processes(
             self.executor,
