@@ -366,6 +366,7 @@ class LocalBackend:
     async def wait_changed(self, session_id: str, timeout: float) -> None:
         # Process state changes are not signalled; a short poll is cheap on one machine.
         await asyncio.sleep(min(timeout, _POLL_SECONDS))
+        return None  # the caller looks it up
 
     async def record_activity(self, session_id: str) -> None:
         self._api_activity[session_id] = datetime.now(UTC)

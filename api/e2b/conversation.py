@@ -210,7 +210,9 @@ class Sandbox:
             # Killed, timed out or detached (an attached sandbox lives by its timer; so
             # does every sandbox when timers are shared, since they outlive API processes).
             raise SandboxNotFound(f"sandbox '{sandbox_id}' not found (killed or timed out)")
-        session = await services.sessions.ensure_running(caller, caller.session_id)
+        # E2B's create answered this caller's session a moment ago (the SDK's next call is
+        # its command's Start): not read again (``SessionService.recent_running``).
+        session = await services.sessions.recent_running(caller)
         cid = conversation_of(sandbox_id)
         if not await _tracked(services, session, sandbox_id, cid) and not (
             cid in await client(services, session).list_conversations()
