@@ -24,7 +24,8 @@ Contract:
   the command's Start) and one per file or command after. Only the E2B data plane uses
   it: a stale answer there harms no more than a request in flight during a change would
   (its store writes are fenced on their own, ``Backend.store_writing``). ``forget``
-  drops a session's answers (its deletion through this API).
+  drops a session's answers (its deletion through this API, and any look through
+  ``get``/``find`` that sees it not running).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class SessionService:
         return own
 
     async def get(self, caller: Caller, session_id: str) -> Session:
-        session = await self.backend.get_session(self.own_session_id(caller, session_id))
+        session = await self._look(caller, session_id)
         if session is None:
             raise NotFoundError(f"session '{session_id}' not found")
         return session
@@ -82,8 +83,17 @@ class SessionService:
     async def find(self, caller: Caller, session_id: str) -> Session | None:
         """The caller's session as it is (None when there is none), started by nothing;
         one being deleted is refused as everywhere."""
-        session = await self.backend.get_session(self.own_session_id(caller, session_id))
+        session = await self._look(caller, session_id)
         _refuse_terminating(session)
+        return session
+
+    async def _look(self, caller: Caller, session_id: str) -> Session | None:
+        own = self.own_session_id(caller, session_id)
+        session = await self.backend.get_session(own)
+        if session is None or session.status != SessionStatus.RUNNING:
+            # Seen stopped, failed or gone: its Running answer is not reused any more
+            # (an idle stop or a crash inside ``RECENT_SECONDS`` of the last answer).
+            self.forget(own)
         return session
 
     def default_spec(self, caller: Caller) -> SessionSpec:
