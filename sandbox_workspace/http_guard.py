@@ -6,11 +6,18 @@ httptools protocol with two limits the stock one lacks:
 - the request line and headers together may hold at most ``max_header_bytes``; one byte
   more answers 431 and closes the connection (uvicorn keeps appending headers to a list
   for as long as a client sends them; h11's ``h11_max_incomplete_event_size`` exists,
-  httptools has no such setting);
+  httptools has no such setting). Counted twice: as parsed (exact), and as the bytes
+  arrive, while the headers are incomplete (``max_header_bytes`` + ``_RAW_SLACK``; at
+  most twice that when requests are pipelined) — httptools hands a header over only once
+  it is complete and holds it until then, re-copying it with each piece, so a header
+  that never ends was held whole;
 - a request's headers must be complete ``header_timeout_seconds`` after the connection
   opened or its previous response ended (slowloris: uvicorn starts no timer until a
   first response, so a connection trickling header bytes was held for ever); past it the
-  connection is closed.
+  connection is closed;
+- an answer given before its request's body has all come ends the connection: each
+  byte of a body nobody reads cancels uvicorn's keep-alive timer, which only a next
+  answer arms again, so one byte held the connection for ever.
 
 Bodies are bounded by the application (``sandbox_workspace.api.request_bounds``), which
 knows which routes stream.
@@ -27,6 +34,9 @@ _431 = (
     b"content-type: text/plain; charset=utf-8\r\ncontent-length: 34\r\n"
     b"connection: close\r\n\r\nrequest line and headers too large"
 )
+# What the raw count holds beyond the parsed one: the method, the version, separators and
+# whitespace around values (a request within the parsed limit is never refused for them).
+_RAW_SLACK = 1024
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,31 @@ class HttpGuard:
             _header_bytes = 0
             _header_timer = None
             _refused = False  # answered 431: the rest of the data in hand is ignored
+            _in_headers = True  # what comes next is headers: no body is being read
+            _raw_bytes = 0  # bytes fed to the parser since the previous message ended
+            _body_open = False  # a request's headers are complete, its body is not
+
+            def data_received(self, data: bytes) -> None:
+                # While headers are incomplete, data goes to the parser in pieces that stop
+                # at the raw bound: past it with the headers still open is 431. (A piece
+                # that ends one message and begins the next leaves the next one's bytes in
+                # it uncounted: at most one bound more.)
+                if self._refused:
+                    return
+                while data and self._in_headers:
+                    room = guard.max_header_bytes + _RAW_SLACK - self._raw_bytes
+                    if room <= 0:
+                        self._refuse()
+                        return
+                    piece, data = data[:room], data[room:]
+                    self._raw_bytes += len(piece)
+                    super().data_received(piece)
+                    if self._refused or self.transport.is_closing():
+                        return
+                    if self.transport.get_protocol() is not self:
+                        return  # upgraded: what follows is not ours to parse
+                if data:
+                    super().data_received(data)
 
             def connection_made(self, transport) -> None:  # type: ignore[override]
                 super().connection_made(transport)
@@ -68,6 +103,8 @@ class HttpGuard:
 
             def on_headers_complete(self) -> None:
                 self._disarm()
+                self._in_headers = False
+                self._body_open = True
                 if not self._refused:
                     super().on_headers_complete()
 
@@ -76,19 +113,33 @@ class HttpGuard:
                     super().on_body(body)
 
             def on_message_complete(self) -> None:
+                self._body_open = False
+                self._in_headers = True  # the next message's, from the next byte on
+                self._raw_bytes = 0
                 if not self._refused:
                     super().on_message_complete()
+
+            def on_response_complete(self) -> None:
+                # A pipelined request waiting means the one answered was complete (the
+                # parser had gone past it); otherwise an open body is the answered one's.
+                unread = self._body_open and not self.pipeline
+                super().on_response_complete()
+                if unread and not self.transport.is_closing():
+                    self.transport.close()
 
             def _count(self, size: int) -> bool:
                 """Whether the header bytes so far are within the limit."""
                 self._header_bytes += size
                 if self._refused or self._header_bytes <= guard.max_header_bytes:
                     return not self._refused
+                self._refuse()
+                return False
+
+            def _refuse(self) -> None:
                 self._refused = True
                 self._disarm()
                 self.transport.write(_431)
                 self.transport.close()
-                return False
 
             def _arm(self) -> None:
                 self._disarm()

@@ -5,6 +5,8 @@ that trickles is cut; uploads still stream past the body limit."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -119,16 +121,24 @@ def test_a_body_within_the_limit_reaches_authentication(bounded_api):
     assert chunked.status_code == 401
 
 
-def test_a_trickling_body_is_cut_after_the_body_timeout(bounded_api):
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n",
+        # A length within the limit and fewer bytes sent: the route waited for the rest
+        # for ever, holding what came.
+        b"Content-Length: 1000\r\n\r\n{",
+    ],
+    ids=["chunked", "short-of-its-length"],
+)
+def test_a_trickling_body_is_cut_after_the_body_timeout(bounded_api, framing):
     sock = connect(bounded_api)
-    sock.sendall(
-        b"POST /api/v1/chat HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n"
-    )
+    sock.sendall(b"POST /api/v1/chat HTTP/1.1\r\nHost: x\r\n" + framing)
     started = time.monotonic()
-    answer = read_answer(sock, deadline=15)
+    answer = read_answer(sock, deadline=8)
     sock.close()
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 8
 
 
 def test_headers_past_the_limit_answer_431(bounded_api):
@@ -137,6 +147,40 @@ def test_headers_past_the_limit_answer_431(bounded_api):
     answer = flood(bounded_api, b"GET /healthz HTTP/1.1\r\nHost: x\r\n", pad, 64 << 20)
     assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
     watched.assert_unharmed()
+
+
+def test_a_header_that_never_ends_answers_431(bounded_api):
+    """One header name or value sent without end: httptools hands a header over only once
+    it is complete, holding (and re-copying) it until then — so the bytes are counted as
+    they arrive, and one past the limit answers 431 while the header is still coming."""
+    watched = Watched(bounded_api)
+    for head in (b"X-Pad: ", b"X-"):
+        started = time.monotonic()
+        answer = flood(bounded_api, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + head,
+                       b"a" * 65536, 64 << 20)  # fmt: skip
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+        assert time.monotonic() - started < 1.5  # at once, not at the header timeout (2 s)
+    watched.assert_unharmed()
+
+
+def test_an_answer_before_its_body_ends_the_connection(bounded_api):
+    """An upload refused before its body is read (no credentials): the connection ends
+    with the answer. Kept open, each byte of the unread body cancels uvicorn's keep-alive
+    timer, which only a next answer arms again: one byte held the connection for ever."""
+    sock = connect(bounded_api)
+    sock.sendall(
+        b"POST /api/v1/sessions/sb-session-x/files/upload HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n--b"
+    )
+    sock.settimeout(5)
+    answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+    with contextlib.suppress(OSError):
+        sock.sendall(b"x")  # one more byte of the body nobody reads
+    started = time.monotonic()
+    read_answer(sock, deadline=4)
+    sock.close()
+    assert time.monotonic() - started < 3, "the connection was held open"
 
 
 def test_slow_headers_are_cut_and_the_api_keeps_answering(bounded_api):
@@ -182,3 +226,45 @@ def test_uploads_stream_past_the_body_limit(bounded_api):
         assert r.status_code == 201, r.text
         assert r.json()["size"] == 3 * LIMIT
         api.delete("/api/v1/sessions/sb-session-big")
+
+
+def test_pipelined_requests_with_bodies_are_all_answered(bounded_api):
+    """The guards above keep HTTP/1.1 whole: requests sent back to back, bodies and all,
+    in one write, are each answered on the one connection."""
+    sock = connect(bounded_api)
+    post = (
+        b"POST /api/v1/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 2\r\n\r\n{}"
+    )
+    sock.sendall(post + post + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    answer = read_answer(sock, deadline=8)
+    sock.close()
+    assert answer.count(b"HTTP/1.1 401") == 2 and answer.count(b"HTTP/1.1 200") == 1, answer
+
+
+@pytest.mark.parametrize("framing", [b"content-length", b"transfer-encoding"])
+def test_a_body_cut_by_the_client_going_away_reaches_no_route(framing):
+    """Half a body, then the client is gone: the route never runs (it would take the half
+    for the whole: a write of half a file, a message cut short)."""
+    from sandbox_workspace.api.request_bounds import RequestBodyLimit, RequestBounds
+
+    ran, sent = [], []
+    value = b"1000" if framing == b"content-length" else b"chunked"
+    scope = {"type": "http", "method": "POST", "path": "/x", "headers": [(framing, value)]}
+    messages = iter([
+        {"type": "http.request", "body": b'{"content": "half', "more_body": True},
+        {"type": "http.disconnect"},
+    ])  # fmt: skip
+
+    async def app(scope, receive, send) -> None:
+        ran.append(await receive())
+
+    async def receive():
+        return next(messages)
+
+    async def send(message) -> None:
+        sent.append(message)
+
+    limit = RequestBodyLimit(app, RequestBounds(), streaming=[])
+    asyncio.run(limit(scope, receive, send))
+    assert ran == [] and sent == []
