@@ -17,7 +17,10 @@ httptools protocol with two limits the stock one lacks:
   connection is closed;
 - an answer given before its request's body has all come ends the connection: each
   byte of a body nobody reads cancels uvicorn's keep-alive timer, which only a next
-  answer arms again, so one byte held the connection for ever.
+  answer arms again, so one byte held the connection for ever. The end is a lingering
+  close: the answer, then end of file, then what the client still sends is dropped for
+  ``_LINGER_SECONDS`` before the socket closes (closed at once with bytes unread, the
+  kernel resets the connection, and a reset can cost the client the answer itself).
 
 Bodies are bounded by the application (``sandbox_workspace.api.request_bounds``), which
 knows which routes stream.
@@ -37,6 +40,7 @@ _431 = (
 # What the raw count holds beyond the parsed one: the method, the version, separators and
 # whitespace around values (a request within the parsed limit is never refused for them).
 _RAW_SLACK = 1024
+_LINGER_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -54,14 +58,15 @@ class HttpGuard:
             _in_headers = True  # what comes next is headers: no body is being read
             _raw_bytes = 0  # bytes fed to the parser since the previous message ended
             _body_open = False  # a request's headers are complete, its body is not
+            _lingering = False  # answered with the body unread: closing (module docstring)
 
             def data_received(self, data: bytes) -> None:
                 # While headers are incomplete, data goes to the parser in pieces that stop
                 # at the raw bound: past it with the headers still open is 431. (A piece
                 # that ends one message and begins the next leaves the next one's bytes in
                 # it uncounted: at most one bound more.)
-                if self._refused:
-                    return
+                if self._refused or self._lingering:
+                    return  # dropped: the connection is closing
                 while data and self._in_headers:
                     room = guard.max_header_bytes + _RAW_SLACK - self._raw_bytes
                     if room <= 0:
@@ -125,7 +130,15 @@ class HttpGuard:
                 unread = self._body_open and not self.pipeline
                 super().on_response_complete()
                 if unread and not self.transport.is_closing():
-                    self.transport.close()
+                    self._lingering = True
+                    self._disarm()
+                    if self.transport.can_write_eof():
+                        self.transport.write_eof()  # after the answer, which is buffered
+                        self._header_timer = self.loop.call_later(
+                            _LINGER_SECONDS, self.transport.close
+                        )
+                    else:
+                        self.transport.close()
 
             def _count(self, size: int) -> bool:
                 """Whether the header bytes so far are within the limit."""
