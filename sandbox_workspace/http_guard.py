@@ -7,10 +7,12 @@ httptools protocol with two limits the stock one lacks:
   more answers 431 and closes the connection (uvicorn keeps appending headers to a list
   for as long as a client sends them; h11's ``h11_max_incomplete_event_size`` exists,
   httptools has no such setting). Counted twice: as parsed (exact), and as the bytes
-  arrive, while the headers are incomplete (``max_header_bytes`` + ``_RAW_SLACK``; at
-  most twice that when requests are pipelined) — httptools hands a header over only once
-  it is complete and holds it until then, re-copying it with each piece, so a header
-  that never ends was held whole;
+  arrive (``max_header_bytes`` + ``_RAW_SLACK``; at most twice that when requests are
+  pipelined) — httptools hands a header over only once it is complete and holds it until
+  then, re-copying it with each piece, so a header that never ends was held whole;
+- the bytes of a body that bring no body byte (a chunked body's trailer fields, held as
+  headers are; chunk framing) are bounded too (``_BODY_GAP_BYTES``): past it the
+  connection ends (the request is under way: no 431), never held until the body timeout;
 - a request's headers must be complete ``header_timeout_seconds`` after the connection
   opened or its previous response ended (slowloris: uvicorn starts no timer until a
   first response, so a connection trickling header bytes was held for ever); past it the
@@ -41,6 +43,8 @@ _431 = (
 # whitespace around values (a request within the parsed limit is never refused for them).
 _RAW_SLACK = 1024
 _LINGER_SECONDS = 2.0
+# Bytes of a body that bring no body byte (trailers, chunk framing), at most.
+_BODY_GAP_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -56,31 +60,33 @@ class HttpGuard:
             _header_timer = None
             _refused = False  # answered 431: the rest of the data in hand is ignored
             _in_headers = True  # what comes next is headers: no body is being read
-            _raw_bytes = 0  # bytes fed to the parser since the previous message ended
+            _raw_bytes = 0  # bytes fed since the last progress: a message or its headers
+            # ended, or a body byte came (module docstring)
             _body_open = False  # a request's headers are complete, its body is not
             _lingering = False  # answered with the body unread: closing (module docstring)
 
             def data_received(self, data: bytes) -> None:
-                # While headers are incomplete, data goes to the parser in pieces that stop
-                # at the raw bound: past it with the headers still open is 431. (A piece
-                # that ends one message and begins the next leaves the next one's bytes in
-                # it uncounted: at most one bound more.)
+                # Data goes to the parser in pieces that stop at the bound on bytes that
+                # brought no progress (``_raw_bytes``: headers, a trailer, chunk framing):
+                # past it is 431 while the headers are open, else the end of the
+                # connection. (A piece that ends one step and begins the next leaves the
+                # next one's bytes in it uncounted: at most one bound more.)
                 if self._refused or self._lingering:
                     return  # dropped: the connection is closing
-                while data and self._in_headers:
-                    room = guard.max_header_bytes + _RAW_SLACK - self._raw_bytes
+                if len(data) > self._bound() - self._raw_bytes:
+                    data = memoryview(data)  # sliced below: no copies (httptools takes it)
+                while data:
+                    room = self._bound() - self._raw_bytes
                     if room <= 0:
-                        self._refuse()
+                        self._too_much()
                         return
                     piece, data = data[:room], data[room:]
                     self._raw_bytes += len(piece)
-                    super().data_received(piece)
-                    if self._refused or self.transport.is_closing():
+                    super().data_received(piece)  # type: ignore[arg-type]
+                    if self._refused or self._lingering or self.transport.is_closing():
                         return
                     if self.transport.get_protocol() is not self:
                         return  # upgraded: what follows is not ours to parse
-                if data:
-                    super().data_received(data)
 
             def connection_made(self, transport) -> None:  # type: ignore[override]
                 super().connection_made(transport)
@@ -110,10 +116,12 @@ class HttpGuard:
                 self._disarm()
                 self._in_headers = False
                 self._body_open = True
+                self._raw_bytes = 0
                 if not self._refused:
                     super().on_headers_complete()
 
             def on_body(self, body: bytes) -> None:
+                self._raw_bytes = 0
                 if not self._refused:
                     super().on_body(body)
 
@@ -147,6 +155,20 @@ class HttpGuard:
                     return not self._refused
                 self._refuse()
                 return False
+
+            def _bound(self) -> int:
+                if self._in_headers:
+                    return guard.max_header_bytes + _RAW_SLACK
+                # Larger than a read (256 KiB): a body's data is never cut in pieces.
+                return max(guard.max_header_bytes + _RAW_SLACK, _BODY_GAP_BYTES)
+
+            def _too_much(self) -> None:
+                if self._in_headers:
+                    self._refuse()
+                    return
+                # Under way (its answer may be too): no answer of ours, the end.
+                self._refused = True
+                self.transport.close()
 
             def _refuse(self) -> None:
                 self._refused = True

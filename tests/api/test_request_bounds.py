@@ -86,6 +86,21 @@ def flood(server, head: bytes, chunk: bytes, total: int) -> bytes:
     return answer
 
 
+def test_a_trailer_that_never_ends_is_cut(bounded_api):
+    """A chunked body's trailer fields are headers too, and httptools holds them the same
+    way until complete: one that never ends is cut at the header bound, not held until
+    the body timeout."""
+    watched = Watched(bounded_api)
+    head = (
+        b"POST /api/v1/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Trailer: "
+    )
+    started = time.monotonic()
+    answer = flood(bounded_api, head, b"a" * 65536, 256 << 20)
+    assert time.monotonic() - started < 1.5, answer[:200]  # not at the body timeout (2 s)
+    watched.assert_unharmed()
+
+
 def test_a_declared_oversized_body_is_refused_before_it_is_read(bounded_api):
     """3 GiB declared, no credentials: 413 arrives while the body is still being sent."""
     watched = Watched(bounded_api)
