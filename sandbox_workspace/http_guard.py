@@ -1,7 +1,7 @@
 """Bounds on what a client may hold before its request reaches the application.
 
 Contract: ``HttpGuard(max_header_bytes, header_timeout_seconds).protocol()`` is uvicorn's
-httptools protocol with two limits the stock one lacks:
+httptools protocol with the limits the stock one lacks:
 
 - the request line and headers together may hold at most ``max_header_bytes``; one byte
   more answers 431 and closes the connection (uvicorn keeps appending headers to a list
@@ -24,8 +24,8 @@ httptools protocol with two limits the stock one lacks:
   ``_LINGER_SECONDS`` before the socket closes (closed at once with bytes unread, the
   kernel resets the connection, and a reset can cost the client the answer itself).
 
-Bodies are bounded by the application (``sandbox_workspace.api.request_bounds``), which
-knows which routes stream.
+Bodies' sizes and times are bounded by the application
+(``sandbox_workspace.api.request_bounds``), which knows which routes stream.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ _431 = (
     b"content-type: text/plain; charset=utf-8\r\ncontent-length: 34\r\n"
     b"connection: close\r\n\r\nrequest line and headers too large"
 )
-# What the raw count holds beyond the parsed one: the method, the version, separators and
-# whitespace around values (a request within the parsed limit is never refused for them).
+# What the raw count allows beyond the parsed one: the method, the version, separators and
+# whitespace around values (a request within the parsed limit is refused for them only
+# past this much).
 _RAW_SLACK = 1024
 _LINGER_SECONDS = 2.0
 # Bytes of a body that bring no body byte (trailers, chunk framing), at most.
