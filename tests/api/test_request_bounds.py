@@ -25,6 +25,7 @@ BOUNDS = {
     "SANDBOX_WORKSPACE_BOUNDS__BODY_TIMEOUT_SECONDS": "2",
     "SANDBOX_WORKSPACE_BOUNDS__MAX_HEADER_BYTES": "16384",
     "SANDBOX_WORKSPACE_BOUNDS__HEADER_TIMEOUT_SECONDS": "2",
+    "SANDBOX_WORKSPACE_QUOTAS__UPLOADS_PER_USER": "2",
 }
 
 
@@ -283,3 +284,58 @@ def test_a_body_cut_by_the_client_going_away_reaches_no_route(framing):
     limit = RequestBodyLimit(app, RequestBounds(), streaming=[])
     asyncio.run(limit(scope, receive, send))
     assert ran == [] and sent == []
+
+
+def test_uploads_that_trickle_hold_no_more_than_the_users_cap(bounded_api):
+    """An upload has no body timeout, and holds a runtime connection while its body comes
+    at the client's pace: one user's uploads in progress are capped (429 naming the
+    setting), within a quarter of the replica's pool of their own, so trickling uploads
+    cannot take the pool every other call needs. The slots come back as uploads end."""
+    headers = {"Authorization": f"Bearer {SERVICE_TOKEN}", "X-User-Id": "slow"}
+    with httpx.Client(base_url=bounded_api.url, headers=headers, timeout=30) as api:
+        assert api.post("/api/v1/sessions", json={}).status_code == 201
+        path = "/api/v1/sessions/sb-session-slow/files/upload?conversation_id=c"
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SERVICE_TOKEN}\r\n"
+            "X-User-Id: slow\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+            "Content-Length: 100000\r\n\r\n--b\r\nContent-Disposition: form-data; "
+            'name="file"; filename="slow.txt"\r\n\r\nsome bytes, the rest never'
+        ).encode()
+
+        def trickling() -> socket.socket:
+            sock = connect(bounded_api)
+            sock.sendall(head)
+            return sock
+
+        def answered(sock: socket.socket) -> bool:
+            sock.setblocking(False)
+            try:
+                sock.recv(1, socket.MSG_PEEK)  # an answer, or the end (b"")
+                return True
+            except BlockingIOError:
+                return False
+            finally:
+                sock.setblocking(True)
+
+        def one_more() -> httpx.Response:
+            return api.post(path, files={"file": ("quick.txt", b"x")})
+
+        held = [trickling(), trickling()]
+        deadline = time.monotonic() + 15
+        while (r := one_more()).status_code == 201:
+            assert time.monotonic() < deadline, "the trickling uploads never took their slots"
+            # One that met this probe in progress was refused: another takes its place.
+            for sock in [s for s in held if answered(s)]:
+                held.remove(sock)
+                sock.close()
+                held.append(trickling())
+            time.sleep(0.05)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "too_many_requests"
+        assert "UPLOADS_PER_USER" in r.text
+        for sock in held:
+            sock.close()
+        while (r := one_more()).status_code == 429 and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+        assert r.status_code == 201, r.text
+        api.delete("/api/v1/sessions/sb-session-slow")
