@@ -19,7 +19,11 @@ Contract:
 - ``UserLimits(quotas, runtime_connections)``: this process's concurrency caps per user,
   and ``runtime_streams``, the replica's one bound on calls that hold a runtime
   connection for as long as code runs (``/execute``, E2B streams): half of
-  ``runtime_connections``, so every other call finds a connection in the pool.
+  ``runtime_connections``; ``uploads`` (a ``Caps``: user, tenant, replica) bounds
+  uploads, which hold one for as long as their client sends (at its pace, a byte a
+  minute if it likes; an upload has no body timeout), to a quarter of it apart — so
+  every other call finds a connection in the pool, and an upload (the one a running
+  cell waits for, say) is never refused for executions in progress.
   ``take_execution(caller)`` takes the user's ``/execute`` slot, the tenant's, then the
   replica's (``executions``, a ``Caps``; none at a cap).
 """
@@ -78,6 +82,18 @@ class Quotas(BaseModel):
         128,
         ge=1,
         description="E2B directory watchers all users of one tenant may hold on one API replica.",
+    )
+    uploads_per_user: int = Field(
+        32,
+        ge=1,
+        description="Uploads of one user in progress at once on one API replica (then 429): "
+        "each holds a runtime connection while its body comes, at the client's pace.",
+    )
+    uploads_per_tenant: int = Field(
+        64,
+        ge=1,
+        description="Uploads of all users of one tenant in progress at once on one API "
+        "replica (then 429).",
     )
     snapshot_bytes_per_user: int = Field(
         10 * 1024**3,
@@ -139,13 +155,8 @@ class Concurrency:
 
         return release
 
-    @contextlib.contextmanager
-    def hold(self, key: str) -> Iterator[None]:
-        release = self.take(key)
-        try:
-            yield
-        finally:
-            release()
+    def hold(self, key: str) -> contextlib.AbstractContextManager[None]:
+        return _held(self.take(key))
 
 
 class Who(Protocol):
@@ -185,6 +196,18 @@ class Caps:
 
         return release_all
 
+    def hold(self, caller: Who) -> contextlib.AbstractContextManager[None]:
+        return _held(self.take(caller))
+
+
+@contextlib.contextmanager
+def _held(release: Callable[[], None]) -> Iterator[None]:
+    """A slot taken, released when the block ends however it ends."""
+    try:
+        yield
+    finally:
+        release()
+
 
 RUNTIME_STREAMS_SETTING = "half of SANDBOX_WORKSPACE_RUNTIME_CONNECTIONS"
 
@@ -208,6 +231,19 @@ class UserLimits:
             (quotas.executions_per_user, "executions_per_user"),
             (quotas.executions_per_tenant, "executions_per_tenant"),
             self.runtime_streams,
+        )
+
+        # Uploads (``routes.files``, the workspace's): a quarter of the pool of their own.
+        self.uploads = Caps(
+            "uploads",
+            (quotas.uploads_per_user, "uploads_per_user"),
+            (quotas.uploads_per_tenant, "uploads_per_tenant"),
+            Concurrency(
+                "uploads",
+                max(1, runtime_connections // 4),
+                "a quarter of SANDBOX_WORKSPACE_RUNTIME_CONNECTIONS",
+                scope="on this API replica",
+            ),
         )
 
     def take_execution(self, caller: Who) -> Callable[[], None]:

@@ -6,9 +6,13 @@ their own per-session limit):
 
 - a ``Content-Length`` above ``max_body_bytes`` answers 413 ``body_too_large`` at once:
   no byte of the body is read, no authentication, no route runs;
-- a body without a length (chunked) is received here, up to the limit, before the route
-  runs: one byte more answers 413 the same way, and nothing past the limit is ever held;
-- a body that does not arrive in full within ``body_timeout_seconds`` answers 408.
+- a body (with its length or chunked) is received here, up to the limit, before the
+  route runs: one byte more answers 413 the same way, and nothing past the limit is ever
+  held;
+- a body that does not arrive in full within ``body_timeout_seconds`` answers 408 — a
+  declared length too: the route would wait for the rest for ever, holding what came;
+- a client gone before its body has all come is answered nothing and no route runs
+  (never a route acting on the part that came as if it were the whole).
 
 Without this, FastAPI reads and parses the whole JSON body before it resolves any
 dependency, authentication included: an unauthenticated client could make the API hold
@@ -79,10 +83,6 @@ class RequestBodyLimit:
         if declared is not None and declared > self.limit:
             await self._refuse(scope, receive, send)
             return
-        if declared is not None:
-            # The server stops at the declared length: the route reads at most that.
-            await self.app(scope, receive, send)
-            return
         try:
             async with asyncio.timeout(self.timeout):
                 body = await self._receive_bounded(receive)
@@ -98,17 +98,20 @@ class RequestBodyLimit:
             )
             await response(scope, receive, send)
             return
+        if body is None:
+            return  # the client went away: nobody to answer, nothing whole to act on
         await self.app(scope, _replay(body, receive), send)
 
     def _streams(self, scope: Scope) -> bool:
         return streams(scope, self.streaming)
 
-    async def _receive_bounded(self, receive: Receive) -> bytes:
+    async def _receive_bounded(self, receive: Receive) -> bytes | None:
+        """The whole body; None when the client went away before it ended."""
         chunks, size = [], 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                break
+                return None
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:

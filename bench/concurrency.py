@@ -181,11 +181,13 @@ def run(quick: bool) -> list[Figure]:
     users = [f"conc{u}" for u in range(n_users)]
     conversations = [f"c{c}" for c in range(n_conversations)]
     # A few users of one tenant make every operation: the per-user and per-tenant
-    # execution caps must not throttle.
+    # execution and upload caps must not throttle.
     with dev_server(
         SANDBOX_WORKSPACE_SANDBOX_MOUNT="none",
         SANDBOX_WORKSPACE_QUOTAS__EXECUTIONS_PER_USER="1000",
         SANDBOX_WORKSPACE_QUOTAS__EXECUTIONS_PER_TENANT="1000",
+        SANDBOX_WORKSPACE_QUOTAS__UPLOADS_PER_USER="1000",
+        SANDBOX_WORKSPACE_QUOTAS__UPLOADS_PER_TENANT="1000",
     ) as server:
         par_rate, seq_rate, par_lat, seq_lat, checked = asyncio.run(
             _bench(server.url, n, rounds, users, conversations)

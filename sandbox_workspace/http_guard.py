@@ -1,19 +1,31 @@
 """Bounds on what a client may hold before its request reaches the application.
 
 Contract: ``HttpGuard(max_header_bytes, header_timeout_seconds).protocol()`` is uvicorn's
-httptools protocol with two limits the stock one lacks:
+httptools protocol with the limits the stock one lacks:
 
 - the request line and headers together may hold at most ``max_header_bytes``; one byte
   more answers 431 and closes the connection (uvicorn keeps appending headers to a list
   for as long as a client sends them; h11's ``h11_max_incomplete_event_size`` exists,
-  httptools has no such setting);
+  httptools has no such setting). Counted twice: as parsed (exact), and as the bytes
+  arrive (``max_header_bytes`` + ``_RAW_SLACK``; at most twice that when requests are
+  pipelined) — httptools hands a header over only once it is complete and holds it until
+  then, re-copying it with each piece, so a header that never ends was held whole;
+- the bytes of a body that bring no body byte (a chunked body's trailer fields, held as
+  headers are; chunk framing) are bounded too (``_BODY_GAP_BYTES``): past it the
+  connection ends (the request is under way: no 431), never held until the body timeout;
 - a request's headers must be complete ``header_timeout_seconds`` after the connection
   opened or its previous response ended (slowloris: uvicorn starts no timer until a
   first response, so a connection trickling header bytes was held for ever); past it the
-  connection is closed.
+  connection is closed;
+- an answer given before its request's body has all come ends the connection: each
+  byte of a body nobody reads cancels uvicorn's keep-alive timer, which only a next
+  answer arms again, so one byte held the connection for ever. The end is a lingering
+  close: the answer, then end of file, then what the client still sends is dropped for
+  ``_LINGER_SECONDS`` before the socket closes (closed at once with bytes unread, the
+  kernel resets the connection, and a reset can cost the client the answer itself).
 
-Bodies are bounded by the application (``sandbox_workspace.api.request_bounds``), which
-knows which routes stream.
+Bodies' sizes and times are bounded by the application
+(``sandbox_workspace.api.request_bounds``), which knows which routes stream.
 """
 
 from __future__ import annotations
@@ -27,6 +39,13 @@ _431 = (
     b"content-type: text/plain; charset=utf-8\r\ncontent-length: 34\r\n"
     b"connection: close\r\n\r\nrequest line and headers too large"
 )
+# What the raw count allows beyond the parsed one: the method, the version, separators and
+# whitespace around values (a request within the parsed limit is refused for them only
+# past this much).
+_RAW_SLACK = 1024
+_LINGER_SECONDS = 2.0
+# Bytes of a body that bring no body byte (trailers, chunk framing), at most.
+_BODY_GAP_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -41,6 +60,34 @@ class HttpGuard:
             _header_bytes = 0
             _header_timer = None
             _refused = False  # answered 431: the rest of the data in hand is ignored
+            _in_headers = True  # what comes next is headers: no body is being read
+            _raw_bytes = 0  # bytes fed since the last progress: a message or its headers
+            # ended, or a body byte came (module docstring)
+            _body_open = False  # a request's headers are complete, its body is not
+            _lingering = False  # answered with the body unread: closing (module docstring)
+
+            def data_received(self, data: bytes) -> None:
+                # Data goes to the parser in pieces that stop at the bound on bytes that
+                # brought no progress (``_raw_bytes``: headers, a trailer, chunk framing):
+                # past it is 431 while the headers are open, else the end of the
+                # connection. (A piece that ends one step and begins the next leaves the
+                # next one's bytes in it uncounted: at most one bound more.)
+                if self._refused or self._lingering:
+                    return  # dropped: the connection is closing
+                if len(data) > self._bound() - self._raw_bytes:
+                    data = memoryview(data)  # sliced below: no copies (httptools takes it)
+                while data:
+                    room = self._bound() - self._raw_bytes
+                    if room <= 0:
+                        self._too_much()
+                        return
+                    piece, data = data[:room], data[room:]
+                    self._raw_bytes += len(piece)
+                    super().data_received(piece)  # type: ignore[arg-type]
+                    if self._refused or self._lingering or self.transport.is_closing():
+                        return
+                    if self.transport.get_protocol() is not self:
+                        return  # upgraded: what follows is not ours to parse
 
             def connection_made(self, transport) -> None:  # type: ignore[override]
                 super().connection_made(transport)
@@ -68,27 +115,67 @@ class HttpGuard:
 
             def on_headers_complete(self) -> None:
                 self._disarm()
+                self._in_headers = False
+                self._body_open = True
+                self._raw_bytes = 0
                 if not self._refused:
                     super().on_headers_complete()
 
             def on_body(self, body: bytes) -> None:
+                self._raw_bytes = 0
                 if not self._refused:
                     super().on_body(body)
 
             def on_message_complete(self) -> None:
+                self._body_open = False
+                self._in_headers = True  # the next message's, from the next byte on
+                self._raw_bytes = 0
                 if not self._refused:
                     super().on_message_complete()
+
+            def on_response_complete(self) -> None:
+                # A pipelined request waiting means the one answered was complete (the
+                # parser had gone past it); otherwise an open body is the answered one's.
+                unread = self._body_open and not self.pipeline
+                super().on_response_complete()
+                if unread and not self.transport.is_closing():
+                    self._lingering = True
+                    self._disarm()
+                    if self.transport.can_write_eof():
+                        self.transport.write_eof()  # after the answer, which is buffered
+                        self._header_timer = self.loop.call_later(
+                            _LINGER_SECONDS, self.transport.close
+                        )
+                    else:
+                        self.transport.close()
 
             def _count(self, size: int) -> bool:
                 """Whether the header bytes so far are within the limit."""
                 self._header_bytes += size
                 if self._refused or self._header_bytes <= guard.max_header_bytes:
                     return not self._refused
+                self._refuse()
+                return False
+
+            def _bound(self) -> int:
+                if self._in_headers:
+                    return guard.max_header_bytes + _RAW_SLACK
+                # Larger than a read (256 KiB): a body's data is never cut in pieces.
+                return max(guard.max_header_bytes + _RAW_SLACK, _BODY_GAP_BYTES)
+
+            def _too_much(self) -> None:
+                if self._in_headers:
+                    self._refuse()
+                    return
+                # Under way (its answer may be too): no answer of ours, the end.
+                self._refused = True
+                self.transport.close()
+
+            def _refuse(self) -> None:
                 self._refused = True
                 self._disarm()
                 self.transport.write(_431)
                 self.transport.close()
-                return False
 
             def _arm(self) -> None:
                 self._disarm()

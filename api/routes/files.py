@@ -160,7 +160,8 @@ async def upload_file(
         request.headers.get("content-length"),
         params,
     )
-    result = await services.files.upload(session, upload)
+    with services.user_limits.uploads.hold(caller):  # 429 at a cap (quotas.UserLimits)
+        result = await services.files.upload(session, upload)
     return file_uploaded(result, session.session_id)
 
 

@@ -153,9 +153,9 @@ def _serve(prefix: str, locate, names: dict[str, str], docs: dict[str, str]) -> 
             request.headers.get("content-type", ""),
             request.headers.get("content-length"),
         )
-        return stored_file(
-            await services.files.upload_record(session, place.conversation_id, given)
-        )
+        with services.user_limits.uploads.hold(caller):  # 429 at a cap (quotas.UserLimits)
+            record = await services.files.upload_record(session, place.conversation_id, given)
+        return stored_file(record)
 
     async def download(
         place: PlaceDep, file_id: FileIdPath, caller: CallerDep, services: ServicesDep

@@ -5,6 +5,8 @@ that trickles is cut; uploads still stream past the body limit."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -23,6 +25,7 @@ BOUNDS = {
     "SANDBOX_WORKSPACE_BOUNDS__BODY_TIMEOUT_SECONDS": "2",
     "SANDBOX_WORKSPACE_BOUNDS__MAX_HEADER_BYTES": "16384",
     "SANDBOX_WORKSPACE_BOUNDS__HEADER_TIMEOUT_SECONDS": "2",
+    "SANDBOX_WORKSPACE_QUOTAS__UPLOADS_PER_USER": "2",
 }
 
 
@@ -84,6 +87,21 @@ def flood(server, head: bytes, chunk: bytes, total: int) -> bytes:
     return answer
 
 
+def test_a_trailer_that_never_ends_is_cut(bounded_api):
+    """A chunked body's trailer fields are headers too, and httptools holds them the same
+    way until complete: one that never ends is cut at the header bound, not held until
+    the body timeout."""
+    watched = Watched(bounded_api)
+    head = (
+        b"POST /api/v1/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Trailer: "
+    )
+    started = time.monotonic()
+    answer = flood(bounded_api, head, b"a" * 65536, 256 << 20)
+    assert time.monotonic() - started < 1.5, answer[:200]  # not at the body timeout (2 s)
+    watched.assert_unharmed()
+
+
 def test_a_declared_oversized_body_is_refused_before_it_is_read(bounded_api):
     """3 GiB declared, no credentials: 413 arrives while the body is still being sent."""
     watched = Watched(bounded_api)
@@ -119,16 +137,24 @@ def test_a_body_within_the_limit_reaches_authentication(bounded_api):
     assert chunked.status_code == 401
 
 
-def test_a_trickling_body_is_cut_after_the_body_timeout(bounded_api):
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n",
+        # A length within the limit and fewer bytes sent: the route waited for the rest
+        # for ever, holding what came.
+        b"Content-Length: 1000\r\n\r\n{",
+    ],
+    ids=["chunked", "short-of-its-length"],
+)
+def test_a_trickling_body_is_cut_after_the_body_timeout(bounded_api, framing):
     sock = connect(bounded_api)
-    sock.sendall(
-        b"POST /api/v1/chat HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n"
-    )
+    sock.sendall(b"POST /api/v1/chat HTTP/1.1\r\nHost: x\r\n" + framing)
     started = time.monotonic()
-    answer = read_answer(sock, deadline=15)
+    answer = read_answer(sock, deadline=8)
     sock.close()
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 8
 
 
 def test_headers_past_the_limit_answer_431(bounded_api):
@@ -137,6 +163,40 @@ def test_headers_past_the_limit_answer_431(bounded_api):
     answer = flood(bounded_api, b"GET /healthz HTTP/1.1\r\nHost: x\r\n", pad, 64 << 20)
     assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
     watched.assert_unharmed()
+
+
+def test_a_header_that_never_ends_answers_431(bounded_api):
+    """One header name or value sent without end: httptools hands a header over only once
+    it is complete, holding (and re-copying) it until then — so the bytes are counted as
+    they arrive, and one past the limit answers 431 while the header is still coming."""
+    watched = Watched(bounded_api)
+    for head in (b"X-Pad: ", b"X-"):
+        started = time.monotonic()
+        answer = flood(bounded_api, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + head,
+                       b"a" * 65536, 64 << 20)  # fmt: skip
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+        assert time.monotonic() - started < 1.5  # at once, not at the header timeout (2 s)
+    watched.assert_unharmed()
+
+
+def test_an_answer_before_its_body_ends_the_connection(bounded_api):
+    """An upload refused before its body is read (no credentials): the connection ends
+    with the answer. Kept open, each byte of the unread body cancels uvicorn's keep-alive
+    timer, which only a next answer arms again: one byte held the connection for ever."""
+    sock = connect(bounded_api)
+    sock.sendall(
+        b"POST /api/v1/sessions/sb-session-x/files/upload HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n--b"
+    )
+    sock.settimeout(5)
+    answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+    with contextlib.suppress(OSError):
+        sock.sendall(b"x")  # one more byte of the body nobody reads
+    started = time.monotonic()
+    read_answer(sock, deadline=4)
+    sock.close()
+    assert time.monotonic() - started < 3, "the connection was held open"
 
 
 def test_slow_headers_are_cut_and_the_api_keeps_answering(bounded_api):
@@ -182,3 +242,100 @@ def test_uploads_stream_past_the_body_limit(bounded_api):
         assert r.status_code == 201, r.text
         assert r.json()["size"] == 3 * LIMIT
         api.delete("/api/v1/sessions/sb-session-big")
+
+
+def test_pipelined_requests_with_bodies_are_all_answered(bounded_api):
+    """The guards above keep HTTP/1.1 whole: requests sent back to back, bodies and all,
+    in one write, are each answered on the one connection."""
+    sock = connect(bounded_api)
+    post = (
+        b"POST /api/v1/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 2\r\n\r\n{}"
+    )
+    sock.sendall(post + post + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    answer = read_answer(sock, deadline=8)
+    sock.close()
+    assert answer.count(b"HTTP/1.1 401") == 2 and answer.count(b"HTTP/1.1 200") == 1, answer
+
+
+@pytest.mark.parametrize("framing", [b"content-length", b"transfer-encoding"])
+def test_a_body_cut_by_the_client_going_away_reaches_no_route(framing):
+    """Half a body, then the client is gone: the route never runs (it would take the half
+    for the whole: a write of half a file, a message cut short)."""
+    from sandbox_workspace.api.request_bounds import RequestBodyLimit, RequestBounds
+
+    ran, sent = [], []
+    value = b"1000" if framing == b"content-length" else b"chunked"
+    scope = {"type": "http", "method": "POST", "path": "/x", "headers": [(framing, value)]}
+    messages = iter([
+        {"type": "http.request", "body": b'{"content": "half', "more_body": True},
+        {"type": "http.disconnect"},
+    ])  # fmt: skip
+
+    async def app(scope, receive, send) -> None:
+        ran.append(await receive())
+
+    async def receive():
+        return next(messages)
+
+    async def send(message) -> None:
+        sent.append(message)
+
+    limit = RequestBodyLimit(app, RequestBounds(), streaming=[])
+    asyncio.run(limit(scope, receive, send))
+    assert ran == [] and sent == []
+
+
+def test_uploads_that_trickle_hold_no_more_than_the_users_cap(bounded_api):
+    """An upload has no body timeout, and holds a runtime connection while its body comes
+    at the client's pace: one user's uploads in progress are capped (429 naming the
+    setting), within a quarter of the replica's pool of their own, so trickling uploads
+    cannot take the pool every other call needs. The slots come back as uploads end."""
+    headers = {"Authorization": f"Bearer {SERVICE_TOKEN}", "X-User-Id": "slow"}
+    with httpx.Client(base_url=bounded_api.url, headers=headers, timeout=30) as api:
+        assert api.post("/api/v1/sessions", json={}).status_code == 201
+        path = "/api/v1/sessions/sb-session-slow/files/upload?conversation_id=c"
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SERVICE_TOKEN}\r\n"
+            "X-User-Id: slow\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+            "Content-Length: 100000\r\n\r\n--b\r\nContent-Disposition: form-data; "
+            'name="file"; filename="slow.txt"\r\n\r\nsome bytes, the rest never'
+        ).encode()
+
+        def trickling() -> socket.socket:
+            sock = connect(bounded_api)
+            sock.sendall(head)
+            return sock
+
+        def answered(sock: socket.socket) -> bool:
+            sock.setblocking(False)
+            try:
+                sock.recv(1, socket.MSG_PEEK)  # an answer, or the end (b"")
+                return True
+            except BlockingIOError:
+                return False
+            finally:
+                sock.setblocking(True)
+
+        def one_more() -> httpx.Response:
+            return api.post(path, files={"file": ("quick.txt", b"x")})
+
+        held = [trickling(), trickling()]
+        deadline = time.monotonic() + 15
+        while (r := one_more()).status_code == 201:
+            assert time.monotonic() < deadline, "the trickling uploads never took their slots"
+            # One that met this probe in progress was refused: another takes its place.
+            for sock in [s for s in held if answered(s)]:
+                held.remove(sock)
+                sock.close()
+                held.append(trickling())
+            time.sleep(0.05)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "too_many_requests"
+        assert "UPLOADS_PER_USER" in r.text
+        for sock in held:
+            sock.close()
+        while (r := one_more()).status_code == 429 and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+        assert r.status_code == 201, r.text
+        api.delete("/api/v1/sessions/sb-session-slow")
