@@ -72,9 +72,10 @@ NEEDS = {
     "image": ("images",),
     "cluster": ("tools", "kube"),  # test_chart_rbac.py renders the chart with helm
     "test_bench.py": ("kube",),
-    "node": ("tools", "kube", "images"),
+    "node": ("tools", "kube", "enforcer", "images"),
 }
-STEPS = ("tools", "kube", "images")
+# scripts/prebuild.sh's order; ``enforcer`` (kube-router) builds beside ``images``.
+STEPS = ("tools", "kube", "enforcer", "images")
 # How an xdist controller tells its workers what it started.
 STEPS_ENV = "SANDBOX_PREBUILD_STEPS"
 PID_ENV = "SANDBOX_PREBUILD_PID"

@@ -19,9 +19,9 @@ from . import netns
 from .containerd import CNI_BIN, RUNC
 
 IMAGES_ENV = "SANDBOX_NODE_IMAGES"
-TOOLS = ("containerd", "ctr", "podman", "gcc", "ip", "curl", "base64")
+TOOLS = ("containerd", "ctr", "podman", "gcc", "ip", "curl", "base64", "iptables", "ipset")
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
-SCRIPTS = ("build-kube.sh", "build-tools.sh", "node/images.sh")
+SCRIPTS = ("build-kube.sh", "build-enforcer.sh", "build-tools.sh", "node/images.sh")
 
 
 def missing_parts() -> list[str]:
