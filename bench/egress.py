@@ -1,15 +1,19 @@
 """What the egress proxy adds (issue 40 item 6), on loopback, in one run:
 
 - a tunnel (CONNECT, TLS passed through untouched) against the same request direct;
+- the local backend's two hops (the in-namespace relay, then the proxy's Unix socket)
+  against the same request direct;
 - a host whose secret the proxy injects (TLS terminated by the proxy's CA, placeholder
   swapped, answer scrubbed) against the floor of the same proxy relaying TLS.
 
 Each request is a new connection + TLS handshake + ``GET`` of 2 bytes (p50/p99 ms), then
-one download (MiB/s). The upstream (a blocking TLS server, a thread per connection) and
-the proxy (both listeners on one ``EgressProxy``) run in their own processes, so the
-client's GIL is not theirs. Writes ``bench/results/egress.json`` (``egress-quick.json``
-with --quick): ``added_p50_ms``, ``added_p99_ms``, ``throughput_ratio`` for the tunnel,
-the same under ``intercepted`` for the injected host, and the machine's load.
+downloads (MiB/s, the median of ``DOWNLOAD_ROUNDS``, the ways alternated). The upstream
+(a blocking TLS server, a thread per connection), the proxy (all listeners on one
+``EgressProxy``) and the relay run in their own processes, so the client's GIL is not
+theirs. Writes ``bench/results/egress.json`` (``egress-quick.json`` with --quick):
+``added_p50_ms``, ``added_p99_ms``, ``throughput_ratio`` for the tunnel, the same under
+``relayed`` for the two hops and under ``intercepted`` for the injected host, the
+machine's load and, per process, the CPU seconds each download way cost.
 
     python -m bench egress [--quick]
     python -m bench.egress --role upstream|proxy ...   (the two helper processes)
@@ -41,6 +45,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CHUNK = os.urandom(1 << 20)
 PLACEHOLDER = "sbw-secret-bench-0123456789abcdef0123"
 VALUE = "bench-secret-value-0123456789"
+# Downloads per way, alternated; the median is reported (one download is ~0.3 s here,
+# short enough for a neighbour's burst to halve it).
+DOWNLOAD_ROUNDS = 5
 
 
 def serve_upstream(chain: str, port_file: str) -> None:
@@ -74,9 +81,12 @@ def serve_upstream(chain: str, port_file: str) -> None:
         threading.Thread(target=one, args=(conn,), daemon=True).start()
 
 
-def serve_proxy(upstream_port: int, upstream_ca: str, ca_dir: str, port_file: str) -> None:
-    """One proxy, two listeners: session ``tunnel`` (allowed, no secret) and ``inject``
-    (a secret bound to localhost)."""
+def serve_proxy(
+    upstream_port: int, upstream_ca: str, ca_dir: str, port_file: str, unix_path: str
+) -> None:
+    """One proxy, three listeners: session ``tunnel`` (allowed, no secret) on TCP and on
+    the Unix socket ``unix_path`` (as the local backend binds it for the relay), and
+    ``inject`` (a secret bound to localhost)."""
     from sandbox_workspace.egress.ca import InterceptCA
     from sandbox_workspace.egress.policy import (
         DEFAULT_FORBIDDEN,
@@ -110,6 +120,7 @@ def serve_proxy(upstream_port: int, upstream_ca: str, ca_dir: str, port_file: st
         for session in ("tunnel", "inject"):
             server = await proxy.serve_tcp("127.0.0.1", 0, lambda peer, s=session: s)
             ports.append(server.sockets[0].getsockname()[1])
+        await proxy.serve_unix(unix_path, "tunnel")
         await asyncio.to_thread(Path(port_file).write_text, " ".join(map(str, ports)))
         await asyncio.Event().wait()
 
@@ -152,9 +163,25 @@ def get(ctx, upstream_port: int, proxy: int | None, path: str) -> int:
         return got
 
 
-def measure(ways: dict[str, tuple], upstream_port: int, requests: int, mib: int) -> dict:
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User + system CPU seconds so far of each helper process and of this one."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, pid in pids.items():
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out[name] = (int(fields[11]) + int(fields[12])) / tick
+    me = os.times()
+    out["client"] = me.user + me.system
+    return out
+
+
+def measure(
+    ways: dict[str, tuple], upstream_port: int, requests: int, mib: int, pids: dict[str, int]
+) -> dict:
     """Each way (ctx, proxy port or None) measured in turn, request by request, so a
-    burst of load on the machine falls on all of them alike."""
+    burst of load on the machine falls on all of them alike. Downloads also record the
+    CPU seconds per GiB each process spent (the median round's): on 2 cores the
+    processes' sum, not the proxy's share alone, bounds a way's throughput."""
     out: dict[str, dict] = {name: {"times_ms": []} for name in ways}
     for i in range(requests + 3):
         for name, (ctx, proxy) in ways.items():
@@ -162,10 +189,18 @@ def measure(ways: dict[str, tuple], upstream_port: int, requests: int, mib: int)
             get(ctx, upstream_port, proxy, "/small")
             if i >= 3:  # the first three warm up
                 out[name]["times_ms"].append((time.perf_counter() - started) * 1000)
-    for name, (ctx, proxy) in ways.items():
-        started = time.perf_counter()
-        got = get(ctx, upstream_port, proxy, f"/big?{mib}")
-        out[name]["mib_per_s"] = got / (1 << 20) / (time.perf_counter() - started)
+    rounds: dict[str, list[tuple[float, dict[str, float]]]] = {name: [] for name in ways}
+    for _ in range(DOWNLOAD_ROUNDS):
+        for name, (ctx, proxy) in ways.items():
+            cpu_before, started = cpu_seconds(pids), time.perf_counter()
+            got = get(ctx, upstream_port, proxy, f"/big?{mib}")
+            rate = got / (1 << 20) / (time.perf_counter() - started)
+            cpu = {k: v - cpu_before[k] for k, v in cpu_seconds(pids).items()}
+            gib = got / (1 << 30)
+            rounds[name].append((rate, {k: round(v / gib, 2) for k, v in cpu.items() if v}))
+    for name, results in rounds.items():
+        results.sort(key=lambda r: r[0])
+        out[name]["mib_per_s"], out[name]["cpu_s_per_gib"] = results[len(results) // 2]
     return out
 
 
@@ -191,6 +226,8 @@ def compare(through: dict, base: dict) -> dict:
         "baseline_p50_ms": round(statistics.median(b), 3),
         "mib_per_s": round(through["mib_per_s"], 1),
         "baseline_mib_per_s": round(base["mib_per_s"], 1),
+        "cpu_s_per_gib": through["cpu_s_per_gib"],
+        "baseline_cpu_s_per_gib": base["cpu_s_per_gib"],
     }
 
 
@@ -213,18 +250,29 @@ def run(quick: bool) -> list[Figure]:
         (upstream_port,) = wait_ports(tmp / "up.port", up)
         proxy = subprocess.Popen([*me, "--role", "proxy", "--upstream-port", str(upstream_port),
                                   "--cert", str(cert), "--ca-dir", str(tmp / "ca"),
-                                  "--port-file", str(tmp / "proxy.port")])  # fmt: skip
+                                  "--port-file", str(tmp / "proxy.port"),
+                                  "--unix", str(tmp / "proxy.sock")])  # fmt: skip
         procs.append(proxy)
         tunnel_port, inject_port = wait_ports(tmp / "proxy.port", proxy)
+        # The local backend's two hops: the in-namespace relay (its own process, as the
+        # runtime is) → the proxy's Unix socket.
+        relay = subprocess.Popen([sys.executable, "-m", "sandbox_workspace.egress.relay",
+                                  "--listen", "127.0.0.1:0", "--to", str(tmp / "proxy.sock"),
+                                  "--ready-file", str(tmp / "relay.port")])  # fmt: skip
+        procs.append(relay)
+        (relay_port,) = wait_ports(tmp / "relay.port", relay)
         direct_ctx = ssl.create_default_context(cafile=str(cert))
         ca_ctx = ssl.create_default_context(cafile=str(tmp / "ca" / "ca.pem"))
         ways = {
             "direct": (direct_ctx, None),
             "tunnel": (direct_ctx, tunnel_port),
+            "relayed": (direct_ctx, relay_port),
             "injected": (ca_ctx, inject_port),
         }
-        got = measure(ways, upstream_port, requests, mib)
+        pids = {"upstream": up.pid, "proxy": proxy.pid, "relay": relay.pid}
+        got = measure(ways, upstream_port, requests, mib, pids)
         direct, tunnel, injected = got["direct"], got["tunnel"], got["injected"]
+        relayed = got["relayed"]
     finally:
         for proc in procs:
             proc.terminate()
@@ -232,6 +280,7 @@ def run(quick: bool) -> list[Figure]:
     result = {
         **compare(tunnel, direct),
         "intercepted": compare(injected, tunnel),
+        "relayed": compare(relayed, direct),
         "quick": quick,
         "requests": requests,
         "download_mib": mib,
@@ -251,6 +300,8 @@ def run(quick: bool) -> list[Figure]:
                   "the proxy's tunnel", tunnel["times_ms"]),
         Figure.of("egress tunnel download", "MiB/s", [tunnel["mib_per_s"]], "direct",
                   [direct["mib_per_s"]], "≥ 0.8× direct"),
+        Figure.of("egress relay + tunnel download (local backend)", "MiB/s",
+                  [relayed["mib_per_s"]], "direct", [direct["mib_per_s"]], "≥ 0.8× direct"),
         Figure.of("egress injected-secret download", "MiB/s", [injected["mib_per_s"]],
                   "the proxy's tunnel", [tunnel["mib_per_s"]]),
     ]  # fmt: skip
@@ -264,11 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ca-dir")
     parser.add_argument("--upstream-port", type=int)
     parser.add_argument("--port-file")
+    parser.add_argument("--unix")
     args = parser.parse_args(argv)
     if args.role == "upstream":
         serve_upstream(args.cert, args.port_file)
     elif args.role == "proxy":
-        serve_proxy(args.upstream_port, args.cert, args.ca_dir, args.port_file)
+        serve_proxy(args.upstream_port, args.cert, args.ca_dir, args.port_file, args.unix)
     else:
         run(args.quick)
     return 0

@@ -30,6 +30,8 @@ from sandbox_workspace.contract.crd import (
     LABEL_SESSION,
     LABEL_USER,
 )
+from sandbox_workspace.egress.ca import trust_env
+from sandbox_workspace.egress.cluster import placeholder_for
 from sandbox_workspace.runtime.settings import RuntimeSettings
 
 from . import naming
@@ -38,6 +40,9 @@ from .settings import RUNTIME_PORT, RUNTIME_UID, OperatorSettings
 
 TOKEN_KEY = "token"
 WORKSPACE_MOUNT = "/workspace"
+# The egress CA's public part (ConfigMap ``egress_ca_configmap``): never the key.
+EGRESS_CA_MOUNT = "/etc/sandbox-workspace/egress-ca"
+EGRESS_CA_BUNDLE = f"{EGRESS_CA_MOUNT}/bundle.pem"
 CONTAINER_NAME = "runtime"
 
 
@@ -137,7 +142,21 @@ def runtime_env(
         # The root filesystem is read-only; tools that want a home get the scratch space.
         {"name": "HOME", "value": "/tmp"},
         *proxy_env(settings.egress_proxy),
+        *egress_env(session, settings),
     ]
+
+
+def egress_env(session: SandboxSession, settings: OperatorSettings) -> list[dict[str, str]]:
+    """For a session with an egress policy: the trust variables at the CA bundle (when
+    the cluster has one) and each bound secret's *placeholder* under its variable. The
+    value is never here: the egress proxy reads it from the Secret on the way out."""
+    egress = session.spec.egress
+    if egress is None:
+        return []
+    env = trust_env(EGRESS_CA_BUNDLE) if settings.egress_ca_configmap else {}
+    for secret in egress.secrets:
+        env[secret.env_name] = placeholder_for(session.namespace, session.name, secret.name)
+    return [{"name": k, "value": v} for k, v in env.items()]
 
 
 def proxy_env(proxy: str | None) -> list[dict[str, str]]:
@@ -267,6 +286,14 @@ def _runtime_pod(
             {"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size_limit}},
         ],
     }
+    if session.spec.egress is not None and settings.egress_ca_configmap:
+        # The whole ConfigMap, no subPath: a rotated CA reaches running pods.
+        container["volumeMounts"].append(
+            {"name": "egress-ca", "mountPath": EGRESS_CA_MOUNT, "readOnly": True}
+        )
+        spec["volumes"].append(
+            {"name": "egress-ca", "configMap": {"name": settings.egress_ca_configmap}}
+        )
     if settings.runtime_class_name:
         spec["runtimeClassName"] = settings.runtime_class_name
     return {

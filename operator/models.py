@@ -32,7 +32,8 @@ from sandbox_workspace.contract.ids import (
     pydantic_rule,
 )
 from sandbox_workspace.contract.quantity import parse_bytes
-from sandbox_workspace.egress.policy import EgressPolicy, PolicyError, Rule
+from sandbox_workspace.egress.cluster import placeholder_env, reserved_env
+from sandbox_workspace.egress.policy import EgressPolicy, PolicyError, Rule, SecretBinding
 from sandbox_workspace.runtime.settings import RuntimeSettings
 
 from . import naming
@@ -195,6 +196,73 @@ class EgressRule(CamelModel):
         return self
 
 
+EGRESS_MAX_SECRETS = 16
+
+
+class SecretKeyRef(CamelModel):
+    """A key of a Kubernetes Secret in the session's own namespace."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="The Secret's name (the platform creates it, labelled "
+        '`sandboxworkspace.io/egress-secret: "true"`; the egress proxy reads no other).',
+    )
+    key: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="The key in the Secret's data holding the value.",
+    )
+
+
+class EgressSecret(CamelModel):
+    """A secret the egress proxy puts into requests to one host; the sandbox holds only a
+    placeholder (in the environment variable ``env``), never the value."""
+
+    name: str = Field(
+        min_length=1, max_length=63, description="The binding's name (`a-z`, `0-9`, `-`)."
+    )
+    host: str = Field(
+        min_length=1, max_length=253, description="The one exact host it is sent to (HTTPS)."
+    )
+    header: str = Field(
+        "authorization",
+        min_length=1,
+        max_length=64,
+        description="The request header that carries it (`authorization`: after `Bearer `).",
+    )
+    prefix: str | None = Field(
+        None,
+        max_length=64,
+        description="Text before the value in the header (default `Bearer ` for "
+        "Authorization, nothing otherwise).",
+    )
+    env: str | None = Field(
+        None,
+        max_length=128,
+        pattern=r"^[A-Z_][A-Z0-9_]*$",
+        description="The variable holding the placeholder in the sandbox (default "
+        "`SBW_SECRET_<NAME>`).",
+    )
+    secret_key_ref: SecretKeyRef = Field(description="Where the proxy reads the value.")
+
+    @model_validator(mode="after")
+    def _valid(self) -> EgressSecret:
+        try:  # the proxy's own rules (one definition of a binding)
+            SecretBinding.make(self.name, self.host, header=self.header, prefix=self.prefix)
+        except PolicyError as exc:
+            raise ValueError(str(exc)) from None
+        if reserved_env(self.env_name):
+            raise ValueError(f"egress secret {self.name!r}: {self.env_name} is the platform's")
+        return self
+
+    @property
+    def env_name(self) -> str:
+        return self.env or placeholder_env(self.name)
+
+
 class EgressSpec(CamelModel):
     """An egress policy: what code may reach by name through the egress proxy. Deny by
     default: no rules, nothing reachable; no policy at all, no network."""
@@ -205,6 +273,22 @@ class EgressSpec(CamelModel):
         description=f"Allowed destinations (at most {EGRESS_MAX_RULES}); an empty list "
         "allows nothing.",
     )
+    secrets: list[EgressSecret] = Field(
+        default_factory=list,
+        max_length=EGRESS_MAX_SECRETS,
+        description="Secrets injected by the egress proxy on requests to their host (set "
+        "by the platform on the SandboxSession; the API's egress calls change only "
+        "`rules`). The sandbox sees a placeholder in an environment variable; its pod "
+        "is replaced when these change.",
+    )
+
+    @model_validator(mode="after")
+    def _unique(self) -> EgressSpec:
+        for what in ("name", "env_name"):
+            seen = [getattr(s, what) for s in self.secrets]
+            if len(seen) != len(set(seen)):
+                raise ValueError(f"egress secrets: each needs its own {what.split('_')[0]}")
+        return self
 
     @classmethod
     def of(cls, policy: EgressPolicy) -> EgressSpec:

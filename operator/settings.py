@@ -75,6 +75,14 @@ class OperatorSettings(BaseSettings):
         "HTTP_PROXY/HTTPS_PROXY (a host name is resolved once at start: sandboxes have no "
         "DNS). Unset: no proxy, egress policies are not enforced on this cluster.",
     )
+    egress_ca_configmap: str | None = Field(
+        None,
+        description="ConfigMap (in each session's namespace) with the egress proxy's CA "
+        "certificate and trust bundle (`bundle.pem`, no key); sandbox pods of sessions "
+        "with an egress policy mount it and get SSL_CERT_FILE, REQUESTS_CA_BUNDLE, "
+        "PIP_CERT, NODE_EXTRA_CA_CERTS... pointing at it. Chart: set with "
+        "egressProxy.enabled.",
+    )
     termination_grace_seconds: int = Field(
         10, ge=0, description="Grace period of sandbox pods (the runtime stops fast)."
     )

@@ -5,12 +5,14 @@ sandbox-workspace api       the API (backend and auth from SANDBOX_WORKSPACE_* s
 sandbox-workspace runtime   the in-sandbox runtime (SANDBOX_RUNTIME_* settings)
 sandbox-workspace operator  the Kubernetes operator (SANDBOX_OPERATOR_* settings)
 sandbox-workspace egress-proxy  the egress proxy of a cluster's sandboxes
+sandbox-workspace egress-ca     create the egress CA Secret once (the chart's hook Job)
 sandbox-workspace crds      render the CustomResourceDefinitions from the models
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -207,9 +209,15 @@ def _cmd_egress_proxy(args: argparse.Namespace) -> int:
                 interval=args.interval,
                 kubeconfig=args.kubeconfig,
                 port_file=args.port_file,
+                ca_dir=args.ca_dir,
+                upstream_ca=args.upstream_ca,
+                secret_ttl=args.secret_ttl,
+                hosts=json.loads(args.hosts) if args.hosts else None,
+                permit=args.permit or (),
+                publish_trust_to=args.publish_ca or (),
             )
         )
-    except (CredentialsError, PolicyError) as e:
+    except (CredentialsError, PolicyError, ValueError) as e:
         print(f"sandbox-workspace egress-proxy: {e}", file=sys.stderr)
         return 2
     except OSError as e:
@@ -220,6 +228,34 @@ def _cmd_egress_proxy(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:
         pass
+    return 0
+
+
+def _cmd_egress_ca(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .egress.ca_store import ensure_ca_secret, publish_trust
+    from .kube import CredentialsError, Kube, KubeError, load_credentials
+
+    targets = [tuple(t.split("/", 1)) for t in args.configmap]
+    if any(len(t) != 2 or not all(t) for t in targets):
+        print("sandbox-workspace egress-ca: --configmap NAMESPACE/NAME", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        kube = Kube(load_credentials(args.kubeconfig))
+        try:
+            cert_pem = await ensure_ca_secret(kube, args.namespace, args.secret)
+            await publish_trust(kube, cert_pem, targets)
+        finally:
+            await kube.aclose()
+
+    try:
+        asyncio.run(run())
+    except (CredentialsError, KubeError, RuntimeError, ValueError) as e:
+        print(f"sandbox-workspace egress-ca: {e}", file=sys.stderr)
+        return 1
+    print(f"egress CA: Secret {args.namespace}/{args.secret}; published to {args.configmap}")
     return 0
 
 
@@ -286,9 +322,47 @@ def build_parser() -> argparse.ArgumentParser:
     egress.add_argument(
         "--interval", type=float, default=2.0, help="seconds between reads of the sessions"
     )
+    egress.add_argument(
+        "--ca-dir",
+        type=Path,
+        help="the intercept CA (tls.crt, tls.key: the mounted Secret); without it hosts "
+        "with a secret bound are refused",
+    )
+    egress.add_argument(
+        "--publish-ca",
+        action="append",
+        metavar="NAMESPACE/NAME",
+        help="with --ca-dir: write the CA certificate and trust bundle (no key) to this "
+        "ConfigMap at start, for sandbox pods to mount (repeatable)",
+    )
+    egress.add_argument("--upstream-ca", help="CA file the upstreams of bound hosts must chain to")
+    egress.add_argument(
+        "--secret-ttl",
+        type=float,
+        default=5.0,
+        help="seconds a Kubernetes Secret's value is reused before it is read again",
+    )
+    egress.add_argument("--hosts", help=argparse.SUPPRESS)  # tests: JSON name table
+    egress.add_argument("--permit", action="append", help=argparse.SUPPRESS)  # tests only
     egress.add_argument("--kubeconfig", type=Path, help="default: as kubectl finds it")
     egress.add_argument("--log-level", default="info")
     egress.set_defaults(func=_cmd_egress_proxy)
+
+    ca = sub.add_parser(
+        "egress-ca",
+        help="create the egress proxy's CA Secret once and publish its certificate",
+    )
+    ca.add_argument("--namespace", required=True, help="the CA Secret's namespace")
+    ca.add_argument("--secret", required=True, help="the CA Secret's name (kept if present)")
+    ca.add_argument(
+        "--configmap",
+        action="append",
+        default=[],
+        metavar="NAMESPACE/NAME",
+        help="a ConfigMap to write the certificate and trust bundle to (repeatable)",
+    )
+    ca.add_argument("--kubeconfig", type=Path, help="default: as kubectl finds it")
+    ca.set_defaults(func=_cmd_egress_ca)
 
     crds = sub.add_parser("crds", help="render crds/*.yaml from the CRD models")
     crds.add_argument("--output-dir", type=Path, default=Path("crds"), help="default ./crds")

@@ -8,8 +8,9 @@ the whole API suite run without a cluster.
 
 from __future__ import annotations
 
+import json
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
@@ -92,6 +93,33 @@ class ConversationPhase(StrEnum):
     ABSENT = "absent"  # never opened, or deleted: the next write starts it afresh
 
 
+@dataclass(frozen=True)
+class ForkOrigin:
+    """What a fork makes its new conversation from: recorded by the backend in the same
+    step that creates the conversation (``Backend.fork_opened``), so a fork cut off before
+    anything else of it was written is still told from any other conversation."""
+
+    conversation_id: str
+    snapshot_id: str | None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def parse(cls, text: str | None) -> ForkOrigin | None:
+        """The origin ``text`` records; None for none, or for anything not of its shape
+        (read as "not made by a fork": the safe side, a 409)."""
+        try:
+            doc = json.loads(text or "")
+            origin = cls(doc["conversation_id"], doc["snapshot_id"])
+        except (ValueError, TypeError, KeyError):
+            return None
+        ok = isinstance(origin.conversation_id, str) and isinstance(
+            origin.snapshot_id, (str, type(None))
+        )
+        return origin if ok else None
+
+
 @dataclass
 class StoreFence:
     """One writer's hold on a conversation's store prefix (``Backend.store_writing``).
@@ -139,6 +167,18 @@ class Backend(Protocol):
         kubernetes backend creates its CR, finalizer included); raises
         ``ConversationDeleting`` while it is being deleted. Cheap when already known."""
 
+    async def fork_opened(self, session: Session, conversation_id: str, origin: ForkOrigin) -> None:
+        """As ``conversation_opened``, for a new conversation a fork makes: ``origin`` is
+        recorded in the step that creates it (kubernetes: an annotation in the
+        ConversationWorkspace's create; local: a record in the API's data directory
+        written before its directory is made), where no code in a sandbox can write.
+        ``Conflict`` (409 ``conversation_exists``) when the conversation exists already,
+        unless the same fork made it (its recorded origin is ``origin``)."""
+
+    async def fork_origin(self, session: Session, conversation_id: str) -> ForkOrigin | None:
+        """The origin ``fork_opened`` recorded with the conversation; None for one made
+        otherwise."""
+
     async def delete_conversation(self, session: Session, conversation_id: str) -> bool:
         """Delete a conversation's files. True when deletion is complete on return,
         False when it was requested and completes asynchronously (finalizer)."""
@@ -162,6 +202,12 @@ class EgressUnavailable(Conflict):
     """This backend cannot enforce an egress policy (so it keeps none)."""
 
     code = "egress_unavailable"
+
+
+class ConversationExists(Conflict):
+    """The conversation a fork was to make exists already, and not as that fork's."""
+
+    code = "conversation_exists"
 
 
 class NameTaken(Conflict):

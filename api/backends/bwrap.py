@@ -5,7 +5,10 @@ Contract of ``bwrap_argv``: the returned prefix runs a command with
 - the host's top-level directories read-only (so the interpreter and libraries work),
   ``/tmp`` private and writable, ``/proc`` and ``/dev`` fresh;
 - the data directory hidden behind an empty tmpfs (other sessions are invisible), except
-  the session's own directory (port file, log) and its workspace bound at ``/workspace``;
+  the session's run directory (the runtime's port file) and its workspace bound at
+  ``/workspace`` — never the session's record (``session.json``, which holds its egress
+  policy and is read back when the API starts: code that could write it, where Landlock
+  is missing, would choose its own policy);
 - its own PID, IPC and UTS namespaces, dying with its parent;
 - ``extra`` options before the command: the local backend's egress namespaces add
   ``--unshare-net`` and their socket directories (``local_egress``); without them the
@@ -31,7 +34,7 @@ def bwrap_argv(
     bwrap: str,
     *,
     data_dir: Path,
-    session_dir: Path,
+    run_dir: Path,
     workspace: Path,
     keep_visible: list[Path] | None = None,
     extra: list[str] | None = None,
@@ -50,7 +53,7 @@ def bwrap_argv(
     for path in keep_visible or default_visible():
         argv += ["--ro-bind", str(path), str(path)]
     argv += ["--tmpfs", str(data_dir)]
-    argv += ["--bind", str(session_dir), str(session_dir)]
+    argv += ["--bind", str(run_dir), str(run_dir)]
     argv += ["--bind", str(workspace), SANDBOX_WORKSPACE, *(extra or [])]
     argv += ["--chdir", SANDBOX_WORKSPACE, "--"]
     return argv

@@ -17,6 +17,11 @@ Contract:
 - A read answer never overrides what the watch already said: the uids of deleted
   resources are remembered (bounded), so a GET or POST that raced a DELETED event cannot
   bring the dead resource back into the cache.
+- ``ensure(..., fork=True)`` (a fork's new conversation, ``body`` carrying its origin
+  annotation): an existing object is accepted only when it carries the same origin (the
+  same fork made it, then was cut off) — any other is 409 ``conversation_exists``, so a
+  fork never writes into a conversation made otherwise, even one made between its
+  caller's look and its create. ``fork_origin`` answers the annotation's value.
 - Every answer is for one owner, (``sessionRef``, ``conversationId``) (kube_owners): an
   object of another owner under the name is ABSENT to ``phase``, ``NameTaken`` (409) to
   ``ensure`` (never adopted), and left alone by ``delete`` (which deletes by uid).
@@ -31,17 +36,17 @@ import contextlib
 import json
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 
-from sandbox_workspace.contract.crd import LABEL_SESSION
+from sandbox_workspace.contract.crd import ANNOTATION_FORK_ORIGIN, LABEL_SESSION
 from sandbox_workspace.contract.errors import ConversationDeleting
 from sandbox_workspace.kube import Kube, KubeConflict, KubeError
 
 from ..quotas import QuotaExceeded
-from .base import ConversationPhase, NameTaken
+from .base import ConversationExists, ConversationPhase, NameTaken
 from .kube_owners import workspace_owner
 
 log = logging.getLogger(__name__)
@@ -58,6 +63,7 @@ class Known:
     deleting: bool
     owner: tuple[str, str] = ("", "")  # (sessionRef, conversationId)
     session: str = ""  # the SandboxSession's name (its label)
+    fork_origin: str = ""  # the fork-origin annotation ("": not made by a fork)
 
     @property
     def phase(self) -> ConversationPhase:
@@ -71,6 +77,7 @@ def known_from(obj: dict[str, Any]) -> Known:
         deleting=bool(meta.get("deletionTimestamp")),
         owner=workspace_owner(obj),
         session=(meta.get("labels") or {}).get(LABEL_SESSION, ""),
+        fork_origin=str((meta.get("annotations") or {}).get(ANNOTATION_FORK_ORIGIN, "")),
     )
 
 
@@ -116,12 +123,19 @@ class ConversationTracker:
             return ConversationPhase.ABSENT  # another owner's object is none of ours
         return known.phase
 
-    async def ensure(self, name: str, conversation_id: str, body: dict[str, Any]) -> None:
+    async def fork_origin(self, name: str, owner: tuple[str, str]) -> str:
+        known = await self._lookup(name)
+        return known.fork_origin if known is not None and known.owner == owner else ""
+
+    async def ensure(
+        self, name: str, conversation_id: str, body: dict[str, Any], fork: bool = False
+    ) -> None:
         owner = workspace_owner(body)
+        origin = body["metadata"]["annotations"].get(ANNOTATION_FORK_ORIGIN, "") if fork else None
         if self.synced:
             known = self._known.get(name)
             if known is not None:
-                _check(known, owner, conversation_id)
+                _check(known, owner, conversation_id, origin)
                 return  # the hot path: no apiserver round trip
         await self._check_quota(body)
         try:
@@ -134,7 +148,7 @@ class ConversationTracker:
             self._record(await self.kube.request("POST", self.collection, body))
             return
         self._record(obj)
-        _check(known_from(obj), owner, conversation_id)
+        _check(known_from(obj), owner, conversation_id, origin)
 
     async def _check_quota(self, body: dict[str, Any]) -> None:
         cap = self.max_per_session
@@ -159,9 +173,7 @@ class ConversationTracker:
         # successor of another owner made meanwhile under the name.
         gone = not await self.kube.delete(f"{self.collection}/{name}", uid=known.uid)
         if not gone and name in self._known:  # our own writes refuse at once
-            self._known[name] = Known(
-                known.uid, deleting=True, owner=known.owner, session=known.session
-            )
+            self._known[name] = replace(known, deleting=True)
         return not gone
 
     def _record(self, obj: dict[str, Any] | None) -> None:
@@ -250,7 +262,11 @@ class ConversationTracker:
         self._known[name] = known_from(obj)
 
 
-def _check(known: Known, owner: tuple[str, str], conversation_id: str) -> None:
+def _check(
+    known: Known, owner: tuple[str, str], conversation_id: str, origin: str | None = None
+) -> None:
+    """An existing object, for a write of ``owner``'s (``origin``: a fork's, whose
+    origin annotation it must carry)."""
     if known.owner != owner:
         log.warning("conversation %r: its resource name holds %r's object", owner, known.owner)
         raise NameTaken(
@@ -259,3 +275,5 @@ def _check(known: Known, owner: tuple[str, str], conversation_id: str) -> None:
         )
     if known.deleting:
         raise ConversationDeleting(conversation_id)
+    if origin is not None and known.fork_origin != origin:
+        raise ConversationExists(f"conversation '{conversation_id}' exists already")

@@ -14,9 +14,10 @@ Contract:
   removes the annotation once it has acted, so its status is not judged before that.
 - Conversations (``kube_conversations.ConversationTracker``): ``conversation_opened``
   creates the ConversationWorkspace with its finalizer before the first byte is
-  written (cached: no round trip once known); ``conversation_phase`` reads the watched
-  cache; ``delete_conversation`` deletes the CR and returns at once — the operator's
-  finalizer deletes the files and verifies they are gone, and the CR disappears only
+  written (cached: no round trip once known); ``fork_opened`` creates a fork's with its
+  origin annotated in the create (``fork_origin`` reads it); ``conversation_phase``
+  reads the watched cache; ``delete_conversation`` deletes the CR and returns at once —
+  the operator's finalizer deletes the files and verifies they are gone, and the CR disappears only
   then. A conversation that never had a CR is deleted through the runtime directly
   when the session runs, and is already gone when it does not (nothing is started).
 - ``delete_session`` deletes the CR; owner references take the pod, Secret, claim and
@@ -53,6 +54,7 @@ from sandbox_workspace.operator import models, naming
 from ..runtime_client import RuntimeClient
 from .base import (
     ConversationPhase,
+    ForkOrigin,
     NameTaken,
     RuntimeEndpoint,
     Session,
@@ -309,7 +311,13 @@ class KubernetesBackend:
         """A merge patch of ``spec.egress`` on the session's own CR, conditional on the
         version read (another owner's object under the name is never patched); the
         proxy sees it on its next look, no new pod needed."""
-        egress = None if policy is None else models.EgressSpec.of(policy).model_dump(by_alias=True)
+        # Only the rules: a merge patch leaves spec.egress.secrets (the platform's
+        # bindings, set on the CR) as they are. None clears the whole policy.
+        egress = (
+            None
+            if policy is None
+            else models.EgressSpec.of(policy).model_dump(by_alias=True, include={"rules"})
+        )
         for _ in range(3):
             obj = await self._read(session_id)
             if obj is None:
@@ -388,6 +396,26 @@ class KubernetesBackend:
         return await self.conversations.phase(name, owner)
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
+        name, body = await self._workspace_body(session, conversation_id)
+        await self.conversations.ensure(name, conversation_id, body)
+
+    async def fork_opened(self, session: Session, conversation_id: str, origin: ForkOrigin) -> None:
+        """The origin is an annotation in the create itself: the resource never exists
+        without it, and only the API (never a sandbox: its pods hold no token) writes
+        ConversationWorkspaces."""
+        name, body = await self._workspace_body(session, conversation_id)
+        body["metadata"]["annotations"][crd.ANNOTATION_FORK_ORIGIN] = origin.to_json()
+        await self.conversations.ensure(name, conversation_id, body, fork=True)
+
+    async def fork_origin(self, session: Session, conversation_id: str) -> ForkOrigin | None:
+        name = await self._workspace_name(session, conversation_id)
+        owner = (self._session_name(session), conversation_id)
+        return ForkOrigin.parse(await self.conversations.fork_origin(name, owner))
+
+    async def _workspace_body(
+        self, session: Session, conversation_id: str
+    ) -> tuple[str, dict[str, Any]]:
+        """The conversation's ConversationWorkspace as created: its name and body."""
         session_name = self._session_name(session)
         spec = models.ConversationWorkspaceSpec(
             conversation_id=conversation_id,
@@ -419,7 +447,7 @@ class KubernetesBackend:
             },
             "spec": spec.model_dump(by_alias=True, exclude_none=True),
         }
-        await self.conversations.ensure(name, conversation_id, body)
+        return name, body
 
     async def conversation_written(self, session: Session, conversation_id: str) -> None:
         phase = await self.conversation_phase(session, conversation_id)

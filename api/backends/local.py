@@ -3,7 +3,8 @@
 Contract:
 - A session is a directory ``{data_dir}/sessions/{dns_name(session_id)}/`` holding
   ``session.json`` (the spec), ``workspace/`` (the runtime's root, kept while the session
-  exists, also across restarts of the API) and ``runtime.log``.
+  exists, also across restarts of the API), ``run/`` (the runtime's port file: the only
+  part its sandbox sees) and ``runtime.log``.
 - Whose directory is in its ``session.json``, not its name: at start each session is
   found where its record is (a directory made before 2026-11-28 keeps its legacy 32-bit
   name and files), and a new session never takes a directory whose record names another
@@ -15,7 +16,9 @@ Contract:
 - Conversations are tracked in-process: one being deleted (from the API's acceptance of
   the deletion until the runtime confirmed it gone) is DELETING and refuses writes with
   409 ``conversation_deleting``; the runtime refuses them too while it deletes (its own
-  409, relayed). A conversation whose directory exists is READY, else ABSENT.
+  409, relayed). A conversation whose directory exists is READY, else ABSENT. A fork's
+  new conversation has its origin recorded in the API's data directory before its
+  directory is made (``fork_opened``, ``local_forks``), forgotten with its deletion.
 - ``delete_conversation`` never starts a runtime: a session that is down has its
   conversation deleted in this process (the runtime's own ``Workspace`` deletion), under
   the session's lock so that no runtime starts on the directory meanwhile.
@@ -69,8 +72,10 @@ from sandbox_workspace.runtime.workspace import Workspace
 from ..quotas import QuotaExceeded
 from ..runtime_client import RuntimeClient
 from .base import (
+    ConversationExists,
     ConversationPhase,
     EgressUnavailable,
+    ForkOrigin,
     NameTaken,
     RuntimeEndpoint,
     Session,
@@ -81,6 +86,7 @@ from .base import (
 )
 from .bwrap import SANDBOX_WORKSPACE, bwrap_argv
 from .local_egress import LocalEgress, policy_from_json, policy_to_json
+from .local_forks import ForkRecords
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +204,7 @@ class LocalBackend:
         )
         self.data_dir = data_dir.resolve()
         self.sessions_dir = self.data_dir / "sessions"
+        self.forks = ForkRecords(self.data_dir)
         self.http = http
         self.bwrap = bwrap
         self.runtime_command = runtime_command or [
@@ -324,6 +331,7 @@ class LocalBackend:
             if self.egress is not None:
                 self.egress.policies.pop(session_id, None)
             await asyncio.to_thread(shutil.rmtree, self._dir(session_id), True)
+            await asyncio.to_thread(self.forks.forget_session, session_id)
             self._dirs.pop(session_id, None)
         return True
 
@@ -375,11 +383,40 @@ class LocalBackend:
         # The runtime creates directories on first write; a deletion and the cap matter.
         if self._deleting.is_deleting((session.session_id, conversation_id)):
             raise ConversationDeleting(conversation_id)
+        await asyncio.to_thread(self._open, session.session_id, conversation_id)
+
+    def _open(self, session_id: str, conversation_id: str) -> None:
+        workspace = self.workspace_dir(session_id)
+        if (workspace / conversation_id).is_dir():
+            return  # known: the hot path, one stat
+        # New: made otherwise than by a fork, so no fork's record (one cut off before its
+        # directory was made) may claim it later.
+        self.forks.forget(session_id, conversation_id)
         if self.max_conversations is not None:
-            workspace = self.workspace_dir(session.session_id)
-            await asyncio.to_thread(
-                check_conversation_quota, workspace, conversation_id, self.max_conversations
-            )
+            check_conversation_quota(workspace, conversation_id, self.max_conversations)
+
+    async def fork_opened(self, session: Session, conversation_id: str, origin: ForkOrigin) -> None:
+        """The origin recorded before the directory exists (the runtime makes it next):
+        killed between the two, the record is there and the conversation absent — the
+        same fork again starts afresh, another use of the id forgets the record."""
+        sid = session.session_id
+        if self._deleting.is_deleting((sid, conversation_id)):
+            raise ConversationDeleting(conversation_id)
+
+        def open_fork() -> None:
+            workspace = self.workspace_dir(sid)
+            if (workspace / conversation_id).is_dir():
+                if self.forks.read(sid, conversation_id) != origin:
+                    raise ConversationExists(f"conversation '{conversation_id}' exists already")
+                return
+            if self.max_conversations is not None:
+                check_conversation_quota(workspace, conversation_id, self.max_conversations)
+            self.forks.record(sid, conversation_id, origin)
+
+        await asyncio.to_thread(open_fork)
+
+    async def fork_origin(self, session: Session, conversation_id: str) -> ForkOrigin | None:
+        return await asyncio.to_thread(self.forks.read, session.session_id, conversation_id)
 
     async def conversation_written(self, session: Session, conversation_id: str) -> None:
         # Deletion here is synchronous and the runtime refuses commits while it deletes:
@@ -414,6 +451,8 @@ class LocalBackend:
                     result = await asyncio.to_thread(
                         _delete_offline, self.workspace_dir(sid), conversation_id
                     )
+                if not result.exists:
+                    await asyncio.to_thread(self.forks.forget, sid, conversation_id)
         return not result.exists
 
     async def _settled(self, session_id: str) -> tuple[SessionStatus, RuntimeEndpoint | None]:
@@ -431,7 +470,10 @@ class LocalBackend:
     async def _spawn(self, record: _Record) -> None:
         sid = record.session_id
         directory = self._dir(sid)
-        port_file = directory / "runtime.port"
+        # The one part of the session's directory its sandbox sees (bwrap.py says why).
+        run_dir = directory / "run"
+        run_dir.mkdir(mode=0o700, exist_ok=True)
+        port_file = run_dir / "runtime.port"
         port_file.unlink(missing_ok=True)
         token = secrets.token_urlsafe(32)
         upload = FileUploadConfig.model_validate(record.file_upload)
@@ -447,7 +489,7 @@ class LocalBackend:
                 *bwrap_argv(
                     self.bwrap,
                     data_dir=self.data_dir,
-                    session_dir=directory,
+                    run_dir=run_dir,
                     workspace=workspace,
                     extra=isolate,
                 ),

@@ -29,14 +29,13 @@ import hashlib
 import ipaddress
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from sandbox_workspace.egress.overrides import table_resolver, without
 from sandbox_workspace.egress.policy import (
     DEFAULT_FORBIDDEN,
     EgressPolicy,
-    IPAddress,
-    IPNetwork,
     PolicyError,
     Rule,
 )
@@ -69,34 +68,6 @@ def policy_from_json(rules: Sequence[Mapping] | None) -> EgressPolicy | None:
     except (KeyError, TypeError) as e:
         raise PolicyError(f"not an egress rule: {e!r}") from None
     return EgressPolicy(tuple(made))
-
-
-def without(forbidden: Iterable[IPNetwork], permit: Iterable[IPNetwork]) -> tuple:
-    """``forbidden`` with the ``permit`` networks cut out of them."""
-    result = list(forbidden)
-    for allowed in permit:
-        cut: list[IPNetwork] = []
-        for net in result:
-            if net.version != allowed.version or not net.overlaps(allowed):
-                cut.append(net)
-            elif not allowed.supernet_of(net):  # net is larger: keep the rest of it
-                cut.extend(net.address_exclude(allowed))  # type: ignore[arg-type]
-        result = cut
-    return tuple(result)
-
-
-def table_resolver(hosts: Mapping[str, Sequence[str]]):
-    table = {
-        name.lower().rstrip("."): [ipaddress.ip_address(a) for a in addresses]
-        for name, addresses in hosts.items()
-    }
-
-    async def resolve(host: str, port: int) -> list[IPAddress]:
-        if host not in table:
-            raise OSError(f"{host} is not in the egress host table")
-        return table[host]
-
-    return resolve
 
 
 class LocalEgress:

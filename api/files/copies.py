@@ -20,8 +20,20 @@ Contract, both modes:
   of its snapshots — never a shared object or inode. 409 when ``to`` exists; whatever
   fails, nothing of ``to`` is left (it is deleted as a conversation is). In ``s3`` mode
   the same fork asked again (same ``cid``, snapshot and ``to``) is idempotent: one that
-  completed answers as its conversation now is; one a crash cut off (the API killed
-  mid-fork: copies made, no records) is completed, or deleted when its source is gone.
+  completed answers as its conversation now is; one a crash cut off at any point (the API
+  killed mid-fork) is completed, or deleted when its source is gone.
+
+How a fork cut off is told from any other conversation — two records, each written by
+the API only (never where code in a sandbox can write):
+- the store's mark (``StoreCopies.fork_mark``), from before the first copy until done;
+- before it, the origin the backend recorded in the step that created the conversation
+  (``Backend.fork_opened``: the ConversationWorkspace's annotation on kubernetes, a record
+  in the API's data directory locally). It counts only while the conversation has no
+  records in the store (the mark comes before any): a conversation written to since —
+  by anyone — is not claimed by the fork asked again (409).
+Why the creation itself carries it: the resource must come first (no object of the fork
+may exist untracked), so no record in the store can precede it; an origin written in
+another step would leave a window in which the retry meets a conversation with neither.
 """
 
 from __future__ import annotations
@@ -29,15 +41,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from sandbox_workspace.contract.errors import (
-    ApiError,
-    Conflict,
-    ConversationDeleting,
-    NotFoundError,
-)
-from sandbox_workspace.store.snapshots import Snapshot, StoreCopies, new_id
+from sandbox_workspace.contract.errors import ApiError, ConversationDeleting, NotFoundError
+from sandbox_workspace.store.snapshots import ForkMark, Snapshot, StoreCopies, new_id
 
-from ..backends.base import ConversationPhase, Session
+from ..backends.base import ConversationExists, ConversationPhase, ForkOrigin, Session
 from ..backends.store_backend import StoreBackend, conversation_exists
 from ..keyed_locks import KeyedLocks
 from ..quotas import QuotaExceeded
@@ -146,6 +153,20 @@ class StoredCopies:
         await b.ensure_filled(session, cid)
         return snap
 
+    async def _fork_state(self, session: Session, to: str) -> ForkMark | None:
+        """How far the fork that made the existing ``to`` went (None: no fork made it):
+        its store mark, else — cut off before the mark — the origin recorded with its
+        creation, while nothing is recorded in it (module docstring)."""
+        b = self.backend
+        scope = b.scope(session)
+        mark = await self._copies().fork_mark(scope, to)
+        if mark is not None:
+            return mark
+        origin = await b.inner.fork_origin(session, to)
+        if origin is None or await b.meta.get(scope, to) is not None:
+            return None
+        return ForkMark(origin.conversation_id, origin.snapshot_id, done=False)
+
     async def fork(self, session: Session, cid: str, to: str, sid: str | None) -> Forked:
         b = self.backend
         scope = b.scope(session)
@@ -153,9 +174,9 @@ class StoredCopies:
         if await conversation_exists(b, session, to):
             if await b.conversation_phase(session, to) == ConversationPhase.DELETING:
                 raise ConversationDeleting(to)  # never answered as made while it goes
-            again = await self._copies().fork_mark(scope, to)
+            again = await self._fork_state(session, to)
             if again is None or (again.forked_from, again.snapshot_id) != (cid, sid):
-                raise Conflict(f"conversation '{to}' exists already", code="conversation_exists")
+                raise ConversationExists(f"conversation '{to}' exists already")
         try:
             await self._existing(session, cid)
             if sid is not None:
@@ -173,8 +194,12 @@ class StoredCopies:
         # New, or the same fork cut off by a crash (copies made, no records): made whole.
         try:
             # Tracked as any new conversation (cap, ConversationWorkspace); not filled:
-            # the first use fills it from what the fork writes.
-            await b.inner.conversation_opened(session, to)
+            # the first use fills it from what the fork writes. A new one is created with
+            # its origin (refused when made otherwise meanwhile).
+            if again is None:
+                await b.inner.fork_opened(session, to, ForkOrigin(cid, sid))
+            else:
+                await b.inner.conversation_opened(session, to)
         except QuotaExceeded as e:
             raise ForkQuotaExceeded(e.message) from e
         try:
@@ -247,7 +272,7 @@ class CacheCopies:
             await client.get_snapshot(cid, sid)  # 404 before anything
         phase = await self.backend.conversation_phase(session, to)
         if phase != ConversationPhase.ABSENT or (await client.conversation_info(to)).exists:
-            raise Conflict(f"conversation '{to}' exists already", code="conversation_exists")
+            raise ConversationExists(f"conversation '{to}' exists already")
         try:
             await self.backend.conversation_opened(session, to)
         except QuotaExceeded as e:

@@ -56,6 +56,9 @@ RULES: tuple[tuple[str, _Rule], ...] = (
     ("image", lambda s, cfg: s.image not in (None, cfg.image)),
     ("resources", lambda s, _: s.resources is not None),
     ("network", lambda s, _: s.network != _DEFAULT.network),
+    # An egress policy: network "allow" in the runtime's environment, the CA bundle and
+    # the placeholders of bound secrets, none of which a pooled pod has.
+    ("egress", lambda s, _: s.egress is not None),
     ("fileUploadConfig", lambda s, _: s.file_upload_config != _DEFAULT.file_upload_config),
 )
 

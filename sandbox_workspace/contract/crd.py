@@ -39,6 +39,10 @@ ANNOTATION_LAST_ACTIVITY = f"{PREFIX}/last-activity"
 # tracing.py): the W3C traceparent of its request, whose child the operator's handler of
 # that change becomes.
 ANNOTATION_TRACEPARENT = f"{PREFIX}/traceparent"
+# On a ConversationWorkspace a fork created (set by the API in the create itself, never
+# changed): what it is a fork of, JSON {"conversation_id", "snapshot_id"} — so a fork cut
+# off before its store mark is told from any other conversation (api/files/copies.py).
+ANNOTATION_FORK_ORIGIN = f"{PREFIX}/fork-origin"
 # On a sandbox pod: digest of the spec it was built from (a different digest: the session's
 # spec changed in a way that needs a new pod).
 ANNOTATION_POD_SPEC = f"{PREFIX}/pod-spec"

@@ -122,13 +122,15 @@ class InterceptCA:
     def cert_pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
+    @property
+    def key_pem(self) -> bytes:
+        """The key (PEM, unencrypted): for the proxy's own store only."""
+        return _pem_key(self.key)
+
     def write_trust_bundle(self, path: str | Path, system_bundle: str | None = None) -> Path:
-        """The bundle a sandbox trusts: the system's roots (so tunnelled hosts still
-        verify) and this CA's certificate. Never the key."""
-        system = system_bundle or ssl.get_default_verify_paths().cafile
-        roots = Path(system).read_bytes() if system and Path(system).exists() else b""
+        """The bundle a sandbox trusts (``trust_bundle``), written to ``path``."""
         path = Path(path)
-        path.write_bytes(roots.rstrip(b"\n") + b"\n" + self.cert_pem if roots else self.cert_pem)
+        path.write_bytes(trust_bundle(self.cert_pem, system_bundle))
         path.chmod(0o644)
         return path
 
@@ -172,3 +174,18 @@ class InterceptCA:
             self._leaves.pop(next(iter(self._leaves)))
         self._leaves[host] = (ctx, not_after)
         return ctx
+
+
+def trust_bundle(cert_pem: bytes, system_bundle: str | None = None) -> bytes:
+    """The bundle a sandbox trusts: the system's roots (so tunnelled hosts still verify)
+    and the CA's certificate. Never the key."""
+    system = system_bundle or ssl.get_default_verify_paths().cafile
+    if not system or not Path(system).exists():
+        try:  # an image without ca-certificates: the roots Python's HTTP clients ship
+            import certifi
+
+            system = certifi.where()
+        except ImportError:
+            system = None
+    roots = Path(system).read_bytes() if system and Path(system).exists() else b""
+    return roots.rstrip(b"\n") + b"\n" + cert_pem if roots else cert_pem

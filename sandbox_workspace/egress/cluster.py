@@ -10,6 +10,12 @@ Contract:
   to no session: refused, never the wrong policy.
 - A session's policy is its ``spec.egress`` (``operator.models.EgressSpec``); none, or one
   that does not validate, is no policy (the proxy refuses everything).
+- ``spec.egress.secrets`` binds secrets (``policy.SecretBinding``) whose values live in
+  Kubernetes Secrets of the session's namespace (``secretKeyRef``; read by
+  ``kube_secrets.KubeSecretSource``). A binding's placeholder is ``placeholder_for``
+  the session and binding name: the operator puts the same string in the pod's
+  environment (``placeholder_env``), and nothing about it derives from the value. A
+  secrets list that does not validate makes the whole policy invalid (deny all).
 - ``ClusterPolicies`` keeps the last index it read (``refresh``); when it cannot read the
   cluster for ``max_stale`` seconds it forgets it (deny all) rather than apply old
   policies forever.
@@ -18,8 +24,10 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
 import logging
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,13 +35,48 @@ from typing import Any
 
 from sandbox_workspace.contract import crd
 
-from .policy import EgressPolicy, PolicyError, Rule
+from .policy import EgressPolicy, PolicyError, Rule, SecretBinding
 
 log = logging.getLogger(__name__)
 
 
 def session_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """Where a binding's value is: key ``key`` of Secret ``secret`` in ``namespace``."""
+
+    namespace: str
+    secret: str
+    key: str
+    host: str  # the binding's host (the Secret's allowed hosts are checked against it)
+
+
+_ENV_RESERVED = re.compile(
+    r"(SANDBOX_|LD_|PYTHON|NODE_|PIP_|GIT_|SSL_|CURL_|REQUESTS_).*"
+    r"|(HTTPS?_PROXY|NO_PROXY|ALL_PROXY|HOME|PATH|TMPDIR|SHELL|USER|LANG)",
+    re.IGNORECASE,
+)
+
+
+def reserved_env(name: str) -> bool:
+    """Variables the platform sets or that change how code runs: never a placeholder's."""
+    return _ENV_RESERVED.fullmatch(name) is not None
+
+
+def placeholder_env(name: str) -> str:
+    """The default variable holding binding ``name``'s placeholder in the sandbox."""
+    return "SBW_SECRET_" + name.upper().replace("-", "_")
+
+
+def placeholder_for(namespace: str, session: str, name: str) -> str:
+    """The placeholder of binding ``name`` in session ``namespace/session``: the operator
+    (pod environment) and the proxy (swap) compute the same string. Not secret: it only
+    marks where the proxy puts the value, and only for that session's connections."""
+    digest = hashlib.sha256(f"{namespace}/{session}/{name}".encode()).hexdigest()[:32]
+    return f"sbw-secret-{name}-{digest}"
 
 
 def normal_address(text: str) -> str | None:
@@ -90,30 +133,84 @@ def policy_from_spec(raw: Any) -> EgressPolicy:
     return EgressPolicy(tuple(rules))
 
 
-def session_policy(session: Mapping[str, Any]) -> EgressPolicy | None:
-    """The policy of a SandboxSession object; None when it has none or it is invalid."""
+def _text(raw: Mapping[str, Any], key: str, default: str | None = None) -> str | None:
+    value = raw.get(key, default)
+    if value is not None and not isinstance(value, str):
+        raise PolicyError(f"egress secret field {key!r} must be a string")
+    return value
+
+
+def secrets_from_spec(
+    raw: Any, namespace: str, session: str
+) -> tuple[tuple[SecretBinding, ...], dict[str, SecretRef]]:
+    """``spec.egress.secrets`` as bindings and where their values are; PolicyError when
+    it is not a valid list (the schema of ``operator.models.EgressSecret``)."""
+    if raw is None:
+        return (), {}
+    if not isinstance(raw, list):
+        raise PolicyError("spec.egress.secrets must be a list")
+    bindings, refs = [], {}
+    for item in raw:
+        if not isinstance(item, Mapping) or not isinstance(item.get("secretKeyRef"), Mapping):
+            raise PolicyError("each egress secret needs a name, a host and a secretKeyRef")
+        name, host = _text(item, "name", ""), _text(item, "host", "")
+        ref = item["secretKeyRef"]
+        secret, key = _text(ref, "name", ""), _text(ref, "key", "")
+        if not secret or not key or name in refs:
+            raise PolicyError(f"egress secret {name!r}: one secretKeyRef name and key each")
+        binding = SecretBinding.make(
+            name or "",
+            host or "",
+            header=_text(item, "header", "authorization") or "",
+            prefix=_text(item, "prefix"),
+            placeholder=placeholder_for(namespace, session, name or ""),
+        )
+        bindings.append(binding)
+        refs[name] = SecretRef(namespace, secret, key, binding.host)
+    return tuple(bindings), refs
+
+
+def session_egress(
+    session: Mapping[str, Any],
+) -> tuple[EgressPolicy | None, dict[str, SecretRef]]:
+    """The policy of a SandboxSession object and its secrets' references; (None, {})
+    when it has none or it is invalid."""
     raw = (session.get("spec") or {}).get("egress")
     if raw is None:
-        return None
+        return None, {}
+    meta = session.get("metadata") or {}
     try:
-        return policy_from_spec(raw)
+        policy = policy_from_spec(raw)
+        bindings, refs = secrets_from_spec(
+            raw.get("secrets"), meta.get("namespace", ""), meta.get("name", "")
+        )
+        return EgressPolicy(policy.rules, bindings), refs
     except PolicyError as exc:
         meta = session.get("metadata") or {}
         log.warning(
             "egress policy refused, session has none",
             extra={"session": meta.get("name"), "error": str(exc)[:300]},
         )
-        return None
+        return None, {}
 
 
-def policy_index(sessions: Iterable[Mapping[str, Any]]) -> dict[str, EgressPolicy | None]:
-    index = {}
+def session_policy(session: Mapping[str, Any]) -> EgressPolicy | None:
+    """The policy of a SandboxSession object; None when it has none or it is invalid."""
+    return session_egress(session)[0]
+
+
+def policy_index(
+    sessions: Iterable[Mapping[str, Any]],
+) -> tuple[dict[str, EgressPolicy | None], dict[str, dict[str, SecretRef]]]:
+    """Session key → policy, and session key → its secrets' references."""
+    index, refs = {}, {}
     for session in sessions:
         meta = session.get("metadata") or {}
         if meta.get("deletionTimestamp"):
             continue
-        index[session_key(meta.get("namespace", ""), meta["name"])] = session_policy(session)
-    return index
+        key = session_key(meta.get("namespace", ""), meta["name"])
+        index[key], refs[key] = session_egress(session)
+    return index, refs
 
 
 @dataclass
@@ -123,14 +220,22 @@ class ClusterPolicies:
     max_stale: float = 30.0
     addresses: dict[str, str] = field(default_factory=dict)
     policies: dict[str, EgressPolicy | None] = field(default_factory=dict)
+    refs: dict[str, dict[str, SecretRef]] = field(default_factory=dict)
     read_at: float = 0.0
 
     def update(
         self, sessions: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
     ) -> None:
         self.addresses = address_index(pods)
-        self.policies = policy_index(sessions)
+        self.policies, self.refs = policy_index(sessions)
         self.read_at = time.monotonic()
+
+    def secret_ref(self, key: str, name: str) -> SecretRef | None:
+        """Where session ``key``'s secret ``name`` is (None: no such binding, or the view
+        is stale)."""
+        if self.lookup(key) is None:
+            return None
+        return self.refs.get(key, {}).get(name)
 
     def identify(self, peer: object) -> str | None:
         if not isinstance(peer, tuple) or not peer or not isinstance(peer[0], str):

@@ -63,6 +63,7 @@ from .secrets import (
     checked_value,
     swap_headers,
 )
+from .splice import relay_streams
 from .tls import MAX_HELLO, NotClientHello, client_hello_sni
 
 log = logging.getLogger(__name__)
@@ -320,7 +321,8 @@ class EgressProxy:
                 await writer.drain()
                 return
             up_writer.write(hello)
-            await _relay(reader, writer, up_reader, up_writer)
+            # Nothing more is inspected: the kernel moves the rest (splice.py).
+            await relay_streams(reader, writer, up_reader, up_writer)
         finally:
             up_writer.close()
 
@@ -482,14 +484,3 @@ async def _copy(
         if dst.can_write_eof():
             with contextlib.suppress(OSError):
                 dst.write_eof()
-
-
-async def _relay(
-    client_reader: asyncio.StreamReader,
-    client_writer: asyncio.StreamWriter,
-    up_reader: asyncio.StreamReader,
-    up_writer: asyncio.StreamWriter,
-) -> None:
-    await asyncio.gather(
-        _copy(client_reader, up_writer), _copy(up_reader, client_writer), return_exceptions=True
-    )

@@ -3,37 +3,25 @@
 The local backend gives each session's code a network namespace with nothing but
 loopback, and binds one Unix socket of the egress proxy into its filesystem. Programs
 speak TCP to a proxy (``HTTP_PROXY=http://127.0.0.1:3128``), so this relay listens on a
-loopback port *inside* the namespace and copies each connection to that socket, bytes
-unchanged. The proxy knows the session by the socket, so the relay needs no credential
-and nothing it sends is trusted; killing it only takes the session's own egress away.
+loopback port *inside* the namespace and relays each connection to that socket, bytes
+unchanged (``splice.py``: the kernel moves them, Python does not copy them). The proxy
+knows the session by the socket, so the relay needs no credential and nothing it sends
+is trusted; killing it only takes the session's own egress away.
 
     python -m sandbox_workspace.egress.relay --listen 127.0.0.1:3128 --to /run/egress.sock
 
-Standard library only: it runs in the sandbox next to the runtime.
+Standard library only (and ``splice.py``, which is too): it runs in the sandbox next to
+the runtime.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
-_CHUNK = 256 * 1024
-
-
-async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    try:
-        while data := await src.read(_CHUNK):
-            dst.write(data)
-            await dst.drain()
-    except ConnectionError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            if dst.can_write_eof():
-                dst.write_eof()
+from .splice import relay_streams
 
 
 async def start_relay(host: str, port: int, target: str) -> asyncio.Server:
@@ -45,9 +33,13 @@ async def start_relay(host: str, port: int, target: str) -> asyncio.Server:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_copy(reader, up_writer), _copy(up_reader, writer))
-        for w in (writer, up_writer):
-            w.close()
+        try:
+            await relay_streams(reader, writer, up_reader, up_writer)
+        except ConnectionError:
+            pass  # a peer reset: both sides are closed below
+        finally:
+            for w in (writer, up_writer):
+                w.close()
 
     return await asyncio.start_server(on_client, host, port)
 

@@ -99,7 +99,7 @@ def main() -> None:
     socket_dir = root / "egress-s1"
     socket_dir.mkdir()
     start_proxy(socket_dir / "egress.sock", allowed_port)
-    argv = bwrap_argv(bwrap, data_dir=data_dir, session_dir=session_dir, workspace=workspace)
+    argv = bwrap_argv(bwrap, data_dir=data_dir, run_dir=session_dir, workspace=workspace)
     assert argv[-1] == "--"
     # The two additions: a namespace of its own, and the proxy's socket for this session.
     argv = [*argv[:-1], "--unshare-net", "--ro-bind", str(socket_dir), "/tmp/.egress", "--"]

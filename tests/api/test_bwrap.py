@@ -75,6 +75,13 @@ def test_reported_path_is_where_the_sandbox_sees_the_file(bwrap_server, runtime_
     # Other sessions' data are hidden from alice's sandbox.
     listing = in_runtime_view(pids["bw-alice"], "ls", "-A", str(data_dir / "sessions"))
     assert listing.stdout.split() == [b"sb-session-bw-alice"]
+    # Of its own session directory it sees only the run directory (its port file): its
+    # record (session.json: the egress policy, read back when the API starts) is not
+    # there to rewrite, even for code that Landlock does not confine.
+    alice_dir = data_dir / "sessions" / "sb-session-bw-alice"
+    own = in_runtime_view(pids["bw-alice"], "ls", "-A", str(alice_dir))
+    assert own.stdout.split() == [b"run"], own
+    assert (alice_dir / "session.json").exists()
     # The host's system directories are read-only inside.
     write = in_runtime_view(pids["bw-alice"], "touch", "/usr/sandbox-escape")
     assert write.returncode != 0 and not Path("/usr/sandbox-escape").exists()

@@ -10,16 +10,19 @@ The two servers run with small caps so the limits are reachable: 3 conversations
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
 import pytest
 from api_calls import execute
+from hold_proxy import HoldProxy
+from polling import wait_for
 
 pytestmark = pytest.mark.local_backend
 
@@ -70,7 +73,7 @@ def url(user: str, cid: str, *rest: str) -> str:
 
 def run(api: httpx.Client, user: str, cid: str, code: str) -> str:
     result = execute(api, f"/api/v1/sessions/sb-session-{user}", code, cid=cid)
-    assert result["exit_code"] == 0 and not result["error"], result
+    assert result["exit_code"] == 0 and not result["error"], json.dumps(result)
     return result["stdout"]
 
 
@@ -318,6 +321,88 @@ def test_the_same_fork_again_completes_one_a_crash_cut_off(who, mode):
     assert api.get(url(user, "f2", "snapshots")).status_code == 404
 
 
+def test_a_fork_the_api_died_in_before_its_mark_completes_when_asked_again(start_server, seaweedfs):
+    """s3, the kill window itself: the API SIGKILLed once the fork's conversation exists
+    (its directory made, its origin recorded) and its store mark's write is held at the
+    store (a proxy in front of it; the write is dropped, as a dead process's). After a
+    restart the same fork asked again completes; a different fork (another origin,
+    another snapshot) is 409; so is an empty conversation made by an execution, whose code
+    forged a mark. Two servers (the first killed) and two runtimes: ~10 s, most of it
+    their starts and stops."""
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    seaweedfs.make_bucket(bucket)
+    proxy = HoldProxy(seaweedfs.endpoint)
+    env = {**seaweedfs.env(bucket), "SANDBOX_WORKSPACE_S3__ENDPOINT_URL": proxy.url}
+    first = start_server("dev", "--data-dir", "data", **CAPS, **env)
+    user = f"u-{uuid.uuid4().hex[:10]}"
+    headers = {"X-User-Id": user}
+    answers: list[object] = []
+
+    def fork() -> None:
+        try:
+            with httpx.Client(base_url=first.url, headers=headers, timeout=60) as c:
+                answers.append(c.post(url(user, "c1", "fork"), json={"conversation_id": "f1"}))
+        except httpx.HTTPError as e:
+            answers.append(e)
+
+    with httpx.Client(base_url=first.url, headers=headers, timeout=120) as api:
+        upload(api, user, "c1", "in.csv", b"a,b\n")
+        proxy.hold("/f1/.sbw/fork.json")
+        forker = threading.Thread(target=fork, daemon=True)
+        forker.start()
+        wait_for(lambda: proxy.held, "the fork's mark write held at the store", timeout=60)
+    first.stop(signal.SIGKILL)
+    proxy.drop()
+    forker.join(60)
+    assert answers and isinstance(answers[0], httpx.HTTPError), answers
+    assert [k for k in mode_keys(seaweedfs, bucket, user, "f1") if k.endswith("fork.json")] == []
+
+    direct = {**first.env, "SANDBOX_WORKSPACE_S3__ENDPOINT_URL": seaweedfs.endpoint}
+    second = replace(first, env=direct, proc=None).start()
+    try:
+        with httpx.Client(base_url=second.url, headers=headers, timeout=120) as api:
+            upload(api, user, "c2", "other.csv", b"c\n")
+            other = api.post(url(user, "c2", "fork"), json={"conversation_id": "f1"})
+            assert other.status_code == 409, other.text  # another origin
+            snap = {"conversation_id": "f1", "snapshot_id": uuid.uuid4().hex}
+            other = api.post(url(user, "c1", "fork"), json=snap)
+            assert other.status_code == 409, other.text  # another source: a snapshot
+            done = api.post(url(user, "c1", "fork"), json={"conversation_id": "f1"})
+            assert done.status_code == 201 and done.json()["file_count"] == 1, done.text
+            assert files(api, user, "f1") == {"uploads/temparea/in.csv": "a,b\n"}
+            again = api.post(url(user, "c1", "fork"), json={"conversation_id": "f1"})
+            assert again.status_code == 201 and again.json()["file_count"] == 1, again.text
+
+            for cid in ("c2", "f1"):  # under the cap (3 conversations) again
+                assert api.delete(url(user, cid)).status_code == 200
+            assert mode_keys(seaweedfs, bucket, user, "f1") == []
+            # An empty conversation (no records) whose code forged a fork's mark where it
+            # can write — its own directory on the runtime's volume: never read.
+            run(api, user, "e1", FORGE)
+            taken = api.post(url(user, "c1", "fork"), json={"conversation_id": "e1"})
+            assert taken.status_code == 409, taken.text
+            assert taken.json()["error"]["code"] == "conversation_exists"
+            api.delete(f"/api/v1/sessions/sb-session-{user}")
+    finally:
+        second.stop()
+        proxy.close()
+
+
+FORGE = """
+import json, os
+os.makedirs('.sbw', exist_ok=True)
+mark = {"forked_from": "c1", "snapshot_id": None, "done": False}
+open('.sbw/fork.json', 'w').write(json.dumps(mark))
+origin = {"conversation_id": "c1", "snapshot_id": None}
+open('.sbw/fork-origin.json', 'w').write(json.dumps(origin))
+"""
+
+
+def mode_keys(seaweedfs, bucket: str, user: str, cid: str) -> list[str]:
+    prefix = f"workspaces/default/sb-session-{user}/{cid}/"
+    return [i.key for i in seaweedfs.list_keys(bucket, prefix)]
+
+
 def test_limits_refuse_with_nothing_half_made(who, mode):
     user, api = who
     upload(api, user, "c1", "big.csv", b"x" * 200_000)
@@ -387,7 +472,7 @@ def test_a_snapshot_during_an_execution_says_which_files_it_holds(who, mode):
         )
         running.start()
         try:
-            wait_for(lambda: (cwd / "outputs" / "mid.txt").exists())
+            wait_for(lambda: (cwd / "outputs" / "mid.txt").exists(), "mid.txt written", 30)
             r = api.post(url(user, "c1", "snapshots"))
         finally:
             (cwd / "go").touch()
@@ -400,13 +485,6 @@ def test_a_snapshot_during_an_execution_says_which_files_it_holds(who, mode):
         assert after["file_count"] == 1
     else:
         assert (during["state"], during["file_count"]) == ("live", 1)
-
-
-def wait_for(condition, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 # The object accounting is the store's (local forks are covered above): s3 mode only.

@@ -222,7 +222,9 @@ def test_every_pod_is_locked_down(rendered: tuple[str, list[dict[str, Any]]]) ->
             else:
                 assert probe["httpGet"]["path"] == "/healthz", where
             mounts = {m["mountPath"] for m in container["volumeMounts"]}
-            assert mounts == {"/tmp"}, where
+            # The egress CA's key: the proxy alone (test_egress_ca_key_is_the_proxys_alone).
+            ca = {"/etc/sandbox-workspace/egress-ca"} if "egress-proxy" in where else set()
+            assert mounts == {"/tmp"} | ca, where
 
 
 def test_the_sessions_namespace_enforces_restricted_pods(
@@ -257,7 +259,12 @@ def test_rbac_is_namespaced_and_minimal(rendered: tuple[str, list[dict[str, Any]
             "namespace": NAMESPACE,
         }
     ]
-    roles = {r["metadata"]["name"]: r for r in by_kind(docs, "Role")}
+    # The egress CA's hook Role lives only while the hook runs (test_egress_ca_hook_job).
+    roles = {
+        r["metadata"]["name"]: r
+        for r in by_kind(docs, "Role")
+        if "helm.sh/hook" not in r["metadata"].get("annotations", {})
+    }
     assert set(roles) == {
         f"{RELEASE}-sandbox-workspace-api",
         f"{RELEASE}-sandbox-workspace-operator",
@@ -414,15 +421,27 @@ def test_egress_proxy_component(tools: Tools) -> None:
         "10.244.0.0/16",
         "--forbidden",
         "10.96.0.0/12",
+        "--ca-dir",
+        "/etc/sandbox-workspace/egress-ca",
+        "--publish-ca",
+        f"agent-sandboxes/{RELEASE}-sandbox-workspace-egress-ca",
+        "--secret-ttl",
+        "5",
     ]
     assert pod["serviceAccountName"] == name
     assert one(docs, "Service", name)["spec"]["ports"][0]["port"] == 3128
     role = one(docs, "Role", name)
-    assert {v for r in role["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
-    assert sorted(res for r in role["rules"] for res in r["resources"]) == [
-        "pods",
-        "sandboxsessions",
-    ]
+    grants = {(res, v, tuple(r.get("resourceNames", ()))) for r in role["rules"]
+              for res in r["resources"] for v in r["verbs"]}  # fmt: skip
+    ca_map = (f"{RELEASE}-sandbox-workspace-egress-ca",)
+    assert grants == {
+        ("sandboxsessions", "get", ()), ("sandboxsessions", "list", ()),
+        ("sandboxsessions", "watch", ()), ("pods", "get", ()), ("pods", "list", ()),
+        ("pods", "watch", ()),
+        ("secrets", "get", ()),  # bound Secrets, by name: no list, no watch
+        ("configmaps", "create", ()), ("configmaps", "get", ca_map),
+        ("configmaps", "patch", ca_map),
+    }  # fmt: skip
     operator = next(d for d in workloads(docs) if "operator" in d["metadata"]["name"])
     proxy = env_of(operator["spec"]["template"]["spec"]["containers"][0])
     assert proxy["SANDBOX_OPERATOR_EGRESS_PROXY"] == f"{name}.{NAMESPACE}.svc:3128"
@@ -431,6 +450,70 @@ def test_egress_proxy_component(tools: Tools) -> None:
         "SANDBOX_WORKSPACE_SESSION_EGRESS"
     ]
     assert json.loads(default)["rules"][0] == {"host": "pypi.org"}
+
+
+def test_egress_ca_key_is_the_proxys_alone(tools: Tools) -> None:
+    """Issue 40: the CA Secret is mounted by the egress proxy only (never the API, the
+    operator or a sandbox pod: the operator points sandbox pods at the ConfigMap with the
+    public part, which the proxy writes)."""
+    docs = render(tools, release=RELEASE, namespace=NAMESPACE, values=(HARDENED_VALUES,))
+    ca_secret = f"{RELEASE}-sandbox-workspace-egress-ca"
+    mounting = {
+        w["metadata"]["name"]
+        for w in workloads(docs) + by_kind(docs, "Job")
+        for v in w["spec"]["template"]["spec"].get("volumes", [])
+        if v.get("secret", {}).get("secretName") == ca_secret
+    }
+    assert mounting == {f"{RELEASE}-sandbox-workspace-egress-proxy"}
+    proxy = one(docs, "Deployment", f"{RELEASE}-sandbox-workspace-egress-proxy")
+    (volume,) = [v for v in proxy["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert volume["secret"]["defaultMode"] == 0o400
+    operator = next(d for d in workloads(docs) if "operator" in d["metadata"]["name"])
+    env = env_of(operator["spec"]["template"]["spec"]["containers"][0])
+    assert env["SANDBOX_OPERATOR_EGRESS_CA_CONFIGMAP"] == ca_secret  # the ConfigMap's name
+    # Nothing of the CA is in the rendered chart (no genCA: no key in the release record).
+    assert "PRIVATE KEY" not in yaml.safe_dump_all(docs)
+
+
+def test_egress_ca_hook_job(tools: Tools) -> None:
+    """The CA is created by a pre-install/pre-upgrade hook Job that keeps an existing one
+    (so an upgrade never rotates it); its rights are a hook Role, gone after it ran; a
+    platform's own CA (ca.existingSecret) needs no Job."""
+    docs = render(tools, release=RELEASE, namespace=NAMESPACE, values=(HARDENED_VALUES,))
+    name = f"{RELEASE}-sandbox-workspace-egress-ca"
+    job = one(docs, "Job", name)
+    hook = job["metadata"]["annotations"]
+    assert hook["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert "hook-succeeded" in hook["helm.sh/hook-delete-policy"]
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["egress-ca", "--namespace", NAMESPACE, "--secret", name]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["serviceAccountName"] == name
+    role = one(docs, "Role", name)
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert int(role["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(
+        hook["helm.sh/hook-weight"]
+    )
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [name], "verbs": ["get"]},
+    ]
+    assert not by_kind(docs, "Secret") or all(
+        d["metadata"]["name"] != name for d in by_kind(docs, "Secret")
+    )  # not a release resource: upgrade and uninstall leave it alone
+    own = render(
+        tools,
+        release=RELEASE,
+        namespace=NAMESPACE,
+        values=(HARDENED_VALUES,),
+        set_values={"egressProxy.ca.existingSecret": "platform-ca"},
+    )
+    assert not by_kind(own, "Job")
+    proxy = one(own, "Deployment", f"{RELEASE}-sandbox-workspace-egress-proxy")
+    secrets = [v["secret"]["secretName"] for v in proxy["spec"]["template"]["spec"]["volumes"]
+               if "secret" in v]  # fmt: skip
+    assert secrets == ["platform-ca"]
 
 
 def test_api_deployment_and_service(rendered: tuple[str, list[dict[str, Any]]]) -> None:

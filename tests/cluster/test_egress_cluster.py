@@ -1,4 +1,4 @@
-"""The egress proxy on a real apiserver (issue 40 items 1, 2): ``sandbox-workspace
+"""The egress proxy on a real apiserver (issue 40 items 1, 2, 3): ``sandbox-workspace
 egress-proxy`` run as the chart runs it, sessions created and their policy changed
 through the kubernetes backend, sandbox pods as real Pod objects whose addresses the test
 sets (127.0.0.x: the test connects from them, so the proxy sees them as peers).
@@ -11,10 +11,16 @@ and then refuses as loopback — a refusal that says the policy let it through, 
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import http.server
+import json
 import secrets
 import socket
+import ssl
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,9 +31,14 @@ from kubeenv import wait_until
 from sandbox_workspace.api.backends.base import SessionSpec
 from sandbox_workspace.api.backends.kubernetes import KubernetesBackend
 from sandbox_workspace.contract import crd
+from sandbox_workspace.egress.ca import InterceptCA
+from sandbox_workspace.egress.ca_store import ensure_ca_secret
+from sandbox_workspace.egress.kube_secrets import LABEL_EGRESS_SECRET
 from sandbox_workspace.kube import Kube, load_credentials
 from sandbox_workspace.operator import naming
-from sandbox_workspace.operator.models import EgressSpec
+from sandbox_workspace.operator.builders import EGRESS_CA_BUNDLE, build_sandbox_pod
+from sandbox_workspace.operator.models import EgressSpec, SandboxSession
+from sandbox_workspace.operator.settings import OperatorSettings
 
 pytestmark = pytest.mark.cluster
 
@@ -66,8 +77,9 @@ def sandbox_pod(kube_api, namespace: str, session: str, address: str) -> None:
     )
 
 
-@pytest.fixture
-def proxy(kube_control_plane, namespace, tmp_path: Path):
+@contextlib.contextmanager
+def egress_proxy(kubeconfig: Path, namespace: str, tmp_path: Path, *extra: str):
+    """``sandbox-workspace egress-proxy`` as the chart runs it (plus ``extra``); its port."""
     port_file = tmp_path / "port"
     process = subprocess.Popen(
         [
@@ -86,7 +98,8 @@ def proxy(kube_control_plane, namespace, tmp_path: Path):
             "--interval",
             "0.3",
             "--kubeconfig",
-            str(kube_control_plane.kubeconfig),
+            str(kubeconfig),
+            *extra,
         ]
     )
     try:
@@ -97,6 +110,12 @@ def proxy(kube_control_plane, namespace, tmp_path: Path):
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@pytest.fixture
+def proxy(kube_control_plane, namespace, tmp_path: Path):
+    with egress_proxy(kube_control_plane.kubeconfig, namespace, tmp_path) as port:
+        yield port
 
 
 def test_proxy_tells_sessions_apart_by_pod_address_and_follows_live_policy_changes(
@@ -160,3 +179,219 @@ def test_proxy_tells_sessions_apart_by_pod_address_and_follows_live_policy_chang
         f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/{namespace}/{crd.SESSION_PLURAL}/{bob}"
     )["spec"]["egress"] == policy.model_dump(by_alias=True)
     assert PASSED_POLICY in ask(proxy, "127.0.0.5", "localhost")
+
+
+# -- secrets injected on the way out (issue 40 item 3, the cluster wiring) ---------------
+
+BOUND_HOST = "api.test"  # resolved by the proxy's test name table to 127.0.0.1
+SANDBOX_ADDRESS = "127.0.0.9"
+
+
+class _Upstream(http.server.BaseHTTPRequestHandler):
+    seen: list[str]
+
+    def do_GET(self) -> None:
+        self.seen.append(self.headers.get("Authorization", ""))
+        body = b"upstream ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def https_upstream(tmp_path: Path):
+    """An HTTPS server for ``BOUND_HOST`` with a certificate of the test's own CA; yields
+    (port, its CA file, the Authorization headers it received)."""
+    upstream_ca = InterceptCA.generate()
+    chain = tmp_path / "upstream.pem"
+    chain.write_bytes(upstream_ca.issue_pem(BOUND_HOST))
+    ca_file = tmp_path / "upstream-ca.pem"
+    ca_file.write_bytes(upstream_ca.cert_pem)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(chain)
+    seen: list[str] = []
+    handler = type("Handler", (_Upstream,), {"seen": seen})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], ca_file, seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def call_bound_host(proxy_port: int, upstream_port: int, trust: str, header: str) -> str:
+    """What code in the sandbox does: CONNECT through the proxy from the pod's address,
+    TLS trusting only ``trust`` (the CA certificate the sandbox is given), one request."""
+    with socket.create_connection(
+        ("127.0.0.1", proxy_port), timeout=10, source_address=(SANDBOX_ADDRESS, 0)
+    ) as raw:
+        authority = f"{BOUND_HOST}:{upstream_port}"
+        raw.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+        answer = raw.recv(4096).decode(errors="replace")
+        if not answer.startswith("HTTP/1.1 200"):
+            return answer.split("\r\n", 1)[0]
+        context = ssl.create_default_context(cadata=trust)
+        with context.wrap_socket(raw, server_hostname=BOUND_HOST) as tls:
+            tls.sendall(
+                f"GET / HTTP/1.1\r\nHost: {BOUND_HOST}\r\nAuthorization: {header}\r\n\r\n".encode()
+            )
+            data = b""
+            while chunk := tls.recv(65536):
+                data += chunk
+    return data.decode(errors="replace")
+
+
+def test_bound_kubernetes_secret_reaches_the_host_and_never_the_pod(
+    kube_control_plane, kube_api, namespace, tmp_path: Path
+):
+    """A session binds a platform Secret to an HTTPS host: the proxy (its CA made by the
+    chart's hook code, its public part published by the proxy) puts the value into the
+    request; the pod the operator builds holds only the placeholder and the CA
+    certificate; changes to the Secret apply without restart; a missing Secret or key
+    is a refusal the code sees; the sandbox's ServiceAccount cannot read the Secret."""
+    value, rotated = "sk-live-" + secrets.token_hex(16), "sk-next-" + secrets.token_hex(16)
+    secret_path = f"/api/v1/namespaces/{namespace}/secrets/api-key"
+    kube_api.create(
+        f"/api/v1/namespaces/{namespace}/secrets",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "api-key", "labels": {LABEL_EGRESS_SECRET: "true"}},
+            "stringData": {"token": value},
+        },
+    )
+    # The CA as the hook Job makes it (kept when present), handed to the proxy as the
+    # chart mounts it.
+    kube = lambda: Kube(load_credentials(kube_control_plane.kubeconfig))  # noqa: E731
+
+    async def make_ca() -> tuple[bytes, bytes]:
+        client = kube()
+        try:
+            first = await ensure_ca_secret(client, namespace, "egress-ca")
+            again = await ensure_ca_secret(client, namespace, "egress-ca")
+            return first, again
+        finally:
+            await client.aclose()
+
+    first, again = asyncio.run(make_ca())
+    assert first == again  # a second run (helm upgrade) keeps the CA
+    stored = kube_api.get(f"/api/v1/namespaces/{namespace}/secrets/egress-ca")["data"]
+    ca_dir = tmp_path / "ca"
+    ca_dir.mkdir()
+    for key in ("tls.crt", "tls.key"):
+        (ca_dir / key).write_bytes(base64.b64decode(stored[key]))
+
+    with https_upstream(tmp_path) as (upstream_port, upstream_ca, seen):
+        egress = EgressSpec.model_validate(
+            {
+                "rules": [{"host": BOUND_HOST, "ports": [upstream_port]}],
+                "secrets": [
+                    {
+                        "name": "api",
+                        "host": BOUND_HOST,
+                        "secretKeyRef": {"name": "api-key", "key": "token"},
+                    }
+                ],
+            }
+        )
+
+        async def create_session() -> None:
+            client = kube()
+            async with httpx.AsyncClient() as http:
+                backend = KubernetesBackend(client, namespace, http, egress=egress)
+                try:
+                    await backend.create_session(
+                        SessionSpec(session_id="sb-session-carol", user_id="carol")
+                    )
+                    # The API changes rules only: the platform's bindings stay.
+                    await backend.set_egress_policy("sb-session-carol", egress.policy())
+                finally:
+                    await client.aclose()
+
+        asyncio.run(create_session())
+        name = naming.session_name("sb-session-carol")
+        body = kube_api.get(
+            f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/{namespace}/{crd.SESSION_PLURAL}/{name}"
+        )
+        assert body["spec"]["egress"]["secrets"][0]["secretKeyRef"]["name"] == "api-key"
+
+        # The pod the operator builds: the placeholder and the CA's public part only.
+        settings = OperatorSettings(
+            _env_file=None, image="i", egress_proxy="10.96.0.9:3128", egress_ca_configmap="ca"
+        )
+        pod = build_sandbox_pod(SandboxSession.from_body(body), settings)
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        placeholder = env["SBW_SECRET_API"]
+        assert placeholder.startswith("sbw-secret-api-")
+        assert env["SSL_CERT_FILE"] == env["NODE_EXTRA_CA_CERTS"] == EGRESS_CA_BUNDLE
+        text = json.dumps(pod)
+        assert value not in text and base64.b64encode(value.encode()).decode() not in text
+        assert "api-key" not in text  # not even the Secret's name: no secretKeyRef
+        assert [v.get("configMap", {}).get("name") for v in pod["spec"]["volumes"]][-1] == "ca"
+        assert not any("secret" in v for v in pod["spec"]["volumes"])
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        sandbox_pod(kube_api, namespace, name, SANDBOX_ADDRESS)
+
+        # The sandbox's ServiceAccount (its pods have no token at all) cannot read it.
+        review = kube_api.create(
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": f"system:serviceaccount:{namespace}:default",
+                    "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+                    "resourceAttributes": {
+                        "namespace": namespace,
+                        "verb": "get",
+                        "resource": "secrets",
+                        "name": "api-key",
+                    },
+                },
+            },
+        )
+        assert review["status"]["allowed"] is False, review["status"]
+
+        extra = (
+            "--ca-dir", str(ca_dir), "--upstream-ca", str(upstream_ca),
+            "--publish-ca", f"{namespace}/egress-ca-public", "--secret-ttl", "0.5",
+            "--hosts", json.dumps({BOUND_HOST: ["127.0.0.1"]}), "--permit", "127.0.0.0/8",
+        )  # fmt: skip
+        with egress_proxy(kube_control_plane.kubeconfig, namespace, tmp_path, *extra) as port:
+            published = kube_api.get(f"/api/v1/namespaces/{namespace}/configmaps/egress-ca-public")
+            assert published["data"]["ca.crt"].encode() == first
+            assert "PRIVATE KEY" not in json.dumps(published)
+            trust = published["data"]["ca.crt"]
+
+            def call() -> str:
+                return call_bound_host(port, upstream_port, trust, f"Bearer {placeholder}")
+
+            wait_until(lambda: "upstream ok" in call(), timeout=20, message="policy seen")
+            assert seen[-1] == f"Bearer {value}"
+            # Another placeholder (or text around ours) is sent as written.
+            call_bound_host(port, upstream_port, trust, f"Bearer {placeholder}x")
+            assert seen[-1] == f"Bearer {placeholder}x"
+
+            # A changed value is used within the TTL (0.5 s here; the chart's 5 s).
+            kube_api.patch(secret_path, {"stringData": {"token": rotated}})
+            started = time.monotonic()
+            wait_until(
+                lambda: call() and seen[-1] == f"Bearer {rotated}", timeout=10, message="rotated"
+            )
+            assert time.monotonic() - started < 5
+            # Key absent, then Secret gone (seen within the TTL, as a change is): refused,
+            # nothing reaches the host.
+            kube_api.patch(secret_path, {"data": {"token": None, "other": "eA=="}})
+            wait_until(lambda: "has no key 'token'" in call(), timeout=10, message="no key")
+            before = len(seen)
+            kube_api.delete(secret_path)
+            wait_until(lambda: "not found" in call(), timeout=10, message="no Secret")
+            assert call().startswith("HTTP/1.1 502 Egress refused: secret 'api'")
+            assert len(seen) == before

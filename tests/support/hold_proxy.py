@@ -1,7 +1,9 @@
 """A loopback TCP proxy in front of an HTTP/1.1 server that can hold chosen requests: a
 request whose request line contains the marker given to ``hold`` waits, head and body,
 until ``release`` — the way to stop one store write exactly where a race needs it (the
-server behind stays real; nothing is answered by the proxy itself).
+server behind stays real; nothing is answered by the proxy itself). ``drop`` ends the
+requests held instead, none of their bytes sent on: what a client killed with its request
+in flight leaves — a request that never arrived.
 
 Requests are framed by ``Content-Length`` (what the S3 client sends); a connection whose
 request is chunked is passed through unparsed from there on. Answers flow back as bytes.
@@ -22,6 +24,7 @@ class HoldProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self._marker: bytes | None = None
+        self._dropped = False
         self._released = threading.Event()
         self._lock = threading.Lock()
         self.held: list[bytes] = []  # request lines held so far
@@ -35,6 +38,10 @@ class HoldProxy:
     def release(self) -> None:
         self._marker = None
         self._released.set()
+
+    def drop(self) -> None:
+        self._dropped = True
+        self.release()
 
     def close(self) -> None:
         self.release()
@@ -71,6 +78,8 @@ class HoldProxy:
                     with self._lock:
                         self.held.append(line)
                     self._released.wait()
+                    if self._dropped:
+                        return
                 server.sendall(head + b"\r\n\r\n")
                 if b"chunked" in fields.get(b"transfer-encoding", b""):
                     server.sendall(buffer)

@@ -8,9 +8,10 @@ import asyncio
 
 import pytest
 
-from sandbox_workspace.api.backends.base import ConversationPhase, NameTaken
+from sandbox_workspace.api.backends.base import ConversationExists, ConversationPhase, NameTaken
 from sandbox_workspace.api.backends.kube_conversations import ConversationTracker
 from sandbox_workspace.api.quotas import QuotaExceeded
+from sandbox_workspace.contract.crd import ANNOTATION_FORK_ORIGIN
 from sandbox_workspace.contract.errors import ConversationDeleting
 from sandbox_workspace.kube import KubeConflict
 
@@ -170,3 +171,34 @@ def test_a_session_past_its_conversation_cap_is_refused_before_any_create():
     assert kube.calls.count(("POST", COLLECTION)) == posts  # nothing created
     asyncio.run(t.ensure("w1", "w1", labelled("w1", "s1")))  # a known one passes
     asyncio.run(t.ensure("x1", "x1", labelled("x1", "s2")))  # another session's own count
+
+
+def fork_body(name: str, origin: str) -> dict:
+    b = body(name)
+    b["metadata"]["annotations"] = {ANNOTATION_FORK_ORIGIN: origin}
+    return b
+
+
+@pytest.mark.parametrize("synced", [True, False])
+def test_a_forks_create_carries_its_origin_and_takes_no_other_conversation(synced):
+    """A fork's conversation is created with its origin annotation; asked again by the
+    same fork (cut off after the create) it is accepted; by another fork, or when the
+    conversation was made otherwise (no annotation), it is 409 ``conversation_exists``
+    — also when the other object was made between the caller's look and its create."""
+    t, kube = tracker(synced)
+    asyncio.run(t.ensure("w1", "c1", fork_body("w1", "A"), fork=True))
+    assert kube.objects["w1"]["metadata"]["annotations"][ANNOTATION_FORK_ORIGIN] == "A"
+    assert asyncio.run(t.fork_origin("w1", OWNER)) == "A"
+    asyncio.run(t.ensure("w1", "c1", fork_body("w1", "A"), fork=True))  # the same fork
+    with pytest.raises(ConversationExists):
+        asyncio.run(t.ensure("w1", "c1", fork_body("w1", "B"), fork=True))
+    asyncio.run(t.ensure("w1", "c1", body("w1")))  # an ordinary write to it: still a fork's
+
+    plain = ("sb-session-u", "c2")
+    asyncio.run(t.ensure("w2", "c2", body("w2", plain)))  # made otherwise
+    assert asyncio.run(t.fork_origin("w2", plain)) == ""
+    fork = fork_body("w2", "A")
+    fork["spec"]["conversationId"] = "c2"
+    with pytest.raises(ConversationExists):
+        asyncio.run(t.ensure("w2", "c2", fork, fork=True))
+    assert asyncio.run(t.fork_origin("w1", ("sb-session-x", "c1"))) == ""  # not theirs

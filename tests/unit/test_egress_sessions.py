@@ -1,8 +1,12 @@
 """Egress policies of sessions on Kubernetes (issue 40): the spec model and its clear
-refusals, the proxy's pod address → session index, the sandbox pod's proxy settings."""
+refusals, the proxy's pod address → session index, the sandbox pod's proxy settings,
+secrets bound in the spec (placeholders, the Kubernetes SecretSource)."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import re
 import time
 
 import pytest
@@ -10,14 +14,22 @@ from pydantic import ValidationError
 
 from sandbox_workspace.egress.cluster import (
     ClusterPolicies,
+    SecretRef,
     address_index,
     policy_from_spec,
     session_policy,
 )
+from sandbox_workspace.egress.kube_secrets import (
+    ANNOTATION_EGRESS_HOSTS,
+    LABEL_EGRESS_SECRET,
+    KubeSecretSource,
+)
 from sandbox_workspace.egress.policy import PolicyError, decide
-from sandbox_workspace.operator.builders import build_sandbox_pod
+from sandbox_workspace.egress.secrets import SecretUnavailable
+from sandbox_workspace.operator.builders import EGRESS_CA_BUNDLE, build_sandbox_pod
 from sandbox_workspace.operator.main import resolve_egress_proxy
 from sandbox_workspace.operator.models import EgressSpec, SandboxSession, SandboxSessionSpec
+from sandbox_workspace.operator.pool.spec import misfits
 from sandbox_workspace.operator.settings import OperatorSettings
 
 RUNTIME = {"sandboxworkspace.io/component": "runtime"}
@@ -143,3 +155,96 @@ def test_the_proxy_name_is_resolved_once_to_an_address():
     assert resolved("localhost:3128") in ("127.0.0.1:3128", "[::1]:3128")
     assert resolved("10.96.0.9:3128") == "10.96.0.9:3128"
     assert resolved("no-such-name.invalid:3128") == "no-such-name.invalid:3128"
+
+
+# ------------------------------------------------- secrets bound in spec.egress (item 3)
+BINDING = {"name": "api", "host": "api.example.com", "secretKeyRef": {"name": "k", "key": "t"}}
+
+
+def test_a_bound_secret_gives_the_pod_a_placeholder_and_the_proxy_the_same_one():
+    settings = OperatorSettings(
+        _env_file=None, image="i", egress_proxy="10.96.0.9:3128", egress_ca_configmap="ca"
+    )
+    egress = {"rules": [{"host": "api.example.com"}], "secrets": [BINDING]}
+    body = session("s", egress)
+    manifest = build_sandbox_pod(SandboxSession.from_body(body), settings)
+    placeholder = env(manifest)["SBW_SECRET_API"]
+    view = ClusterPolicies()
+    view.update([body], [])
+    (binding,) = view.lookup("ns/s").bindings_for("api.example.com")
+    assert binding.placeholder == placeholder and binding.header == "authorization"
+    assert view.secret_ref("ns/s", "api") == SecretRef("ns", "k", "t", "api.example.com")
+    assert env(manifest)["PIP_CERT"] == EGRESS_CA_BUNDLE
+    assert {"name": "egress-ca", "configMap": {"name": "ca"}} in manifest["spec"]["volumes"]
+    # Another session's binding of the same name has another placeholder.
+    other = build_sandbox_pod(SandboxSession.from_body(session("t", egress)), settings)
+    assert env(other)["SBW_SECRET_API"] != placeholder
+    # A session with a binding never takes a pooled pod (it has no placeholder).
+    assert "egress" in misfits(SandboxSession.from_body(body).spec, settings)
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        ({"env": "SANDBOX_RUNTIME_TOKEN"}, "is the platform's"),
+        ({"env": "HTTPS_PROXY"}, "is the platform's"),
+        ({"host": "*.example.com"}, "one exact host"),
+        ({"header": "host"}, "cannot carry a secret"),
+        ({"secretKeyRef": {"name": "Bad_Name", "key": "t"}}, "pattern"),
+    ],
+)
+def test_bad_secret_bindings_are_refused_by_the_model(change: dict, complaint: str):
+    with pytest.raises(ValidationError, match=re.escape(complaint)):
+        EgressSpec.model_validate({"secrets": [BINDING | change]})
+    with pytest.raises(ValidationError, match="own name"):
+        EgressSpec.model_validate({"secrets": [BINDING, BINDING]})
+
+
+def test_a_spec_with_an_invalid_binding_is_no_policy_at_all():
+    """The proxy parses raw objects (the apiserver's schema aside): one bad binding makes
+    the whole policy invalid — deny all, never a policy without its secrets' checks."""
+    view = ClusterPolicies()
+    bad = dict(BINDING, secretKeyRef={"name": "k"})
+    view.update([session("s", {"rules": [{"host": "api.example.com"}], "secrets": [bad]})], [])
+    assert view.lookup("ns/s") is None and view.secret_ref("ns/s", "api") is None
+
+
+class FakeKube:
+    def __init__(self, secret: dict | None) -> None:
+        self.secret, self.reads = secret, 0
+
+    async def get(self, path: str) -> dict | None:
+        self.reads += 1
+        await asyncio.sleep(0.01)
+        return self.secret
+
+
+def platform_secret(labels: dict | None = None, annotations: dict | None = None) -> dict:
+    meta = {"labels": {LABEL_EGRESS_SECRET: "true"} if labels is None else labels}
+    meta["annotations"] = annotations or {}
+    return {"metadata": meta, "data": {"t": base64.b64encode(b"sk-value-123").decode()}}
+
+
+def test_kube_secret_source_reads_each_secret_once_per_ttl_and_only_the_platforms():
+    ref = SecretRef("ns", "k", "t", "api.example.com")
+
+    async def run() -> None:
+        kube = FakeKube(platform_secret())
+        source = KubeSecretSource(kube, lambda s, n: ref if n == "api" else None, ttl=60)
+        values = await asyncio.gather(*(source.value("ns/s", "api") for _ in range(50)))
+        assert set(values) == {"sk-value-123"} and kube.reads == 1  # a flood: one read
+        assert await source.value("ns/s", "other") is None  # no binding: not read
+        for bad, complaint in [
+            (platform_secret(labels={}), "is not labelled"),
+            (platform_secret(annotations={ANNOTATION_EGRESS_HOSTS: "a.test, b.test"}),
+             "may not be sent to api.example.com"),
+            (None, "not found"),
+        ]:  # fmt: skip
+            fresh = KubeSecretSource(FakeKube(bad), lambda s, n: ref)
+            with pytest.raises(SecretUnavailable, match=complaint) as caught:
+                await fresh.value("ns/s", "api")
+            assert "sk-value" not in str(caught.value)
+        allowed = platform_secret(annotations={ANNOTATION_EGRESS_HOSTS: "API.example.com"})
+        assert await KubeSecretSource(FakeKube(allowed), lambda s, n: ref).value("x", "api")
+
+    asyncio.run(run())

@@ -156,3 +156,9 @@ here and the install must choose "auto" explicitly (docs/security.md).
 {{- end -}}
 
 {{- define "sw.egressProxyName" -}}{{ include "sw.fullname" . }}-egress-proxy{{- end -}}
+{{/* The egress CA: a Secret in the release namespace (key and certificate, the proxy's
+alone) and a ConfigMap in the sessions namespace (certificate and trust bundle). */}}
+{{- define "sw.egressCaSecret" -}}
+{{- default (printf "%s-egress-ca" (include "sw.fullname" .)) .Values.egressProxy.ca.existingSecret -}}
+{{- end -}}
+{{- define "sw.egressCaConfigMap" -}}{{ include "sw.fullname" . }}-egress-ca{{- end -}}

@@ -104,8 +104,9 @@ class Stack:
         wait_until(answering, timeout=timeout, interval=0.05, message="the API to answer")
         return self.api_url
 
-    def stop_api(self) -> None:
-        _stop(self.api, signal.SIGTERM)
+    def stop_api(self, kill: bool = False) -> None:
+        """SIGTERM and wait (a clean shutdown), or SIGKILL (a crash)."""
+        _stop(self.api, signal.SIGKILL if kill else signal.SIGTERM)
         self.api = None
 
     def stop(self) -> None:
