@@ -30,12 +30,10 @@ import pytest
 from kubeenv.client import wait_until
 from kubeenv.controlplane import BIN_DIR, spawn, stop_process
 from nodeenv.network import NODE_IP, NODE_NAME, SERVICE_IP
-from nodeenv.release import NAMESPACE
 
 pytestmark = pytest.mark.node
 
 KUBE_ROUTER = BIN_DIR / "kube-router"
-PROXY_PORT = 3128  # the chart's egressProxy.port
 
 # Executed in the sandbox: one probe, printed as JSON. tcp: "open" (connected),
 # "refused" or "timeout"; udp: the echoed reply or "timeout"; else "error <errno>".
@@ -212,109 +210,3 @@ def test_sandbox_with_egress_policy_reaches_nothing_once_the_policy_is_enforced(
 
 def release_api_ip(session) -> str:
     return session.api.base_url.host
-
-
-# Executed in the sandbox: CONNECT through the proxy at its pod address; the status line.
-CONNECT = r"""
-import socket
-s = socket.create_connection((%r, %d), timeout=10)
-s.sendall(b"CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n")
-data = b""
-while b"\r\n\r\n" not in data and len(data) < 4096:
-    chunk = s.recv(4096)
-    if not chunk:
-        break
-    data += chunk
-print(data.split(b"\r\n", 1)[0].decode())
-"""
-
-
-@pytest.fixture(scope="module")
-def egress_proxy(release, kube) -> Iterator[str]:
-    """The chart's egress proxy turned on (helm upgrade) for this module, rolled back after
-    it so the tier's other tests see the release they installed; its pod address (the
-    tier has no kube-proxy, so Service addresses lead nowhere: the test names the pod)."""
-    up = release.shell(
-        "helm upgrade sw charts/sandbox-workspace -n sandbox-workspace --reuse-values "
-        "--set egressProxy.enabled=true --wait --timeout 180s",
-        timeout=240,
-    )
-    assert up.returncode == 0, up.stdout + up.stderr
-    reconnect(release, kube)
-
-    def proxy_ip() -> str | None:
-        pods = kube.list(
-            f"/api/v1/namespaces/{NAMESPACE}/pods",
-            labelSelector="app.kubernetes.io/component=egress-proxy",
-        )
-        ready = [p for p in pods if p["status"].get("phase") == "Running"]
-        return ready[0]["status"].get("podIP") if ready else None
-
-    try:
-        yield wait_until(proxy_ip, timeout=90, interval=0.5, message="the egress proxy pod")
-    finally:
-        back = release.shell(
-            "helm rollback sw 1 -n sandbox-workspace --wait --timeout 180s", timeout=240
-        )
-        assert back.returncode == 0, back.stdout + back.stderr
-        reconnect(release, kube)
-
-
-def reconnect(release, kube) -> None:
-    """An upgrade may roll the API pod (a new address): wait until one API pod is left,
-    then point the shared release handle at it (the tier's later tests use it)."""
-
-    def one_api_pod() -> bool:
-        pods = kube.list(
-            f"/api/v1/namespaces/{NAMESPACE}/pods",
-            labelSelector="app.kubernetes.io/component=api",
-        )
-        return len(pods) == 1 and not pods[0]["metadata"].get("deletionTimestamp")
-
-    wait_until(one_api_pod, timeout=120, interval=0.5, message="one API pod after helm")
-    release.connect(kube)
-
-
-def connect(session, proxy_ip: str, target: str) -> str:
-    out = session.execute(CONNECT % (proxy_ip, PROXY_PORT, target, target))
-    assert out["exit_code"] == 0, out
-    return out["stdout"].strip()
-
-
-def test_sandbox_reaches_only_the_proxy_and_the_proxy_refuses_what_the_policy_does_not_allow(
-    session, kube, enforcer, targets, egress_proxy
-):
-    """With the enforcer on, the proxy is the one way out, and it refuses a raw IP and a
-    name that resolves to a forbidden address (``localhost``: the tier has no DNS, so
-    loopback stands for every rebinding target; the metadata, pod, service and store
-    ranges are refused the same way, shown on loopback in tests/egress/test_proxy.py and
-    tests/unit/test_egress_policy.py)."""
-    enforcer.start()
-    with_egress_policy(session, kube, [{"host": "localhost", "ports": [443, 8000]}])
-    wait_until(
-        lambda: probe(session, "tcp", egress_proxy, PROXY_PORT) == "open",
-        timeout=60,  # the enforcer's next sync adds the new pod to its sets
-        interval=0.5,
-        message="the sandbox to reach the egress proxy",
-    )
-    assert probe(session, "tcp", NODE_IP, targets.tcp_port) != "open"
-    # (The proxy pod's other ports are not probed: kube-router rejects with an ICMP
-    # port-unreachable, which reads the same as a closed port, and the proxy listens on
-    # no other port — no admin or metrics listener.)
-    raw = wait_until(
-        # The proxy reads the sessions and their pods every egressProxy.pollSeconds (2 s):
-        # until it has seen the new pod it answers "no egress policy" (also a refusal).
-        lambda: (
-            (r := connect(session, egress_proxy, f"{NODE_IP}:{targets.tcp_port}"))
-            and "no egress policy" not in r
-            and r
-        ),
-        timeout=30,
-        interval=0.5,
-        message="the egress proxy to know the session's pod",
-    )
-    assert raw.startswith("HTTP/1.1 403") and "raw IP" in raw, raw
-    other = connect(session, egress_proxy, "pypi.org:443")
-    assert other.startswith("HTTP/1.1 403") and "not in this session" in other, other
-    rebound = connect(session, egress_proxy, "localhost:8000")
-    assert rebound.startswith("HTTP/1.1 403") and "forbidden range" in rebound, rebound
