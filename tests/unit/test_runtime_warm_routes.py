@@ -1,0 +1,33 @@
+"""A new runtime prepares its routes at start-up, not in a session's first call
+(runtime/warm_routes.py): FastAPI builds an included router's dependency trees lazily,
+on the first request reaching it — 33–45 ms of every new session's first call on the
+node tier (bench e2b)."""
+
+from __future__ import annotations
+
+import httpx
+from fastapi import routing
+
+from sandbox_workspace.runtime.app import create_app
+from sandbox_workspace.runtime.settings import RuntimeSettings
+
+TOKEN = "t" * 24
+
+
+async def test_the_first_authenticated_call_builds_no_route(tmp_path, monkeypatch) -> None:
+    app = create_app(RuntimeSettings(token=TOKEN, root=tmp_path, confinement="none"))
+    built: list[str] = []
+    original = routing.get_dependant
+
+    def counting(*args, **kwargs):
+        built.append(kwargs.get("path", ""))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(routing, "get_dependant", counting)
+    transport = httpx.ASGITransport(app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://runtime") as client:
+        r = await client.get("/v1/stats", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200, r.text
+        r = await client.get("/v1/conversations/c1/uploads", headers={"Authorization": "x"})
+        assert r.status_code == 401
+    assert built == []
