@@ -72,6 +72,10 @@ def settings_source_error(e: Exception, prefix: str, environ: Mapping[str, str])
 
 
 def listen_error(e: OSError, host: str, port: int) -> str | None:
+    if e.filename is not None:
+        # A file the server reads at start (the egress proxy's CA key, unreadable for its
+        # user): the error names it; never "ports below 1024 need privileges".
+        return None
     why = {
         errno.EADDRINUSE: "the port is in use (another server? stop it, or choose another "
         "port: --port, or PORT= with make dev)",

@@ -15,7 +15,7 @@
 #                the node tier (tests/node): a real kubelet runs pods through Debian's
 #                containerd + runc, CNI bridge/host-local give them addresses inside the
 #                tier's private network namespace, gcc -static builds the pause binary;
-#                iptables + ipset: the tier's NetworkPolicy enforcer (kube-router's firewall)
+#                iptables + ipset: the tier's NetworkPolicy enforcer (kube-router's controller)
 # Without root or apt-get it only reports what is missing; the tests that need a missing
 # tool are then skipped with a reason that names it.
 set -euo pipefail

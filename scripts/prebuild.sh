@@ -4,10 +4,11 @@
 #   tools  scripts/build-tools.sh             helm, kubeconform (tests/chart)
 #   kube   scripts/build-kube.sh              etcd, the control plane, kubelet (tests/cluster,
 #                                             tests/node, the benches' control plane)
-#   enforcer scripts/build-enforcer.sh        kube-router, the node tier's NetworkPolicy
-#                                             enforcer; runs in the background beside the
-#                                             next step (images: podman and debootstrap,
-#                                             mostly waiting on I/O), not after it
+#   enforcer scripts/build-enforcer.sh        the node tier's NetworkPolicy enforcer
+#                                             (scripts/enforcer/: kube-router's controller);
+#                                             after kube, whose Go build cache it reuses
+#                                             (seconds then), in the background beside
+#                                             the next step (images: podman, debootstrap)
 #   images scripts/node/images.sh             pause + the product image as OCI archives
 #                                             (tests/node), then the image tests' tag
 #                                             (tests/image; podman's layer cache: seconds)

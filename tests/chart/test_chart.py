@@ -468,6 +468,11 @@ def test_egress_ca_key_is_the_proxys_alone(tools: Tools) -> None:
     proxy = one(docs, "Deployment", f"{RELEASE}-sandbox-workspace-egress-proxy")
     (volume,) = [v for v in proxy["spec"]["template"]["spec"]["volumes"] if "secret" in v]
     assert volume["secret"]["defaultMode"] == 0o400
+    # Secret files are root's: the kubelet makes them readable by the pod's fsGroup only
+    # (without it the proxy, uid 10001, could not read its key and crash-looped: the node
+    # tier's helm upgrade --set egressProxy.enabled=true then timed out).
+    security = proxy["spec"]["template"]["spec"]["securityContext"]
+    assert security["fsGroup"] == security["runAsGroup"] == 10001, security
     operator = next(d for d in workloads(docs) if "operator" in d["metadata"]["name"])
     env = env_of(operator["spec"]["template"]["spec"]["containers"][0])
     assert env["SANDBOX_OPERATOR_EGRESS_CA_CONFIGMAP"] == ca_secret  # the ConfigMap's name

@@ -74,7 +74,8 @@ NEEDS = {
     "test_bench.py": ("kube",),
     "node": ("tools", "kube", "enforcer", "images"),
 }
-# scripts/prebuild.sh's order; ``enforcer`` (kube-router) builds beside ``images``.
+# scripts/prebuild.sh's order; ``enforcer`` (scripts/enforcer/) builds right after ``kube``,
+# whose Go build cache it reuses, beside ``images``.
 STEPS = ("tools", "kube", "enforcer", "images")
 # How an xdist controller tells its workers what it started.
 STEPS_ENV = "SANDBOX_PREBUILD_STEPS"

@@ -44,3 +44,6 @@ def test_listen_error_is_only_for_addresses():
     assert "the port is in use" in startup.listen_error(busy, "::1", 80)
     assert "http://[::1]:80" in startup.listen_error(busy, "::1", 80)
     assert startup.listen_error(OSError(errno.EIO, "I/O"), "127.0.0.1", 80) is None
+    # A file's EACCES (a mounted key the user cannot read) is not the port's.
+    unreadable = PermissionError(errno.EACCES, "Permission denied", "/etc/ca/tls.key")
+    assert startup.listen_error(unreadable, "0.0.0.0", 3128) is None
