@@ -104,7 +104,14 @@ def build_backend(settings: ApiSettings, http: httpx.AsyncClient) -> Backend:
             from .backends.local_egress import LocalEgress
 
             egress = LocalEgress(
-                hosts=settings.local_egress_hosts, permit=settings.local_egress_permit
+                hosts=settings.local_egress_hosts,
+                permit=settings.local_egress_permit,
+                max_connections=settings.egress_max_connections,
+                idle_timeout=settings.egress_idle_seconds,
+                secrets=settings.session_egress.secrets if settings.session_egress else (),
+                secrets_dir=settings.local_egress_secrets_dir,
+                ca_dir=settings.data_dir / "egress-ca",
+                upstream_ca=settings.local_egress_upstream_ca,
             )
         return LocalBackend(
             settings.data_dir,
@@ -220,7 +227,7 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
         ),
         llm=build_llm(settings),
         store=store,
-        user_limits=UserLimits(settings.quotas),
+        user_limits=UserLimits(settings.quotas, settings.runtime_connections),
     )
 
     @asynccontextmanager

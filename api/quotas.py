@@ -11,7 +11,11 @@ Contract:
   raises ``TooManyAtOnce`` (429 with ``Retry-After``); ``hold(key)`` is the same as a
   context manager. Counters are dropped when they reach zero, so the map holds only
   keys with something in progress (it is bounded by what is in progress, not by users).
-- ``UserLimits(quotas)``: this process's three concurrency caps.
+- ``UserLimits(quotas, runtime_connections)``: this process's concurrency caps per user,
+  and ``runtime_streams``, the replica's one bound on calls that hold a runtime
+  connection for as long as code runs (``/execute``, E2B streams): half of
+  ``runtime_connections``, so every other call finds a connection in the pool.
+  ``take_execution(key)`` takes the user's slot, then the replica's (none at a cap).
 """
 
 from __future__ import annotations
@@ -130,9 +134,18 @@ class Concurrency:
             release()
 
 
+RUNTIME_STREAMS_SETTING = "half of SANDBOX_WORKSPACE_RUNTIME_CONNECTIONS"
+
+
 class UserLimits:
-    def __init__(self, quotas: Quotas) -> None:
+    def __init__(self, quotas: Quotas, runtime_connections: int = 512) -> None:
         self.quotas = quotas
+        self.runtime_streams = Concurrency(
+            "calls holding a runtime connection (executions, E2B streams)",
+            runtime_connections // 2,
+            RUNTIME_STREAMS_SETTING,
+            scope="on this API replica",
+        )
         self.runs = Concurrency("runs", quotas.runs_per_user, "runs_per_user")
         self.followers = Concurrency(
             "event streams", quotas.followers_per_user, "followers_per_user"
@@ -140,3 +153,18 @@ class UserLimits:
         self.executions = Concurrency(
             "executions", quotas.executions_per_user, "executions_per_user"
         )
+
+    def take_execution(self, key: str) -> Callable[[], None]:
+        """An ``/execute`` slot of user ``key`` and of the replica; the release of both."""
+        user = self.executions.take(key)
+        try:
+            replica = self.runtime_streams.take("")
+        except TooManyAtOnce:
+            user()
+            raise
+
+        def release() -> None:
+            user()
+            replica()
+
+        return release

@@ -18,6 +18,14 @@ Contract:
   started first (seed 000 §8.1 "automatically recover"), so the seed's own client — GET,
   not running, POST, on 409 poll GET and fail at once on ``stopped``/``error`` — sees
   ``pending`` and then ``running`` after an idle stop, with its files kept.
+- ``recent_running`` is ``ensure_running`` for the caller's own session, answered without
+  a read from the last Running answer to that same caller (tenant, user) when it is under
+  ``RECENT_SECONDS`` old: E2B's SDK makes two calls for its first command (create, then
+  the command's Start) and one per file or command after. Only the E2B data plane uses
+  it: a stale answer there harms no more than a request in flight during a change would
+  (its store writes are fenced on their own, ``Backend.store_writing``). ``forget``
+  drops a session's answers (its deletion through this API, and any look through
+  ``get``/``find`` that sees it not running).
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ from .backends.base import (
 )
 from .identity import Caller
 
+RECENT_SECONDS = 2.0
+_RECENT_MAX = 10_000  # remembered answers (one per caller); past it, start over
+
 
 class SessionService:
     def __init__(
@@ -53,6 +64,8 @@ class SessionService:
         self.default_upload = default_upload
         self.ready_timeout = ready_timeout
         self.default_ttl = default_ttl
+        # (tenant, user) → (monotonic time, their Running session): ``recent_running``.
+        self._recent: dict[tuple[str, str], tuple[float, Session]] = {}
 
     @staticmethod
     def own_session_id(caller: Caller, session_id: str) -> str:
@@ -62,7 +75,7 @@ class SessionService:
         return own
 
     async def get(self, caller: Caller, session_id: str) -> Session:
-        session = await self.backend.get_session(self.own_session_id(caller, session_id))
+        session = await self._look(caller, session_id)
         if session is None:
             raise NotFoundError(f"session '{session_id}' not found")
         return session
@@ -70,8 +83,17 @@ class SessionService:
     async def find(self, caller: Caller, session_id: str) -> Session | None:
         """The caller's session as it is (None when there is none), started by nothing;
         one being deleted is refused as everywhere."""
-        session = await self.backend.get_session(self.own_session_id(caller, session_id))
+        session = await self._look(caller, session_id)
         _refuse_terminating(session)
+        return session
+
+    async def _look(self, caller: Caller, session_id: str) -> Session | None:
+        own = self.own_session_id(caller, session_id)
+        session = await self.backend.get_session(own)
+        if session is None or session.status != SessionStatus.RUNNING:
+            # Seen stopped, failed or gone: its Running answer is not reused any more
+            # (an idle stop or a crash inside ``RECENT_SECONDS`` of the last answer).
+            self.forget(own)
         return session
 
     def default_spec(self, caller: Caller) -> SessionSpec:
@@ -114,7 +136,25 @@ class SessionService:
         if spec is not None:
             attributes |= {"agent_id": spec.agent_id, "business_domain_id": spec.business_domain_id}
         with tracing.span("session.ensure", attributes):
-            return await self._ensure_running(caller, session_id, spec)
+            session = await self._ensure_running(caller, session_id, spec)
+        if session.session_id == caller.session_id:  # the caller's own (always, today)
+            if len(self._recent) >= _RECENT_MAX:
+                self._recent.clear()
+            self._recent[(caller.tenant, caller.user_id)] = (time.monotonic(), session)
+        return session
+
+    async def recent_running(self, caller: Caller) -> Session:
+        """The caller's own session, running (see the module contract)."""
+        hit = self._recent.get((caller.tenant, caller.user_id))
+        if hit is not None and time.monotonic() - hit[0] < RECENT_SECONDS:
+            return hit[1]
+        return await self.ensure_running(caller, caller.session_id)
+
+    def forget(self, session_id: str) -> None:
+        """No answer about ``session_id`` is reused from now on."""
+        for key, (_, session) in list(self._recent.items()):
+            if session.session_id == session_id:
+                del self._recent[key]
 
     async def _ensure_running(
         self, caller: Caller, session_id: str, spec: SessionSpec | None
@@ -133,12 +173,16 @@ class SessionService:
             session = await self._resume_if_down(session)
         if session is not None and session.status == SessionStatus.RUNNING and session.endpoint:
             return session  # the common case: no second look-up
-        return await self.wait_running(sid)
+        return await self.wait_running(sid, session)
 
-    async def wait_running(self, session_id: str) -> Session:
+    async def wait_running(self, session_id: str, known: Session | None = None) -> Session:
+        """The session once running. ``known``: the session as just read or created (not
+        read again); each change the backend reports with the session it left
+        (``Backend.wait_changed``) is judged as is — a look-up only when it reports none."""
         deadline = time.monotonic() + self.ready_timeout
         while True:
-            session = await self.backend.get_session(session_id)
+            session = known or await self.backend.get_session(session_id)
+            known = None
             if session is None:
                 raise NotFoundError(f"session '{session_id}' was deleted while starting")
             _refuse_terminating(session)
@@ -155,7 +199,9 @@ class SessionService:
                     f"(status {session.status}); retry shortly",
                     code="session_not_ready",
                 )
-            await self.backend.wait_changed(session_id, max(0.0, deadline - time.monotonic()))
+            known = await self.backend.wait_changed(
+                session_id, max(0.0, deadline - time.monotonic())
+            )
 
 
 def _refuse_terminating(session: Session | None) -> None:

@@ -131,6 +131,35 @@ class ApiSettings(BaseSettings):
         description="Dev mode only (tests, demos): networks taken off the egress proxy's "
         'forbidden ranges (e.g. `["127.0.0.0/8"]` for servers of a test on loopback).',
     )
+    local_egress_secrets_dir: Path | None = Field(
+        None,
+        description="Local backend: where the values of the secrets bound in "
+        "`SESSION_EGRESS` are, one file per key (`<dir>/<secretKeyRef.name>/<key>`, a "
+        "mounted Kubernetes Secret's layout). Only the API's egress proxy reads them; the "
+        "directory is hidden from sandboxes.",
+    )
+    local_egress_upstream_ca: str | None = Field(
+        None,
+        description="Dev mode only (tests, demos): the CA file that hosts with a secret "
+        "bound must chain to (default: the system's).",
+    )
+    egress_max_connections: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="Local backend: connections one session's code may have open through "
+        "the egress proxy at once (tunnels, requests); the next is answered `429 Egress "
+        "refused` naming this setting. On Kubernetes: chart "
+        "`egressProxy.maxConnectionsPerSession`.",
+    )
+    egress_idle_seconds: float = Field(
+        600.0,
+        gt=0,
+        le=86400,
+        description="Local backend: seconds an egress tunnel (or an answer being relayed) "
+        "may move no byte before the proxy closes it. On Kubernetes: chart "
+        "`egressProxy.idleTimeoutSeconds`.",
+    )
     limits: ExecutionLimits = Field(
         default_factory=ExecutionLimits,
         description="Limits of each execution of code in new sessions: memory, cpu_seconds, "
@@ -187,8 +216,8 @@ class ApiSettings(BaseSettings):
         512,
         ge=8,
         description="Connections to sandbox runtimes one API replica keeps at most (all "
-        "runtimes together). Long streams that hold one (E2B commands, `run_code`) take at "
-        "most half, so other calls always find one free.",
+        "runtimes together). Calls that hold one while code runs (`/execute`, E2B commands, "
+        "`run_code`) take at most half together (then 429), so other calls always find one.",
     )
     llm_provider: Literal["openai", "anthropic"] = Field(
         "openai",
@@ -329,7 +358,11 @@ class ApiSettings(BaseSettings):
                 f"{ENV_PREFIX}CHAT_RUN_STORE=redis needs {ENV_PREFIX}CHAT_REDIS_URL "
                 "(redis://host:6379/0)"
             )
-        egress_dev = self.local_egress_hosts is not None or self.local_egress_permit
+        egress_dev = (
+            self.local_egress_hosts is not None
+            or self.local_egress_permit
+            or self.local_egress_upstream_ca
+        )
         if egress_dev and self.auth_mode != "dev":
             raise ValueError(
                 f"{ENV_PREFIX}LOCAL_EGRESS_* are for dev mode only, never a deployment"

@@ -128,9 +128,7 @@ def runtime_env(
         allowed_file_types=upload.allowed_file_types,
         confinement=settings.confinement,
         confinement_min_abi=settings.confinement_min_abi,
-        # A session with an egress policy opens sockets: to the proxy, the only place its
-        # NetworkPolicy lets it reach (what CIDR mode adds aside).
-        network="allow" if session.spec.network.enabled or session.spec.egress else "deny",
+        **code_network(session, settings),
     )
     return [
         {
@@ -141,34 +139,58 @@ def runtime_env(
         *({"name": k, "value": v} for k, v in session.spec.limits.runtime_env().items()),
         # The root filesystem is read-only; tools that want a home get the scratch space.
         {"name": "HOME", "value": "/tmp"},
-        *proxy_env(settings.egress_proxy),
-        *egress_env(session, settings),
     ]
 
 
-def egress_env(session: SandboxSession, settings: OperatorSettings) -> list[dict[str, str]]:
-    """For a session with an egress policy: the trust variables at the CA bundle (when
-    the cluster has one) and each bound secret's *placeholder* under its variable. The
-    value is never here: the egress proxy reads it from the Secret on the way out."""
+def mount_egress_ca(spec: dict[str, Any], configmap: str, *, optional: bool = False) -> None:
+    """The egress CA's public part at ``EGRESS_CA_MOUNT`` of the pod ``spec``'s runtime
+    (the whole ConfigMap, no subPath: a rotated CA reaches running pods)."""
+    spec["containers"][0]["volumeMounts"].append(
+        {"name": "egress-ca", "mountPath": EGRESS_CA_MOUNT, "readOnly": True}
+    )
+    source: dict[str, Any] = {"name": configmap}
+    if optional:
+        source["optional"] = True
+    spec["volumes"].append({"name": "egress-ca", "configMap": source})
+
+
+def code_network(session: SandboxSession, settings: OperatorSettings) -> dict[str, Any]:
+    """The runtime's network settings for the session's code. CIDR mode (``network.
+    enabled``): allowed, its NetworkPolicy decides. An egress policy on a cluster with a
+    proxy: ``proxy_port`` — code may open IPv4 TCP to the proxy's port alone, so on a CNI
+    that enforces no NetworkPolicy it still cannot reach anything but that one port — and
+    the variables of ``egress_env`` (the executed code's environment, never the runtime
+    process's: the runtime itself has no business with the proxy). Else denied."""
+    spec = session.spec
+    values: dict[str, Any] = {"network": "deny"}
+    if spec.egress is not None and settings.egress_proxy:
+        values = {
+            "network": "proxy_port",
+            "egress_proxy_port": int(settings.egress_proxy.rsplit(":", 1)[1]),
+            "code_env": egress_env(session, settings),
+        }
+    if spec.network.enabled:
+        values["network"] = "allow"
+    return values
+
+
+def egress_env(session: SandboxSession, settings: OperatorSettings) -> dict[str, str]:
+    """For a session with an egress policy, what its code sees: HTTP(S)_PROXY at the
+    egress proxy (both spellings: curl reads only lower case ``http_proxy``), the trust
+    variables at the CA bundle (when the cluster has one) and each bound secret's
+    *placeholder* under its variable. The value is never here: the egress proxy reads it
+    from the Secret on the way out."""
     egress = session.spec.egress
-    if egress is None:
-        return []
-    env = trust_env(EGRESS_CA_BUNDLE) if settings.egress_ca_configmap else {}
+    if egress is None or not settings.egress_proxy:
+        return {}
+    url = f"http://{settings.egress_proxy}"
+    env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+    env.update({"NO_PROXY": "", "no_proxy": ""})
+    if settings.egress_ca_configmap:
+        env.update(trust_env(EGRESS_CA_BUNDLE))
     for secret in egress.secrets:
         env[secret.env_name] = placeholder_for(session.namespace, session.name, secret.name)
-    return [{"name": k, "value": v} for k, v in env.items()]
-
-
-def proxy_env(proxy: str | None) -> list[dict[str, str]]:
-    """HTTP(S)_PROXY at the egress proxy, on every sandbox pod of a cluster that runs one
-    (policy or not: a policy added later needs no new pod, and without one the proxy
-    answers why nothing is reachable). Both spellings: curl reads only lower case
-    ``http_proxy``, Python and pip either."""
-    if not proxy:
-        return []
-    url = f"http://{proxy}"
-    names = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
-    return [{"name": name, "value": url} for name in names]
+    return env
 
 
 def needs_claim(session: SandboxSession, settings: OperatorSettings) -> bool:
@@ -287,13 +309,7 @@ def _runtime_pod(
         ],
     }
     if session.spec.egress is not None and settings.egress_ca_configmap:
-        # The whole ConfigMap, no subPath: a rotated CA reaches running pods.
-        container["volumeMounts"].append(
-            {"name": "egress-ca", "mountPath": EGRESS_CA_MOUNT, "readOnly": True}
-        )
-        spec["volumes"].append(
-            {"name": "egress-ca", "configMap": {"name": settings.egress_ca_configmap}}
-        )
+        mount_egress_ca(spec, settings.egress_ca_configmap)
     if settings.runtime_class_name:
         spec["runtimeClassName"] = settings.runtime_class_name
     return {

@@ -22,7 +22,12 @@ import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from sandbox_workspace.contract.errors import ApiError, Unauthorized, install_error_handlers
+from sandbox_workspace.contract.errors import (
+    ApiError,
+    Conflict,
+    Unauthorized,
+    install_error_handlers,
+)
 
 from . import egress
 from .activity import Activity
@@ -117,13 +122,16 @@ class RuntimeState:
                 mode=settings.confinement,
                 network=settings.network,
                 min_abi=settings.confinement_min_abi,
-                relay_port=settings.egress_relay_port,
+                connect_port=settings.connect_port(),
             ),
-            extra_env=(
-                egress.code_environment(settings.egress_relay_port)
-                if settings.network == "proxy"
-                else None
-            ),
+            extra_env={
+                **settings.code_env,
+                **(
+                    egress.code_environment(settings.egress_relay_port)
+                    if settings.network == "proxy"
+                    else {}
+                ),
+            },
         )
         self.processes = Processes(
             self.executor,
@@ -596,7 +604,13 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
     @app.post("/v1/claim")
     async def claim(body: ClaimRequest, authorization: ClaimHeader = None) -> Claimed:
         """A pooled runtime's one claim (runtime/claim.py): sets its bearer token."""
-        claimed = state.claim.claim(authorization, body.token)
+        state.claim.claim(authorization, body.token)
+        if body.egress is not None:
+            try:
+                state.executor.proxy_through(body.egress.proxy_port, body.egress.code_env)
+            except ValueError as e:
+                raise Conflict(f"this runtime cannot take the claim's egress: {e}") from None
+        claimed = Claimed(network=state.executor.confinement.network)
         # The session's life starts here, not when the pod started to wait in the pool:
         # else its idle deadline counted the pool's wait, and a session on a pod pooled for
         # longer than its idleTimeoutSeconds was stopped at the operator's first look.

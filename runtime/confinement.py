@@ -19,8 +19,9 @@ What a code process gets, when Landlock is available (highest ABI, best effort):
   denied, no internet socket at all — UDP, ICMP, raw, ``listen`` without ``bind`` —
   by a seccomp filter (``seccomp``; applied even where Landlock is missing);
 - ``network == "proxy"`` (only in a network namespace whose one way out is the egress
-  relay, ``runtime/egress.py``): as denied, except IPv4 sockets may be made and TCP
-  connect is allowed to the relay's port alone;
+  relay, ``runtime/egress.py``) and ``"proxy_port"`` (a sandbox pod whose NetworkPolicy
+  leads only to the cluster's egress proxy): as denied, except IPv4 TCP sockets may be
+  made and TCP connect is allowed to ``connect_port`` alone (the relay's, the proxy's);
 - abstract unix sockets and signals scoped to its own domain (ABI 6): it cannot signal
   the runtime, the spawner or its reapers, nor talk to their abstract sockets.
 A read-only candidate that contains the workspace root or the scratch base is dropped
@@ -66,6 +67,8 @@ GUARANTEES = (
         "conversations' interpreters"),
 )  # fmt: skip
 MIN_ABI = 6  # ``require``'s default: every guarantee above
+# Networks where code reaches one TCP port only: the local relay's, the cluster proxy's.
+_PROXIED = ("proxy", "proxy_port")
 
 
 class ConfinementUnavailable(ApiError):
@@ -82,10 +85,10 @@ def harden_runtime_process() -> None:
 class Confinement:
     def __init__(
         self, *, max_processes: int, mode: str = "auto", network: str = "deny",
-        min_abi: int = MIN_ABI, abi: int | None = None, relay_port: int | None = None,
+        min_abi: int = MIN_ABI, abi: int | None = None, connect_port: int | None = None,
     ) -> None:  # fmt: skip
         self.mode = mode
-        self.relay_port = relay_port if network == "proxy" else None
+        self.connect_port = connect_port if network in _PROXIED else None
         self.min_abi = min_abi
         self.network = network
         self.max_processes = max_processes
@@ -107,6 +110,14 @@ class Confinement:
                 "refuses to run code" if mode == "require" else "runs code unconfined",
                 extra={"confinement": self.report().model_dump()},
             )
+
+    def proxy_through(self, port: int) -> dict:
+        """From ``deny`` to ``proxy_port`` at ``port`` (a pooled runtime's claim, before
+        any code ran): what changes in ``spawner_config``."""
+        if self.network != "deny":
+            raise ValueError(f"network {self.network!r} cannot become proxy_port")
+        self.network, self.connect_port = "proxy_port", port
+        return {"connect_ports": [port], "inet": True}
 
     @staticmethod
     def _probe(given: int | None = None) -> tuple[int, str]:
@@ -169,7 +180,7 @@ class Confinement:
                 reason = "; ".join(filter(None, [reason, unfiltered]))
         if self.network == "allow":
             network = "allowed"
-        elif self.network == "proxy":
+        elif self.network in _PROXIED:
             network = "proxy" if self.confined and self.abi >= 4 else "unrestricted"
         else:
             network = "denied" if self.confined and self.abi >= 4 else "unrestricted"
@@ -253,8 +264,8 @@ class Confinement:
             "cgroup": str(self.cgroup) if self.cgroup else None,
             "nproc": self.max_processes if not self.root else None,
             "deny_sockets": self.denies_sockets,
-            "connect_ports": [self.relay_port] if self.relay_port else [],
-            "inet": self.network == "proxy",
+            "connect_ports": [self.connect_port] if self.connect_port else [],
+            "inet": self.network in _PROXIED,
             "run_as": list(run_as) if run_as else None,
         }
 

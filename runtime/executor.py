@@ -74,7 +74,7 @@ class Executor:
         extra_env: dict[str, str] | None = None,
     ) -> None:
         self.result_caps = result_caps
-        self.extra_env = dict(extra_env or {})  # the egress relay's proxy variables
+        self.extra_env = dict(extra_env or {})  # code_env, the egress relay's proxy variables
         self.confinement = confinement
         self.limits = limits
         self.session_memory = session_memory
@@ -132,6 +132,8 @@ class Executor:
         path = os.pathsep.join([interpreter_dir, os.environ.get("PATH", _SAFE_PATH)])
         scratch = self.scratch(cid)
         return {
+            # First: what the runtime sets itself wins (code_env naming PATH changes nothing).
+            **self.extra_env,
             "PATH": path,
             "HOME": scratch,
             "LANG": "C.UTF-8",
@@ -146,7 +148,6 @@ class Executor:
             # OpenBLAS reserves address space per thread, one per core by default: on a
             # node with many cores `import numpy` alone would pass RLIMIT_AS.
             "OPENBLAS_NUM_THREADS": _BLAS_THREADS,
-            **self.extra_env,
         }
 
     def _guard(self, cid: str) -> Callable[[], None]:
@@ -240,6 +241,19 @@ class Executor:
             )  # fmt: skip
         finally:
             pipes.close_child_ends()
+
+    def proxy_through(self, port: int, code_env: dict[str, str]) -> None:
+        """A pooled runtime claimed for a session with an egress policy: its code gets
+        network ``proxy_port`` at ``port`` and ``code_env``. Only before any code ran;
+        the same again is a no-op, anything else ``ValueError``."""
+        confinement = self.confinement
+        same_env = all(self.extra_env.get(k) == v for k, v in code_env.items())
+        if (confinement.network, confinement.connect_port, same_env) == ("proxy_port", port, True):
+            return
+        if self.spawner.spawned or self._kernels:
+            raise ValueError("code ran already: its network cannot change")
+        self.spawner.configure(confinement.proxy_through(port))
+        self.extra_env.update(code_env)
 
     def _kernel(self, cid: str, cwd: str, read_write: list[str]) -> PythonKernel:
         kernel = self._kernels.get(cid)

@@ -5,7 +5,8 @@ Contract:
   (``Executor.bash_call``: the spawner, confinement, rlimits, limits, cgroup, scratch
   environment), with a stdin pipe, and returns its ``Proc`` (``pid``: the code's pid).
   It does not take an execution slot (it lives on), but at most ``max_per_conversation``
-  run (or are starting) at once per conversation (``TooManyProcesses``, 429). Past
+  run (or are starting) at once per conversation (``TooManyProcesses``, 429); so too
+  when the process ceiling is full (the code's processes hold it: fork fails). Past
   ``timeout`` seconds (``None``: ``max_lifetime``) its whole tree is killed.
 - Output is kept in a buffer of at most ``buffer_bytes`` (the oldest events are dropped,
   ``Proc.dropped`` counts their bytes); ``events(proc)`` replays the buffer and then
@@ -149,6 +150,12 @@ class Processes:
             call = await self.executor.bash_call(cid, code, pipes)
         except SpawnFailed as e:
             pipes.close()
+            if e.at_ceiling:  # code's own doing (a fork bomb): the client may act on it
+                raise TooManyProcesses(
+                    f"the command could not start: {e}: the sandbox's code holds every "
+                    "process it may have; kill its processes (commands.kill) or wait "
+                    "for them to end"
+                ) from e
             raise CannotStart(f"the command could not start: {e}") from e
         except BaseException:
             pipes.close()

@@ -11,6 +11,8 @@ setting a newer writer added (during an upgrade), starts and ignores it.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,6 +22,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sandbox_workspace.contract.quantity import parse_bytes
 
 from .limits import Limits
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_CODE_ENV_BYTES = 64 * 1024
 
 
 class RuntimeSettings(BaseSettings):
@@ -98,12 +103,24 @@ class RuntimeSettings(BaseSettings):
         "and other conversations' interpreters). No ABI mediates chmod, chown, utime, "
         "setxattr or stat.",
     )
-    network: Literal["deny", "allow", "proxy"] = Field(
+    network: Literal["deny", "allow", "proxy", "proxy_port"] = Field(
         "deny",
         description="TCP bind/connect for executed code (Landlock ABI >= 4). `proxy`: only "
         "to the egress relay the runtime runs on 127.0.0.1:`egress_relay_port`, which "
         "forwards to `egress_socket`; the runtime refuses to start with it unless its "
-        "network namespace has nothing but loopback (the local backend's bubblewrap).",
+        "network namespace has nothing but loopback (the local backend's bubblewrap). "
+        "`proxy_port`: IPv4 TCP connect to `egress_proxy_port` alone, no UDP (a sandbox "
+        "pod with an egress policy: its NetworkPolicy narrows the address to the "
+        "cluster's egress proxy; this keeps code at one port where no policy is enforced).",
+    )
+    egress_proxy_port: int | None = Field(
+        None, ge=1, le=65535, description="With network `proxy_port`: the proxy's port."
+    )
+    code_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Variables executed code sees beside the runtime's own (which win on "
+        "a clash): the egress proxy's address, its CA's trust variables, the placeholders "
+        "of bound secrets. JSON object in the environment.",
     )
     egress_socket: Path | None = Field(
         None, description="With network `proxy`: the egress proxy's Unix socket."
@@ -159,7 +176,20 @@ class RuntimeSettings(BaseSettings):
     def _proxy_needs_socket(self) -> RuntimeSettings:
         if self.network == "proxy" and self.egress_socket is None:
             raise ValueError("network `proxy` needs SANDBOX_RUNTIME_EGRESS_SOCKET")
+        if self.network == "proxy_port" and self.egress_proxy_port is None:
+            raise ValueError("network `proxy_port` needs SANDBOX_RUNTIME_EGRESS_PROXY_PORT")
         return self
+
+    @field_validator("code_env")
+    @classmethod
+    def _code_env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_code_env(value)
+
+    def connect_port(self) -> int | None:
+        """The one TCP port executed code may connect to (None: network's own rule)."""
+        if self.network == "proxy":
+            return self.egress_relay_port
+        return self.egress_proxy_port if self.network == "proxy_port" else None
 
     @classmethod
     def env_name(cls, field: str) -> str:
@@ -231,7 +261,19 @@ class _Given(RuntimeSettings):
         return (init_settings,)
 
 
+def check_code_env(value: dict[str, str]) -> dict[str, str]:
+    """``code_env`` as code may get it: variable names only, at most 64 KiB in all."""
+    for name in value:
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"code_env: {name!r} is not an environment variable name")
+    if sum(len(k) + len(v) for k, v in value.items()) > _CODE_ENV_BYTES:
+        raise ValueError(f"code_env: more than {_CODE_ENV_BYTES} bytes")
+    return value
+
+
 def _env_value(value: Any) -> str:
+    if isinstance(value, dict):  # read back as JSON, as pydantic-settings reads a dict
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
     if isinstance(value, (list, tuple)):
         return ",".join(str(v) for v in value)
     if isinstance(value, SecretStr):

@@ -43,7 +43,13 @@ _SPAWNER_ENV = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "TMPDIR")
 
 
 class SpawnFailed(Exception):
-    """The code process could not be started (the message says why)."""
+    """The code process could not be started (the message says why). ``at_ceiling``: the
+    process ceiling was full (code holds every process it may have), so the caller is
+    told to wait or kill, not that the runtime is broken."""
+
+    def __init__(self, message: str, *, at_ceiling: bool = False) -> None:
+        super().__init__(message)
+        self.at_ceiling = at_ceiling
 
 
 @dataclass
@@ -72,6 +78,7 @@ class Spawner:
         self._calls: dict[int, Call] = {}
         self._stops: dict[int, asyncio.Future] = {}
         self._lock = asyncio.Lock()
+        self.spawned = False  # whether any call was asked for (``configure`` only before)
 
     @property
     def pid(self) -> int | None:
@@ -119,6 +126,7 @@ class Spawner:
         if guard is not None:
             guard()  # synchronously right before the request leaves: nothing can slip in
         call = Call(id=next(self._ids), cid=cid, watched=limits is not None)
+        self.spawned = True
         cpu_cgroup = self.cpu_groups.path(cid) if self.cpu_groups else None
         message = {
             "op": "spawn", "id": call.id, "cid": cid, "argv": argv, "env": env, "cwd": cwd,
@@ -142,6 +150,13 @@ class Spawner:
                 self._send({"op": "kill", "id": call.id})
             raise
         return call
+
+    def configure(self, changes: dict) -> None:
+        """Change the configuration of calls started from now on (a pooled runtime's
+        claim: before any call). Messages keep their order: the next spawn sees it."""
+        self.config.update(changes)
+        if self._sock is not None:
+            self._send({"op": "configure", "config": changes})
 
     def running(self) -> list[Call]:
         """Calls started and not yet exited."""
@@ -211,7 +226,8 @@ class Spawner:
             future = self._starting.pop(ident, None)
             self._calls.pop(ident, None)
             if future is not None and not future.done():
-                future.set_exception(SpawnFailed(message["error"]))
+                ceiling = bool(message.get("ceiling"))
+                future.set_exception(SpawnFailed(message["error"], at_ceiling=ceiling))
         elif op == "exited":
             call = self._calls.pop(ident, None)
             if call is not None:

@@ -10,9 +10,12 @@ Protocol (``SOCK_SEQPACKET``, one JSON object per message, fds by ``SCM_RIGHTS``
                       "read_only"?} + fds
                      {"op": "kill", "id"}            kill one call's whole tree
                      {"op": "stop", "id", "cid"}     kill every call of a conversation
+                     {"op": "configure", "config"}   config changes for calls to come
+                                     (a pooled runtime's claim; ignored once a call ran)
   spawner → runtime  {"op": "started", "id", "pid", "start", "reaper", "reaper_start"}
                                      (start times: ``pids.start_time``)
-                     {"op": "failed", "id", "error"}
+                     {"op": "failed", "id", "error", "ceiling"?}  (ceiling: fork
+                                     failed with EAGAIN, the process ceiling is full)
                      {"op": "exited", "id", "code", "limit"}  (code: exit status, 128 +
                                      signal; limit: the limit the reaper killed it for)
                      {"op": "stopped", "id"}         every call of that cid has ended
@@ -26,6 +29,7 @@ spawner_config``) comes as JSON in ``SBW_SPAWNER_CONFIG``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
@@ -93,7 +97,12 @@ class Spawner:
             return
         for fd in fds:
             os.close(fd)
-        if op == "kill":
+        if op == "configure":
+            # A pooled runtime's claim, before any call: the network of calls to come.
+            # Cached rulesets hold the old rules, so none may exist (nothing ran yet).
+            if not self.calls and not self.rulesets:
+                self.config.update(message["config"])
+        elif op == "kill":
             self.signal_reaper(self.by_id.get(message["id"]))
         elif op == "stop":
             self.forget(message["cid"])
@@ -177,7 +186,10 @@ class Spawner:
                 os.close(fd)
             if own is not None:
                 os.close(own)
-            self.send({"op": "failed", "id": message["id"], "error": f"cannot fork: {e}"})
+            failed = {"op": "failed", "id": message["id"], "error": f"cannot fork: {e}"}
+            if e.errno == errno.EAGAIN:  # the process ceiling, not a broken runtime
+                failed["ceiling"] = True
+            self.send(failed)
             return
         if pid == 0:
             os.close(report_r)

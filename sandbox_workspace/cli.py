@@ -215,6 +215,8 @@ def _cmd_egress_proxy(args: argparse.Namespace) -> int:
                 hosts=json.loads(args.hosts) if args.hosts else None,
                 permit=args.permit or (),
                 publish_trust_to=args.publish_ca or (),
+                max_connections=args.max_connections_per_session,
+                idle_timeout=args.idle_timeout,
             )
         )
     except (CredentialsError, PolicyError, ValueError) as e:
@@ -341,6 +343,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=5.0,
         help="seconds a Kubernetes Secret's value is reused before it is read again",
+    )
+    egress.add_argument(
+        "--max-connections-per-session",
+        type=int,
+        default=64,
+        help="connections one session may have open at once; the next is answered 429",
+    )
+    egress.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a tunnel may move no byte before it is closed",
     )
     egress.add_argument("--hosts", help=argparse.SUPPRESS)  # tests: JSON name table
     egress.add_argument("--permit", action="append", help=argparse.SUPPRESS)  # tests only

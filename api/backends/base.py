@@ -152,8 +152,10 @@ class Backend(Protocol):
     async def set_egress_policy(self, session_id: str, policy: EgressPolicy | None) -> None:
         """Change it on a live session: the next connection out is judged by it."""
 
-    async def wait_changed(self, session_id: str, timeout: float) -> None:
-        """Return when the session may have changed, at the latest after ``timeout``."""
+    async def wait_changed(self, session_id: str, timeout: float) -> Session | None:
+        """Return when the session may have changed, at the latest after ``timeout``: the
+        session as the change left it when the backend has it at hand (no look-up), else
+        None (the caller looks it up)."""
 
     async def record_activity(self, session_id: str) -> None:
         """Note activity the runtime cannot see (open chat runs, pending approvals)."""

@@ -7,8 +7,11 @@ Contract:
   (cached per session uid), the workspace path from the runtime itself (cached per
   endpoint) — under a test node agent it is not ``/workspace``.
 - ``resume_session`` sets the ``resume-requested`` annotation; the operator starts a pod.
-- ``wait_changed`` watches the one CR (bounded), so waiting for ``running`` is woken by
-  the change instead of polling.
+- ``wait_changed`` watches the one CR (bounded) from the version last seen (a read, or
+  the create's answer), so waiting for ``running`` is woken by the change instead of
+  polling, and answers the session as the event's object has it (no read after it).
+- A session this process has not seen yet is looked for under its current and legacy
+  names at once (one round trip for a new user, not two); a known one under its own.
 - A session with a ``deletionTimestamp`` is ``terminating`` (no traffic goes to it); one
   carrying the ``resume-requested`` annotation is ``resume_pending`` — the operator
   removes the annotation once it has acted, so its status is not judged before that.
@@ -179,19 +182,31 @@ class KubernetesBackend:
 
     async def _read(self, session_id: str) -> dict[str, Any] | None:
         """The session's own CR: under its current name, else its legacy one; an object
-        of another owner under either is not it (kube_owners)."""
-        for name in session_candidates(session_id):
-            obj = await self.kube.get(self._sessions(name))
+        of another owner under either is not it (kube_owners). Both names are asked at
+        once for a session not seen yet (a new user's first call: one round trip)."""
+        names = session_candidates(session_id)
+        if session_id in self._names or len(names) == 1:
+            found = [await self.kube.get(self._sessions(names[0]))]
+            if found[0] is None or not session_owned(found[0], session_id):
+                found += [await self.kube.get(self._sessions(n)) for n in names[1:]]
+        else:
+            found = list(await asyncio.gather(*(self.kube.get(self._sessions(n)) for n in names)))
+        for name, obj in zip(names, found, strict=False):
             if obj is None:
                 self._seen_versions.pop(name, None)
             elif session_owned(obj, session_id):
-                self._seen_versions[name] = obj["metadata"]["resourceVersion"]
-                _bounded(self._names)
-                self._names[session_id] = name
+                self._remember(session_id, obj)
                 return obj
             else:
                 log.warning("session %r: CR %s belongs to another owner", session_id, name)
         return None
+
+    def _remember(self, session_id: str, obj: dict[str, Any]) -> None:
+        """``obj`` (the session's own CR) is the version last seen under its name."""
+        name = obj["metadata"]["name"]
+        self._seen_versions[name] = obj["metadata"]["resourceVersion"]
+        _bounded(self._names)
+        self._names[session_id] = name
 
     async def get_session(self, session_id: str) -> Session | None:
         obj = await self._read(session_id)
@@ -277,6 +292,7 @@ class KubernetesBackend:
         except KubeConflict as e:
             raise SessionExists(f"session '{spec.session_id}' already exists") from e
         assert obj is not None
+        self._remember(spec.session_id, obj)  # a wait for it watches from this version
         return await self._to_session(spec.session_id, obj)
 
     async def resume_session(self, session_id: str) -> Session:
@@ -342,11 +358,13 @@ class KubernetesBackend:
         meta = obj["metadata"]
         return await self.kube.delete(self._sessions(meta["name"]), uid=meta["uid"])
 
-    async def wait_changed(self, session_id: str, timeout: float) -> None:
-        """Return when the session's CR changes, or after ``timeout`` seconds."""
+    async def wait_changed(self, session_id: str, timeout: float) -> Session | None:
+        """Return when the session's CR changes, or after ``timeout`` seconds: the session
+        as the watch event carried it (no second read) when it is the session's own CR
+        and still there, else None (the caller reads it)."""
         name = self._name(session_id)
         if name is None:
-            return
+            return None
         params = {
             "watch": "true",
             "fieldSelector": f"metadata.name={name}",
@@ -356,6 +374,7 @@ class KubernetesBackend:
             params["resourceVersion"] = self._seen_versions[name]
         token = self.kube.credentials.bearer()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        changed = None
         with contextlib.suppress(httpx.HTTPError, ValueError):
             async with self.kube.http.stream(
                 "GET", self._sessions(), params=params, headers=headers, timeout=timeout + 5
@@ -363,7 +382,15 @@ class KubernetesBackend:
                 async for line in response.aiter_lines():
                     event = json.loads(line) if line else {}
                     if event.get("type") in ("ADDED", "MODIFIED", "DELETED", "ERROR"):
-                        return
+                        changed = event
+                        break
+        obj = (changed or {}).get("object")
+        if changed is None or changed["type"] not in ("ADDED", "MODIFIED"):
+            return None
+        if not _own(obj, name, session_id):
+            return None
+        self._remember(session_id, obj)
+        return await self._to_session(session_id, obj)
 
     async def record_activity(self, session_id: str) -> None:
         """The operator counts the later of this and the runtime's own activity time."""
@@ -530,6 +557,13 @@ _LEASE_MARGIN = 5.0
 
 def _annotate(key: str, value: str | None) -> dict:
     return {"metadata": {"annotations": {key: value}}}
+
+
+def _own(obj: Any, name: str, session_id: str) -> bool:
+    """Whether a watch event's object is the session's own CR under ``name``."""
+    if not isinstance(obj, dict) or (obj.get("metadata") or {}).get("name") != name:
+        return False
+    return session_owned(obj, session_id) and "resourceVersion" in obj["metadata"]
 
 
 def _bounded(cache: dict) -> None:

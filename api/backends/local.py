@@ -238,7 +238,7 @@ class LocalBackend:
                 continue
             self._records[record.session_id] = record
             if self.egress is not None and policy is not None:
-                self.egress.policies[record.session_id] = policy
+                self.egress.set_policy(record.session_id, policy)
             self._dirs[record.session_id] = path.parent
         if self.idle_timeout > 0:
             self._reaper = asyncio.create_task(self._stop_idle_runtimes())
@@ -329,7 +329,8 @@ class LocalBackend:
             del self._records[session_id]
             self._api_activity.pop(session_id, None)
             if self.egress is not None:
-                self.egress.policies.pop(session_id, None)
+                self.egress.set_policy(session_id, None)
+                await self.egress.close(session_id)
             await asyncio.to_thread(shutil.rmtree, self._dir(session_id), True)
             await asyncio.to_thread(self.forks.forget_session, session_id)
             self._dirs.pop(session_id, None)
@@ -352,10 +353,7 @@ class LocalBackend:
                 raise KeyError(session_id)
             record.egress = policy_to_json(policy)
             _write_json(self._dir(session_id) / "session.json", asdict(record))
-            if policy is None:
-                egress.policies.pop(session_id, None)
-            else:
-                egress.policies[session_id] = policy
+            egress.set_policy(session_id, policy)
 
     def _need_egress(self) -> LocalEgress:
         if self.egress is None:  # code's network is the host's (or none): say so, not null
@@ -368,6 +366,7 @@ class LocalBackend:
     async def wait_changed(self, session_id: str, timeout: float) -> None:
         # Process state changes are not signalled; a short poll is cheap on one machine.
         await asyncio.sleep(min(timeout, _POLL_SECONDS))
+        return None  # the caller looks it up
 
     async def record_activity(self, session_id: str) -> None:
         self._api_activity[session_id] = datetime.now(UTC)
@@ -500,7 +499,7 @@ class LocalBackend:
         env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
         env.update(self.runtime_env)
         if self.egress is not None:
-            env.update(self.egress.runtime_env())
+            env.update(self.egress.runtime_env(sid))
         env.update(
             session_runtime_env(token, SANDBOX_WORKSPACE if self.bwrap else workspace, upload)
         )

@@ -26,8 +26,10 @@ from collections.abc import Callable
 
 from sandbox_workspace import tracing
 from sandbox_workspace.contract.errors import ApiError
+from sandbox_workspace.kube import KubeError
 from sandbox_workspace.runtime.schemas import ChangedFile, MarksReport, OutputList, UploadedFile
 
+from ..backends import kube_errors
 from ..backends.base import Session
 from ..runtime_client import RuntimeClient
 from .context import (
@@ -97,6 +99,9 @@ async def run_agent(
         run.emit("error", {"code": e.code, "message": str(e)})
     except ApiError as e:
         run.emit("error", {"code": e.code, "message": e.message})
+    except KubeError as e:  # e.g. its session deleted meanwhile: said as the API says it
+        error = kube_errors.api_error(e)
+        run.emit("error", {"code": error.code, "message": error.message})
     except Exception as e:  # a run must end with error + done, never hang or vanish
         log.exception("run failed", extra={"run_id": run.id})
         run.emit("error", {"code": "internal_error", "message": f"{e.__class__.__name__}: {e}"})

@@ -24,8 +24,10 @@ from urllib.parse import quote
 from pydantic import ValidationError
 
 from sandbox_workspace.contract.errors import ApiError
+from sandbox_workspace.kube import KubeError
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionError, ExecutionResult
 
+from ..backends import kube_errors
 from ..file_refs import parse_file_ref
 from ..runtime_client import RuntimeClient
 from .arguments import InvalidArguments, check_arguments, usage
@@ -215,6 +217,8 @@ class SandboxTools:
             outcome = ToolOutcome(False, f"invalid arguments for {name}: {problems}")
         except ApiError as e:
             outcome = ToolOutcome(False, f"{name} failed: {e.message}")
+        except KubeError as e:  # told to the model as the API tells its callers
+            outcome = ToolOutcome(False, f"{name} failed: {kube_errors.api_error(e).message}")
         outcome.output = self._cut(outcome.output)
         outcome.duration_ms = round((time.perf_counter() - started) * 1000, 1)
         return outcome

@@ -9,8 +9,9 @@ Contract:
   ``resource_exhausted``, which E2B's SDKs raise as their rate-limit error).
 - Streams are E2B's process streams (``Start``, ``Connect``) and the code interpreter's
   ``/execute``: each holds one of the replica's runtime connections for its whole life
-  (``runtime_connections``, one pool for every runtime), so together they take at most
-  half of them — file calls, ``List``, signals and creates of every user always find one.
+  (``runtime_connections``, one pool for every runtime), so together with this API's
+  ``/execute`` calls (one bound: ``UserLimits.runtime_streams``) they take at most half
+  of them — file calls, ``List``, signals and creates of every user always find one.
 - ``HeldStream``: the streaming answer that holds a slot. It releases it when the
   answer ends, however it ends, and closes its source then (the runtime connection goes
   back at once); a client that takes no byte for ``SEND_SECONDS`` (it stopped reading:
@@ -36,10 +37,11 @@ SEND_SECONDS = 60.0  # four of envd's keepalive intervals: a reading client take
 
 class Caps:
     def __init__(self, kind: str, per_user: tuple[int, str], per_tenant: tuple[int, str],
-                 total: tuple[int, str]) -> None:  # fmt: skip
+                 total: Concurrency) -> None:  # fmt: skip
+        """``total``: the replica's bound (may be shared with other kinds)."""
         self.user = Concurrency(kind, *per_user)
         self.tenant = Concurrency(kind, *per_tenant, scope="per tenant")
-        self.total = Concurrency(kind, *total, scope="on this API replica")
+        self.total = total
 
     def take(self, caller: Caller) -> Callable[[], None]:
         releases: list[Callable[[], None]] = []
@@ -75,16 +77,16 @@ def caps(services) -> _Caps:
                 "E2B streams",
                 (quotas.e2b_streams_per_user, "e2b_streams_per_user"),
                 (quotas.e2b_streams_per_tenant, "e2b_streams_per_tenant"),
-                (
-                    services.settings.runtime_connections // 2,
-                    "half of SANDBOX_WORKSPACE_RUNTIME_CONNECTIONS",
-                ),
+                # One bound with /execute's: together they hold at most half the pool.
+                services.user_limits.runtime_streams,
             ),
             watchers=Caps(
                 "E2B directory watchers",
                 (quotas.e2b_watchers_per_user, "e2b_watchers_per_user"),
                 (quotas.e2b_watchers_per_tenant, "e2b_watchers_per_tenant"),
-                (MAX_WATCHERS, "a fixed bound"),
+                Concurrency(
+                    "E2B directory watchers", MAX_WATCHERS, "a fixed bound", "on this API replica"
+                ),
             ),
         )
     return made

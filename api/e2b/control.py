@@ -14,6 +14,7 @@ honoured; API keys are ``keys``'s in ``required`` auth mode.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
@@ -22,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 
 from sandbox_workspace.contract.errors import ApiError, BadRequest
 
+from ..backends.base import Session
 from ..deps import Services, ServicesDep
 from ..identity import Caller
 from . import processes
@@ -139,11 +141,7 @@ async def _create(request: Request, services: Services, body: dict) -> JSONRespo
             session = await services.sessions.ensure_running(caller, caller.session_id)
             sandbox_id = new_sandbox_id()
             sandbox = Sandbox(services, session, conversation_of(sandbox_id), caller=caller)
-            # A new random id: the store has nothing of it to fill or check (no read).
-            await services.backend.conversation_created(session, sandbox.cid)
-            # The conversation exists for the runtime (its listings) at once: its directories
-            # are made directly, not by a process in the sandbox (~80 ms of the create).
-            await client(services, session).ensure_conversation(sandbox.cid)
+            await _made(services, session, sandbox.cid)
         await _keep(services, sandbox_id, caller, timeout)
         answer = _describe(sandbox_id, template, timeout)
         answer["metadata"] = body.get("metadata") or {}
@@ -157,6 +155,29 @@ async def _create(request: Request, services: Services, body: dict) -> JSONRespo
     return JSONResponse(await once(caller, key, body, make), status_code=201)
 
 
+async def _made(services: Services, session: Session, cid: str) -> None:
+    """A new sandbox's conversation: tracked by the backend (kubernetes: its
+    ConversationWorkspace with the finalizer; a new random id, so the store has nothing of
+    it to fill or check — no read) and known to the runtime (its listings) at once, its
+    directories made directly, not by a process in the sandbox (~80 ms). Both side by
+    side, one round trip: the id is new and random, so nothing of anyone's is in the
+    empty directories made before the backend's answer; a refused create (quota) takes
+    them back."""
+    runtime = client(services, session)
+    made, dirs = await asyncio.gather(
+        services.backend.conversation_created(session, cid),
+        runtime.ensure_conversation(cid),
+        return_exceptions=True,
+    )
+    if isinstance(made, BaseException):
+        if not isinstance(dirs, BaseException):
+            with contextlib.suppress(Exception):  # best effort: empty, and the id unused
+                await runtime.delete_conversation(cid)
+        raise made
+    if isinstance(dirs, BaseException):
+        raise dirs
+
+
 async def _end(services: Services, sandbox_id: str, caller: Caller) -> bool:
     """Kill: a fresh sandbox's conversation is deleted with the guarantee; an attached
     one is only detached, its commands killed (the user's chat files are never deleted
@@ -167,11 +188,11 @@ async def _end(services: Services, sandbox_id: str, caller: Caller) -> bool:
         # run on (up to the runtime's max_process_seconds) out of any handle's reach.
         await processes.kill_all(sandbox)
     await lifetimes(services).forget(caller, sandbox_id)
+    EXECUTIONS.pop(sandbox.key, None)  # the next attach is a new sandbox, counting from 1
     if is_attached(sandbox_id):
         return True
     await services.backend.delete_conversation(sandbox.session, sandbox.cid)
     services.runs.cancel_conversation(sandbox.session.session_id, sandbox.cid)
-    EXECUTIONS.pop(sandbox.key, None)
     return True
 
 

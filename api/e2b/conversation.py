@@ -20,6 +20,7 @@ import ast
 import contextlib
 import json
 import shlex
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -39,8 +40,19 @@ from .state import lifetimes
 # Per sandbox (``Sandbox.key``: tenant, user, conversation — a conversation id is the
 # user's own name, and another tenant's user may have the same one): the code
 # interpreter's execution count (our kernel keeps none); this process's count, dropped at
-# kill.
-EXECUTIONS: dict[tuple[str, str, str], int] = {}
+# kill or detach, and bounded (least recently counted first) against whatever else ends
+# a conversation: a count dropped only numbers that sandbox's next cell 1 again.
+EXECUTIONS: OrderedDict[tuple[str, str, str], int] = OrderedDict()
+MAX_COUNTED = 10_000
+
+
+def count_execution(key: tuple[str, str, str]) -> int:
+    """The sandbox's next execution count."""
+    count = EXECUTIONS[key] = EXECUTIONS.pop(key, 0) + 1
+    while len(EXECUTIONS) > MAX_COUNTED:
+        EXECUTIONS.popitem(last=False)
+    return count
+
 
 # One operation per call: argv[1] is {"op", "path", …} with paths relative to the cwd
 # (the conversation's directory); prints one JSON line: {"ok": …} or {"error", "kind"}.
@@ -198,7 +210,9 @@ class Sandbox:
             # Killed, timed out or detached (an attached sandbox lives by its timer; so
             # does every sandbox when timers are shared, since they outlive API processes).
             raise SandboxNotFound(f"sandbox '{sandbox_id}' not found (killed or timed out)")
-        session = await services.sessions.ensure_running(caller, caller.session_id)
+        # E2B's create answered this caller's session a moment ago (the SDK's next call is
+        # its command's Start): not read again (``SessionService.recent_running``).
+        session = await services.sessions.recent_running(caller)
         cid = conversation_of(sandbox_id)
         if not await _tracked(services, session, sandbox_id, cid) and not (
             cid in await client(services, session).list_conversations()

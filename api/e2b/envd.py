@@ -36,7 +36,7 @@ from ..sse import with_keepalive
 from . import connect, processes, watchers
 from .admission import HeldStream, caps
 from .control import NotSupported, tokens
-from .conversation import EXECUTIONS, Sandbox
+from .conversation import Sandbox, count_execution
 from .paths import to_e2b, to_relative
 
 router = APIRouter(prefix="/e2b/envd", tags=["e2b"], include_in_schema=False)
@@ -308,8 +308,7 @@ async def _execution_lines(sandbox: Sandbox, request: ExecuteRequest) -> AsyncIt
                 }
     except ApiError as e:
         yield {"type": "error", "name": e.code, "value": e.message, "traceback": ""}
-    count = EXECUTIONS[sandbox.key] = EXECUTIONS.get(sandbox.key, 0) + 1
-    yield {"type": "number_of_executions", "execution_count": count}
+    yield {"type": "number_of_executions", "execution_count": count_execution(sandbox.key)}
     yield {"type": "end_of_execution"}
 
 

@@ -108,10 +108,27 @@ class _PtyUnsupported(ApiError):
     status, code = 501, "not_supported"
 
 
+def _end_event(event: dict) -> bytes:
+    code = event["exit_code"]
+    end: dict[str, Any] = {"exitCode": code, "exited": True}
+    if code > 128:
+        end["status"] = f"signal: {code - 128}"
+    else:
+        end["status"] = f"exit status {code}"
+    if event.get("limit"):
+        end["error"] = f"killed: {event['limit']}"
+    return connect.envelope({"event": {"end": end}})
+
+
 async def envd_stream(
     sandbox: Sandbox, runtime_events: AsyncIterator[dict]
 ) -> AsyncIterator[bytes]:
-    """The runtime's process events as envd's ``ProcessEvent`` stream."""
+    """The runtime's process events as envd's ``ProcessEvent`` stream. At the process's
+    end the after-write check (and the store's write-back) runs first, then the ``end``
+    event and the stream's close go in one write: the SDK waits for the close anyway,
+    and a write of the end alone cost a hop through the response (and, loaded, the
+    event loop) before the check could start (bench e2b on the node: 20-380 ms)."""
+    last = b""
     try:
         async for event in runtime_events:
             kind = event.get("type")
@@ -120,17 +137,14 @@ async def envd_stream(
             elif kind in ("stdout", "stderr"):
                 yield connect.envelope({"event": {"data": {kind: event["data"]}}})
             elif kind == "end":
-                code = event["exit_code"]
-                end: dict[str, Any] = {"exitCode": code, "exited": True}
-                if code > 128:
-                    end["status"] = f"signal: {code - 128}"
-                else:
-                    end["status"] = f"exit status {code}"
-                if event.get("limit"):
-                    end["error"] = f"killed: {event['limit']}"
-                yield connect.envelope({"event": {"end": end}})
+                last = _end_event(event)
                 await sandbox.services.backend.conversation_written(sandbox.session, sandbox.cid)
+                break  # nothing follows the end
     except ApiError as e:
-        yield connect.end_stream(connect.code_for_status(e.status), e.message)
+        yield last + connect.end_stream(connect.code_for_status(e.status), e.message)
         return
-    yield connect.end_stream()
+    finally:
+        close = getattr(runtime_events, "aclose", None)
+        if close is not None:  # the runtime's answer, released at once
+            await close()
+    yield last + connect.end_stream()

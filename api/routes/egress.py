@@ -4,7 +4,8 @@ Contract: deny by default (``rules: null`` — no policy — means no network at
 empty list allows nothing either); each rule allows a host (exact, or ``*.suffix`` for
 the names below it), ports and schemes (``https``: a CONNECT tunnel carrying TLS to that
 name; ``http``: a plain request the proxy forwards). A change applies to the session's
-next connection, on a live session too. Validated by the policy module's own rules (422
+next connection, on a live session too, and closes the open tunnels it no longer allows
+(the backend's proxy re-checks them). Validated by the policy module's own rules (422
 naming the bad rule); a backend that cannot enforce a policy answers 409
 ``egress_unavailable`` rather than pretend.
 """

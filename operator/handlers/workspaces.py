@@ -4,11 +4,14 @@ Contract:
 - Create/resume ("ensure"): the workspace is adopted by its session (so deleting the
   session deletes the workspaces), the directory is ensured through the runtime
   (``PUT /v1/conversations/{cid}``) and the status set Ready with path, file count and
-  bytes. A missing, stopped or starting session is waited for — a stopped one is never
-  asked to resume from here, so an operator restart starts no pod; the directory is made
-  by the session's next real use. On resume, a workspace already Ready for its
-  generation is left alone. An invalid spec (a conversation id the runtime refuses) is an
-  Error with reason ``InvalidSpec``, not a retry loop.
+  bytes. A missing session, or one being deleted, deletes the workspace (reason
+  ``SessionGone``, then the finalizer below): deleting a session deletes its
+  conversations, also one made as it went. A stopped or starting session is waited
+  for — a stopped one is never asked to resume from here, so an operator restart
+  starts no pod; the directory is made by the session's next real use. On resume, a
+  workspace already Ready for its generation is left alone. An invalid spec (a
+  conversation id the runtime refuses) is an Error with reason ``InvalidSpec``, not a
+  retry loop.
 - Delete (finalizer ``sandboxworkspace.io/files``): the status says Deleting; what
   happens next is decided by the storage (``operator/storage.py``): the session's runtime
   or a cleanup pod's (``operator/cleanup.py``) deletes the directory (``DELETE``) and a
@@ -28,7 +31,7 @@ import kopf
 from pydantic import ValidationError
 
 from sandbox_workspace.contract.conditions import ConditionType, Reason
-from sandbox_workspace.contract.crd import SESSION_PLURAL
+from sandbox_workspace.contract.crd import SESSION_PLURAL, WORKSPACE_PLURAL
 from sandbox_workspace.kube import KubeError, custom_path
 from sandbox_workspace.runtime.client import RuntimeClient, RuntimeClientError, RuntimeRefused
 
@@ -111,6 +114,29 @@ def _invalid_message(error: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
 
 
+async def _follow_the_session(
+    ctx: OperatorContext,
+    body: dict,
+    patch: kopf.Patch,
+    cws: ConversationWorkspace,
+    session_body: dict | None,
+) -> None:
+    """Delete a workspace whose session is gone or going: the session's deletion deletes
+    its conversations. The garbage collector does so only for one adopted in time (an
+    owner reference); this one was made for a session already deleted, by hand or by
+    the API racing that deletion, or the session went before the operator looked. The
+    finalizer then deletes its files and store objects (``deletion.py``)."""
+    ref = cws.spec.session_ref
+    gone = "does not exist" if session_body is None else "is being deleted"
+    message = f"SandboxSession {ref} {gone}: deleting this conversation with it"
+    path = custom_path(cws.namespace, WORKSPACE_PLURAL, cws.name)
+    # By uid: a successor made meanwhile under the name is never deleted from here.
+    await ctx.api.delete(path, uid=cws.uid)
+    kopf.event(body, type="Normal", reason=Reason.SESSION_GONE, message=message)
+    patch.status.update(ws_status(cws.status, "Deleting", False, Reason.SESSION_GONE, message))
+    ctx.metrics.reconciles.labels(KIND, "ok").inc()
+
+
 async def on_workspace_created(
     body: kopf.Body,
     name: str,
@@ -144,10 +170,9 @@ async def on_workspace_created(
         session_body = await ctx.api.get(
             custom_path(namespace, SESSION_PLURAL, cws.spec.session_ref)
         )
-        if session_body is None:
-            raise Wait(
-                Reason.SESSION_MISSING, f"SandboxSession {cws.spec.session_ref} does not exist"
-            )
+        if session_body is None or session_body["metadata"].get("deletionTimestamp"):
+            await _follow_the_session(ctx, raw, patch, cws, session_body)
+            return
         owner = _owner_patch(raw, session_body)
         if owner:
             patch.metadata.update(owner)

@@ -40,7 +40,7 @@ from ..children import uid_of
 from ..context import OperatorContext
 from ..models import SandboxSession
 from ..settings import RUNTIME_PORT
-from .spec import CLAIM_KEY, POOL_SECRET, claim_patch, misfits
+from .spec import CLAIM_KEY, POOL_SECRET, claim_egress, claim_patch, misfits
 
 log = logging.getLogger("sandbox_workspace.operator.pool")
 ATTEMPTS = 5  # free pods tried per start before starting cold
@@ -65,22 +65,34 @@ async def claim_key(ctx: OperatorContext, namespace: str) -> str | None:
     return key
 
 
-async def deliver_token(ctx: OperatorContext, pod: dict[str, Any], key: str, token: str) -> bool:
-    """The session's token to the claimed pod's runtime; True when it took it."""
+async def deliver_token(
+    ctx: OperatorContext,
+    pod: dict[str, Any],
+    key: str,
+    token: str,
+    egress: dict[str, Any] | None = None,
+) -> bool:
+    """The session's token (and ``egress``: its code's network, ``spec.claim_egress``) to
+    the claimed pod's runtime; True when it took them. A runtime that answers without
+    the network asked for (one older than the egress claim) did not take it: refused."""
     ip = (pod.get("status") or {}).get("podIP")
     if not ip or ctx.http is None:
         return False
+    body: dict[str, Any] = {"token": token}
+    if egress is not None:
+        body["egress"] = egress
     try:
         response = await ctx.http.post(
             f"http://{ip}:{RUNTIME_PORT}/v1/claim",
-            json={"token": token},
+            json=body,
             headers={"Authorization": f"Bearer {key}"},
         )
     except httpx.HTTPError as e:
         name = pod["metadata"]["name"]
         log.warning("claimed pod did not take its token", extra={"pod": name, "error": str(e)})
         return False
-    if response.status_code != 200:
+    wanted = "proxy_port" if egress is not None else None
+    if response.status_code != 200 or (wanted and _network_of(response) != wanted):
         log.warning(
             "claimed pod refused its token",
             extra={"pod": pod["metadata"]["name"], "status": response.status_code},
@@ -89,6 +101,13 @@ async def deliver_token(ctx: OperatorContext, pod: dict[str, Any], key: str, tok
     if ctx.pool is not None:
         ctx.pool.delivered.add(uid_of(pod))
     return True
+
+
+def _network_of(response: httpx.Response) -> str | None:
+    try:
+        return response.json().get("network")
+    except ValueError:
+        return None
 
 
 async def _swap(
@@ -172,7 +191,8 @@ async def claim_pod(
             # The watch event of this very version needs no reconcile (the caller's own).
             ctx.pods_seen[uid_of(claimed)] = claimed["metadata"].get("resourceVersion", "")
             pool.wake_after_claim()  # one fewer free pod: the refiller, once claims settle
-            delivered = await deliver_token(ctx, claimed, key, token)
+            egress = claim_egress(session, ctx.settings)
+            delivered = await deliver_token(ctx, claimed, key, token, egress)
         finally:
             pool.end_claim(uid_of(pod))
         if delivered:

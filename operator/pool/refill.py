@@ -30,8 +30,9 @@ Contract:
   so a burst of claims pays no TLS handshakes.
 - ``on_pool_pod_event`` keeps the hint current: a free pod enters it when its runtime is
   ready and leaves it on any other news; a claimed pod whose token this process has not
-  delivered (an operator restarted between the swap and the delivery) gets it again —
-  delivery is idempotent for the same token, and a pod that refuses is deleted.
+  delivered (an operator restarted between the swap and the delivery) gets it again,
+  with its session's egress (read then) — delivery is idempotent for the same token,
+  and a pod that refuses is deleted.
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ from typing import Any
 
 import kopf
 
-from sandbox_workspace.contract.crd import LABEL_SESSION
+from sandbox_workspace.contract.crd import LABEL_SESSION, SESSION_PLURAL
 from sandbox_workspace.kube import Kube, KubeError, core_path, custom_path
 
 from ..children import uid_of
 from ..context import OperatorContext
+from ..models import SandboxSession
 from ..status import observe_pod
 from .claim import claim_key, deliver_token
 from .resource import (
@@ -64,6 +66,7 @@ from .spec import (
     LABEL_POOL,
     build_pool_pod,
     build_pool_secret,
+    claim_egress,
     is_free,
     template_hash,
 )
@@ -317,5 +320,10 @@ async def _redeliver(ctx: OperatorContext, namespace: str, pod: dict[str, Any]) 
     token = await ctx.runtime_token(namespace, session, owners[0].get("uid"))
     if key is None or token is None:
         return
-    if not await deliver_token(ctx, pod, key, token):
+    # The claim carries the code's network too (an egress policy): from the session now.
+    body = await ctx.api.get(custom_path(namespace, SESSION_PLURAL, session))
+    if body is None:
+        return  # the session is gone: its pod goes with it (owner reference)
+    egress = claim_egress(SandboxSession.from_body(body), ctx.settings)
+    if not await deliver_token(ctx, pod, key, token, egress):
         await ctx.api.delete(core_path(namespace, "pods", meta["name"]), uid=uid_of(pod))

@@ -6,7 +6,12 @@ Contract:
   resources, confinement, security context, volumes. It differs only in what makes it
   nobody's: no session or user label, no user annotation, no owner, a generated name,
   and instead of a token its runtime gets the namespace's claim key (``POOL_SECRET``),
-  so it starts pooled (``runtime/claim.py``).
+  so it starts pooled (``runtime/claim.py``). Where the cluster has an egress CA, it
+  mounts the CA's ConfigMap (optional: a pool is not held up by a proxy that has not
+  published it yet) so a session with an egress policy may take it too.
+- ``claim_egress`` is what the claim tells the runtime of such a session: network
+  ``proxy_port`` and its code's environment (``builders.code_network``); None for any
+  other session (its code keeps the pooled runtime's network, denied).
 - ``misfits`` is THE eligibility rule: the spec fields of a session that a pooled pod
   cannot give; empty means the session may take a pooled pod. One line per field.
 - ``claim_patch`` is the compare-and-swap that moves a free pod to a session: labels,
@@ -29,7 +34,7 @@ from sandbox_workspace.contract.crd import (
 from sandbox_workspace.runtime.settings import RuntimeSettings
 
 from .. import naming
-from ..builders import _runtime_pod, build_sandbox_pod, spec_hash
+from ..builders import _runtime_pod, build_sandbox_pod, code_network, mount_egress_ca, spec_hash
 from ..children import owner_reference
 from ..models import SandboxSession, SandboxSessionSpec
 from ..settings import OperatorSettings
@@ -56,9 +61,8 @@ RULES: tuple[tuple[str, _Rule], ...] = (
     ("image", lambda s, cfg: s.image not in (None, cfg.image)),
     ("resources", lambda s, _: s.resources is not None),
     ("network", lambda s, _: s.network != _DEFAULT.network),
-    # An egress policy: network "allow" in the runtime's environment, the CA bundle and
-    # the placeholders of bound secrets, none of which a pooled pod has.
-    ("egress", lambda s, _: s.egress is not None),
+    # An egress policy needs no rule: its network and code environment come with the
+    # claim (``claim_egress``), the CA bundle is mounted on every pool member.
     ("fileUploadConfig", lambda s, _: s.file_upload_config != _DEFAULT.file_upload_config),
 )
 
@@ -85,8 +89,18 @@ def build_pool_pod(namespace: str, settings: OperatorSettings) -> dict[str, Any]
     token = next(e for e in env if e["name"] == RuntimeSettings.env_name("token"))
     token["name"] = CLAIM_ENV
     token["valueFrom"]["secretKeyRef"]["key"] = CLAIM_KEY
+    if settings.egress_ca_configmap:
+        mount_egress_ca(pod["spec"], settings.egress_ca_configmap, optional=True)
     meta["annotations"] = {ANNOTATION_POD_SPEC: spec_hash(pod)}
     return pod
+
+
+def claim_egress(session: SandboxSession, settings: OperatorSettings) -> dict[str, Any] | None:
+    """The ``egress`` of the claim for ``session`` (``runtime/claim.ClaimEgress``)."""
+    network = code_network(session, settings)
+    if network["network"] != "proxy_port":
+        return None
+    return {"proxy_port": network["egress_proxy_port"], "code_env": network["code_env"]}
 
 
 def template_hash(namespace: str, settings: OperatorSettings) -> str:

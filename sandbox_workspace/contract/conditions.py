@@ -59,7 +59,7 @@ class Reason:
     UP_TO_DATE: Final = "UpToDate"  # the pod runs the current spec
     # -- a ConversationWorkspace's Ready -------------------------------------------------
     DIRECTORY_READY: Final = "DirectoryReady"  # the conversation's directory exists
-    SESSION_MISSING: Final = "SessionMissing"  # its SandboxSession does not exist
+    SESSION_GONE: Final = "SessionGone"  # its session is gone or going: deleted with it
     SESSION_NOT_RUNNING: Final = "SessionNotRunning"  # the session is starting
     SESSION_STOPPED: Final = "SessionStopped"  # waits for the session to be resumed
     TOKEN_MISSING: Final = "TokenMissing"  # the runtime's token Secret is not there yet

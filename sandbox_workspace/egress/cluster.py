@@ -18,7 +18,8 @@ Contract:
   secrets list that does not validate makes the whole policy invalid (deny all).
 - ``ClusterPolicies`` keeps the last index it read (``refresh``); when it cannot read the
   cluster for ``max_stale`` seconds it forgets it (deny all) rather than apply old
-  policies forever.
+  policies forever. ``run`` calls ``on_refresh`` after each read, failed or not (the
+  proxy re-checks its open tunnels against what it now knows).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import ipaddress
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -261,7 +262,13 @@ class ClusterPolicies:
             pods += await kube.list(core_path(namespace, "pods"), label_selector=selector)
         self.update(sessions, pods)
 
-    async def run(self, kube: Any, namespaces: Sequence[str], interval: float) -> None:
+    async def run(
+        self,
+        kube: Any,
+        namespaces: Sequence[str],
+        interval: float,
+        on_refresh: Callable[[], object] | None = None,
+    ) -> None:
         """Refresh every ``interval`` seconds until cancelled; failures are logged and
         retried (``lookup`` denies once the last good read is ``max_stale`` old)."""
         while True:
@@ -269,4 +276,6 @@ class ClusterPolicies:
                 await self.refresh(kube, namespaces)
             except Exception as exc:  # the apiserver away: keep trying, deny when stale
                 log.warning("egress proxy cannot read sessions", extra={"error": repr(exc)})
+            if on_refresh is not None:
+                on_refresh()
             await asyncio.sleep(interval)

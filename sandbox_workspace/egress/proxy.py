@@ -29,6 +29,17 @@ Contract:
 - A refusal is an HTTP answer whose status line and body say why (``403 Egress refused:
   evil.test is not in this session's egress policy ...``): Python's http.client, pip and
   curl print the status line. Nothing is relayed from a refused destination.
+- Bounds per session (``ProxyConfig``): at most ``max_connections`` connections open at
+  once (tunnels, forwarded requests, heads still being read); the next ones are answered
+  ``429 Egress refused: ... (<connections_setting>)`` once their head is read, and past
+  twice the cap closed unanswered, so a flood ends at its own session's cap, not at the
+  proxy's descriptors. A tunnel or an answer being relayed with no byte moved for
+  ``idle_timeout`` seconds is closed.
+- Open connections follow their session: ``recheck()`` closes each one whose policy no
+  longer allows its destination (or, for ``serve_tcp``, whose peer address no longer
+  identifies its session), ``close_session()`` closes all of a session's. Callers call
+  them when a policy changes or a session goes; a change takes effect on open tunnels
+  then, not only on the next connection.
 """
 
 from __future__ import annotations
@@ -107,6 +118,22 @@ class ProxyConfig:
     header_limit: int = 32 * 1024
     # CA file that upstreams of intercepted hosts must chain to (None: the system's).
     upstream_ca: str | None = None
+    # Connections one session may have open at once; the setting that changes it, named
+    # in the refusal (the local backend's variable, the chart's value).
+    max_connections: int = 64
+    connections_setting: str = "max_connections"
+    # A tunnel (or a relayed answer) with no byte moved either way this long is closed.
+    idle_timeout: float = 600.0
+
+
+@dataclass(eq=False)
+class _Connection:
+    """One open client connection: its task (cancelled to close it), where it goes once
+    its head named it, and how to ask again which session its peer is."""
+
+    task: asyncio.Task | None
+    target: tuple[str, str, int] | None = None  # (scheme, host, port)
+    whose: Callable[[], str | None] | None = None
 
 
 class Refused(Exception):
@@ -174,6 +201,29 @@ class EgressProxy:
         self.ca, self.secrets = ca, secrets
         self._upstream_tls = ssl.create_default_context(cafile=self.config.upstream_ca)
         self._upstream_tls.set_alpn_protocols(["http/1.1"])
+        self._open_by_session: dict[str | None, set[_Connection]] = {}
+
+    def open_connections(self, session_id: str | None) -> int:
+        return len(self._open_by_session.get(session_id, ()))
+
+    def recheck(self, session_id: str | None = None) -> int:
+        """Close the open connections of ``session_id`` (every session: None) that its
+        policy no longer allows, or whose peer now identifies another session (or none).
+        Returns how many were closed."""
+        closed = 0
+        for key, connections in list(self._open_by_session.items()):
+            if session_id is not None and key != session_id:
+                continue
+            policy = self.policies(key) if key is not None else None
+            for conn in list(connections):
+                moved = conn.whose is not None and conn.whose() != key
+                if moved or (conn.target is not None and not decide(policy, *conn.target).allowed):
+                    closed += _cancel(conn)
+        return closed
+
+    def close_session(self, session_id: str) -> int:
+        """Close every open connection of ``session_id`` (it is gone); how many."""
+        return sum(_cancel(c) for c in list(self._open_by_session.get(session_id, ())))
 
     async def serve_unix(self, path: str, session_id: str) -> asyncio.Server:
         async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -183,7 +233,8 @@ class EgressProxy:
 
     async def serve_tcp(self, host: str, port: int, identify: Identify) -> asyncio.Server:
         async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await self.handle(reader, writer, identify(writer.get_extra_info("peername")))
+            peer = writer.get_extra_info("peername")
+            await self.handle(reader, writer, identify(peer), lambda: identify(peer))
 
         return await asyncio.start_server(on_client, host, port, limit=self.config.header_limit)
 
@@ -192,10 +243,19 @@ class EgressProxy:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         session_id: str | None,
+        whose: Callable[[], str | None] | None = None,
     ) -> None:
+        """Serve one client connection of ``session_id``; ``whose``: asks again which
+        session the peer is (``recheck`` closes the connection when the answer changes)."""
+        open_now = self._open_by_session.setdefault(session_id, set())
+        conn = _Connection(asyncio.current_task(), whose=whose)
+        open_now.add(conn)
+        cap = self.config.max_connections
         try:
+            if len(open_now) > 2 * cap:
+                return  # refusals in flight too: a flood is closed unanswered
             try:
-                await self._handle(reader, writer, session_id)
+                await self._handle(reader, writer, session_id, conn, len(open_now) > cap)
             except Refused as exc:
                 log.info(
                     "egress refused",
@@ -206,20 +266,37 @@ class EgressProxy:
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError):
             pass
         finally:
+            open_now.discard(conn)
+            if not open_now and self._open_by_session.get(session_id) is open_now:
+                del self._open_by_session[session_id]
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
     async def _handle(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session_id: str | None
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        session_id: str | None,
+        conn: _Connection,
+        over_cap: bool,
     ) -> None:
         method, target, version, headers = await self._read_head(reader)
+        if over_cap:
+            # After the head: a client shown an answer before it finished sending could
+            # see a reset instead.
+            raise Refused(
+                429,
+                f"this session has {self.config.max_connections} egress connections open, "
+                f"its most ({self.config.connections_setting}); close some and retry",
+            )
         policy = self.policies(session_id) if session_id is not None else None
         if method == "CONNECT":
             host, port = parse_authority(target, None)
+            conn.target = ("https", host, port)
             await self._tunnel(reader, writer, policy, host, port, session_id or "")
         elif target.lower().startswith("http://"):
-            await self._forward(reader, writer, policy, method, target, version, headers)
+            await self._forward(reader, writer, policy, method, target, version, headers, conn)
         else:
             raise Refused(
                 400, "send requests in absolute form (http://host/path) or tunnel with CONNECT"
@@ -260,7 +337,8 @@ class EgressProxy:
             if not chunk:
                 return False
             up_writer.write(chunk)
-            await up_writer.drain()
+            async with asyncio.timeout(self.config.idle_timeout):  # an upstream not reading
+                await up_writer.drain()
             length -= len(chunk)
         return True
 
@@ -322,7 +400,7 @@ class EgressProxy:
                 return
             up_writer.write(hello)
             # Nothing more is inspected: the kernel moves the rest (splice.py).
-            await relay_streams(reader, writer, up_reader, up_writer)
+            await relay_streams(reader, writer, up_reader, up_writer, self.config.idle_timeout)
         finally:
             up_writer.close()
 
@@ -365,6 +443,10 @@ class EgressProxy:
             ) from None
         except (OSError, TimeoutError) as exc:
             raise Refused(502, f"TLS with {name} failed ({type(exc).__name__})") from None
+        # Stop reading before the client may answer the 200: start_tls, run as a task by
+        # wait_for, begins a loop turn later, and a ClientHello read into the stream's
+        # buffer meanwhile would never reach TLS (the handshake then hangs).
+        writer.transport.pause_reading()
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.drain()
         try:
@@ -375,7 +457,9 @@ class EgressProxy:
             # Another SNI (the context's sni_callback), no TLS, or a client that does not
             # trust the CA: nothing was read, nothing reaches the upstream.
             log.info(
-                "egress interception: client TLS failed",
+                "egress interception: client TLS with %s failed: %r",
+                name,
+                exc,
                 extra={"host": name, "error": type(exc).__name__},
             )
             return
@@ -403,7 +487,8 @@ class EgressProxy:
             )
         )
         if await self._send_body(reader, up_writer, length or 0):
-            await _copy(up_reader, writer, Scrubber(list(values.values())))
+            scrub = Scrubber(list(values.values()))
+            await _copy(up_reader, writer, self.config.idle_timeout, scrub)
 
     async def _forward(
         self,
@@ -414,11 +499,13 @@ class EgressProxy:
         target: str,
         version: str,
         headers: list[tuple[bytes, bytes]],
+        conn: _Connection,
     ) -> None:
         url = urlsplit(target)
         if url.username or url.password:
             raise Refused(400, "credentials in the URL are not forwarded")
         host, port = parse_authority(url.netloc, DEFAULT_PORTS["http"])
+        conn.target = ("http", host, port)
         length = body_length(headers)
         _, up_reader, up_writer = await self._open(policy, "http", host, port)
         try:
@@ -430,7 +517,7 @@ class EgressProxy:
                 return
             # One request per connection: whatever else the client sends is not forwarded
             # (a second request on this connection could name another Host).
-            await _copy(up_reader, writer)
+            await _copy(up_reader, writer, self.config.idle_timeout)
         finally:
             up_writer.close()
 
@@ -471,13 +558,28 @@ def _sni_or_none(hello: bytes) -> str | None:
         return None
 
 
+def _cancel(conn: _Connection) -> int:
+    if conn.task is None or conn.task.done():
+        return 0
+    conn.task.cancel()
+    return 1
+
+
 async def _copy(
-    src: asyncio.StreamReader, dst: asyncio.StreamWriter, scrub: Scrubber | None = None
+    src: asyncio.StreamReader,
+    dst: asyncio.StreamWriter,
+    idle: float,
+    scrub: Scrubber | None = None,
 ) -> None:
+    """Relay an answer; TimeoutError when no byte comes, or none can go, for ``idle``."""
+    loop = asyncio.get_running_loop()
     try:
-        while data := await src.read(_CHUNK):
-            dst.write(scrub.feed(data) if scrub else data)
-            await dst.drain()
+        # One deadline moved on at each chunk (no task per read, as wait_for makes).
+        async with asyncio.timeout(idle) as deadline:
+            while data := await src.read(_CHUNK):
+                dst.write(scrub.feed(data) if scrub else data)
+                await dst.drain()
+                deadline.reschedule(loop.time() + idle)
         if scrub:
             dst.write(scrub.flush())
     finally:

@@ -12,7 +12,10 @@ bound terminate TLS with that CA and get their values from the Kubernetes Secret
 bindings name (``kube_secrets.KubeSecretSource``); without it such hosts are refused
 (503). ``upstream_ca``: the CA file bound hosts must chain to (default: the system's).
 ``publish_trust_to``: ``namespace/name`` ConfigMaps the CA's public part is written to
-at start (``ca_store.publish_trust``: what sandbox pods mount). ``hosts``/``permit``:
+at start (``ca_store.publish_trust``: what sandbox pods mount). ``max_connections`` per
+session and ``idle_timeout`` bound tunnels (``proxy.ProxyConfig``); after each read the
+open tunnels are re-checked: a session deleted, its pod gone or its policy narrowed
+closes them within ``interval``. ``hosts``/``permit``:
 test overrides (``overrides``), never set by the chart.
 """
 
@@ -36,6 +39,8 @@ from .proxy import EgressProxy, ProxyConfig, system_resolve
 
 log = logging.getLogger(__name__)
 
+CONNECTIONS_SETTING = "chart egressProxy.maxConnectionsPerSession"
+
 
 async def serve_cluster(
     namespaces: Sequence[str],
@@ -52,10 +57,18 @@ async def serve_cluster(
     hosts: Mapping[str, Sequence[str]] | None = None,
     permit: Sequence[str] = (),
     publish_trust_to: Sequence[str] = (),
+    max_connections: int = 64,
+    idle_timeout: float = 600.0,
 ) -> None:
     """Run until cancelled."""
     networks = without(forbidden_networks(forbidden), [ip_network(p) for p in permit])
-    config = ProxyConfig(forbidden=networks, upstream_ca=upstream_ca)
+    config = ProxyConfig(
+        forbidden=networks,
+        upstream_ca=upstream_ca,
+        max_connections=max_connections,
+        connections_setting=CONNECTIONS_SETTING,
+        idle_timeout=idle_timeout,
+    )
     ca = None
     if ca_dir is not None:
         ca = InterceptCA.from_pem((ca_dir / CERT_KEY).read_bytes(), (ca_dir / KEY_KEY).read_bytes())
@@ -66,7 +79,6 @@ async def serve_cluster(
             targets = [tuple(t.split("/", 1)) for t in publish_trust_to]
             await publish_trust(kube, ca.cert_pem, targets)  # type: ignore[arg-type]
         await view.refresh(kube, namespaces)  # a first read before the first client
-        poller = asyncio.create_task(view.run(kube, namespaces, interval))
         proxy = EgressProxy(
             view.lookup,
             resolve=table_resolver(hosts) if hosts is not None else system_resolve,
@@ -74,6 +86,7 @@ async def serve_cluster(
             ca=ca,
             secrets=KubeSecretSource(kube, view.secret_ref, ttl=secret_ttl) if ca else None,
         )
+        poller = asyncio.create_task(view.run(kube, namespaces, interval, proxy.recheck))
         server = await proxy.serve_tcp(host, port, view.identify)
         bound = server.sockets[0].getsockname()[1]
         if port_file is not None:

@@ -1,6 +1,6 @@
 """Zero-copy relay of two connected asyncio streams (Linux ``splice`` through a pipe).
 
-Contract of ``relay_streams(a_reader, a_writer, b_reader, b_writer)``:
+Contract of ``relay_streams(a_reader, a_writer, b_reader, b_writer, idle=None)``:
 - Called once nothing more of either stream is inspected (the proxy's CONNECT is answered
   and the ClientHello checked; the relay has connected). Bytes already buffered in a
   reader are delivered first, in order, then the kernel moves the rest socket → pipe →
@@ -9,6 +9,9 @@ Contract of ``relay_streams(a_reader, a_writer, b_reader, b_writer)``:
   for writing (half-close: the other direction goes on). A failure of either (reset,
   broken pipe) or cancellation (the session ends) stops both. The caller still owns and
   closes the streams.
+- ``idle`` seconds with no byte moved either way (a half-closed tunnel included) stop
+  both: a tunnel nobody uses does not hold its descriptors, pipes and upstream forever.
+  The deadline costs one timer per tunnel, which wakes once per ``idle`` at most.
 - Backpressure: a direction holds at most one pipe (``PIPE_BYTES``) beyond the sockets'
   own kernel buffers, and then waits for its destination to become writable: a peer
   that stops reading bounds memory and costs no CPU.
@@ -40,10 +43,14 @@ async def relay_streams(
     a_writer: asyncio.StreamWriter,
     b_reader: asyncio.StreamReader,
     b_writer: asyncio.StreamWriter,
+    idle: float | None = None,
 ) -> None:
+    clock = _Activity(asyncio.get_running_loop())
     ends = _splice_ends(a_writer, b_writer)
     if ends is None:
-        await _until_failure(_copy(a_reader, b_writer), _copy(b_reader, a_writer))
+        await _until_done(
+            _copy(a_reader, b_writer, clock), _copy(b_reader, a_writer, clock), clock, idle
+        )
         return
     (a_sock, b_sock), (a_to_b, b_to_a) = ends
     try:
@@ -54,7 +61,8 @@ async def relay_streams(
         b_writer.write(a_left)
         a_writer.write(b_left)
         await asyncio.gather(_flush(a_writer), _flush(b_writer))
-        await _until_failure(_pump(a_sock, b_sock, *a_to_b), _pump(b_sock, a_sock, *b_to_a))
+        forth = _pump(a_sock, b_sock, *a_to_b, clock)
+        await _until_done(forth, _pump(b_sock, a_sock, *b_to_a, clock), clock, idle)
     finally:
         a_sock.close()
         b_sock.close()
@@ -93,16 +101,49 @@ def _splice_ends(
     return socks, tuple(pipes)
 
 
-async def _until_failure(*directions: Coroutine[None, None, None]) -> None:
+class _Activity:
+    """When a byte last moved, in the loop's clock (a direction notes each move)."""
+
+    __slots__ = ("last", "time")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.time = loop.time
+        self.last = loop.time()
+
+    def moved(self) -> None:
+        self.last = self.time()
+
+
+async def _idle_deadline(clock: _Activity, idle: float) -> None:
+    """Returns once ``idle`` seconds pass with no move: sleeps to the deadline the last
+    move sets, so a busy tunnel costs one wakeup per ``idle``, not one per move."""
+    while True:
+        left = clock.last + idle - clock.time()
+        if left <= 0:
+            return
+        await asyncio.sleep(left)
+
+
+async def _until_done(
+    a_to_b: Coroutine[None, None, None],
+    b_to_a: Coroutine[None, None, None],
+    clock: _Activity,
+    idle: float | None,
+) -> None:
     """Run both directions; an end of stream leaves the other running (half-close), a
-    failure or cancellation stops both."""
-    tasks = [asyncio.ensure_future(d) for d in directions]
+    failure, cancellation or the idle deadline stops both."""
+    tasks = [asyncio.ensure_future(a_to_b), asyncio.ensure_future(b_to_a)]
+    deadline = asyncio.ensure_future(_idle_deadline(clock, idle)) if idle else None
+    pending = set(tasks) | ({deadline} if deadline else set())
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        while any(task in pending for task in tasks):
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if deadline in done or any(not t.cancelled() and t.exception() for t in done):
+                break
     finally:
-        for task in tasks:
+        for task in (*tasks, *([deadline] if deadline else [])):
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *([deadline] if deadline else []), return_exceptions=True)
 
 
 async def _take_buffered(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
@@ -124,7 +165,7 @@ async def _flush(writer: asyncio.StreamWriter) -> None:
     await writer.drain()
 
 
-async def _pump(src: socket.socket, dst: socket.socket, rd: int, wr: int) -> None:
+async def _pump(src: socket.socket, dst: socket.socket, rd: int, wr: int, clock: _Activity) -> None:
     loop = asyncio.get_running_loop()
     # What the kernel granted: past the user's pipe quota a pipe may get a page or two.
     capacity = fcntl.fcntl(wr, fcntl.F_GETPIPE_SZ)
@@ -147,6 +188,8 @@ async def _pump(src: socket.socket, dst: socket.socket, rd: int, wr: int) -> Non
                 in_pipe, moved = in_pipe - n, True
         if moved and (moves := moves + 1) < _BURST:
             continue
+        if moves:
+            clock.moved()  # once per burst, not a clock read per splice
         moves = 0
         if moved:
             await asyncio.sleep(0)
@@ -177,9 +220,10 @@ async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, writable: bool) ->
         (loop.remove_writer if writable else loop.remove_reader)(fd)
 
 
-async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, clock: _Activity) -> None:
     try:
         while data := await src.read(_COPY_CHUNK):
+            clock.moved()
             dst.write(data)
             await dst.drain()
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,7 @@ from hostile_code import ATTACKS, play, run_hostile_suite
 from polling import wait_for
 
 from sandbox_workspace.runtime import landlock
+from sandbox_workspace.runtime.settings import RuntimeSettings
 
 ABI = landlock.abi_version()
 needs_landlock = pytest.mark.skipif(not ABI, reason="this kernel offers no Landlock")
@@ -287,3 +289,56 @@ def test_a_killed_spawner_takes_its_code_along_and_comes_back(runtime):
     _wait(lambda: not Path(f"/proc/{kernel}").exists(), "the interpreter to die with it")
     again = _execute(runtime, "c", "print('back')").json()
     assert again["stdout"] == "back\n" and again["kernel_restarted"] is True, again
+
+
+PROXY_PORT_CODE = """
+import errno, os, socket
+def refused(make):
+    try:
+        make().close()
+    except OSError as e:
+        return errno.errorcode[e.errno]
+    return "made"
+proxy, other = int(os.environ["PROXY_PORT"]), int(os.environ["OTHER_PORT"])
+print(
+    refused(lambda: socket.create_connection(("127.0.0.1", proxy), timeout=5)),
+    refused(lambda: socket.create_connection(("127.0.0.1", other), timeout=5)),
+    refused(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)),
+    refused(lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM)),
+    os.environ["HTTPS_PROXY"], os.environ["HOME"] != "/nowhere",
+)
+"""
+
+
+@pytest.mark.skipif(ABI < 4, reason="Landlock TCP rules need ABI 4")
+class TestProxyPort:
+    """Network ``proxy_port`` (a sandbox pod with an egress policy): code reaches the
+    egress proxy's TCP port and nothing else — on a CNI that enforces no NetworkPolicy
+    too — and sees the variables the operator gave it (``code_env``), the runtime's own
+    winning a clash."""
+
+    @pytest.fixture
+    def ports(self):
+        servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+        yield [s.getsockname()[1] for s in servers]
+        for s in servers:
+            s.close()
+
+    @pytest.fixture
+    def runtime_env(self, ports):
+        proxy, other = ports
+        code_env = {
+            "HTTPS_PROXY": f"http://127.0.0.1:{proxy}",
+            "PROXY_PORT": str(proxy),
+            "OTHER_PORT": str(other),
+            "HOME": "/nowhere",
+        }
+        return RuntimeSettings.env(network="proxy_port", egress_proxy_port=proxy, code_env=code_env)
+
+    def test_code_reaches_the_proxy_port_alone(self, runtime, ports):
+        out = _execute(runtime, "c", PROXY_PORT_CODE).json()
+        assert out["stdout"] == (f"made EACCES EACCES EACCES http://127.0.0.1:{ports[0]} True\n"), (
+            out["error"]
+        )
+        report = runtime.client.get("/v1/stats").json()["confinement"]
+        assert report["network"] == "proxy"

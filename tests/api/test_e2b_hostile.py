@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b.exceptions import InvalidArgumentException, SandboxException
+from e2b.exceptions import InvalidArgumentException, RateLimitException, SandboxException
 from e2b_code_interpreter import CommandExitException, Sandbox
-from hostile_code import ATTACKS, play
+from hostile_code import ATTACKS, HOLD_THE_CEILING, play
 from hostile_ids import API_HOSTILE_CONVERSATION_IDS
 
 KEY = "e2b_" + "5e" * 16
@@ -134,6 +134,33 @@ def test_a_fork_bomb_through_commands_hits_the_ceiling(sandbox):
     deadline = time.monotonic() + 60
     while sandbox.commands.list():
         assert time.monotonic() < deadline, "the bomb's tree outlived its timeout by 60 s"
+        time.sleep(0.2)
+    assert sandbox.commands.run("echo recovered").stdout == "recovered\n"
+
+
+@pytest.mark.skipif(
+    not FORK_LIMIT_AVAILABLE,
+    reason="root without a writable pids cgroup: the runtime has no process limit here",
+)
+def test_a_command_at_a_full_ceiling_is_told_to_wait_not_that_the_sandbox_is_gone(sandbox):
+    """Code holding every process it may have is the code's doing: a new command answers
+    429 (the SDK's RateLimitException, "try again later"), naming what to do — not 503,
+    which the SDK reports as the sandbox being unreachable, maybe killed."""
+    filler = sandbox.commands.run(HOLD_THE_CEILING, background=True, timeout=0)
+    deadline = time.monotonic() + 60
+    refused = None
+    while refused is None:
+        assert time.monotonic() < deadline, "the ceiling was never reached"
+        try:
+            sandbox.commands.run("true")
+            time.sleep(0.1)
+        except RateLimitException as e:
+            refused = str(e)
+    assert "commands.kill" in refused, refused
+    assert filler.kill() is True
+    deadline = time.monotonic() + 60
+    while sandbox.commands.list():
+        assert time.monotonic() < deadline, "the filler's tree outlived its kill by 60 s"
         time.sleep(0.2)
     assert sandbox.commands.run("echo recovered").stdout == "recovered\n"
 

@@ -152,11 +152,15 @@ def test_attached_conversation_shows_chat_files_and_kill_only_detaches(dev_serve
             assert sbx.files.read("/home/user/uploads/temparea/sales.csv") == seen
             sbx.files.write("/home/user/outputs/from-sdk.txt", "made by SDK code")
             background = sbx.commands.run("sleep 600", background=True, timeout=0)
+            assert [sbx.run_code("1").execution_count for _ in range(2)] == [1, 2]
         finally:
             assert sbx.kill() is True
         # What the SDK started there ends with the sandbox: attached again, none runs.
         again = Sandbox.create(metadata=attach, **opts)
         assert background.pid not in [p.pid for p in again.commands.list()]
+        # A new sandbox counts from 1: the detached one's count was dropped (it was
+        # kept for good, one per conversation ever attached).
+        assert again.run_code("1").execution_count == 1
         again.kill()
         # Detached only: the chat's files are all still there, and so is what code made.
         assert chat_file.read_bytes() == b"region,total\nnorth,3\n"

@@ -5,6 +5,7 @@ a slot is free again once its holder ends."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 
@@ -22,6 +23,8 @@ CAPS = {
     "SANDBOX_WORKSPACE_QUOTAS__RUNS_PER_USER": "1",
     "SANDBOX_WORKSPACE_QUOTAS__FOLLOWERS_PER_USER": "2",
     "SANDBOX_WORKSPACE_QUOTAS__EXECUTIONS_PER_USER": "2",
+    # Executions of all users (and E2B streams) on the replica: half of 8, so 4.
+    "SANDBOX_WORKSPACE_RUNTIME_CONNECTIONS": "8",
     "SANDBOX_WORKSPACE_CHAT_APPROVAL_TIMEOUT_SECONDS": "60",
 }
 
@@ -92,6 +95,52 @@ def test_executions_past_the_cap_answer_429_with_retry_after(api, capped):
         first.until("done")
         second.until("done")
     assert execute(c, url, "1", cid="c")["error"] is None  # the slots are free again
+
+
+def test_executions_past_the_replicas_bound_answer_429_naming_it(api, capped):
+    # Two users hold two executions each (their own cap): the replica's four runtime
+    # connections for executions are taken, so a third user is refused — never a wait for
+    # the pool that every other call of every user needs too.
+    c, url = api
+    # Runs until the test uploads "go.txt" into its conversation (at most 60 s).
+    wait = (
+        "import os, time\nprint('started', flush=True)\nend = time.time() + 60\n"
+        "while not os.path.exists('uploads/temparea/go.txt') and time.time() < end:\n"
+        "    time.sleep(0.05)"
+    )
+    body = {"language": "python", "code": wait, "stream": True}
+    with contextlib.ExitStack() as held, client(capped, f"o-{uuid.uuid4().hex[:6]}") as other:
+        other_url = f"/api/v1/sessions/sb-session-{other.headers['X-User-Id']}"
+        streams = []
+        for who, where in ((c, url), (other, other_url)):
+            for cid in ("a", "b"):
+                r = held.enter_context(
+                    who.stream("POST", f"{where}/execute", json={**body, "conversation_id": cid})
+                )
+                assert r.status_code == 200
+                stream = Stream(r)
+                stream.until("stdout")
+                streams.append((who, where, cid, stream))
+        with client(capped, f"t-{uuid.uuid4().hex[:6]}") as third:
+            third_url = f"/api/v1/sessions/sb-session-{third.headers['X-User-Id']}"
+            quick = {"conversation_id": "c", "language": "python", "code": "1"}
+            refused = third.post(f"{third_url}/execute", json=quick)
+            assert refused.status_code == 429, refused.text
+            assert int(refused.headers["retry-after"]) >= 1
+            message = refused.json()["error"]["message"]
+            assert "at most 4 at once on this API replica" in message
+            assert "SANDBOX_WORKSPACE_RUNTIME_CONNECTIONS" in message
+            for who, where, cid, stream in streams:
+                go = who.post(
+                    f"{where}/files/upload",
+                    data={"conversation_id": cid},
+                    files={"file": ("go.txt", b"")},
+                )
+                assert go.status_code == 201, go.text
+                stream.until("done")
+            assert execute(third, third_url, "1", cid="c")["error"] is None  # free again
+            third.delete(third_url, timeout=120)
+        other.delete(other_url, timeout=120)
 
 
 def waiting_for_approval(body: dict) -> Reply:

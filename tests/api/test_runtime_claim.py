@@ -7,11 +7,15 @@ starts it (``SANDBOX_RUNTIME_CLAIM_KEY`` and no ``SANDBOX_RUNTIME_TOKEN``).
 from __future__ import annotations
 
 import secrets
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import httpx
 import pytest
+from hostile_code import connect_probe
+
+from sandbox_workspace.runtime import landlock
 
 KEY = secrets.token_urlsafe(24)
 
@@ -41,7 +45,7 @@ def test_one_claim_then_only_its_token(runtime):
     assert _claim(url, token, key="not-the-key").status_code == 401
     assert _claim(url, "short").status_code == 422
     r = _claim(url, token)
-    assert (r.status_code, r.json()) == (200, {"claimed": True})
+    assert (r.status_code, r.json()) == (200, {"claimed": True, "network": "deny"})
     ok = httpx.get(url + "/v1/stats", headers={"Authorization": f"Bearer {token}"})
     assert ok.status_code == 200, ok.text
     # The claim key is no token; a second claim with another token is refused.
@@ -88,3 +92,54 @@ def test_a_runtime_with_a_token_takes_no_claim(tmp_path):
     state = create_app(settings).state.runtime
     assert not settings.pooled and state.claim.token == "t" * 20
     assert state.claim.claim_key is None
+
+
+# Code's view of its network after the claim: the egress port, not another.
+NETWORK_SEEN = connect_probe("PROXY_PORT", "OTHER_PORT")
+
+
+@pytest.mark.skipif(landlock.abi_version() < 4, reason="Landlock TCP rules need ABI 4")
+def test_a_claim_with_egress_gives_code_the_proxy_port_alone_once(runtime):
+    """A pooled runtime (network deny) claimed for a session with an egress policy: its
+    code reaches the proxy's port and no other, and sees the claim's variables; the same
+    claim again is the same answer, another egress is refused (the network of code that
+    may have run never changes), and so is one after code ran."""
+    servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    proxy, other = (s.getsockname()[1] for s in servers)
+    url, token = runtime.server.url, secrets.token_urlsafe(32)
+    egress = {"proxy_port": proxy, "code_env": {"PROXY_PORT": str(proxy), "OTHER_PORT": str(other)}}
+    auth = {"Authorization": f"Bearer {KEY}"}
+    try:
+        bad = {"proxy_port": proxy, "code_env": {"A=B": "x"}}
+        r = httpx.post(url + "/v1/claim", json={"token": token, "egress": bad}, headers=auth)
+        assert r.status_code == 422 and "not an environment variable name" in r.text
+        body = {"token": token, "egress": egress}
+        r = httpx.post(url + "/v1/claim", json=body, headers=auth)
+        assert (r.status_code, r.json()) == (200, {"claimed": True, "network": "proxy_port"})
+        assert httpx.post(url + "/v1/claim", json=body, headers=auth).status_code == 200
+        other_egress = {"token": token, "egress": {"proxy_port": other}}
+        r = httpx.post(url + "/v1/claim", json=other_egress, headers=auth)
+        assert r.status_code == 409 and "cannot take the claim's egress" in r.text
+        ran = httpx.post(
+            url + "/v1/conversations/c/execute",
+            json={"language": "python", "code": NETWORK_SEEN, "timeout": 30},
+            headers={"Authorization": f"Bearer {token}"},
+        ).json()
+        assert ran["stdout"] == "made EACCES\n", ran
+    finally:
+        for s in servers:
+            s.close()
+
+
+def test_a_claim_with_egress_is_refused_once_code_ran(runtime):
+    url, token = runtime.server.url, secrets.token_urlsafe(32)
+    assert _claim(url, token).status_code == 200
+    ran = httpx.post(
+        url + "/v1/conversations/c/execute",
+        json={"language": "bash", "code": "true", "timeout": 30},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert ran.status_code == 200
+    body = {"token": token, "egress": {"proxy_port": 3128}}
+    r = httpx.post(url + "/v1/claim", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 409 and "code ran already" in r.text

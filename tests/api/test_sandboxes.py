@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from api_calls import execute
+from hostile_code import HOLD_THE_CEILING
 
 from sandbox_workspace.runtime import landlock
 
@@ -231,26 +232,6 @@ def test_local_mode_keeps_no_mirror(api, session_url):
     r = act(api, "exec", "sb-planted", command="true")
     assert r.status_code == 404, r.text
     assert r.json()["data"] == {"code": "sandbox_not_found"}
-
-
-# Sleepers forked up to the ceiling, and again whenever one ends, until stopped. Not a bash
-# loop: bash gives up on a fork after ~15 s of retries and exits, its sleepers are
-# killed with it and the ceiling is free again before the test looks (seen: exit 254).
-# Each child execs sleep at once: forked Python copies would count against the memory
-# limit per execution (copy-on-write pages count in both).
-# posix_spawn (vfork-like), not fork + exec: a forked interpreter holds ~8 MB of resident
-# memory until its exec, and on a loaded machine enough of them wait at once to pass the
-# execution's memory limit (512Mi) — the filler was then killed before the ceiling, and the
-# test failed in CI with "never reached".
-HOLD_THE_CEILING = """python3 -c '
-import os, shutil, time
-sleep = shutil.which("sleep")
-while True:
-    try:
-        os.posix_spawn(sleep, ["sleep", "120"], {})
-    except OSError:
-        time.sleep(0.02)
-'"""
 
 
 @pytest.mark.skipif(

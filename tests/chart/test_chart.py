@@ -427,6 +427,10 @@ def test_egress_proxy_component(tools: Tools) -> None:
         f"agent-sandboxes/{RELEASE}-sandbox-workspace-egress-ca",
         "--secret-ttl",
         "5",
+        "--max-connections-per-session",
+        "64",
+        "--idle-timeout",
+        "600",
     ]
     assert pod["serviceAccountName"] == name
     assert one(docs, "Service", name)["spec"]["ports"][0]["port"] == 3128

@@ -127,11 +127,15 @@ def make_session(api: KubeClient, ns: str, name: str = "sb-session-alice", **spe
     return api.create(sbs_path(ns), body)
 
 
-def make_workspace(api: KubeClient, ns: str, cid: str, session: str = "sb-session-alice") -> dict:
+def make_workspace(
+    api: KubeClient, ns: str, cid: str, session: str = "sb-session-alice", as_the_api: bool = False
+) -> dict:
+    """``as_the_api``: with the files' finalizer from the start, as the API makes it."""
+    finalizers = {"finalizers": ["sandboxworkspace.io/files"]} if as_the_api else {}
     body = {
         "apiVersion": "sandboxworkspace.io/v1alpha1",
         "kind": "ConversationWorkspace",
-        "metadata": {"name": f"cws-{cid}"},
+        "metadata": {"name": f"cws-{cid}", **finalizers},
         "spec": {"conversationId": cid, "sessionRef": session, "userId": "alice"},
     }
     return api.create(cws_path(ns), body)
@@ -143,6 +147,16 @@ def wait_phase(api: KubeClient, path: str, phase: str, timeout: float = TIMEOUT)
         lambda o: o.get("status", {}).get("phase") == phase,
         timeout=timeout,
         message=f"{path} to be {phase}",
+    )
+
+
+def wait_event(api: KubeClient, ns: str, reason: str) -> None:
+    """Until an Event with ``reason`` is in ``ns``: kopf posts Events from a queue of its
+    own, so one is waited for, never read once."""
+    wait_until(
+        lambda: any(e["reason"] == reason for e in api.list(f"/api/v1/namespaces/{ns}/events")),
+        timeout=TIMEOUT,
+        message=f"an Event {reason}",
     )
 
 

@@ -454,6 +454,8 @@ def test_operator_identity_is_minimal(installed: Installed) -> None:
         ("patch", "persistentvolumeclaims", sessions, ""),
         ("list", "persistentvolumes", "", ""),
         ("patch", "conversationworkspaces", sessions, "sandboxworkspace.io"),
+        # A workspace whose session is gone or going (its files deleted by the finalizer).
+        ("delete", "conversationworkspaces", sessions, "sandboxworkspace.io"),
         ("patch", "sandboxsessions/status", sessions, "sandboxworkspace.io"),
         ("create", "events", sessions, ""),
         # kopf's discovery, read-only and cluster-wide (names of namespaces and CRDs).

@@ -327,7 +327,8 @@ def test_bound_kubernetes_secret_reaches_the_host_and_never_the_pod(
             _env_file=None, image="i", egress_proxy="10.96.0.9:3128", egress_ca_configmap="ca"
         )
         pod = build_sandbox_pod(SandboxSession.from_body(body), settings)
-        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        runtime_env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        env = json.loads(runtime_env["SANDBOX_RUNTIME_CODE_ENV"])  # what its code sees
         placeholder = env["SBW_SECRET_API"]
         assert placeholder.startswith("sbw-secret-api-")
         assert env["SSL_CERT_FILE"] == env["NODE_EXTRA_CA_CERTS"] == EGRESS_CA_BUNDLE

@@ -24,6 +24,7 @@ from operator_env import (
     runtime_of,
     sbs_path,
     stats_count_as_activity,
+    wait_event,
     wait_phase,
 )
 
@@ -317,15 +318,12 @@ def _children_gone(api: KubeClient, ns: str) -> bool:
 def test_ttl_deletes_the_session_and_everything_in_it(
     kube_api: KubeClient, namespace: str, operator
 ):
-    # Long enough for the workspace to be adopted before the session expires: with 3 s,
-    # a loaded run expired the session first and the workspace was never collected (an
-    # orphan the operator does not delete yet — noted as open work).
-    make_session(kube_api, namespace, ttlSeconds=20)
-    session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
-    assert session["status"]["expiresAt"]
-    make_workspace(kube_api, namespace, "conv-1")
-    wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
+    # The workspace may be adopted before the session expires (the garbage collector
+    # deletes it) or find the session gone (the operator deletes it): either way it goes.
+    make_session(kube_api, namespace, ttlSeconds=3)
+    make_workspace(kube_api, namespace, "conv-1", as_the_api=True)
     kube_api.wait_gone(sbs_path(namespace, "sb-session-alice"), timeout=TIMEOUT)
+    wait_event(kube_api, namespace, "Expired")  # deleted by its TTL, not otherwise
     wait_until(
         lambda: _children_gone(kube_api, namespace),
         # pod, then claim, then volume: the finalizer waits for the storage to be gone
@@ -346,6 +344,32 @@ def test_deleting_a_session_collects_its_children(kube_api: KubeClient, namespac
         timeout=2 * TIMEOUT,
         message="pod, secret, PVC and workspaces to be collected",
     )
+
+
+def test_a_workspace_made_as_its_session_is_deleted_goes_with_it(
+    kube_api: KubeClient, namespace: str, operator
+):
+    # The API's race: a conversation opened just as its session's deletion began. A
+    # finalizer of the test's holds the session "being deleted"; its workspace is
+    # deleted meanwhile, not adopted (the garbage collector would take it only once
+    # the session is gone) nor given a directory in the dying session.
+    hold, path = "test.sandboxworkspace.io/hold", sbs_path(namespace, "sb-session-alice")
+    make_session(kube_api, namespace)
+    kube_api.patch(path, {"metadata": {"finalizers": [hold]}})
+    kube_api.delete(path)
+    try:
+        make_workspace(kube_api, namespace, "conv-1", as_the_api=True)
+        cws = kube_api.wait_for(
+            cws_path(namespace, "cws-conv-1"),
+            lambda o: bool(o["metadata"].get("deletionTimestamp")),
+            timeout=TIMEOUT,
+            message="the workspace of a session being deleted to be deleted",
+        )
+        assert not cws["metadata"].get("ownerReferences")
+        assert kube_api.get(path)["metadata"]["deletionTimestamp"]  # still held
+    finally:
+        kube_api.patch(path, {"metadata": {"finalizers": None}})
+    kube_api.wait_gone(cws_path(namespace, "cws-conv-1"), timeout=2 * TIMEOUT)
 
 
 def _free_port() -> int:

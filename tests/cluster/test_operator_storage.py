@@ -19,6 +19,7 @@ from operator_env import (
     runtime_of,
     sbs_path,
     stats_count_as_activity,
+    wait_event,
     wait_phase,
 )
 
@@ -130,15 +131,7 @@ def test_orphaned_claim_keeps_the_finalizer_until_a_runtime_deleted_the_files(
     kube_api.wait_gone(cws_path(namespace, "cws-c1"), timeout=TIMEOUT)
     assert not (root / "c1").exists()  # released only once a runtime deleted them
     assert (root / "c2" / "uploads" / "temparea" / "data.csv").exists()  # only c1's
-    # kopf posts Events from a queue of its own: wait for it, never read it once.
-    wait_until(
-        lambda: any(
-            e["reason"] == "CleanupPod"
-            for e in kube_api.list(f"/api/v1/namespaces/{namespace}/events")
-        ),
-        timeout=TIMEOUT,
-        message="the CleanupPod event",
-    )
+    wait_event(kube_api, namespace, "CleanupPod")
     kube_api.wait_gone(pod_path(namespace, cleanup_pod_name(CLAIM)), timeout=TIMEOUT)
 
     # The same user's session again: the old pod is replaced, the orphaned claim adopted.

@@ -4,15 +4,18 @@ running every sandbox pod — pooled or cold — as a real runtime process."""
 from __future__ import annotations
 
 import base64
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from hostile_code import connect_probe
 from kubeenv import ApiError, KubeClient, wait_until
 from kubeenv.client import ssl_context
 from operator_env import TIMEOUT, make_session, runtime_of, sbs_path, wait_phase
 
 from sandbox_workspace.operator.pool.spec import POOL_SECRET
+from sandbox_workspace.runtime import landlock
 
 pytestmark = pytest.mark.cluster
 
@@ -122,6 +125,37 @@ def test_a_spec_a_pool_pod_cannot_give_starts_cold(kube_api: KubeClient, namespa
     make_session(kube_api, namespace, "sb-session-bob")  # persistent (the default)
     bob = wait_phase(kube_api, sbs_path(namespace, "sb-session-bob"), "Running")
     assert (bob["status"]["startedFrom"], bob["status"]["podName"]) == ("cold", "sb-session-bob")
+
+
+CODE_NETWORK = 'print(os.environ["HTTPS_PROXY"], end=" ")\n' + connect_probe("PROXY", "OTHER")
+
+
+@pytest.mark.skipif(landlock.abi_version() < 4, reason="Landlock TCP rules need ABI 4")
+def test_a_session_with_an_egress_policy_takes_a_pooled_pod_whose_code_reaches_the_proxy(
+    kube_api: KubeClient, namespace, start_operator
+):
+    """A chart-wide default policy must not empty the pool's use: the claim gives the
+    pooled runtime its code's network (the proxy's port alone) and variables."""
+    servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    proxy, other = (s.getsockname()[1] for s in servers)
+    try:
+        start_operator(pool_size=1, egress_proxy=f"127.0.0.1:{proxy}")
+        wait_pool(kube_api, namespace, 1)
+        make_session(kube_api, namespace, **EPHEMERAL, egress={"rules": [{"host": "pypi.org"}]})
+        session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
+        assert session["status"]["startedFrom"] == "pool"
+        runtime = runtime_of(kube_api, namespace, session)
+        set_ports = f"import os; os.environ.update(PROXY='{proxy}', OTHER='{other}')\n"
+        code = set_ports + CODE_NETWORK
+        ran = runtime.request(
+            "POST",
+            "/v1/conversations/c/execute",
+            json={"language": "python", "code": code, "timeout": 8},
+        ).json()
+        assert ran["stdout"] == f"http://127.0.0.1:{proxy} made EACCES\n", ran
+    finally:
+        for s in servers:
+            s.close()
 
 
 def test_a_pod_can_be_claimed_once_the_swap_refuses_a_stale_version(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import re
 import ssl
 import threading
 from collections.abc import Iterator
@@ -113,6 +114,11 @@ async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, re
         writer.close()
         return
     received.append(head)
+    length = re.search(rb"(?im)^content-length: *(\d+)", head)
+    if length:
+        # Read the body before closing: a close with unread bytes is a reset, which can
+        # overtake the answer on its way to the proxy.
+        await reader.readexactly(int(length.group(1)))
     body = b"upstream saw: " + head.split(b"\r\n")[0]
     writer.write(
         b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)

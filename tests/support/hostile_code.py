@@ -526,3 +526,39 @@ def _check_healthy(client: httpx.Client, session_url: str, scene: dict) -> None:
     assert r.status_code == 200 and r.content == b"after"
     out = _execute(client, session_url, a, "echo still working", language="bash")
     assert out["stdout"] == "still working\n", out
+
+
+# Sleepers forked up to the ceiling, and again whenever one ends, until stopped. Not a bash
+# loop: bash gives up on a fork after ~15 s of retries and exits, its sleepers are
+# killed with it and the ceiling is free again before the test looks (seen: exit 254).
+# Each child execs sleep at once: forked Python copies would count against the memory
+# limit per execution (copy-on-write pages count in both).
+# posix_spawn (vfork-like), not fork + exec: a forked interpreter holds ~8 MB of resident
+# memory until its exec, and on a loaded machine enough of them wait at once to pass the
+# execution's memory limit (512Mi) — the filler was then killed before the ceiling, and the
+# test failed in CI with "never reached".
+HOLD_THE_CEILING = """python3 -c '
+import os, shutil, time
+sleep = shutil.which("sleep")
+while True:
+    try:
+        os.posix_spawn(sleep, ["sleep", "120"], {})
+    except OSError:
+        time.sleep(0.02)
+'"""
+
+
+# Code that prints what a TCP connect to each port given (127.0.0.1) met: "made" or the
+# errno's name (EACCES: Landlock refused it). Ports from the variables named.
+def connect_probe(*port_vars: str) -> str:
+    ports = ", ".join(f'int(os.environ["{v}"])' for v in port_vars)
+    return f"""
+import errno, os, socket
+def refused(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except OSError as e:
+        return errno.errorcode[e.errno]
+    return "made"
+print(*(refused(p) for p in ({ports},)))
+"""

@@ -13,12 +13,13 @@ from starlette.requests import ClientDisconnect
 from sandbox_workspace.api.e2b import admission
 from sandbox_workspace.api.e2b.admission import Caps, HeldStream
 from sandbox_workspace.api.identity import Caller
-from sandbox_workspace.api.quotas import TooManyAtOnce
+from sandbox_workspace.api.quotas import Quotas, TooManyAtOnce, UserLimits
 
 
 def _caps() -> Caps:
+    total = UserLimits(Quotas(), runtime_connections=8).runtime_streams
     return Caps("E2B streams", (2, "e2b_streams_per_user"), (3, "e2b_streams_per_tenant"),
-                (4, "half of SANDBOX_WORKSPACE_RUNTIME_CONNECTIONS"))  # fmt: skip
+                total)  # fmt: skip
 
 
 def test_one_user_then_one_tenant_then_the_process_reach_their_cap():
@@ -45,6 +46,28 @@ def test_one_user_then_one_tenant_then_the_process_reach_their_cap():
     assert caps.user.held('["acme", "alice"]') == 1 and caps.tenant.held("acme") == 1
     caps.take(carol)
     assert caps.total.held("") == 3
+
+
+def test_executions_and_e2b_streams_share_the_replicas_bound():
+    """/execute and E2B streams each hold a runtime connection while code runs: at most
+    half of the pool together (here 8 // 2), an execution refused there keeps no slot."""
+    limits = UserLimits(Quotas(), runtime_connections=8)
+    caps = Caps("E2B streams", (8, "e2b_streams_per_user"), (8, "e2b_streams_per_tenant"),
+                limits.runtime_streams)  # fmt: skip
+    held = [limits.take_execution("a"), limits.take_execution("b")]
+    held += [caps.take(Caller("carol", "jwt", "acme")), caps.take(Caller("dan", "jwt", "acme"))]
+    for refused in (lambda: limits.take_execution("e"), lambda: caps.take(Caller("e", "jwt"))):
+        with pytest.raises(TooManyAtOnce, match=r"at most 4 at once on this API replica \(half of"
+                           r" SANDBOX_WORKSPACE_RUNTIME_CONNECTIONS\)"):  # fmt: skip
+            refused()
+    assert limits.executions.held("e") == 0  # the user's slot went back
+    held[0]()
+    held[0]()  # idempotent: frees one replica slot, once
+    release = limits.take_execution("e")
+    assert limits.runtime_streams.held("") == 4
+    for r in [release, *held]:
+        r()
+    assert limits.runtime_streams.held("") == 0 and limits.executions.held("b") == 0
 
 
 def _drive(response: HeldStream, send, spec: str = "2.3") -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
 import time
 
@@ -29,7 +30,7 @@ from sandbox_workspace.egress.secrets import SecretUnavailable
 from sandbox_workspace.operator.builders import EGRESS_CA_BUNDLE, build_sandbox_pod
 from sandbox_workspace.operator.main import resolve_egress_proxy
 from sandbox_workspace.operator.models import EgressSpec, SandboxSession, SandboxSessionSpec
-from sandbox_workspace.operator.pool.spec import misfits
+from sandbox_workspace.operator.pool.spec import build_pool_pod, claim_egress, misfits
 from sandbox_workspace.operator.settings import OperatorSettings
 
 RUNTIME = {"sandboxworkspace.io/component": "runtime"}
@@ -130,7 +131,12 @@ def env(manifest: dict) -> dict:
     return {e["name"]: e.get("value") for e in manifest["spec"]["containers"][0]["env"]}
 
 
-def test_sandbox_pod_points_at_the_proxy_and_opens_sockets_only_with_a_policy():
+def code_env(manifest: dict) -> dict:
+    """What the session's executed code sees beside the runtime's own variables."""
+    return json.loads(env(manifest).get("SANDBOX_RUNTIME_CODE_ENV", "{}"))
+
+
+def test_code_with_a_policy_reaches_the_proxys_port_alone_and_sees_its_address():
     settings = OperatorSettings(_env_file=None, image="i", egress_proxy="10.96.0.9:3128")
     plain = SandboxSession(name="s", namespace="ns", spec=SandboxSessionSpec(user_id="u"))
     with_policy = SandboxSession(
@@ -138,12 +144,28 @@ def test_sandbox_pod_points_at_the_proxy_and_opens_sockets_only_with_a_policy():
         namespace="ns",
         spec=SandboxSessionSpec.model_validate({"userId": "u", "egress": {"rules": []}}),
     )
-    assert env(build_sandbox_pod(plain, settings))["HTTPS_PROXY"] == "http://10.96.0.9:3128"
-    assert env(build_sandbox_pod(plain, settings))["https_proxy"] == "http://10.96.0.9:3128"
     assert env(build_sandbox_pod(plain, settings))["SANDBOX_RUNTIME_NETWORK"] == "deny"
-    assert env(build_sandbox_pod(with_policy, settings))["SANDBOX_RUNTIME_NETWORK"] == "allow"
+    assert code_env(build_sandbox_pod(plain, settings)) == {}
+    pod = build_sandbox_pod(with_policy, settings)
+    assert env(pod)["SANDBOX_RUNTIME_NETWORK"] == "proxy_port"
+    assert env(pod)["SANDBOX_RUNTIME_EGRESS_PROXY_PORT"] == "3128"
+    assert code_env(pod)["HTTPS_PROXY"] == code_env(pod)["https_proxy"] == "http://10.96.0.9:3128"
+    # The code's environment, never the runtime process's: its own calls stay direct.
+    assert not {"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"} & set(env(pod))
+    # No proxy on this cluster: nothing to reach, so no socket at all.
     no_proxy = OperatorSettings(_env_file=None, image="i")
-    assert "HTTP_PROXY" not in env(build_sandbox_pod(with_policy, no_proxy))
+    assert env(build_sandbox_pod(with_policy, no_proxy))["SANDBOX_RUNTIME_NETWORK"] == "deny"
+    assert code_env(build_sandbox_pod(with_policy, no_proxy)) == {}
+    # CIDR mode keeps its whole network; a policy beside it still names the proxy.
+    both = SandboxSession(
+        name="s",
+        namespace="ns",
+        spec=SandboxSessionSpec.model_validate(
+            {"userId": "u", "egress": {"rules": []}, "network": {"enabled": True}}
+        ),
+    )
+    assert env(build_sandbox_pod(both, settings))["SANDBOX_RUNTIME_NETWORK"] == "allow"
+    assert code_env(build_sandbox_pod(both, settings))["HTTP_PROXY"] == "http://10.96.0.9:3128"
 
 
 def test_the_proxy_name_is_resolved_once_to_an_address():
@@ -168,19 +190,33 @@ def test_a_bound_secret_gives_the_pod_a_placeholder_and_the_proxy_the_same_one()
     egress = {"rules": [{"host": "api.example.com"}], "secrets": [BINDING]}
     body = session("s", egress)
     manifest = build_sandbox_pod(SandboxSession.from_body(body), settings)
-    placeholder = env(manifest)["SBW_SECRET_API"]
+    placeholder = code_env(manifest)["SBW_SECRET_API"]
     view = ClusterPolicies()
     view.update([body], [])
     (binding,) = view.lookup("ns/s").bindings_for("api.example.com")
     assert binding.placeholder == placeholder and binding.header == "authorization"
     assert view.secret_ref("ns/s", "api") == SecretRef("ns", "k", "t", "api.example.com")
-    assert env(manifest)["PIP_CERT"] == EGRESS_CA_BUNDLE
+    assert code_env(manifest)["PIP_CERT"] == EGRESS_CA_BUNDLE
+    assert "SBW_SECRET_API" not in env(manifest)  # the runtime process has no use for it
     assert {"name": "egress-ca", "configMap": {"name": "ca"}} in manifest["spec"]["volumes"]
     # Another session's binding of the same name has another placeholder.
     other = build_sandbox_pod(SandboxSession.from_body(session("t", egress)), settings)
-    assert env(other)["SBW_SECRET_API"] != placeholder
-    # A session with a binding never takes a pooled pod (it has no placeholder).
-    assert "egress" in misfits(SandboxSession.from_body(body).spec, settings)
+    assert code_env(other)["SBW_SECRET_API"] != placeholder
+    # A pooled pod may serve it: the claim brings the network and the code's variables
+    # (the same ones), and every pool member mounts the CA (optional: the pool does not
+    # wait for the proxy to publish it).
+    policy_only = SandboxSessionSpec.model_validate(
+        {"userId": "u", "egress": egress, "storage": {"persistent": False}}
+    )
+    assert misfits(policy_only, settings) == []
+    egress = claim_egress(SandboxSession.from_body(body), settings)
+    assert egress == {"proxy_port": 3128, "code_env": code_env(manifest)}
+    pooled = build_pool_pod("ns", settings)
+    ca = {"name": "egress-ca", "configMap": {"name": "ca", "optional": True}}
+    assert ca in pooled["spec"]["volumes"]
+    assert env(pooled)["SANDBOX_RUNTIME_NETWORK"] == "deny"  # until a claim says more
+    plain = SandboxSession(name="p", namespace="ns", spec=SandboxSessionSpec(user_id="u"))
+    assert claim_egress(plain, settings) is None
 
 
 @pytest.mark.parametrize(

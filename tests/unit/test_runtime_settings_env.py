@@ -105,6 +105,31 @@ def test_the_operators_pod_reads_back(read_back):
     assert got.limits().conversation_size == limits.conversation_size_bytes
 
 
+def test_a_pod_with_an_egress_policy_reads_back_its_proxy_port_and_code_env(read_back):
+    session = SandboxSession(
+        name="sb-session-alice",
+        namespace="ns",
+        spec=SandboxSessionSpec.model_validate(
+            {"userId": "alice", "egress": {"rules": [{"host": "pypi.org"}]}}
+        ),
+    )
+    settings = OperatorSettings(_env_file=None, image="i", egress_proxy="10.96.0.9:3128")
+    env = runtime_env(session, settings, secret="s")
+    values = {e["name"]: e["value"] for e in env if "value" in e and e["name"].startswith(PREFIX)}
+    got = read_back({**values, "SANDBOX_RUNTIME_TOKEN": "t"})
+    assert (got.network, got.connect_port()) == ("proxy_port", 3128)
+    assert got.code_env["HTTPS_PROXY"] == "http://10.96.0.9:3128"
+
+
+def test_a_bad_code_env_or_a_proxy_port_without_its_port_is_refused(read_back):
+    with pytest.raises(ValueError, match="not an environment variable name"):
+        read_back({"SANDBOX_RUNTIME_CODE_ENV": '{"A=B": "x"}'})
+    with pytest.raises(ValueError, match="more than 65536 bytes"):
+        read_back({"SANDBOX_RUNTIME_CODE_ENV": '{"A": "%s"}' % ("x" * 70000)})
+    with pytest.raises(ValueError, match="needs SANDBOX_RUNTIME_EGRESS_PROXY_PORT"):
+        read_back({"SANDBOX_RUNTIME_NETWORK": "proxy_port", "SANDBOX_RUNTIME_CODE_ENV": "{}"})
+
+
 def test_the_local_backends_session_runtime_reads_back(read_back, tmp_path):
     upload = FileUploadConfig(max_file_size=3, max_file_size_unit="KB", allowed_file_types=[])
     got = read_back(session_runtime_env("tok", tmp_path, upload))

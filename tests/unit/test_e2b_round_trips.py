@@ -1,0 +1,140 @@
+"""E2B's calls in the fewest round trips and hops (issue 39 item 6): create makes a new
+sandbox's conversation in one round trip (api/e2b/control.py ``_made``: the backend's
+record — kubernetes: the ConversationWorkspace — and the runtime's directories side by
+side; a refused record takes the empty directories back), and a command's end and its
+stream's close are one write after the check (api/e2b/processes.py ``envd_stream``).
+Fake backends and the runtime on MockTransport."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from sandbox_workspace.api.backends.base import (
+    RuntimeEndpoint,
+    Session,
+    SessionSpec,
+    SessionStatus,
+)
+from sandbox_workspace.api.e2b.control import _made
+from sandbox_workspace.api.quotas import QuotaExceeded
+
+CID = "e2b-0123456789abcdef01234567"
+INFO = {
+    "conversation_id": CID,
+    "exists": True,
+    "path": f"/workspace/{CID}",
+    "uploads_path": f"/workspace/{CID}/uploads",
+    "outputs_path": f"/workspace/{CID}/outputs",
+    "deleted": True,  # the DELETE's answer (ConversationDeleted) from the same handler
+}
+
+
+def session() -> Session:
+    return Session(
+        spec=SessionSpec(session_id="sb-session-u", user_id="u"),
+        status=SessionStatus.RUNNING,
+        created_at=datetime.now(UTC),
+        workspace_path="/workspace",
+        endpoint=RuntimeEndpoint(url="http://runtime", token="t"),
+    )
+
+
+class Backend:
+    def __init__(self, refuse: bool) -> None:
+        self.refuse = refuse
+        self.runtime_seen = asyncio.Event()
+
+    async def conversation_created(self, session: Session, cid: str) -> None:
+        # The runtime's call is under way before this answers: one round trip, not two.
+        async with asyncio.timeout(5):
+            await self.runtime_seen.wait()
+        if self.refuse:
+            raise QuotaExceeded("conversations of this user", 1, "conversations_per_user")
+
+
+def run(refuse: bool, calls: list[str]) -> None:
+    async def go() -> None:
+        backend = Backend(refuse)
+
+        def runtime(request: httpx.Request) -> httpx.Response:
+            calls.append(request.method)
+            backend.runtime_seen.set()
+            return httpx.Response(200, json=INFO)
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(runtime)) as http:
+            await _made(SimpleNamespace(backend=backend, http=http), session(), CID)
+
+    asyncio.run(go())
+
+
+def test_the_record_and_the_directories_are_made_side_by_side() -> None:
+    calls: list[str] = []
+    run(False, calls)
+    assert calls == ["PUT"]
+
+
+def test_a_refused_record_takes_the_new_directories_back() -> None:
+    calls: list[str] = []
+    with pytest.raises(QuotaExceeded):
+        run(True, calls)
+    assert calls == ["PUT", "DELETE"]
+
+
+def test_a_commands_end_and_the_streams_close_go_together_after_the_check() -> None:
+    """``processes.envd_stream``: the after-write check runs when the runtime says the
+    process ended, then the ``end`` event and the close are one write (the SDK waits for
+    the close: a write of the end alone cost a hop first); the runtime's answer is
+    released at once; a refusal by the check still follows the end event."""
+    from sandbox_workspace.api.e2b import connect
+    from sandbox_workspace.api.e2b.processes import envd_stream
+    from sandbox_workspace.contract.errors import ConversationDeleting
+
+    def go(refuse: bool) -> tuple[list[bytes], list[str]]:
+        seen: list[str] = []
+
+        class Checked:
+            async def conversation_written(self, session, cid) -> None:
+                seen.append("checked")
+                if refuse:
+                    raise ConversationDeleting(cid)
+
+        async def runtime():
+            try:
+                yield {"type": "start", "pid": 7}
+                yield {"type": "stdout", "data": "aGkK"}
+                yield {"type": "end", "exit_code": 0, "limit": None}
+                yield {"type": "stdout", "data": "never"}  # nothing follows the end
+            finally:
+                seen.append("released")
+
+        sandbox = SimpleNamespace(
+            services=SimpleNamespace(backend=Checked()), session=session(), cid=CID
+        )
+
+        async def collect() -> list[bytes]:
+            out = []
+            async for chunk in envd_stream(sandbox, runtime()):
+                out.append(chunk)
+                seen.append(f"chunk {len(out)}")
+            return out
+
+        return asyncio.run(collect()), seen
+
+    chunks, seen = go(refuse=False)
+    assert seen == ["chunk 1", "chunk 2", "checked", "released", "chunk 3"]
+    messages = connect.read_envelopes(chunks[-1])
+    assert messages[0] == (
+        0,
+        {"event": {"end": {"exitCode": 0, "exited": True, "status": "exit status 0"}}},
+    )
+    assert messages[1] == (connect.END_STREAM, {})
+    assert len(messages) == 2 and len(chunks) == 3
+    chunks, seen = go(refuse=True)
+    flags, last = connect.read_envelopes(chunks[-1])[-1]
+    assert flags == connect.END_STREAM and last["error"]["code"] == "already_exists"  # 409
+    assert "end" in connect.read_envelopes(chunks[-1])[0][1]["event"]
