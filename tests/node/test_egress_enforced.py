@@ -39,6 +39,7 @@ import http.server
 import json
 import secrets
 import socketserver
+import ssl
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -63,6 +64,8 @@ PROXY = f"{RELEASE}-sandbox-workspace-egress-proxy"
 # Documentation addresses (RFC 5737) the module adds to the node's bridge: "outside"
 # hosts for the proxy (not in its forbidden ranges), existing only in the namespace.
 ALLOWED_IP, OTHER_IP = "198.51.100.10", "203.0.113.10"
+# api.test's TLS port: the apiserver holds :443 on every address of the namespace.
+TLS_PORT = 8443
 # The proxy's name table (the tier has no DNS). The last four resolve into ranges the
 # proxy must never reach, whatever the policy says: the metadata address, the node,
 # loopback (where the proxy itself listens) and the node again as IPv4-mapped IPv6.
@@ -80,8 +83,8 @@ API_SECRET = "sbw-egress-test-api"  # the platform's Kubernetes Secret with the 
 PLACEHOLDER_ENV = "SBW_SECRET_API_KEY"  # operator.models.EgressSecret's default for api-key
 EGRESS = {
     "rules": [
-        {"host": "pypi.test", "ports": [80, 443], "schemes": ["http", "https"]},
-        {"host": "api.test", "ports": [443]},
+        {"host": "pypi.test", "ports": [80, TLS_PORT], "schemes": ["http", "https"]},
+        {"host": "api.test", "ports": [TLS_PORT]},
         # Allowed by the policy, refused by the proxy's forbidden ranges all the same.
         {"host": "meta.test", "ports": [80], "schemes": ["http"]},
         {"host": "rebind.test", "ports": [443]},
@@ -202,15 +205,22 @@ class _Upstream(http.server.SimpleHTTPRequestHandler):
 class Outside:
     """The outside hosts on the two documentation addresses: pypi.test's index on
     ALLOWED_IP:80 and api.test over TLS (a certificate of the test's own CA) on
-    ALLOWED_IP:443; evil.test's index on OTHER_IP:80."""
+    ALLOWED_IP:TLS_PORT; evil.test's index on OTHER_IP:80."""
 
     def __init__(self, root: Path) -> None:
         self.api_key = "sk-test-" + secrets.token_hex(16)
         self.ca = InterceptCA.generate()
         self.addresses = [ALLOWED_IP, OTHER_IP]
+        self.servers: list[http.server.ThreadingHTTPServer] = []
+        try:
+            self._start(root)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, root: Path) -> None:
         for address in self.addresses:
             ip(["addr", "add", f"{address}/32", "dev", "node0"])
-        self.servers: list[http.server.ThreadingHTTPServer] = []
         for name, address, version in (
             ("allowed", ALLOWED_IP, "1.0"),
             ("other", OTHER_IP, "6.6.6"),
@@ -218,15 +228,18 @@ class Outside:
             make_wheel(root / name, "egress-probe", version)
             self.servers.append(self._serve(address, 80, root / name))
         self.allowed, self.other = self.servers
-        tls = self._serve(ALLOWED_IP, 443, root / "allowed")
-        tls.socket = self.ca.server_context("api.test").wrap_socket(tls.socket, server_side=True)
-        self.servers.append(tls)
-        self.api = tls
+        tls = self.ca.server_context("api.test")
+        self.api = self._serve(ALLOWED_IP, TLS_PORT, root / "allowed", tls)
+        self.servers.append(self.api)
 
-    def _serve(self, address: str, port: int, directory: Path) -> http.server.ThreadingHTTPServer:
+    def _serve(
+        self, address: str, port: int, directory: Path, tls: ssl.SSLContext | None = None
+    ) -> http.server.ThreadingHTTPServer:
         server = http.server.ThreadingHTTPServer(
             (address, port), partial(_Upstream, directory=str(directory))
         )
+        if tls is not None:
+            server.socket = tls.wrap_socket(server.socket, server_side=True)
         server.seen, server.api_key = [], self.api_key  # type: ignore[attr-defined]
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
@@ -508,7 +521,7 @@ def run_json(session, code: str) -> dict:
 KNOWN = r"""
 import socket
 s = socket.create_connection((%r, 3128), timeout=10)
-s.sendall(b"CONNECT pypi.test:443 HTTP/1.1\r\nHost: pypi.test:443\r\n\r\n")
+s.sendall(b"CONNECT pypi.test:8443 HTTP/1.1\r\nHost: pypi.test:8443\r\n\r\n")
 print(s.recv(4096).decode("latin-1").split("\r\n", 1)[0])
 """
 
@@ -566,7 +579,7 @@ print(json.dumps({
     "mapped6": get("http://six.test/")["status"],
     "proxy_itself": get("http://admin.test:3128/")["status"],
     "not_allowed": connect("evil.test:443"),
-    "tls_sni": tls_with_sni("pypi.test:443", "evil.test"),
+    "tls_sni": tls_with_sni("pypi.test:8443", "evil.test"),
     "host": get("http://pypi.test/whoami", "Host: evil.test\r\n"),
     "redirect": get("http://pypi.test/redirect"),
     "placeholder_elsewhere": get(
@@ -647,7 +660,7 @@ import json, os, re, urllib.request, urllib.error
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({"https": "http://%s:3128"}))
 def call(path):
     request = urllib.request.Request(
-        "https://api.test" + path, headers={"Authorization": "Bearer " + os.environ[%r]}
+        "https://api.test:8443" + path, headers={"Authorization": "Bearer " + os.environ[%r]}
     )
     try:
         with opener.open(request, timeout=20) as r:
