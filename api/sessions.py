@@ -92,8 +92,9 @@ class SessionService:
         session = await self.backend.get_session(own)
         if session is None or session.status != SessionStatus.RUNNING:
             # Seen stopped, failed or gone: its Running answer is not reused any more
-            # (an idle stop or a crash inside ``RECENT_SECONDS`` of the last answer).
-            self.forget(own)
+            # (an idle stop or a crash inside ``RECENT_SECONDS`` of the last answer). The
+            # caller's own key alone: a client polling a stopped session scans nothing.
+            self._recent.pop((caller.tenant, caller.user_id), None)
         return session
 
     def default_spec(self, caller: Caller) -> SessionSpec:

@@ -192,6 +192,17 @@ class OperatorSettings(BaseSettings):
     def _empty_is_none(cls, value: object) -> object:
         return None if value == "" else value
 
+    @field_validator("egress_proxy")
+    @classmethod
+    def _host_and_port(cls, value: str | None) -> str | None:
+        # Sandbox code may connect to this port alone (network proxy_port): say at start
+        # what is wrong, not when the first sandbox pod is built.
+        if value:
+            host, _, port = value.rpartition(":")
+            if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise ValueError(f"egress_proxy {value!r}: give host:port (port 1-65535)")
+        return value
+
     @field_validator("metrics_port", mode="before")
     @classmethod
     def _empty_port(cls, value: object) -> object:

@@ -67,6 +67,7 @@ from .schemas import (
     UploadResult,
 )
 from .settings import RuntimeSettings
+from .spawner import SpawnFailed
 from .uploads import (
     ConversationLocks,
     ConversationQuota,
@@ -608,7 +609,7 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
         if body.egress is not None:
             try:
                 state.executor.proxy_through(body.egress.proxy_port, body.egress.code_env)
-            except ValueError as e:
+            except (ValueError, SpawnFailed) as e:
                 raise Conflict(f"this runtime cannot take the claim's egress: {e}") from None
         claimed = Claimed(network=state.executor.confinement.network)
         # The session's life starts here, not when the pod started to wait in the pool:

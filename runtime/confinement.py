@@ -117,7 +117,7 @@ class Confinement:
         if self.network != "deny":
             raise ValueError(f"network {self.network!r} cannot become proxy_port")
         self.network, self.connect_port = "proxy_port", port
-        return {"connect_ports": [port], "inet": True}
+        return self._network_config()
 
     @staticmethod
     def _probe(given: int | None = None) -> tuple[int, str]:
@@ -264,9 +264,15 @@ class Confinement:
             "cgroup": str(self.cgroup) if self.cgroup else None,
             "nproc": self.max_processes if not self.root else None,
             "deny_sockets": self.denies_sockets,
+            **self._network_config(),
+            "run_as": list(run_as) if run_as else None,
+        }
+
+    def _network_config(self) -> dict:
+        """The spawner's network keys: the one port code may connect to, IPv4 sockets."""
+        return {
             "connect_ports": [self.connect_port] if self.connect_port else [],
             "inet": self.network in _PROXIED,
-            "run_as": list(run_as) if run_as else None,
         }
 
     def _make_cgroup(self) -> Path | None:

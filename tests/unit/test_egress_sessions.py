@@ -168,6 +168,12 @@ def test_code_with_a_policy_reaches_the_proxys_port_alone_and_sees_its_address()
     assert code_env(build_sandbox_pod(both, settings))["HTTP_PROXY"] == "http://10.96.0.9:3128"
 
 
+@pytest.mark.parametrize("value", ["proxy", "proxy:", "proxy:http", ":3128", "proxy:70000"])
+def test_an_egress_proxy_without_host_and_port_is_refused_at_start(value: str):
+    with pytest.raises(ValidationError, match="give host:port"):
+        OperatorSettings(_env_file=None, egress_proxy=value)
+
+
 def test_the_proxy_name_is_resolved_once_to_an_address():
     def resolved(value: str) -> str | None:
         return resolve_egress_proxy(
