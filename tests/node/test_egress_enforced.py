@@ -1,31 +1,36 @@
 """The egress model on a real node (issue 40 items 3 and 4, and its "done when"), with
 the chart's sandbox NetworkPolicy really enforced.
 
-A session with an egress policy runs its code with the network allowed (runtime
-``network=allow``: no Landlock connect rule, no socket filter): its one way out is meant
-to be the egress proxy, and the only thing that keeps it there in a cluster is the
-sandbox NetworkPolicy. The tier's bridge CNI enforces no NetworkPolicy, so this module
-starts a real enforcer in the tier's namespace — kube-router's network policy controller
+A session with an egress policy runs its code with network ``proxy_port``: Landlock lets
+it open TCP connections to the egress proxy's port number alone (any address), and the
+socket filter allows IPv4 TCP only. Which *address* that port is reached at is the
+NetworkPolicy's business: the chart's policy lets sandbox pods reach the proxy pod's port
+and nothing else. The tier's bridge CNI enforces no NetworkPolicy, so this module starts
+a real enforcer in the tier's namespace — kube-router's network policy controller
 (iptables + ipset; scripts/enforcer/, built by scripts/build-enforcer.sh) — against the
-tier's apiserver.
+tier's apiserver. Both layers are probed: from the session's code (Landlock, seccomp and
+the policy) and from a process the test runs in the sandbox pod's network namespace
+(``nsenter``: the policy alone, no Landlock).
 
 For the module the chart's egress proxy is turned on the way a platform team would
 (``helm upgrade --reuse-values --set egressProxy.enabled=true``: the CA hook Job, the
 proxy, the operator's proxy settings) and rolled back at the end, so the tier's other
 tests see the release they installed. The tier has no DNS and no kube-proxy, so the
-proxy's Deployment is then given a name table (its test-only ``--hosts``) and the test
-CA its upstreams chain to (``--upstream-ca``), and the sandbox's code names the proxy by
-its pod address. The "outside" is servers this module starts on two documentation
-addresses (198.51.100.10, 203.0.113.10) it adds to the node's bridge: they exist only
-inside the tier's namespace, and the proxy does not count them as internal.
+proxy's Deployment is given a name table (its test-only ``--hosts``) and the test CA its
+upstreams chain to (``--upstream-ca``) in the same rollout, and the sandbox's code names
+the proxy by its pod address. The "outside" is servers this module starts on two
+documentation addresses (198.51.100.10, 203.0.113.10) it adds to the node's bridge: they
+exist only inside the tier's namespace, and the proxy does not count them as internal.
 
-The tests:
-- enforcement: code of a session with a policy reaches the test's servers with no
-  enforcer (the control), none of them once the policy is programmed;
-- attacks through the proxy (raw IPs, names resolving into forbidden ranges — the
-  metadata address, the node, loopback where the proxy itself listens, an IPv4-mapped
-  IPv6 —, another SNI or Host than the allowed name, a redirect, a placeholder sent to
-  another host), each refused or neutralised;
+The tests (one session for all, one enforcer, one proxy rollout):
+- enforcement: the session's code reaches the proxy's port number only (Landlock), no
+  UDP or IPv6 (seccomp); with no enforcer its pod's network reaches the test's servers —
+  also a server on the proxy's port number at another address, which the code reaches
+  too —, and none of them once the policy is programmed;
+- each attack of issue 40 item 4 through the proxy (raw IPs, names resolving into
+  forbidden ranges — the metadata address, the node, loopback where the proxy itself
+  listens, an IPv4-mapped IPv6 —, another SNI or Host than the allowed name, a redirect,
+  a placeholder sent to another host), a test of its own over one run of them all;
 - ``pip install`` from the allowed index succeeds, from another it fails;
 - code calls an allowed HTTPS API with a secret whose value the proxy injects, while the
   pod's spec, environment and files hold only the placeholder.
@@ -41,6 +46,7 @@ import secrets
 import socketserver
 import ssl
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from functools import partial
@@ -66,6 +72,8 @@ PROXY = f"{RELEASE}-sandbox-workspace-egress-proxy"
 ALLOWED_IP, OTHER_IP = "198.51.100.10", "203.0.113.10"
 # api.test's TLS port: the apiserver holds :443 on every address of the namespace.
 TLS_PORT = 8443
+# Another listener on the proxy's pod (the test's): what an admin port would be.
+ADMIN_PORT = 9090
 # The proxy's name table (the tier has no DNS). The last four resolve into ranges the
 # proxy must never reach, whatever the policy says: the metadata address, the node,
 # loopback (where the proxy itself listens) and the node again as IPv4-mapped IPv6.
@@ -100,28 +108,28 @@ EGRESS = {
     ],
 }
 
-# Executed in the sandbox: one probe, printed as JSON. tcp: "open" (connected),
-# "refused" or "timeout"; udp: the echoed reply or "timeout"; else "error <errno>".
+# One probe, printed as JSON: run as the session's code (Landlock, seccomp and the
+# NetworkPolicy) or by the test in the sandbox pod's network namespace (the policy
+# alone). tcp: "open" (connected), "refused" or "timeout"; udp: the echoed reply or
+# "timeout"; else "error <errno>" (13, EACCES: Landlock's and the socket filter's).
 PROBE = r"""
 import json, socket
 kind, host, port = %r, %r, %d
 family = socket.AF_INET6 if ":" in host else socket.AF_INET
-if kind == "tcp":
-    s = socket.socket(family, socket.SOCK_STREAM); s.settimeout(1.5)
-    try:
+try:
+    if kind == "tcp":
+        s = socket.socket(family, socket.SOCK_STREAM); s.settimeout(1.5)
         s.connect((host, port)); out = "open"
-    except ConnectionRefusedError:
-        out = "refused"
-    except OSError as e:
-        out = "timeout" if isinstance(e, TimeoutError) else f"error {e.errno}"
-else:
-    s = socket.socket(family, socket.SOCK_DGRAM); s.settimeout(1.5)
-    try:
+    else:
+        s = socket.socket(family, socket.SOCK_DGRAM); s.settimeout(1.5)
         s.sendto(b"ping", (host, port)); out = s.recvfrom(64)[0].decode()
-    except OSError as e:
-        out = "timeout" if isinstance(e, TimeoutError) else f"error {e.errno}"
+except ConnectionRefusedError:
+    out = "refused"
+except OSError as e:
+    out = "timeout" if isinstance(e, TimeoutError) else f"error {e.errno}"
 print(json.dumps(out))
 """
+BLOCKED = ("timeout", "refused")  # what the enforcer's drop or reject looks like
 
 
 class _Echo(socketserver.BaseRequestHandler):
@@ -136,19 +144,23 @@ class _Ok(socketserver.BaseRequestHandler):
 
 
 class Targets:
-    """A TCP server (any port) and a UDP echo on port 53 — DNS to an address that is not
-    the cluster's (the tier runs no cluster DNS) — both on the node's address."""
+    """On the node's address: a TCP server (any port), a UDP echo on port 53 — DNS to an
+    address that is not the cluster's (the tier runs no cluster DNS) — and a TCP server
+    on the proxy's port number, which Landlock lets the code reach: only the
+    NetworkPolicy keeps the code off it."""
 
     def __init__(self) -> None:
         socketserver.ThreadingTCPServer.allow_reuse_address = True
         self.tcp = socketserver.ThreadingTCPServer((NODE_IP, 0), _Ok)
         self.udp = socketserver.ThreadingUDPServer((NODE_IP, 53), _Echo)
+        self.proxy_port = socketserver.ThreadingTCPServer((NODE_IP, PROXY_PORT), _Ok)
         self.tcp_port = self.tcp.server_address[1]
-        for server in (self.tcp, self.udp):
+        self.servers = (self.tcp, self.udp, self.proxy_port)
+        for server in self.servers:
             threading.Thread(target=server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
-        for server in (self.tcp, self.udp):
+        for server in self.servers:
             server.shutdown()
             server.server_close()
 
@@ -160,6 +172,46 @@ def targets() -> Iterator[Targets]:
         yield t
     finally:
         t.close()
+
+
+class PodNet:
+    """Processes of the test in a pod's network namespace (``nsenter --net``): its
+    address and routes, none of the runtime's Landlock or socket filter — what the
+    NetworkPolicy alone lets through."""
+
+    def __init__(self, node_cluster, pod: dict) -> None:
+        container = pod["status"]["containerStatuses"][0]["containerID"].split("//", 1)[1]
+        tasks = node_cluster.containerd.ctr("tasks", "ls").splitlines()[1:]
+        pid = next(line.split()[1] for line in tasks if line.split()[0] == container)
+        self.netns = f"/proc/{pid}/ns/net"
+
+    def argv(self, *args: str) -> list[str]:
+        return ["nsenter", f"--net={self.netns}", "--", *args]
+
+    def probe(self, kind: str, host: str, port: int) -> str:
+        out = subprocess.run(
+            self.argv(sys.executable, "-c", PROBE % (kind, host, port)),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    def listen(self, port: int, workdir: Path) -> subprocess.Popen[bytes]:
+        """A TCP listener on ``port`` of every address of the pod (stands for a listener
+        the pod's program has besides its served port: an admin or metrics port)."""
+        code = (
+            f"import socket\ns = socket.create_server(('0.0.0.0', {port}))\n"
+            "print('up', flush=True)\nwhile True: s.accept()[0].close()"
+        )
+        proc = spawn(self.argv(sys.executable, "-c", code), workdir / f"listen-{port}.log")
+        wait_until(
+            lambda: "up" in (workdir / f"listen-{port}.log").read_text(),
+            timeout=20,
+            message=f"a listener on port {port} in the pod",
+        )
+        return proc
 
 
 class _Upstream(http.server.SimpleHTTPRequestHandler):
@@ -269,26 +321,29 @@ def outside(tmp_path_factory) -> Iterator[Outside]:
 def egress_proxy(release, kube, outside) -> Iterator[str]:
     """The chart's egress proxy turned on by the platform's own upgrade for this module
     and rolled back after it (``finally``: the tier's later tests see the release they
-    installed). Then the tier's stand-ins for DNS and a public CA: the name table and
-    the test's CA as the proxy's upstream CA. Yields the proxy pod's address (no
-    kube-proxy here: the Service's address leads nowhere)."""
+    installed). The tier's stand-ins for DNS and a public CA — the name table and the
+    test's CA as the proxy's upstream CA — are patched into the Deployment right after
+    the upgrade, before anything waits, so the proxy rolls out once. Yields the proxy
+    pod's address (no kube-proxy here: the Service's address leads nowhere)."""
+    status = release.shell("helm status sw -n sandbox-workspace -o json", timeout=60)
+    assert status.returncode == 0, status.stderr
+    revision = json.loads(status.stdout)["version"]
     kube.create(
         f"/api/v1/namespaces/{NAMESPACE}/configmaps",
         {"metadata": {"name": UPSTREAM_CA}, "data": {"ca.crt": outside.ca.cert_pem.decode()}},
     )
     try:
+        # No --wait: helm still waits for the CA hook Job; the rollouts are waited for
+        # below, after the patch.
         up = release.shell(
             "helm upgrade sw charts/sandbox-workspace -n sandbox-workspace --reuse-values "
-            "--set egressProxy.enabled=true --wait --timeout 180s",
+            "--set egressProxy.enabled=true --timeout 180s",
             timeout=240,
         )
         assert up.returncode == 0, up.stdout + up.stderr + diagnose(release)
-        reconnect(release, kube)
-        old = {p["metadata"]["uid"] for p in proxy_pods(kube)}
-        deployment = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{PROXY}"
         mount = "/etc/sbw-test-upstream"
         kube.patch(
-            deployment,
+            f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{PROXY}",
             [
                 *(
                     {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": a}
@@ -307,22 +362,29 @@ def egress_proxy(release, kube, outside) -> Iterator[str]:
             ],
             patch_type=JSON_PATCH,
         )
+        # Every Deployment of the release: the proxy (patched), the operator (its proxy
+        # settings: a session's pod must be built by the new one) and the API.
+        rolled = release.shell(
+            "kubectl -n sandbox-workspace rollout status deployment --timeout=150s", timeout=180
+        )
+        assert rolled.returncode == 0, rolled.stdout + rolled.stderr + diagnose(release)
+        reconnect(release, kube)
 
-        def new_proxy_ip() -> str | None:
-            pods = proxy_pods(kube)
+        def proxy_ip() -> str | None:
+            pods = proxy_pods(kube)  # one left: the one address the proxy answers on
             ready = [
                 p
                 for p in pods
-                if p["metadata"]["uid"] not in old
-                and any(c.get("ready") for c in p["status"].get("containerStatuses") or [])
+                if any(c.get("ready") for c in p["status"].get("containerStatuses") or [])
+                and "--hosts" in p["spec"]["containers"][0]["args"]
             ]
-            alone = len(pods) == 1  # the old pod gone: one address the proxy answers on
-            return ready[0]["status"].get("podIP") if ready and alone else None
+            return ready[0]["status"].get("podIP") if ready and len(pods) == 1 else None
 
-        yield wait_until(new_proxy_ip, timeout=120, interval=0.5, message="the patched proxy")
+        yield wait_until(proxy_ip, timeout=60, interval=0.5, message="the patched proxy")
     finally:
         back = release.shell(
-            "helm rollback sw 1 -n sandbox-workspace --wait --timeout 180s", timeout=240
+            f"helm rollback sw {revision} -n sandbox-workspace --wait --timeout 180s",
+            timeout=240,
         )
         kube.delete(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{UPSTREAM_CA}")
         assert back.returncode == 0, back.stdout + back.stderr + diagnose(release)
@@ -413,66 +475,11 @@ def probe(session, kind: str, host: str, port: int) -> str:
     return json.loads(out["stdout"])
 
 
-def new_pod(session, kube, change) -> dict:
-    """Change the session's policy (``change()``), then wait for a pod made for it: the
-    operator rolls a ready pod only later, so the test deletes it."""
-    assert session.execute("print(1)")["exit_code"] == 0  # the session's first pod runs
-    old = session.pod()
-    assert old is not None
-    change()
-    kube.delete(f"/api/v1/namespaces/{session.namespace}/pods/{old['metadata']['name']}")
-
-    def new_pod_running() -> dict | None:
-        pod = session.pod()
-        fresh = pod and pod["metadata"]["uid"] != old["metadata"]["uid"]
-        return pod if fresh and pod["status"].get("phase") == "Running" else None
-
-    pod = wait_until(new_pod_running, timeout=90, interval=0.5, message="the session's new pod")
-    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert env["SANDBOX_RUNTIME_NETWORK"] == "allow", env
-    return pod
-
-
-def test_sandbox_with_egress_policy_reaches_nothing_once_the_policy_is_enforced(
-    session, kube, enforcer, targets
-):
-    def put() -> None:
-        r = session.api.put(f"{session.url}/egress", json={"rules": [{"host": "pypi.test"}]})
-        assert r.status_code == 200, r.text
-
-    new_pod(session, kube, put)
-    # No enforcer: executed code reaches the test's servers over the bridge — what any
-    # cluster whose CNI ignores NetworkPolicy gives a session with an egress policy.
-    assert probe(session, "tcp", NODE_IP, targets.tcp_port) == "open"
-    assert probe(session, "udp", NODE_IP, 53) == "pong:ping"
-
-    enforcer.start()
-    wait_until(
-        lambda: probe(session, "tcp", NODE_IP, targets.tcp_port) != "open",
-        timeout=60,  # the controller's first sync: a few seconds on a loaded machine
-        interval=0.5,
-        message="the enforcer to enforce the chart's NetworkPolicy",
-    )
-    # A raw IP outside the policy (the test's server), UDP and DNS to an address that is
-    # not the cluster's (the tier has no cluster DNS), the apiserver's Service address and
-    # the API pod: none is reached.
-    assert probe(session, "tcp", NODE_IP, targets.tcp_port) in ("timeout", "refused")
-    assert probe(session, "udp", NODE_IP, 53) == "timeout"
-    assert probe(session, "tcp", SERVICE_IP, 443) != "open"
-    assert probe(session, "tcp", session.api.base_url.host, 8000) != "open"
-    # IPv6: the tier's CNI gives pods IPv4 only, so there is no IPv6 way out to test; a
-    # connection fails before any policy is involved.
-    assert probe(session, "tcp", "fd00::1", 80).startswith("error")
-    # The policy's one ingress still works: the API reaches the runtime through it.
-    assert session.execute("print(2)")["stdout"].strip() == "2"
-    assert enforcer.proc is not None and enforcer.proc.poll() is None, "the enforcer died"
-
-
 @pytest.fixture(scope="module")
-def egress_session(release, kube, enforcer, egress_proxy, outside) -> Iterator[UserSession]:
-    """One session for the proxy tests: EGRESS as its spec.egress (set by the platform on
-    the SandboxSession: secrets are not the API's), the API key in a labelled Secret of
-    its namespace, its pod made for that policy, and the proxy one it reaches."""
+def egress_session(release, kube, egress_proxy, outside) -> Iterator[UserSession]:
+    """The module's one session: EGRESS as its spec.egress (set by the platform on the
+    SandboxSession: secrets are not the API's), the API key in a labelled Secret of its
+    namespace, and a pod made for that policy (``pod_spec``; no enforcer yet)."""
     kube.create(
         f"/api/v1/namespaces/{SESSIONS}/secrets",
         {
@@ -484,31 +491,118 @@ def egress_session(release, kube, enforcer, egress_proxy, outside) -> Iterator[U
             "stringData": {"token": outside.api_key},
         },
     )
-    enforcer.start()
     s = UserSession(release, kube, f"eg-{secrets.token_hex(4)}")
     try:
         r = s.api.post("/sessions", json={})
         assert r.status_code in (200, 201, 202), r.text
-        s.pod_spec = new_pod(s, kube, lambda: kube.patch(s.sbs_path, {"spec": {"egress": EGRESS}}))
-        wait_until(
-            lambda: probe(s, "tcp", egress_proxy, PROXY_PORT) == "open",
-            timeout=60,  # the enforcer's next sync adds the new pod to its sets
-            interval=0.5,
-            message="the sandbox to reach the egress proxy",
-        )
-        # The proxy reads sessions and pods every egressProxy.pollSeconds (2 s): until it
-        # has seen the new pod it answers "no egress policy".
-        known = KNOWN % egress_proxy
-        wait_until(
-            lambda: "no egress policy" not in s.execute(known)["stdout"],
-            timeout=30,
-            interval=1,
-            message="the egress proxy to know the session's pod",
-        )
+        assert s.execute("print(1)")["exit_code"] == 0  # the session's first pod runs
+        old = s.pod()
+        assert old is not None
+        kube.patch(s.sbs_path, {"spec": {"egress": EGRESS}})
+        # The operator rolls a ready pod only later: the test deletes it.
+        kube.delete(f"/api/v1/namespaces/{s.namespace}/pods/{old['metadata']['name']}")
+
+        def new_pod_running() -> dict | None:
+            pod = s.pod()
+            fresh = pod and pod["metadata"]["uid"] != old["metadata"]["uid"]
+            ready = fresh and pod["status"].get("phase") == "Running"
+            return pod if ready and pod["status"].get("containerStatuses") else None
+
+        s.pod_spec = wait_until(new_pod_running, timeout=90, interval=0.5, message="its new pod")
+        env = {e["name"]: e.get("value") for e in s.pod_spec["spec"]["containers"][0]["env"]}
+        assert env["SANDBOX_RUNTIME_NETWORK"] == "proxy_port", env
+        assert env["SANDBOX_RUNTIME_EGRESS_PROXY_PORT"] == str(PROXY_PORT), env
         yield s
     finally:
         s.delete()
         kube.delete(f"/api/v1/namespaces/{SESSIONS}/secrets/{API_SECRET}")
+
+
+@pytest.fixture(scope="module")
+def pod_net(node_cluster, egress_session) -> PodNet:
+    return PodNet(node_cluster, egress_session.pod_spec)
+
+
+@pytest.fixture(scope="module")
+def proxy_listener(node_cluster, kube, egress_proxy, tmp_path_factory) -> Iterator[int]:
+    """A listener on another port of the proxy's pod: what an admin or metrics port of
+    the proxy would be (ours has none). Yields its port."""
+    pod = next(p for p in proxy_pods(kube) if p["status"].get("podIP") == egress_proxy)
+    proc = PodNet(node_cluster, pod).listen(ADMIN_PORT, tmp_path_factory.mktemp("admin"))
+    try:
+        yield ADMIN_PORT
+    finally:
+        stop_process(proc)
+
+
+def test_the_session_reaches_the_proxy_port_alone_and_the_policy_keeps_it_at_the_proxy(
+    egress_session, pod_net, enforcer, targets, egress_proxy, proxy_listener
+):
+    s = egress_session
+    # Landlock and the socket filter, whatever the network: the code connects to no
+    # other port (Landlock), opens no UDP socket (DNS included) and no IPv6 one (the
+    # filter); both answer EACCES.
+    assert probe(s, "tcp", NODE_IP, targets.tcp_port) == "error 13"
+    assert probe(s, "tcp", egress_proxy, proxy_listener) == "error 13"
+    assert probe(s, "udp", NODE_IP, 53) == "error 13"
+    assert probe(s, "tcp", "fd00::1", 80) == "error 13"
+    # No enforcer (the control): the pod's network reaches the test's servers, the proxy
+    # pod's other port, the apiserver's Service address — and so does the code, on the
+    # proxy's port number at another address than the proxy's.
+    assert pod_net.probe("tcp", NODE_IP, targets.tcp_port) == "open"
+    assert pod_net.probe("udp", NODE_IP, 53) == "pong:ping"
+    assert pod_net.probe("tcp", egress_proxy, proxy_listener) == "open"
+    assert pod_net.probe("tcp", SERVICE_IP, 443) == "open"
+    assert probe(s, "tcp", NODE_IP, PROXY_PORT) == "open"
+
+    enforcer.start()
+    wait_until(
+        lambda: pod_net.probe("tcp", NODE_IP, targets.tcp_port) in BLOCKED,
+        timeout=60,  # the controller's first sync: a few seconds on a loaded machine
+        interval=0.5,
+        message="the enforcer to enforce the chart's NetworkPolicy",
+    )
+    # The NetworkPolicy, not Landlock: the code no longer reaches the proxy's port
+    # number elsewhere; the pod's network reaches only the proxy's port.
+    assert probe(s, "tcp", NODE_IP, PROXY_PORT) in BLOCKED
+    assert probe(s, "tcp", egress_proxy, PROXY_PORT) == "open"
+    for kind, host, port in (
+        ("udp", NODE_IP, 53),  # UDP, DNS to an address that is not the cluster's
+        ("tcp", egress_proxy, proxy_listener),  # the proxy pod's other port
+        ("tcp", SERVICE_IP, 443),  # the apiserver's Service address
+        ("tcp", s.api.base_url.host, 8000),  # the API pod
+        ("tcp", ALLOWED_IP, 80),  # the outside hosts, straight
+    ):
+        assert pod_net.probe(kind, host, port) in BLOCKED, (kind, host, port)
+    assert pod_net.probe("tcp", egress_proxy, PROXY_PORT) == "open"
+    # IPv6: the tier's CNI gives pods IPv4 only: no IPv6 way out to test (no route).
+    assert pod_net.probe("tcp", "fd00::1", 80).startswith("error")
+    # The policy's one ingress still works: the API reaches the runtime through it.
+    assert s.execute("print(2)")["stdout"].strip() == "2"
+    assert enforcer.proc is not None and enforcer.proc.poll() is None, "the enforcer died"
+
+
+@pytest.fixture(scope="module")
+def enforced_session(egress_session, enforcer, egress_proxy) -> UserSession:
+    """The session once its pod is under the enforced policy and the proxy knows it."""
+    s = egress_session
+    enforcer.start()  # when the test above did not run
+    wait_until(
+        lambda: probe(s, "tcp", egress_proxy, PROXY_PORT) == "open",
+        timeout=60,  # the enforcer's first sync
+        interval=0.5,
+        message="the sandbox to reach the egress proxy",
+    )
+    # The proxy reads sessions and pods every egressProxy.pollSeconds (2 s): until it
+    # has seen the pod it answers "no egress policy".
+    known = KNOWN % egress_proxy
+    wait_until(
+        lambda: "no egress policy" not in s.execute(known)["stdout"],
+        timeout=30,
+        interval=1,
+        message="the egress proxy to know the session's pod",
+    )
+    return s
 
 
 def run_json(session, code: str) -> dict:
@@ -589,55 +683,86 @@ print(json.dumps({
 """
 
 
-def test_the_proxy_is_the_only_way_out_and_refuses_what_the_policy_does_not_allow(
-    egress_session, egress_proxy, outside
-):
-    s = egress_session
-    # Past the proxy, nothing: the outside hosts themselves and the proxy pod's other
-    # ports (it has no admin or metrics listener; the policy allows its one port).
-    assert probe(s, "tcp", ALLOWED_IP, 80) != "open"
-    assert probe(s, "tcp", egress_proxy, 8080) != "open"
-    result = run_json(s, ATTACKS % (egress_proxy, PLACEHOLDER_ENV))
-    refused = "HTTP/1.1 403 Egress refused"
-    assert result["raw_ip"].startswith(refused) and "raw IP" in result["raw_ip"], result
-    assert result["raw_ip6"].startswith(refused) and "raw IP" in result["raw_ip6"], result
-    # Names the policy allows that resolve into ranges never reached (DNS rebinding).
-    for key in ("metadata", "rebind", "mapped6", "proxy_itself"):
-        assert result[key].startswith(refused) and "forbidden range" in result[key], (key, result)
-    assert (
-        result["not_allowed"].startswith(refused) and "not in this session" in result["not_allowed"]
-    ), result
-    # An allowed name in CONNECT, another in the TLS ClientHello: the tunnel is closed.
-    assert "UNRECOGNIZED_NAME" in result["tls_sni"].upper(), result
-    # Another Host header: the proxy sends the URL's host; the upstream saw pypi.test.
-    assert json.loads(result["host"]["body"])["host"] == "pypi.test", result
-    # A redirect to a forbidden host is relayed, never followed.
-    assert result["redirect"]["status"].startswith("HTTP/1.1 302"), result
+@pytest.fixture(scope="module")
+def attacks(enforced_session, egress_proxy) -> dict:
+    """Every attack of ATTACKS, in one run of the session's code (one execution; each
+    is judged by a test of its own below)."""
+    return run_json(enforced_session, ATTACKS % (egress_proxy, PLACEHOLDER_ENV))
+
+
+REFUSED = "HTTP/1.1 403 Egress refused"
+
+
+def refused(answer: str, why: str) -> bool:
+    return answer.startswith(REFUSED) and why in answer
+
+
+# Names the policy allows that resolve into ranges never reached (DNS rebinding): the
+# metadata address, the node, an IPv4-mapped IPv6 form of the node, and loopback — where
+# the proxy itself listens (its own interface, reached from inside).
+@pytest.mark.parametrize("attack", ["metadata", "rebind", "mapped6", "proxy_itself"])
+def test_an_allowed_name_resolving_into_a_forbidden_range_is_refused(attacks, attack):
+    assert refused(attacks[attack], "forbidden range"), attacks[attack]
+
+
+@pytest.mark.parametrize("attack", ["raw_ip", "raw_ip6"])
+def test_a_raw_ip_is_refused(attacks, attack):
+    # 198.51.100.10 is api.test's own address, which the proxy reaches (the tests below).
+    assert refused(attacks[attack], "raw IP"), attacks[attack]
+
+
+def test_a_name_outside_the_policy_is_refused(attacks, outside):
+    assert refused(attacks["not_allowed"], "not in this session"), attacks["not_allowed"]
     assert not outside.other.seen, outside.other.seen
-    # The placeholder sent to another host than its binding's goes as written.
-    sent = json.loads(result["placeholder_elsewhere"]["body"])["authorization"]
-    assert sent.startswith("Bearer sbw-secret-api-key-"), result
+
+
+def test_an_allowed_connect_with_another_sni_is_cut(attacks):
+    # An allowed name in CONNECT, another in the TLS ClientHello: the tunnel is closed
+    # before the upstream gets a byte.
+    assert "UNRECOGNIZED_NAME" in attacks["tls_sni"].upper(), attacks["tls_sni"]
+
+
+def test_another_host_header_goes_to_the_urls_host(attacks):
+    # The proxy sends the URL's host: the upstream saw pypi.test, not evil.test.
+    assert json.loads(attacks["host"]["body"])["host"] == "pypi.test", attacks["host"]
+
+
+def test_a_redirect_to_a_forbidden_host_is_relayed_never_followed(attacks, outside):
+    assert attacks["redirect"]["status"].split()[1] == "302", attacks["redirect"]
+    assert not any(r["path"] == "/stolen" for r in outside.other.seen), outside.other.seen
+
+
+def test_a_placeholder_sent_to_another_host_goes_as_written(attacks, outside):
+    sent = json.loads(attacks["placeholder_elsewhere"]["body"])["authorization"]
+    assert sent.startswith("Bearer sbw-secret-api-key-"), attacks["placeholder_elsewhere"]
     assert all(outside.api_key not in json.dumps(r) for r in outside.allowed.seen)
 
 
 # Executed in the sandbox: pip from its bundled wheel where the image's venv has none
-# (the product image removes pip from its venv; Debian's python3-venv keeps a wheel).
+# (the product image removes pip from its venv; Debian's python3-venv keeps a wheel), into
+# the conversation's scratch directory ($TMPDIR: code may write there, not in /tmp).
 PIP = (
     'PIP="python -m pip"; python -c "import pip" 2>/dev/null || '
     'PIP="python $(ls /usr/share/python-wheels/pip-*.whl | head -n1)/pip"; '
     "$PIP install --no-cache-dir --disable-pip-version-check --retries 0 --timeout 20 -vv "
-    "--proxy http://{proxy}:3128 --target /tmp/{target} --trusted-host {host} "
+    "--proxy http://{proxy}:3128 --target $TMPDIR/{target} --trusted-host {host} "
     "--index-url http://{host}/simple/ egress-probe 2>&1 | "
-    "grep -E 'Successfully installed|Egress refused|ERROR' | cut -c1-300"
+    "grep -E 'Successfully installed|Egress refused|ERROR|Error' | cut -c1-300"
 )
 
 
-def test_pip_installs_from_the_allowed_index_and_not_from_another(egress_session, egress_proxy):
+def test_pip_installs_from_the_allowed_index_and_not_from_another(enforced_session, egress_proxy):
     # Two real pip runs (a few seconds each, pip's own start-up mostly): the issue's
     # "done when" is pip itself, so no cheaper client stands in for it.
-    s = egress_session
-    ok = s.execute(PIP.format(proxy=egress_proxy, target="t1", host="pypi.test"), language="bash")
+    s = enforced_session
+    # Then the installed module, imported: it says which index it came from.
+    imported = "PYTHONPATH=$TMPDIR/t1 python -c 'import egress_probe; print(egress_probe.ORIGIN)'"
+    ok = s.execute(
+        PIP.format(proxy=egress_proxy, target="t1", host="pypi.test") + "; " + imported,
+        language="bash",
+    )
     assert "Successfully installed egress-probe-1.0" in ok["stdout"], ok
+    assert ok["stdout"].strip().endswith("/allowed"), ok
     other = s.execute(
         PIP.format(proxy=egress_proxy, target="t2", host="evil.test"), language="bash"
     )
@@ -645,10 +770,6 @@ def test_pip_installs_from_the_allowed_index_and_not_from_another(egress_session
     assert "Egress refused: evil.test is not in this session's egress policy" in other["stdout"], (
         other
     )
-    origin = s.execute(
-        "import sys\nsys.path.insert(0, '/tmp/t1')\nimport egress_probe\nprint(egress_probe.ORIGIN)"
-    )
-    assert origin["stdout"].strip().endswith("allowed"), origin
 
 
 # Executed in the sandbox: the allowed API called with the placeholder (urllib through
@@ -685,9 +806,9 @@ print(json.dumps({"check": call("/check"), "echo": call("/echo"), "env": dict(os
 
 
 def test_code_calls_the_allowed_api_with_a_secret_it_cannot_read(
-    egress_session, egress_proxy, outside
+    enforced_session, egress_proxy, outside
 ):
-    s = egress_session
+    s = enforced_session
     key = outside.api_key
     result = run_json(s, SECRET_CALL % (egress_proxy, PLACEHOLDER_ENV))
     # The control: api.test accepts the real key only, and the placeholder is not it.
@@ -698,8 +819,8 @@ def test_code_calls_the_allowed_api_with_a_secret_it_cannot_read(
     # guarantees for the bytes as the host sent them; docs/security.md).
     assert result["echo"] == [200, "Bearer " + "*" * len(key)], result["echo"]
     # The value is nowhere the sandbox can read: environment, mounted files, /tmp,
-    # /workspace — nor in the pod's spec.
     assert key not in json.dumps(result["env"])
     assert result["files_read"] > 0 and result["key_shaped"] == [], result
     assert key not in json.dumps(s.pod_spec)
-    assert any(e.get("value") == placeholder for e in s.pod_spec["spec"]["containers"][0]["env"])
+    # The pod holds the placeholder (its code's environment, SANDBOX_RUNTIME_CODE_ENV).
+    assert placeholder in json.dumps(s.pod_spec)
