@@ -254,6 +254,23 @@ class _Upstream(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    """With ``tls``, the handshake in the request's thread: in ``accept`` (a wrapped
+    listening socket) one connection that never sends a ClientHello — a tunnel the
+    sandbox opened and left idle — held every later one up to its timeout (10 s)."""
+
+    tls: ssl.SSLContext | None = None
+
+    def finish_request(self, request, client_address) -> None:
+        if self.tls is not None:
+            request.settimeout(10)
+            try:
+                request = self.tls.wrap_socket(request, server_side=True)
+            except OSError:
+                return  # not TLS, or gone: nothing to answer
+        super().finish_request(request, client_address)
+
+
 class Outside:
     """The outside hosts on the two documentation addresses: pypi.test's index on
     ALLOWED_IP:80 and api.test over TLS (a certificate of the test's own CA) on
@@ -287,11 +304,8 @@ class Outside:
     def _serve(
         self, address: str, port: int, directory: Path, tls: ssl.SSLContext | None = None
     ) -> http.server.ThreadingHTTPServer:
-        server = http.server.ThreadingHTTPServer(
-            (address, port), partial(_Upstream, directory=str(directory))
-        )
-        if tls is not None:
-            server.socket = tls.wrap_socket(server.socket, server_side=True)
+        server = _Server((address, port), partial(_Upstream, directory=str(directory)))
+        server.tls = tls
         server.seen, server.api_key = [], self.api_key  # type: ignore[attr-defined]
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
@@ -371,14 +385,14 @@ def egress_proxy(release, kube, outside) -> Iterator[str]:
         reconnect(release, kube)
 
         def proxy_ip() -> str | None:
-            pods = proxy_pods(kube)  # one left: the one address the proxy answers on
             ready = [
                 p
-                for p in pods
+                for p in proxy_pods(kube)
                 if any(c.get("ready") for c in p["status"].get("containerStatuses") or [])
                 and "--hosts" in p["spec"]["containers"][0]["args"]
+                and not p["metadata"].get("deletionTimestamp")
             ]
-            return ready[0]["status"].get("podIP") if ready and len(pods) == 1 else None
+            return ready[0]["status"].get("podIP") if ready else None
 
         yield wait_until(proxy_ip, timeout=60, interval=0.5, message="the patched proxy")
     finally:
@@ -617,6 +631,7 @@ import socket
 s = socket.create_connection((%r, 3128), timeout=10)
 s.sendall(b"CONNECT pypi.test:8443 HTTP/1.1\r\nHost: pypi.test:8443\r\n\r\n")
 print(s.recv(4096).decode("latin-1").split("\r\n", 1)[0])
+s.close()  # the kernel keeps globals: an open tunnel would wait out the proxy's timeout
 """
 
 
