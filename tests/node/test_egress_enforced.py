@@ -298,6 +298,16 @@ class Outside:
             self.servers.append(self._serve(address, 80, root / name))
         self.allowed, self.other = self.servers
         tls = self.ca.server_context("api.test")
+        # Every server name a ClientHello brought here: the test of another SNI asks
+        # whether the proxy let one through (this context would refuse it too).
+        self.server_names: list[str | None] = []
+        refuse_others = tls.sni_callback
+
+        def record(sslobj, name, ctx):
+            self.server_names.append(name)
+            return refuse_others(sslobj, name, ctx) if refuse_others else None
+
+        tls.sni_callback = record
         self.api = self._serve(ALLOWED_IP, TLS_PORT, root / "allowed", tls)
         self.servers.append(self.api)
 
@@ -638,7 +648,7 @@ s.close()  # the kernel keeps globals: an open tunnel would wait out the proxy's
 # Executed in the sandbox: each attack through the proxy at its pod address, by hand
 # (raw sockets: no client library follows redirects or rewrites Host on its own).
 ATTACKS = r"""
-import json, os, socket, ssl
+import json, os, socket, ssl, urllib.error, urllib.request
 PROXY = (%r, 3128)
 
 def conversation(request):
@@ -659,8 +669,8 @@ def connect(target):
     request = f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n"
     return conversation(request.encode()).split("\r\n", 1)[0]
 
-def get(url, headers=""):
-    host = url.split("/")[2]
+def get(url, headers="", host=None):
+    host = host or url.split("/")[2]
     request = f"GET {url} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n"
     answer = conversation(request.encode())
     return {"status": answer.split("\r\n", 1)[0], "body": answer.split("\r\n\r\n", 1)[-1][:400]}
@@ -679,6 +689,16 @@ def tls_with_sni(target, sni):
     except (ssl.SSLError, OSError) as e:
         return f"{type(e).__name__}: {e}"
 
+def followed(url):
+    # What a client that follows redirects does (urllib): a new request, to the new host.
+    proxies = {"http": f"http://{PROXY[0]}:{PROXY[1]}"}
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler(proxies))
+    try:
+        with opener.open(url, timeout=10) as r:
+            return f"{r.status} {r.geturl()}"
+    except urllib.error.HTTPError as e:
+        return f"{e.code} {e.read().decode()[:300]}"
+
 placeholder = os.environ[%r]
 print(json.dumps({
     "raw_ip": connect("198.51.100.10:443"),
@@ -689,8 +709,9 @@ print(json.dumps({
     "proxy_itself": get("http://admin.test:3128/")["status"],
     "not_allowed": connect("evil.test:443"),
     "tls_sni": tls_with_sni("pypi.test:8443", "evil.test"),
-    "host": get("http://pypi.test/whoami", "Host: evil.test\r\n"),
+    "host": get("http://pypi.test/whoami", host="evil.test"),
     "redirect": get("http://pypi.test/redirect"),
+    "redirect_followed": followed("http://pypi.test/redirect"),
     "placeholder_elsewhere": get(
         "http://pypi.test/whoami", f"Authorization: Bearer {placeholder}\r\n"
     ),
@@ -731,10 +752,11 @@ def test_a_name_outside_the_policy_is_refused(attacks, outside):
     assert not outside.other.seen, outside.other.seen
 
 
-def test_an_allowed_connect_with_another_sni_is_cut(attacks):
-    # An allowed name in CONNECT, another in the TLS ClientHello: the tunnel is closed
-    # before the upstream gets a byte.
+def test_an_allowed_connect_with_another_sni_is_cut(attacks, outside):
+    # An allowed name in CONNECT, another in the TLS ClientHello: the proxy closes the
+    # tunnel with unrecognized_name; the upstream never sees that ClientHello.
     assert "UNRECOGNIZED_NAME" in attacks["tls_sni"].upper(), attacks["tls_sni"]
+    assert "evil.test" not in outside.server_names, outside.server_names
 
 
 def test_another_host_header_goes_to_the_urls_host(attacks):
@@ -743,7 +765,11 @@ def test_another_host_header_goes_to_the_urls_host(attacks):
 
 
 def test_a_redirect_to_a_forbidden_host_is_relayed_never_followed(attacks, outside):
+    # The proxy relays the 302 as it came; a client following it asks for evil.test, which
+    # the policy refuses.
     assert attacks["redirect"]["status"].split()[1] == "302", attacks["redirect"]
+    followed = attacks["redirect_followed"]
+    assert followed.startswith("403 Egress refused: evil.test is not in this session"), followed
     assert not any(r["path"] == "/stolen" for r in outside.other.seen), outside.other.seen
 
 
