@@ -56,6 +56,7 @@ import pytest
 from kubeenv.client import JSON_PATCH, wait_until
 from kubeenv.controlplane import BIN_DIR, spawn, stop_process
 from nodeenv.network import NODE_IP, NODE_NAME, SERVICE_IP
+from nodeenv.prepare import wait_for_enforcer
 from nodeenv.release import NAMESPACE, RELEASE, SESSIONS
 from sessions import UserSession
 from wheel_index import make_wheel
@@ -484,8 +485,11 @@ class Enforcer:
 def enforcer(node_cluster, egress_proxy, tmp_path_factory) -> Iterator[Enforcer]:
     """After the proxy (set up first, so the upgrade and the rollback run with no enforcer
     and the enforcer's rules are gone before the rollback)."""
-    if not ENFORCER.exists():
-        pytest.fail(f"no {ENFORCER}: scripts/build-enforcer.sh builds it")
+    # Built beside the tier (nodeenv.prepare): by now, normally (seconds after the
+    # control plane's build, whose Go cache it reuses; the images take longer).
+    why = wait_for_enforcer(timeout=240)
+    if why is not None:
+        pytest.fail(why)
     e = Enforcer(node_cluster.kubeconfig, tmp_path_factory.mktemp("enforcer"))
     try:
         yield e
