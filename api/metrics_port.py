@@ -5,7 +5,8 @@ registry at ``GET /metrics`` on ``host:port`` for as long as the context is open
 API's lifespan), and the API's own port no longer answers ``/metrics`` (404): a platform
 exposes the API through an Ingress and keeps the metrics port inside the cluster for
 Prometheus alone. The process's signals stay the main server's (this listener takes
-none); it ends when the API shuts down.
+none); it ends when the API shuts down. Like the API's own server it makes no wakeup
+while idle (``sandbox_workspace.server.QuietServer``).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from sandbox_workspace.server import bind
+from sandbox_workspace.http_guard import HttpGuard
+from sandbox_workspace.server import QuietServer, bind, dated
 
 
-class _Listener(uvicorn.Server):
+class _Listener(QuietServer):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield  # SIGTERM/SIGINT are the API server's: it ends this listener in its lifespan
@@ -41,7 +43,11 @@ def metrics_app(registry: CollectorRegistry) -> Starlette:
 async def serving(registry: CollectorRegistry, host: str, port: int) -> AsyncIterator[None]:
     sock = bind(host, port)
     config = uvicorn.Config(
-        metrics_app(registry), log_config=None, log_level="warning", lifespan="off"
+        metrics_app(registry),
+        log_config=None,
+        log_level="warning",
+        lifespan="off",
+        http=dated(HttpGuard().protocol()),  # no tick of its own (QuietServer)
     )
     server = _Listener(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))

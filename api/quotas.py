@@ -11,17 +11,25 @@ Contract:
   raises ``TooManyAtOnce`` (429 with ``Retry-After``); ``hold(key)`` is the same as a
   context manager. Counters are dropped when they reach zero, so the map holds only
   keys with something in progress (it is bounded by what is in progress, not by users).
+- ``Caps(kind, per_user, per_tenant, total).take(caller)`` takes one slot of the
+  caller's user (tenant and user), of its tenant and of ``total`` (a bound of the whole
+  replica, maybe shared with other kinds), in that order, and returns their release
+  (idempotent); at any cap it takes none and raises ``TooManyAtOnce``. So neither one
+  user nor one tenant takes the replica's whole bound.
 - ``UserLimits(quotas, runtime_connections)``: this process's concurrency caps per user,
   and ``runtime_streams``, the replica's one bound on calls that hold a runtime
   connection for as long as code runs (``/execute``, E2B streams): half of
   ``runtime_connections``, so every other call finds a connection in the pool.
-  ``take_execution(key)`` takes the user's slot, then the replica's (none at a cap).
+  ``take_execution(caller)`` takes the user's ``/execute`` slot, the tenant's, then the
+  replica's (``executions``, a ``Caps``; none at a cap).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from pydantic import BaseModel, Field
 
@@ -44,6 +52,12 @@ class Quotas(BaseModel):
     )
     executions_per_user: int = Field(
         32, ge=1, description="/execute calls of one user in progress at once (then 429)."
+    )
+    executions_per_tenant: int = Field(
+        128,
+        ge=1,
+        description="/execute calls of all users of one tenant in progress at once on one "
+        "API replica (then 429); with one tenant only, raise it to the replica's bound.",
     )
     e2b_streams_per_user: int = Field(
         32,
@@ -134,6 +148,44 @@ class Concurrency:
             release()
 
 
+class Who(Protocol):
+    """Whose slots ``Caps`` takes (an ``identity.Caller``)."""
+
+    @property
+    def tenant(self) -> str: ...
+
+    @property
+    def user_id(self) -> str: ...
+
+
+class Caps:
+    """A user's, its tenant's and the replica's slots, taken together (module contract)."""
+
+    def __init__(self, kind: str, per_user: tuple[int, str], per_tenant: tuple[int, str],
+                 total: Concurrency) -> None:  # fmt: skip
+        """``total``: the replica's bound (may be shared with other kinds)."""
+        self.user = Concurrency(kind, *per_user)
+        self.tenant = Concurrency(kind, *per_tenant, scope="per tenant")
+        self.total = total
+
+    def take(self, caller: Who) -> Callable[[], None]:
+        releases: list[Callable[[], None]] = []
+        try:
+            releases.append(self.user.take(json.dumps([caller.tenant, caller.user_id])))
+            releases.append(self.tenant.take(caller.tenant))
+            releases.append(self.total.take(""))
+        except TooManyAtOnce:
+            for release in releases:
+                release()
+            raise
+
+        def release_all() -> None:
+            for release in releases:
+                release()
+
+        return release_all
+
+
 RUNTIME_STREAMS_SETTING = "half of SANDBOX_WORKSPACE_RUNTIME_CONNECTIONS"
 
 
@@ -150,21 +202,14 @@ class UserLimits:
         self.followers = Concurrency(
             "event streams", quotas.followers_per_user, "followers_per_user"
         )
-        self.executions = Concurrency(
-            "executions", quotas.executions_per_user, "executions_per_user"
+        # One bound with E2B streams (``e2b.admission``): together at most half the pool.
+        self.executions = Caps(
+            "executions",
+            (quotas.executions_per_user, "executions_per_user"),
+            (quotas.executions_per_tenant, "executions_per_tenant"),
+            self.runtime_streams,
         )
 
-    def take_execution(self, key: str) -> Callable[[], None]:
-        """An ``/execute`` slot of user ``key`` and of the replica; the release of both."""
-        user = self.executions.take(key)
-        try:
-            replica = self.runtime_streams.take("")
-        except TooManyAtOnce:
-            user()
-            raise
-
-        def release() -> None:
-            user()
-            replica()
-
-        return release
+    def take_execution(self, caller: Who) -> Callable[[], None]:
+        """An ``/execute`` slot of the caller, its tenant and the replica; their release."""
+        return self.executions.take(caller)

@@ -9,6 +9,8 @@ message (``RuntimeRefused``, an ``ApiError``), an unreachable runtime as 503
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import httpx
 
 from sandbox_workspace.runtime import client as _client
@@ -23,8 +25,20 @@ RuntimeApiError = RuntimeRefused
 class RuntimeClient(_client.RuntimeClient):
     """``runtime.client.RuntimeClient`` addressed by a backend's endpoint."""
 
-    def __init__(self, http: httpx.AsyncClient, endpoint: RuntimeEndpoint) -> None:
-        super().__init__(http, endpoint.url, endpoint.token, endpoint.unix_socket)
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        endpoint: RuntimeEndpoint,
+        *,
+        on_unreachable: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(
+            http,
+            endpoint.url,
+            endpoint.token,
+            endpoint.unix_socket,
+            on_unreachable=on_unreachable,
+        )
 
 
 __all__ = ["RuntimeApiError", "RuntimeClient", "RuntimeRefused"]

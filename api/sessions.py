@@ -24,8 +24,11 @@ Contract:
   the command's Start) and one per file or command after. Only the E2B data plane uses
   it: a stale answer there harms no more than a request in flight during a change would
   (its store writes are fenced on their own, ``Backend.store_writing``). ``forget``
-  drops a session's answers (its deletion through this API, and any look through
-  ``get``/``find`` that sees it not running).
+  drops a caller's answer (its session's deletion through this API, a runtime the E2B
+  data plane could not reach, and any look through ``get``/``find`` that sees it not
+  running); an ``ensure_running`` already under way then stores none either (a
+  generation per caller that ``forget`` bumps), so no answer older than the forget is
+  reused. Per API replica: another replica's answer lives out its ``RECENT_SECONDS``.
 """
 
 from __future__ import annotations
@@ -66,6 +69,11 @@ class SessionService:
         self.default_ttl = default_ttl
         # (tenant, user) → (monotonic time, their Running session): ``recent_running``.
         self._recent: dict[tuple[str, str], tuple[float, Session]] = {}
+        # (tenant, user) → how many times ``forget`` dropped their answer; ``_epoch``
+        # counts the times the whole map was cleared (its bound). An ``ensure_running``
+        # stores its answer only when both are as they were when it started.
+        self._forgets: dict[tuple[str, str], int] = {}
+        self._epoch = 0
 
     @staticmethod
     def own_session_id(caller: Caller, session_id: str) -> str:
@@ -94,7 +102,7 @@ class SessionService:
             # Seen stopped, failed or gone: its Running answer is not reused any more
             # (an idle stop or a crash inside ``RECENT_SECONDS`` of the last answer). The
             # caller's own key alone: a client polling a stopped session scans nothing.
-            self._recent.pop((caller.tenant, caller.user_id), None)
+            self.forget(caller)
         return session
 
     def default_spec(self, caller: Caller) -> SessionSpec:
@@ -136,12 +144,17 @@ class SessionService:
         attributes = {"session_id": session_id, "user_id": caller.user_id}
         if spec is not None:
             attributes |= {"agent_id": spec.agent_id, "business_domain_id": spec.business_domain_id}
+        key = (caller.tenant, caller.user_id)
+        generation = (self._epoch, self._forgets.get(key, 0))
         with tracing.span("session.ensure", attributes):
             session = await self._ensure_running(caller, session_id, spec)
-        if session.session_id == caller.session_id:  # the caller's own (always, today)
+        if (
+            session.session_id == caller.session_id  # the caller's own (always, today)
+            and generation == (self._epoch, self._forgets.get(key, 0))  # no forget since
+        ):
             if len(self._recent) >= _RECENT_MAX:
                 self._recent.clear()
-            self._recent[(caller.tenant, caller.user_id)] = (time.monotonic(), session)
+            self._recent[key] = (time.monotonic(), session)
         return session
 
     async def recent_running(self, caller: Caller) -> Session:
@@ -151,11 +164,17 @@ class SessionService:
             return hit[1]
         return await self.ensure_running(caller, caller.session_id)
 
-    def forget(self, session_id: str) -> None:
-        """No answer about ``session_id`` is reused from now on."""
-        for key, (_, session) in list(self._recent.items()):
-            if session.session_id == session_id:
-                del self._recent[key]
+    def forget(self, caller: Caller) -> None:
+        """No answer about the caller's session is reused from now on, nor stored by an
+        ``ensure_running`` under way (the caller's own key alone: nothing is scanned)."""
+        key = (caller.tenant, caller.user_id)
+        self._recent.pop(key, None)
+        if len(self._forgets) >= _RECENT_MAX:
+            # Past the bound, start over; every ``ensure_running`` under way then stores
+            # nothing (its epoch changed), so no forget is lost with the counts.
+            self._forgets.clear()
+            self._epoch += 1
+        self._forgets[key] = self._forgets.get(key, 0) + 1
 
     async def _ensure_running(
         self, caller: Caller, session_id: str, spec: SessionSpec | None

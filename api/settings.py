@@ -320,7 +320,8 @@ class ApiSettings(BaseSettings):
     quotas: Quotas = Field(
         default_factory=Quotas,
         description="Per-user caps: conversations_per_user (409 quota_exceeded), "
-        "runs_per_user, followers_per_user, executions_per_user (429 with Retry-After), "
+        "runs_per_user, followers_per_user, executions_per_user/_per_tenant (429 with "
+        "Retry-After), "
         "e2b_streams_per_user/_per_tenant, e2b_watchers_per_user/_per_tenant (429), "
         "snapshot_bytes_per_user (413).",
     )

@@ -180,9 +180,12 @@ def run(quick: bool) -> list[Figure]:
     n, rounds, n_users, n_conversations = (20, 1, 2, 2) if quick else (200, 3, 4, 5)
     users = [f"conc{u}" for u in range(n_users)]
     conversations = [f"c{c}" for c in range(n_conversations)]
-    # A few users make every operation: the per-user execution cap must not throttle.
+    # A few users of one tenant make every operation: the per-user and per-tenant
+    # execution caps must not throttle.
     with dev_server(
-        SANDBOX_WORKSPACE_SANDBOX_MOUNT="none", SANDBOX_WORKSPACE_QUOTAS__EXECUTIONS_PER_USER="1000"
+        SANDBOX_WORKSPACE_SANDBOX_MOUNT="none",
+        SANDBOX_WORKSPACE_QUOTAS__EXECUTIONS_PER_USER="1000",
+        SANDBOX_WORKSPACE_QUOTAS__EXECUTIONS_PER_TENANT="1000",
     ) as server:
         par_rate, seq_rate, par_lat, seq_lat, checked = asyncio.run(
             _bench(server.url, n, rounds, users, conversations)

@@ -73,7 +73,8 @@ class OperatorSettings(BaseSettings):
         None,
         description="`host:port` of the egress proxy; sandbox pods get it as "
         "HTTP_PROXY/HTTPS_PROXY (a host name is resolved once at start: sandboxes have no "
-        "DNS). Unset: no proxy, egress policies are not enforced on this cluster.",
+        "DNS). Not port 8080, the runtime's own (code may reach the proxy's port on any "
+        "address). Unset: no proxy, egress policies are not enforced on this cluster.",
     )
     egress_ca_configmap: str | None = Field(
         None,
@@ -201,6 +202,14 @@ class OperatorSettings(BaseSettings):
             host, _, port = value.rpartition(":")
             if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
                 raise ValueError(f"egress_proxy {value!r}: give host:port (port 1-65535)")
+            if int(port) == RUNTIME_PORT:
+                # proxy_port opens the port on every address, not the proxy's alone: on a
+                # CNI that does not enforce NetworkPolicy, code would reach every other
+                # sandbox's runtime.
+                raise ValueError(
+                    f"egress_proxy {value!r}: port {RUNTIME_PORT} is the sandbox runtime's "
+                    "own; serve the proxy on another (chart: egressProxy.port, 3128)"
+                )
         return value
 
     @field_validator("metrics_port", mode="before")

@@ -12,7 +12,9 @@ Contract:
   is) that says whether to retry: ``RuntimeUnavailable`` (503) — not reachable;
   ``RuntimeBadAnswer`` (502) — an answer that is not the runtime's error contract, or our
   token refused; ``RuntimeRefused`` — the runtime's own ``{"error"}`` answer, relayed
-  with its status, code and message (``retryable`` for 409/429/5xx).
+  with its status, code and message (``retryable`` for 409/429/5xx). Each
+  ``RuntimeUnavailable`` is told to ``on_unreachable`` first, when given (the API's E2B
+  data plane then forgets the session answer that led to that runtime).
 - An execution's answer is read up to ``MAX_ANSWER_BYTES`` (a streamed one: per event
   line); a runtime that sends more — its own caps are far below — gets
   ``RuntimeBadAnswer``, and the caller never holds more than that.
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -207,11 +209,19 @@ class RuntimeClient:
     """Calls of one runtime at ``endpoint`` with its bearer ``token``."""
 
     def __init__(
-        self, http: httpx.AsyncClient, endpoint: str, token: str, unix_socket: str = ""
+        self,
+        http: httpx.AsyncClient,
+        endpoint: str,
+        token: str,
+        unix_socket: str = "",
+        *,
+        on_unreachable: Callable[[], None] | None = None,
     ) -> None:
         """``unix_socket``: the runtime listens there (``endpoint`` is then ignored: the
-        client's transport must be ``UnixSocketRouting``)."""
+        client's transport must be ``UnixSocketRouting``). ``on_unreachable``: called
+        before each ``RuntimeUnavailable`` is raised."""
         self.http = http
+        self.on_unreachable = on_unreachable
         self.base = (UNRESOLVABLE_BASE if unix_socket else endpoint).rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}"}
         self.extensions = {UNIX_SOCKET: unix_socket} if unix_socket else {}
@@ -228,9 +238,26 @@ class RuntimeClient:
                 **kw,
             )
         except httpx.TransportError as e:
-            raise _unreachable(e) from e
+            raise self._unreachable(e) from e
         raise_for(response)
         return response
+
+    def _unreachable(self, e: Exception) -> RuntimeUnavailable:
+        self._lost()
+        return _unreachable(e)
+
+    def _lost(self) -> None:
+        if self.on_unreachable is not None:
+            self.on_unreachable()
+
+    async def _told(self, events: AsyncIterator[dict]) -> AsyncIterator[dict]:
+        """A streamed answer's events; a runtime lost (or silent) midway is told too."""
+        try:
+            async for event in events:
+                yield event
+        except RuntimeUnavailable:
+            self._lost()
+            raise
 
     async def _open(self, method: str, path: str, **kw: Any) -> httpx.Response:
         """A streamed answer; the caller reads it and must ``aclose()`` it."""
@@ -240,7 +267,7 @@ class RuntimeClient:
         try:
             response = await self.http.send(request, stream=True)
         except httpx.TransportError as e:
-            raise _unreachable(e) from e
+            raise self._unreachable(e) from e
         if response.status_code >= 400:
             try:
                 await response.aread()
@@ -347,7 +374,7 @@ class RuntimeClient:
                     raise _too_large()
             return bytes(body)
         except httpx.TransportError as e:
-            raise _unreachable(e) from e
+            raise self._unreachable(e) from e
         finally:
             await response.aclose()
 
@@ -360,7 +387,7 @@ class RuntimeClient:
             json=request.model_dump(),
             timeout=self._exec_timeout(request),
         )
-        async for event in _ndjson_lines(response):
+        async for event in self._told(_ndjson_lines(response)):
             yield event
 
     @staticmethod
@@ -377,13 +404,13 @@ class RuntimeClient:
         body = {"code": code, "timeout": timeout, "stdin": stdin}
         path = self._conversation(cid, "processes")
         response = await self._open("POST", path, json=body, timeout=_STREAM_TIMEOUT)
-        async for event in _process_events(response):
+        async for event in self._told(_process_events(response)):
             yield event
 
     async def process_events(self, cid: str, pid: int) -> AsyncIterator[dict]:
         path = self._conversation(cid, "processes", str(pid), "events")
         response = await self._open("GET", path, timeout=_STREAM_TIMEOUT)
-        async for event in _process_events(response):
+        async for event in self._told(_process_events(response)):
             yield event
 
     async def list_processes(self, cid: str) -> list[dict]:

@@ -47,6 +47,9 @@ from .schemas import ExecuteRequest, ExecutionError, ExecutionResult
 from .spawner import Call, Spawner, SpawnFailed
 from .workspace import Workspace
 
+_INLINE_WALK_SECONDS = 0.002  # the session-memory walk runs on the loop while this quick
+_THREAD_WALK_SECONDS = 10.0  # and after a slower one, in a thread for at least this long
+
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _BLAS_THREADS = str(min(8, len(os.sched_getaffinity(0))))
 
@@ -103,15 +106,27 @@ class Executor:
     async def watch_session_memory(self, interval: float = 0.25) -> None:
         """Keep the memory of all code together under ``session_memory``: past it, the
         execution holding the most is killed (memory_limit_exceeded). Overshoot: what
-        code allocates in ``interval`` (RLIMIT_AS bounds each process meanwhile)."""
+        code allocates in ``interval`` (RLIMIT_AS bounds each process meanwhile). With no
+        call alive it sleeps until one starts: an idle runtime makes no wakeup for it."""
         if not self.session_memory:
             return
+        threaded_until = 0.0
         while True:
+            await self.spawner.busy.wait()  # a call started: it is measured ``interval`` on
             await asyncio.sleep(interval)
             spawner = self.spawner.pid
             if spawner is None or not self.spawner.running():
                 continue  # nothing runs, nothing to kill: no /proc walk in a thread
-            usage = await asyncio.to_thread(usage_by_call, spawner)
+            # A few processes (an idle interpreter) are walked in well under a millisecond:
+            # on the loop, one wakeup, not four for the hand-off to a thread and back. After
+            # a slower walk (a large tree: 500 processes take 10-20 ms) the walks go to a
+            # thread for a while, so code that grows and shrinks its tree on purpose stalls
+            # the loop once per _THREAD_WALK_SECONDS at most.
+            walk = _timed(usage_by_call, spawner)
+            threaded = time.monotonic() < threaded_until
+            usage, spent = await asyncio.to_thread(walk) if threaded else walk()
+            if spent >= _INLINE_WALK_SECONDS:
+                threaded_until = time.monotonic() + _THREAD_WALK_SECONDS
             if sum(usage.values()) <= self.session_memory:
                 continue
             largest = max(usage, key=usage.__getitem__)
@@ -334,3 +349,14 @@ class Executor:
             pathsafe.remove_tree(fd, name)
         finally:
             os.close(fd)
+
+
+def _timed(fn: Callable, *args: object) -> Callable[[], tuple]:
+    """``fn(*args)`` as a call returning its result and the CPU seconds it took (its
+    thread's: time preempted on a loaded machine is not the walk's cost)."""
+
+    def run() -> tuple:
+        began = time.thread_time()
+        return fn(*args), time.thread_time() - began
+
+    return run

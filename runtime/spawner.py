@@ -15,6 +15,8 @@ Contract:
 - ``Call.exited`` resolves to the exit status (128 + signal when killed);
   ``kill(call)`` kills the call's whole process tree; ``await stop(cid)`` returns once
   every process of the conversation is gone.
+- ``busy`` is set while any call is starting or running, clear when none is: what
+  watches running code waits on it instead of polling an idle runtime.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class Spawner:
         self._stops: dict[int, asyncio.Future] = {}
         self._lock = asyncio.Lock()
         self.spawned = False  # whether any call was asked for (``configure`` only before)
+        self.busy = asyncio.Event()
 
     @property
     def pid(self) -> int | None:
@@ -140,11 +143,12 @@ class Spawner:
         started = asyncio.get_running_loop().create_future()
         self._starting[call.id] = started
         self._calls[call.id] = call
+        self.busy.set()
         try:
             call.pid, call.start, call.reaper, call.reaper_start = await started
         except BaseException:
             self._starting.pop(call.id, None)
-            self._calls.pop(call.id, None)
+            self._forget(call.id)
             # Cancelled while starting: the spawner starts it anyway, so kill it right after.
             with contextlib.suppress(SpawnFailed):
                 self._send({"op": "kill", "id": call.id})
@@ -224,12 +228,12 @@ class Spawner:
             _resolve(self._starting.pop(ident, None), started)
         elif op == "failed":
             future = self._starting.pop(ident, None)
-            self._calls.pop(ident, None)
+            self._forget(ident)
             if future is not None and not future.done():
                 ceiling = bool(message.get("ceiling"))
                 future.set_exception(SpawnFailed(message["error"], at_ceiling=ceiling))
         elif op == "exited":
-            call = self._calls.pop(ident, None)
+            call = self._forget(ident)
             if call is not None:
                 call.limit = message.get("limit") or call.limit
                 _resolve(call.exited, message["code"])
@@ -252,6 +256,13 @@ class Spawner:
         for future in self._stops.values():
             _resolve(future, None)
         self._starting, self._calls, self._stops = {}, {}, {}
+        self.busy.clear()
+
+    def _forget(self, ident: int) -> Call | None:
+        call = self._calls.pop(ident, None)
+        if not self._calls:
+            self.busy.clear()
+        return call
 
     async def aclose(self) -> None:
         """Stop the spawner; it kills every call before it exits."""

@@ -43,10 +43,12 @@ class ServerProcess:
     proc: subprocess.Popen | None = None
     url: str = ""
     log_path: Path = field(init=False)
+    _interrupted: bool = field(default=False, init=False)
 
     def start(self) -> ServerProcess:
         port_file = self.workdir / f"port-{uuid.uuid4().hex}"
         self.log_path = self.workdir / f"server-{uuid.uuid4().hex[:8]}.log"
+        self._interrupted = False
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [*self.argv, "--port", "0", "--port-file", str(port_file)],
@@ -75,10 +77,19 @@ class ServerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def interrupt(self, sig: int = signal.SIGINT) -> None:
+        """Ask the server to stop, without waiting (``stop`` then waits): servers asked
+        together shut down side by side. Asked once only — a second SIGINT makes uvicorn
+        force its exit, skipping the graceful part the tests check."""
+        assert self.proc is not None
+        if self.proc.poll() is None and not self._interrupted:
+            self._interrupted = True
+            self.proc.send_signal(sig)
+
     def stop(self, sig: int = signal.SIGINT) -> int:
         assert self.proc is not None
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+            self.interrupt(sig)
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
@@ -159,7 +170,14 @@ def runtime(
         base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=30
     ) as client:
         yield RuntimeHandle(server=server, token=token, root=root, client=client)
-    server.stop(signal.SIGTERM)
+    # Asked to stop now, waited for when the module ends (``_servers_end_with_their_module``):
+    # its shutdown (graceful: the spawner and its calls end first) overlaps the next test's setup
+    # instead of adding to each of the ~220 tests that take a runtime of their own.
+    server.interrupt(signal.SIGTERM)
+    _runtimes_stopping.append(server)
+
+
+_runtimes_stopping: list[ServerProcess] = []
 
 
 @dataclass
@@ -204,6 +222,10 @@ def start_server(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _stop_all(servers: list[ServerProcess]) -> None:
+    # All asked first, then waited for: each stops its runtimes and ends its server in
+    # ~0.5-2 s, so a module's ten servers took 5-20 s one after another.
+    for server in servers:
+        server.interrupt()
     for server in servers:
         server.stop()
     # Checked after all are stopped: a server may use another's data directory.
@@ -219,6 +241,9 @@ def _servers_end_with_their_module(start_server) -> Iterator[None]:
     after the module's own fixtures, which may still talk to them in their teardown)."""
     yield
     start_server.stop_module_servers()
+    stopping, _runtimes_stopping[:] = list(_runtimes_stopping), []
+    for server in stopping:
+        server.stop(signal.SIGTERM)  # asked already: waits (SIGKILL past 20 s)
 
 
 EXTERNAL_API = os.environ.get("SANDBOX_TEST_API_URL")

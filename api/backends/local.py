@@ -222,6 +222,7 @@ class LocalBackend:
         self._deleting = DeletionGate()  # (session, conversation) being deleted
         self._api_activity: dict[str, datetime] = {}  # session id → record_activity's time
         self._reaper: asyncio.Task | None = None
+        self._running = asyncio.Event()  # some runtime process may run: the idle stop looks
 
     # -- lifecycle of the backend ------------------------------------------------------
 
@@ -521,6 +522,7 @@ class LocalBackend:
         if self.egress is not None:
             entry.unix_socket = str(self.egress.runtime_socket(sid))
         self._procs[record.session_id] = entry
+        self._running.set()
         log.info("started runtime", extra={"session_id": record.session_id, "pid": proc.pid})
         task = asyncio.create_task(self._await_ready(record.session_id, entry))
         self._waiters.add(task)
@@ -551,6 +553,8 @@ class LocalBackend:
 
     async def _stop(self, session_id: str) -> None:
         entry = self._procs.pop(session_id, None)
+        if not self._procs:
+            self._running.clear()
         try:
             await self._end(entry)
         finally:
@@ -571,9 +575,11 @@ class LocalBackend:
     # -- idle stop -----------------------------------------------------------------------
 
     async def _stop_idle_runtimes(self) -> None:
-        """Every few seconds (a quarter of the timeout, at most 30 s): stop the idle."""
+        """Every few seconds (a quarter of the timeout, at most 30 s): stop the idle. A
+        stop is that late at most; while no runtime runs the loop sleeps (no wakeup)."""
         interval = min(max(self.idle_timeout / 4, _POLL_SECONDS), _IDLE_CHECK_MAX_SECONDS)
         while True:
+            await self._running.wait()
             await asyncio.sleep(interval)
             for session_id, entry in list(self._procs.items()):
                 try:

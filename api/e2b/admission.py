@@ -21,44 +21,16 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Send
 
-from ..identity import Caller
-from ..quotas import Concurrency, TooManyAtOnce
+from ..quotas import Caps, Concurrency
 
 MAX_WATCHERS = 256  # per API process, all tenants: the last guard
 SEND_SECONDS = 60.0  # four of envd's keepalive intervals: a reading client takes one
-
-
-class Caps:
-    def __init__(self, kind: str, per_user: tuple[int, str], per_tenant: tuple[int, str],
-                 total: Concurrency) -> None:  # fmt: skip
-        """``total``: the replica's bound (may be shared with other kinds)."""
-        self.user = Concurrency(kind, *per_user)
-        self.tenant = Concurrency(kind, *per_tenant, scope="per tenant")
-        self.total = total
-
-    def take(self, caller: Caller) -> Callable[[], None]:
-        releases: list[Callable[[], None]] = []
-        try:
-            releases.append(self.user.take(json.dumps([caller.tenant, caller.user_id])))
-            releases.append(self.tenant.take(caller.tenant))
-            releases.append(self.total.take(""))
-        except TooManyAtOnce:
-            for release in releases:
-                release()
-            raise
-
-        def release_all() -> None:
-            for release in releases:
-                release()
-
-        return release_all
 
 
 @dataclass

@@ -21,11 +21,12 @@ import contextlib
 import json
 import shlex
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from sandbox_workspace.contract.errors import ApiError, BadGateway, BadRequest, NotFoundError
 from sandbox_workspace.contract.ids import UnsafePath, check_conversation_id
+from sandbox_workspace.runtime.client import RuntimeUnavailable
 from sandbox_workspace.runtime.schemas import ExecuteRequest, ExecutionResult
 
 from ..backends.base import ConversationPhase, Session
@@ -214,17 +215,29 @@ class Sandbox:
         # its command's Start): not read again (``SessionService.recent_running``).
         session = await services.sessions.recent_running(caller)
         cid = conversation_of(sandbox_id)
-        if not await _tracked(services, session, sandbox_id, cid) and not (
-            cid in await client(services, session).list_conversations()
-            or await kept(services, session, cid)
-        ):
-            raise SandboxNotFound(f"sandbox '{sandbox_id}' not found (killed, or not yours)")
-        await services.backend.conversation_opened(session, cid)  # fills it from the store
-        return cls(services, session, cid, attached=is_attached(sandbox_id), caller=caller)
+        sandbox = cls(services, session, cid, attached=is_attached(sandbox_id), caller=caller)
+        try:
+            if not await _tracked(services, session, sandbox_id, cid) and not (
+                cid in await sandbox.client.list_conversations()
+                or await kept(services, session, cid)
+            ):
+                raise SandboxNotFound(f"sandbox '{sandbox_id}' not found (killed, or not yours)")
+            # Fills it from the store (a runtime call of the backend's own).
+            await services.backend.conversation_opened(session, cid)
+        except RuntimeUnavailable:
+            sandbox.unreachable()
+            raise
+        return sandbox
 
     @property
     def client(self) -> RuntimeClient:
-        return client(self.services, self.session)
+        return client(self.services, self.session, on_unreachable=self.unreachable)
+
+    def unreachable(self) -> None:
+        """Its runtime did not answer: maybe a crash or a new pod since the session
+        answer this call reused (``recent_running``), so the caller's next call looks the
+        session up again instead of failing the same way."""
+        self.services.sessions.forget(self.caller)
 
     def _at_home(self, request: ExecuteRequest) -> ExecuteRequest:
         # An attached chat conversation keeps the chat's layout: home is its directory.
@@ -313,6 +326,8 @@ async def kept(services: Services, session: Session, cid: str) -> bool:
     return False
 
 
-def client(services: Services, session: Session) -> RuntimeClient:
+def client(
+    services: Services, session: Session, *, on_unreachable: Callable[[], None] | None = None
+) -> RuntimeClient:
     assert session.endpoint is not None, "the session runs (ensure_running)"
-    return RuntimeClient(services.http, session.endpoint)
+    return RuntimeClient(services.http, session.endpoint, on_unreachable=on_unreachable)

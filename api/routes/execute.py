@@ -71,8 +71,8 @@ async def execute(
 ):
     """Run code in the conversation's directory (Python keeps state between calls)."""
     cid = ids.conversation_id_or_400(body.conversation_id)
-    # 429 at the user's cap or the replica's: each execution holds a runtime connection.
-    release = services.user_limits.take_execution(caller.session_id)
+    # 429 at the user's, tenant's or replica's cap: each execution holds a runtime connection.
+    release = services.user_limits.take_execution(caller)
     streaming = False
     try:
         session = await services.sessions.ensure_running(caller, session_id)

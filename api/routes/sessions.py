@@ -65,7 +65,7 @@ async def delete_session(
 ) -> SessionDeleted:
     """Delete the session, its runtime and every conversation's files."""
     sid = services.sessions.own_session_id(caller, session_id)
-    services.sessions.forget(sid)  # the E2B data plane reuses no answer about it
+    services.sessions.forget(caller)  # the E2B data plane reuses no answer about it
     if not await services.backend.delete_session(sid):
         raise NotFoundError(f"session '{session_id}' not found")
     return SessionDeleted(session_id=sid)

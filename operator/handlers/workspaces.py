@@ -6,7 +6,12 @@ Contract:
   (``PUT /v1/conversations/{cid}``) and the status set Ready with path, file count and
   bytes. A missing session, or one being deleted, deletes the workspace (reason
   ``SessionGone``, then the finalizer below): deleting a session deletes its
-  conversations, also one made as it went. A stopped or starting session is waited
+  conversations, also one made as it went — except one the session adopted whose
+  deletion orphans it (``kubectl delete --cascade=orphan``: the orphan finalizer on
+  the session, or our owner reference gone while ``adopted-by`` names it), which is
+  kept with its files, as a Ready one and the session's claim are (reason
+  ``Orphaned``, one Event); it waits, looking every ``check_interval_seconds``, for a
+  session of the same name, which adopts it. A stopped or starting session is waited
   for — a stopped one is never asked to resume from here, so an operator restart
   starts no pod; the directory is made by the session's next real use. On resume, a
   workspace already Ready for its generation is left alone. An invalid spec (a
@@ -31,7 +36,7 @@ import kopf
 from pydantic import ValidationError
 
 from sandbox_workspace.contract.conditions import ConditionType, Reason
-from sandbox_workspace.contract.crd import SESSION_PLURAL, WORKSPACE_PLURAL
+from sandbox_workspace.contract.crd import ANNOTATION_ADOPTED_BY, SESSION_PLURAL, WORKSPACE_PLURAL
 from sandbox_workspace.kube import KubeError, custom_path
 from sandbox_workspace.runtime.client import RuntimeClient, RuntimeClientError, RuntimeRefused
 
@@ -93,21 +98,44 @@ async def session_runtime(
 
 
 def _owner_patch(body: dict, session_body: dict) -> dict | None:
-    """Owner reference to the session, when the workspace has none yet."""
+    """Owner reference to the session and ``adopted-by`` naming it, when the workspace
+    lacks either (one adopted before the annotation existed gets it now)."""
     uid = session_body["metadata"]["uid"]
     refs = list(body["metadata"].get("ownerReferences") or [])
-    if any(r.get("uid") == uid for r in refs):
-        return None
-    # Not a controller reference: the session owns the workspace's lifetime only.
-    ref = {
-        "apiVersion": session_body["apiVersion"],
-        "kind": session_body["kind"],
-        "name": session_body["metadata"]["name"],
-        "uid": uid,
-        "controller": False,
-        "blockOwnerDeletion": False,
-    }
-    return {"ownerReferences": [*refs, ref]}
+    patch: dict[str, Any] = {}
+    if not any(r.get("uid") == uid for r in refs):
+        # Not a controller reference: the session owns the workspace's lifetime only.
+        ref = {
+            "apiVersion": session_body["apiVersion"],
+            "kind": session_body["kind"],
+            "name": session_body["metadata"]["name"],
+            "uid": uid,
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+        patch["ownerReferences"] = [*refs, ref]
+    if (body["metadata"].get("annotations") or {}).get(ANNOTATION_ADOPTED_BY) != uid:
+        patch["annotations"] = {ANNOTATION_ADOPTED_BY: uid}
+    return patch or None
+
+
+def _orphaned(body: dict, session_body: dict | None) -> bool:
+    """Whether the deletion of the session that adopted this workspace orphans it: it
+    carries the orphan finalizer (the garbage collector is removing our reference), or
+    the reference named by ``adopted-by`` is gone. A workspace never adopted was never
+    the session's dependent: no propagation policy speaks for it."""
+    meta = body["metadata"]
+    adopted = (meta.get("annotations") or {}).get(ANNOTATION_ADOPTED_BY)
+    if not adopted:
+        return False
+    if session_body is not None and "orphan" in (session_body["metadata"].get("finalizers") or []):
+        return True
+    return not any(r.get("uid") == adopted for r in meta.get("ownerReferences") or [])
+
+
+def _ready_reason(cws: ConversationWorkspace) -> str | None:
+    ready = [c for c in cws.status.conditions if c.type == ConditionType.READY]
+    return ready[0].reason if ready else None
 
 
 def _invalid_message(error: ValidationError) -> str:
@@ -171,6 +199,15 @@ async def on_workspace_created(
             custom_path(namespace, SESSION_PLURAL, cws.spec.session_ref)
         )
         if session_body is None or session_body["metadata"].get("deletionTimestamp"):
+            if _orphaned(raw, session_body):
+                message = (
+                    f"SandboxSession {cws.spec.session_ref} was deleted with its dependents "
+                    "orphaned: this conversation and its files are kept; a session of the "
+                    "same name adopts it, deleting it deletes its files"
+                )
+                if _ready_reason(cws) != Reason.ORPHANED:
+                    kopf.event(raw, type="Normal", reason=Reason.ORPHANED, message=message)
+                raise Wait(Reason.ORPHANED, message, ctx.settings.check_interval_seconds)
             await _follow_the_session(ctx, raw, patch, cws, session_body)
             return
         owner = _owner_patch(raw, session_body)

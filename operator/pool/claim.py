@@ -81,6 +81,7 @@ async def deliver_token(
     body: dict[str, Any] = {"token": token}
     if egress is not None:
         body["egress"] = egress
+    name = pod["metadata"]["name"]
     try:
         response = await ctx.http.post(
             f"http://{ip}:{RUNTIME_PORT}/v1/claim",
@@ -88,14 +89,18 @@ async def deliver_token(
             headers={"Authorization": f"Bearer {key}"},
         )
     except httpx.HTTPError as e:
-        name = pod["metadata"]["name"]
         log.warning("claimed pod did not take its token", extra={"pod": name, "error": str(e)})
         return False
-    wanted = "proxy_port" if egress is not None else None
-    if response.status_code != 200 or (wanted and _network_of(response) != wanted):
+    if response.status_code != 200:
         log.warning(
-            "claimed pod refused its token",
-            extra={"pod": pod["metadata"]["name"], "status": response.status_code},
+            "claimed pod refused its token", extra={"pod": name, "status": response.status_code}
+        )
+        return False
+    wanted = "proxy_port" if egress is not None else None
+    if wanted and (network := _network_of(response)) != wanted:
+        log.warning(
+            "claimed pod did not take the network asked for",
+            extra={"pod": name, "wanted": wanted, "answered": network},
         )
         return False
     if ctx.pool is not None:
@@ -103,11 +108,18 @@ async def deliver_token(
     return True
 
 
-def _network_of(response: httpx.Response) -> str | None:
+def _network_of(response: httpx.Response) -> str:
+    """The network the runtime's claim answer says it set, or what is wrong with the
+    answer (not JSON, not an object, no network string): a runtime's answer, never
+    trusted to have our shape."""
     try:
-        return response.json().get("network")
+        answer = response.json()
     except ValueError:
-        return None
+        return "(the answer is not JSON)"
+    if not isinstance(answer, dict):
+        return f"(the answer is not a JSON object: {type(answer).__name__})"
+    network = answer.get("network")
+    return network if isinstance(network, str) else "(the answer names no network)"
 
 
 async def _swap(

@@ -60,6 +60,7 @@ class Reason:
     # -- a ConversationWorkspace's Ready -------------------------------------------------
     DIRECTORY_READY: Final = "DirectoryReady"  # the conversation's directory exists
     SESSION_GONE: Final = "SessionGone"  # its session is gone or going: deleted with it
+    ORPHANED: Final = "Orphaned"  # its session's deletion orphaned it: kept, waits for one
     SESSION_NOT_RUNNING: Final = "SessionNotRunning"  # the session is starting
     SESSION_STOPPED: Final = "SessionStopped"  # waits for the session to be resumed
     TOKEN_MISSING: Final = "TokenMissing"  # the runtime's token Secret is not there yet

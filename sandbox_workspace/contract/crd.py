@@ -43,6 +43,10 @@ ANNOTATION_TRACEPARENT = f"{PREFIX}/traceparent"
 # changed): what it is a fork of, JSON {"conversation_id", "snapshot_id"} — so a fork cut
 # off before its store mark is told from any other conversation (api/files/copies.py).
 ANNOTATION_FORK_ORIGIN = f"{PREFIX}/fork-origin"
+# On a ConversationWorkspace its session adopted (with the owner reference): that
+# session's uid. The reference gone while this names it means the session's deletion
+# orphaned the workspace (``kubectl delete --cascade=orphan``): kept on purpose.
+ANNOTATION_ADOPTED_BY = f"{PREFIX}/adopted-by"
 # On a sandbox pod: digest of the spec it was built from (a different digest: the session's
 # spec changed in a way that needs a new pod).
 ANNOTATION_POD_SPEC = f"{PREFIX}/pod-spec"

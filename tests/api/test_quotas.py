@@ -1,7 +1,7 @@
 """Per-user caps against a real API process (small caps so the attack is short): the
 conversation count answers 409 quota_exceeded naming the cap; runs, event-stream
-followers and executions answer 429 with Retry-After; another user is not affected, and
-a slot is free again once its holder ends."""
+followers and executions answer 429 with Retry-After (executions also per tenant and per
+replica); another user is not affected, and a slot is free again once its holder ends."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ CAPS = {
     "SANDBOX_WORKSPACE_QUOTAS__RUNS_PER_USER": "1",
     "SANDBOX_WORKSPACE_QUOTAS__FOLLOWERS_PER_USER": "2",
     "SANDBOX_WORKSPACE_QUOTAS__EXECUTIONS_PER_USER": "2",
+    "SANDBOX_WORKSPACE_QUOTAS__EXECUTIONS_PER_TENANT": "3",
     # Executions of all users (and E2B streams) on the replica: half of 8, so 4.
     "SANDBOX_WORKSPACE_RUNTIME_CONNECTIONS": "8",
     "SANDBOX_WORKSPACE_CHAT_APPROVAL_TIMEOUT_SECONDS": "60",
@@ -36,8 +37,9 @@ def capped(start_server, scripted_llm_server, chat_env_factory):
     )
 
 
-def client(server, user: str) -> httpx.Client:
-    return httpx.Client(base_url=server.url, headers={"X-User-Id": user}, timeout=60)
+def client(server, user: str, tenant: str = "") -> httpx.Client:
+    headers = {"X-User-Id": user} | ({"X-Tenant-Id": tenant} if tenant else {})
+    return httpx.Client(base_url=server.url, headers=headers, timeout=60)
 
 
 @pytest.fixture
@@ -97,11 +99,13 @@ def test_executions_past_the_cap_answer_429_with_retry_after(api, capped):
     assert execute(c, url, "1", cid="c")["error"] is None  # the slots are free again
 
 
-def test_executions_past_the_replicas_bound_answer_429_naming_it(api, capped):
-    # Two users hold two executions each (their own cap): the replica's four runtime
-    # connections for executions are taken, so a third user is refused — never a wait for
-    # the pool that every other call of every user needs too.
-    c, url = api
+def test_executions_past_the_tenants_cap_then_the_replicas_bound_answer_429_naming_it(api, capped):
+    # The caller holds two executions (its own cap) and another user of its tenant one:
+    # the tenant's three are taken, so a third user of that tenant is refused while a user
+    # of another tenant still runs one. That fills the replica's four runtime connections
+    # for executions: a user of a third tenant is refused — never a wait for the pool
+    # that every other call of every user needs too.
+    c, _ = api
     # Runs until the test uploads "go.txt" into its conversation (at most 60 s).
     wait = (
         "import os, time\nprint('started', flush=True)\nend = time.time() + 60\n"
@@ -109,38 +113,54 @@ def test_executions_past_the_replicas_bound_answer_429_naming_it(api, capped):
         "    time.sleep(0.05)"
     )
     body = {"language": "python", "code": wait, "stream": True}
-    with contextlib.ExitStack() as held, client(capped, f"o-{uuid.uuid4().hex[:6]}") as other:
-        other_url = f"/api/v1/sessions/sb-session-{other.headers['X-User-Id']}"
+    quick = {"conversation_id": "c", "language": "python", "code": "1"}
+    url_of = "/api/v1/sessions/sb-session-{}".format
+    name = uuid.uuid4().hex[:6]
+    with contextlib.ExitStack() as held:
+        other, third, far, farther = (
+            held.enter_context(client(capped, f"{who}-{name}", tenant))
+            for who, tenant in (("o", ""), ("t", ""), ("f", "t2"), ("g", "t3"))
+        )
         streams = []
-        for who, where in ((c, url), (other, other_url)):
-            for cid in ("a", "b"):
-                r = held.enter_context(
-                    who.stream("POST", f"{where}/execute", json={**body, "conversation_id": cid})
-                )
-                assert r.status_code == 200
-                stream = Stream(r)
-                stream.until("stdout")
-                streams.append((who, where, cid, stream))
-        with client(capped, f"t-{uuid.uuid4().hex[:6]}") as third:
-            third_url = f"/api/v1/sessions/sb-session-{third.headers['X-User-Id']}"
-            quick = {"conversation_id": "c", "language": "python", "code": "1"}
-            refused = third.post(f"{third_url}/execute", json=quick)
+
+        def hold(who: httpx.Client, cid: str) -> None:
+            where = url_of(who.headers["X-User-Id"])
+            r = held.enter_context(
+                who.stream("POST", f"{where}/execute", json={**body, "conversation_id": cid})
+            )
+            assert r.status_code == 200
+            stream = Stream(r)
+            stream.until("stdout")
+            streams.append((who, where, cid, stream))
+
+        def refused_naming(who: httpx.Client, *words: str) -> None:
+            refused = who.post(f"{url_of(who.headers['X-User-Id'])}/execute", json=quick)
             assert refused.status_code == 429, refused.text
             assert int(refused.headers["retry-after"]) >= 1
             message = refused.json()["error"]["message"]
-            assert "at most 4 at once on this API replica" in message
-            assert "SANDBOX_WORKSPACE_RUNTIME_CONNECTIONS" in message
-            for who, where, cid, stream in streams:
-                go = who.post(
-                    f"{where}/files/upload",
-                    data={"conversation_id": cid},
-                    files={"file": ("go.txt", b"")},
-                )
-                assert go.status_code == 201, go.text
-                stream.until("done")
-            assert execute(third, third_url, "1", cid="c")["error"] is None  # free again
-            third.delete(third_url, timeout=120)
-        other.delete(other_url, timeout=120)
+            assert all(word in message for word in words), message
+
+        for who, cid in ((c, "a"), (c, "b"), (other, "a")):
+            hold(who, cid)
+        refused_naming(third, "at most 3 at once per tenant", "QUOTAS__EXECUTIONS_PER_TENANT")
+        hold(far, "a")  # another tenant's user is not affected
+        refused_naming(
+            farther,
+            "at most 4 at once on this API replica",
+            "SANDBOX_WORKSPACE_RUNTIME_CONNECTIONS",
+        )
+        for who, where, cid, stream in streams:
+            go = who.post(
+                f"{where}/files/upload",
+                data={"conversation_id": cid},
+                files={"file": ("go.txt", b"")},
+            )
+            assert go.status_code == 201, go.text
+            stream.until("done")
+        # Free again (the tenant's slots and the replica's): the refused user runs now.
+        assert execute(third, url_of(third.headers["X-User-Id"]), "1", cid="c")["error"] is None
+        for who in (other, third, far):  # farther was refused before any session started
+            who.delete(url_of(who.headers["X-User-Id"]), timeout=120)
 
 
 def waiting_for_approval(body: dict) -> Reply:

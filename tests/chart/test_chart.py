@@ -105,6 +105,7 @@ def test_values_schema_covers_every_default_key() -> None:
         pytest.param("sessions.ttlSeconds", "10", "ttlSeconds", id="ttl"),
         pytest.param("sandbox.networkPolicy.egressCIDRs[0]", "anywhere", "", id="cidr"),
         pytest.param("chat.runStore", "etcd", "runStore", id="run-store"),
+        pytest.param("egressProxy.port", "8080", "port", id="proxy-on-runtime-port"),
     ],
 )
 def test_values_schema_refuses_bad_values(tools: Tools, key: str, value: str, complaint: str):

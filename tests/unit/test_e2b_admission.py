@@ -54,20 +54,40 @@ def test_executions_and_e2b_streams_share_the_replicas_bound():
     limits = UserLimits(Quotas(), runtime_connections=8)
     caps = Caps("E2B streams", (8, "e2b_streams_per_user"), (8, "e2b_streams_per_tenant"),
                 limits.runtime_streams)  # fmt: skip
-    held = [limits.take_execution("a"), limits.take_execution("b")]
+    a, b, e = (Caller(user, "jwt") for user in "abe")
+    held = [limits.take_execution(a), limits.take_execution(b)]
     held += [caps.take(Caller("carol", "jwt", "acme")), caps.take(Caller("dan", "jwt", "acme"))]
-    for refused in (lambda: limits.take_execution("e"), lambda: caps.take(Caller("e", "jwt"))):
+    for refused in (lambda: limits.take_execution(e), lambda: caps.take(e)):
         with pytest.raises(TooManyAtOnce, match=r"at most 4 at once on this API replica \(half of"
                            r" SANDBOX_WORKSPACE_RUNTIME_CONNECTIONS\)"):  # fmt: skip
             refused()
-    assert limits.executions.held("e") == 0  # the user's slot went back
+    assert limits.executions.user.held('["default", "e"]') == 0  # the user's slot went back
+    assert limits.executions.tenant.held("default") == 2
     held[0]()
     held[0]()  # idempotent: frees one replica slot, once
-    release = limits.take_execution("e")
+    release = limits.take_execution(e)
     assert limits.runtime_streams.held("") == 4
     for r in [release, *held]:
         r()
-    assert limits.runtime_streams.held("") == 0 and limits.executions.held("b") == 0
+    assert limits.runtime_streams.held("") == 0 and limits.executions.tenant.held("default") == 0
+
+
+def test_executions_are_capped_per_tenant_before_the_replica():
+    """One tenant's users cannot take every /execute slot of the replica: past the
+    tenant's cap they are refused naming it, and another tenant's users still run."""
+    limits = UserLimits(Quotas(executions_per_tenant=3), runtime_connections=16)
+    held = [limits.take_execution(Caller(user, "jwt", "acme")) for user in ("a", "a", "b")]
+    with pytest.raises(
+        TooManyAtOnce, match=r"at most 3 at once per tenant .*EXECUTIONS_PER_TENANT"
+    ):
+        limits.take_execution(Caller("c", "jwt", "acme"))
+    assert limits.runtime_streams.held("") == 3  # the refusal took no replica slot
+    held.append(limits.take_execution(Caller("a", "jwt", "globex")))  # the same name elsewhere
+    held.pop(0)()
+    held.append(limits.take_execution(Caller("c", "jwt", "acme")))
+    for release in held:
+        release()
+    assert limits.runtime_streams.held("") == 0
 
 
 def _drive(response: HeldStream, send, spec: str = "2.3") -> None:

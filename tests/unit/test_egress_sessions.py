@@ -174,6 +174,13 @@ def test_an_egress_proxy_without_host_and_port_is_refused_at_start(value: str):
         OperatorSettings(_env_file=None, egress_proxy=value)
 
 
+@pytest.mark.parametrize("value", ["proxy:8080", "10.96.0.9:08080", "[fd00::9]:8080"])
+def test_an_egress_proxy_on_the_runtimes_own_port_is_refused_at_start(value: str):
+    # Code may reach the proxy's port on any address: 8080 would be every runtime's.
+    with pytest.raises(ValidationError, match="port 8080 is the sandbox runtime's own"):
+        OperatorSettings(_env_file=None, egress_proxy=value)
+
+
 def test_the_proxy_name_is_resolved_once_to_an_address():
     def resolved(value: str) -> str | None:
         return resolve_egress_proxy(

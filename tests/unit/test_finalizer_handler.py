@@ -316,6 +316,89 @@ async def test_invalid_spec_is_an_error_condition_not_a_retry_loop(world, events
     assert [(e.type, e.reason) for e in events] == [("Warning", "InvalidSpec")]
 
 
+# -- a session deleted with --cascade=orphan keeps the workspaces it adopted -------------
+
+ADOPTED = "sandboxworkspace.io/adopted-by"
+OWNER = {"apiVersion": "sandboxworkspace.io/v1alpha1", "kind": "SandboxSession",
+         "name": SESSION, "uid": "session-uid"}  # fmt: skip
+
+
+def adopted_cws(*, owned: bool, status: dict | None = None) -> dict:
+    """A Pending workspace the session adopted (waiting for it to start, say); ``owned``:
+    the owner reference is still there (the garbage collector has not removed it)."""
+    body = live_cws("c1", **(status or {"phase": "Pending"}))
+    body["metadata"]["annotations"] = {ADOPTED: "session-uid"}
+    body["metadata"]["ownerReferences"] = [OWNER] if owned else []
+    return body
+
+
+async def ensure_waits(ctx: OperatorContext, body: dict) -> tuple[kopf.Patch, float | None]:
+    patch = kopf.Patch()
+    with pytest.raises(kopf.TemporaryError) as err:
+        await on_workspace_created(
+            body=body, name="cws-1", namespace=NS, patch=patch, memo=kopf.Memo(ctx=ctx),
+            retry=0, reason=kopf.Reason.CREATE, logger=LOG,
+        )  # fmt: skip
+    return patch, err.value.delay
+
+
+@pytest.mark.parametrize("when", ["session-going", "session-gone"])
+async def test_a_workspace_orphaned_with_its_session_is_kept_until_one_adopts_it(
+    world, events, when: str
+) -> None:
+    """``kubectl delete sbs --cascade=orphan``: while the garbage collector removes our
+    owner reference (the orphan finalizer on the session), and after (the reference gone),
+    the workspace is kept with its files — not deleted, which would have its finalizer
+    delete the files the orphaned claim keeps — and a session of the same name adopts it."""
+    ctx, kube, _runtime = world
+    if when == "session-going":
+        running_session(kube, phase="Stopped")
+        kube.objects[SESSION_PATH]["metadata"] |= {
+            "deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["orphan"]}  # fmt: skip
+    body = adopted_cws(owned=when == "session-going")
+    patch, delay = await ensure_waits(ctx, body)
+    assert kube.verbs("delete") == []
+    assert delay == ctx.settings.check_interval_seconds  # a slow look, for a session to come
+    (condition,) = patch["status"]["conditions"]
+    assert condition["reason"] == "Orphaned" and "kept" in condition["message"]
+    assert [(e.type, e.reason) for e in events] == [("Normal", "Orphaned")]
+    # Looked at again (its status now says so): no second Event.
+    body["status"] = patch["status"]
+    await ensure_waits(ctx, body)
+    assert [(e.type, e.reason) for e in events] == [("Normal", "Orphaned")]
+    # A session of the same name (a new incarnation) takes it back.
+    kube.objects.pop(SESSION_PATH, None)
+    running_session(kube, phase="Stopped")
+    uid = kube.objects[SESSION_PATH]["metadata"]["uid"] = "session-uid-2"
+    patch, _ = await ensure_waits(ctx, body)  # adopted, then waits for the session to start
+    assert patch["metadata"]["annotations"] == {ADOPTED: uid}
+    assert [r["uid"] for r in patch["metadata"]["ownerReferences"]][-1] == uid
+
+
+@pytest.mark.parametrize(
+    "case", ["never-adopted", "adopted-session-going", "adopted-before-the-annotation"]
+)
+async def test_a_workspace_whose_session_goes_without_orphaning_goes_with_it(
+    world, events, case: str
+) -> None:
+    """Never adopted (made as the session went, or the session expired first: no
+    propagation policy speaks for it), or adopted and the session deleted the usual way
+    (the reference still there, no orphan finalizer): deleted (reason SessionGone)."""
+    ctx, kube, _runtime = world
+    body = adopted_cws(owned=True)
+    if case == "never-adopted":
+        body["metadata"]["annotations"], body["metadata"]["ownerReferences"] = {}, []
+    if case == "adopted-before-the-annotation":
+        body["metadata"]["annotations"] = {}
+    if case == "adopted-session-going":
+        running_session(kube, phase="Stopped")
+        kube.objects[SESSION_PATH]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    kube.put(CWS_PATH, body)
+    await ensure(ctx, body, kopf.Reason.CREATE)
+    assert kube.verbs("delete") == [CWS_PATH]
+    assert [e.reason for e in events] == ["SessionGone"]
+
+
 # -- store mode: the finalizer also waits for the conversation's objects ------------------
 
 

@@ -173,7 +173,7 @@ def test_the_e2b_data_plane_reuses_a_callers_recent_running_answer_and_no_one_el
         assert session_path(ours.session_id) not in kube.reads  # theirs read, not ours
         assert await service.recent_running(theirs) is other
         kube.reads.clear()
-        service.forget(ours.session_id)
+        service.forget(ours)
         assert (await service.recent_running(ours)).session_id == ours.session_id
         assert kube.reads == [session_path(ours.session_id)]
         assert await service.recent_running(theirs) is other  # theirs kept
