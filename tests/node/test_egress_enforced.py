@@ -473,8 +473,9 @@ class Enforcer:
         )
 
     def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc)
+        if self.proc is None:
+            return  # never started: no rules to remove
+        stop_process(self.proc)
         # Its chains and sets outlive it; the rest of the tier runs without an enforcer.
         subprocess.run(
             [str(ENFORCER), "--cleanup-config"], capture_output=True, timeout=60, check=False
