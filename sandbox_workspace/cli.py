@@ -12,11 +12,15 @@ sandbox-workspace crds      render the CustomResourceDefinitions from the models
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
@@ -191,6 +195,19 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _until_sigterm(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` until it ends or SIGTERM comes, which cancels it (its ``finally``
+    blocks close the listeners). In its container the proxy is PID 1, for which a signal
+    with no handler does nothing: without this, each rollout or scale-down of the proxy
+    waited out the pod's grace period (30 s) and then killed it."""
+    import asyncio
+
+    task = asyncio.ensure_future(main)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 def _cmd_egress_proxy(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -201,22 +218,24 @@ def _cmd_egress_proxy(args: argparse.Namespace) -> int:
     logs.configure(args.log_level)
     try:
         asyncio.run(
-            serve_cluster(
-                args.namespace,
-                args.host,
-                args.port,
-                forbidden=args.forbidden or (),
-                interval=args.interval,
-                kubeconfig=args.kubeconfig,
-                port_file=args.port_file,
-                ca_dir=args.ca_dir,
-                upstream_ca=args.upstream_ca,
-                secret_ttl=args.secret_ttl,
-                hosts=json.loads(args.hosts) if args.hosts else None,
-                permit=args.permit or (),
-                publish_trust_to=args.publish_ca or (),
-                max_connections=args.max_connections_per_session,
-                idle_timeout=args.idle_timeout,
+            _until_sigterm(
+                serve_cluster(
+                    args.namespace,
+                    args.host,
+                    args.port,
+                    forbidden=args.forbidden or (),
+                    interval=args.interval,
+                    kubeconfig=args.kubeconfig,
+                    port_file=args.port_file,
+                    ca_dir=args.ca_dir,
+                    upstream_ca=args.upstream_ca,
+                    secret_ttl=args.secret_ttl,
+                    hosts=json.loads(args.hosts) if args.hosts else None,
+                    permit=args.permit or (),
+                    publish_trust_to=args.publish_ca or (),
+                    max_connections=args.max_connections_per_session,
+                    idle_timeout=args.idle_timeout,
+                )
             )
         )
     except (CredentialsError, PolicyError, ValueError) as e:

@@ -14,7 +14,8 @@
 #   containerd, containernetworking-plugins, gcc + libc6-dev (static libc), iproute2 —
 #                the node tier (tests/node): a real kubelet runs pods through Debian's
 #                containerd + runc, CNI bridge/host-local give them addresses inside the
-#                tier's private network namespace, gcc -static builds the pause binary
+#                tier's private network namespace, gcc -static builds the pause binary;
+#                iptables + ipset: the tier's NetworkPolicy enforcer (kube-router's controller)
 # Without root or apt-get it only reports what is missing; the tests that need a missing
 # tool are then skipped with a reason that names it.
 set -euo pipefail
@@ -32,6 +33,8 @@ command -v containerd >/dev/null || missing+=(containerd)
 command -v gcc >/dev/null || missing+=(gcc)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing+=(libc6-dev)
 command -v ip >/dev/null || missing+=(iproute2)
+command -v iptables >/dev/null || missing+=(iptables)
+command -v ipset >/dev/null || missing+=(ipset)
 command -v chromium >/dev/null || missing+=(chromium)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then

@@ -4,6 +4,11 @@
 #   tools  scripts/build-tools.sh             helm, kubeconform (tests/chart)
 #   kube   scripts/build-kube.sh              etcd, the control plane, kubelet (tests/cluster,
 #                                             tests/node, the benches' control plane)
+#   enforcer scripts/build-enforcer.sh        the node tier's NetworkPolicy enforcer
+#                                             (scripts/enforcer/: kube-router's controller);
+#                                             after kube, whose Go build cache it reuses
+#                                             (seconds then), in the background beside
+#                                             the next step (images: podman, debootstrap)
 #   images scripts/node/images.sh             pause + the product image as OCI archives
 #                                             (tests/node), then the image tests' tag
 #                                             (tests/image; podman's layer cache: seconds)
@@ -20,13 +25,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${1:?usage: scripts/prebuild.sh DIR [STEP...]}"
 shift
 steps=("$@")
-[[ ${#steps[@]} -eq 0 ]] && steps=(tools kube images)
+[[ ${#steps[@]} -eq 0 ]] && steps=(tools kube enforcer images)
 mkdir -p "$DIR"
 
 run_step() {
   case "$1" in
     tools) bash "$ROOT/scripts/build-tools.sh" ;;
     kube) bash "$ROOT/scripts/build-kube.sh" ;;
+    enforcer) bash "$ROOT/scripts/build-enforcer.sh" ;;
     images)
       bash "$ROOT/scripts/node/images.sh" &&
         IMAGE="${SANDBOX_TEST_IMAGE:-localhost/sandbox-workspace:test}" \
@@ -35,11 +41,20 @@ run_step() {
   esac
 }
 
-for step in "${steps[@]}"; do
-  started=$SECONDS
-  echo "[prebuild] $step: started"
-  run_step "$step" 2>&1
+one_step() {
+  local started=$SECONDS rc
+  echo "[prebuild] $1: started"
+  run_step "$1" 2>&1
   rc=$?
-  echo "$rc" >"$DIR/$step.rc.tmp" && mv -f "$DIR/$step.rc.tmp" "$DIR/$step.rc"
-  echo "[prebuild] $step: exit $rc after $((SECONDS - started)) s"
+  echo "$rc" >"$DIR/$1.rc.tmp" && mv -f "$DIR/$1.rc.tmp" "$DIR/$1.rc"
+  echo "[prebuild] $1: exit $rc after $((SECONDS - started)) s"
+}
+
+for step in "${steps[@]}"; do
+  if [[ "$step" == enforcer ]]; then
+    one_step "$step" &
+  else
+    one_step "$step"
+  fi
 done
+wait

@@ -16,6 +16,7 @@ import contextlib
 import http.server
 import json
 import secrets
+import signal
 import socket
 import ssl
 import subprocess
@@ -78,8 +79,11 @@ def sandbox_pod(kube_api, namespace: str, session: str, address: str) -> None:
 
 
 @contextlib.contextmanager
-def egress_proxy(kubeconfig: Path, namespace: str, tmp_path: Path, *extra: str):
-    """``sandbox-workspace egress-proxy`` as the chart runs it (plus ``extra``); its port."""
+def egress_proxy(
+    kubeconfig: Path, namespace: str, tmp_path: Path, *extra: str, started: list | None = None
+):
+    """``sandbox-workspace egress-proxy`` as the chart runs it (plus ``extra``); its port.
+    ``started`` (a list) receives the process."""
     port_file = tmp_path / "port"
     process = subprocess.Popen(
         [
@@ -100,8 +104,13 @@ def egress_proxy(kubeconfig: Path, namespace: str, tmp_path: Path, *extra: str):
             "--kubeconfig",
             str(kubeconfig),
             *extra,
-        ]
+        ],
+        # SIGTERM ignored, as for PID 1 in a container (no handler: the signal does
+        # nothing): the proxy must install its own.
+        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN),
     )
+    if started is not None:
+        started.append(process)
     try:
         wait_until(
             lambda: port_file.exists() and port_file.read_text(), timeout=30, message="proxy port"
@@ -109,7 +118,23 @@ def egress_proxy(kubeconfig: Path, namespace: str, tmp_path: Path, *extra: str):
         yield int(port_file.read_text())
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()  # SIGTERM ignored (see above): never leave it running
+            process.wait(timeout=10)
+            raise
+
+
+def test_the_proxy_ends_on_sigterm_as_pid_1_in_its_container(
+    kube_control_plane, namespace, tmp_path: Path
+):
+    # Without its own handler the kubelet waited out the grace period (30 s) at each
+    # rollout of the proxy (the node tier's egress module measured it), then killed it.
+    started: list[subprocess.Popen] = []
+    with egress_proxy(kube_control_plane.kubeconfig, namespace, tmp_path, started=started):
+        started[0].terminate()
+        assert started[0].wait(timeout=10) == 0
 
 
 @pytest.fixture

@@ -90,7 +90,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         cm = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
         with cm:
             try:
-                _state["env"] = prepare(sys.stderr)
+                # The egress module's enforcer builds beside the tier; only it waits.
+                nodeids: list[str] = _state["nodeids"]  # type: ignore[assignment]
+                egress = any("test_egress_enforced.py" in n for n in nodeids)
+                _state["env"] = prepare(sys.stderr, enforcer=egress)
             except PrepareFailed as exc:
                 _state["error"] = str(exc)
         workdir = Path(item.config._tmp_path_factory.mktemp("node-tier"))  # type: ignore[attr-defined]

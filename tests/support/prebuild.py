@@ -24,7 +24,8 @@ Contract:
   controller starts it (``start_for_paths``, from the run's arguments, before the
   workers exist) and passes the steps and its pid to the workers in the environment
   (``adopt``).
-- ``Prebuild.wait(item)`` blocks until every step the item's tier needs has ended. It is
+- ``Prebuild.wait(item)`` blocks until every step the item's tier needs has ended (but
+  ``NOT_WAITED``: the enforcer, which one node module waits for itself). It is
   called from a ``pytest_runtest_protocol`` wrapper that runs *outside* pytest-timeout's
   timer, so a cold build never counts against a test's timeout. A failed step is not
   reported here: the tier runs its script again itself (seconds when cached; each
@@ -72,9 +73,14 @@ NEEDS = {
     "image": ("images",),
     "cluster": ("tools", "kube"),  # test_chart_rbac.py renders the chart with helm
     "test_bench.py": ("kube",),
-    "node": ("tools", "kube", "images"),
+    "node": ("tools", "kube", "enforcer", "images"),
 }
-STEPS = ("tools", "kube", "images")
+# scripts/prebuild.sh's order; ``enforcer`` (scripts/enforcer/) builds right after ``kube``,
+# whose Go build cache it reuses, beside ``images``.
+STEPS = ("tools", "kube", "enforcer", "images")
+# Started for a tier but not waited for here: the node tier's egress module alone needs
+# the enforcer, and waits for it itself (nodeenv.prepare.wait_for_enforcer).
+NOT_WAITED = frozenset({"enforcer"})
 # How an xdist controller tells its workers what it started.
 STEPS_ENV = "SANDBOX_PREBUILD_STEPS"
 PID_ENV = "SANDBOX_PREBUILD_PID"
@@ -211,7 +217,11 @@ class Prebuild:
         )
 
     def wait(self, item: pytest.Item) -> None:
-        steps = [s for s in NEEDS.get(tier(item, self.tests_root), ()) if s in self.steps]
+        steps = [
+            s
+            for s in NEEDS.get(tier(item, self.tests_root), ())
+            if s in self.steps and s not in NOT_WAITED
+        ]
         pending = [s for s in steps if not self._ended(s)]
         if not pending:
             return

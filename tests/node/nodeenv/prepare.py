@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import time
 from pathlib import Path
 from typing import IO
 
@@ -19,9 +21,14 @@ from . import netns
 from .containerd import CNI_BIN, RUNC
 
 IMAGES_ENV = "SANDBOX_NODE_IMAGES"
-TOOLS = ("containerd", "ctr", "podman", "gcc", "ip", "curl", "base64")
+TOOLS = ("containerd", "ctr", "podman", "gcc", "ip", "curl", "base64", "iptables", "ipset")
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
 SCRIPTS = ("build-kube.sh", "build-tools.sh", "node/images.sh")
+# The egress module's NetworkPolicy enforcer: built beside the tier, not before it (only
+# that module waits for it: ``wait_for_enforcer``). Its output and exit code go here.
+ENFORCER_SCRIPT = REPO_ROOT / "scripts" / "build-enforcer.sh"
+ENFORCER_LOG = REPO_ROOT / "build" / "enforcer-build.log"
+ENFORCER_RC = REPO_ROOT / "build" / "enforcer-build.rc"
 
 
 def missing_parts() -> list[str]:
@@ -53,9 +60,14 @@ class PrepareFailed(RuntimeError):
     pass
 
 
-def prepare(stream: IO[str] | None) -> dict[str, str]:
+def prepare(stream: IO[str] | None, enforcer: bool = False) -> dict[str, str]:
     """Build (or reuse: seconds) binaries, helm and the images; return the environment
-    the inner run needs (which image archives to import)."""
+    the inner run needs (which image archives to import). With ``enforcer``, first start
+    scripts/build-enforcer.sh in the background (it needs the network, so it runs out
+    here; seconds when cached, and when the run's prebuild is at it, it waits for that
+    one's lock)."""
+    if enforcer:
+        start_enforcer_build()
     images = ""
     for script in SCRIPTS:
         if stream is not None:
@@ -78,3 +90,40 @@ def images_from_env() -> list[tuple[str, str, Path]]:
         ref, _, archive = rest.partition(" ")
         found.append((key, ref, Path(archive)))
     return found
+
+
+# Run the script ($1), then write its exit code to $2 (atomically: the reader polls).
+_RECORD_RC = 'bash "$1"; echo $? > "$2.tmp" && mv "$2.tmp" "$2"'
+
+
+def start_enforcer_build() -> subprocess.Popen[bytes]:
+    ENFORCER_LOG.parent.mkdir(parents=True, exist_ok=True)
+    ENFORCER_RC.unlink(missing_ok=True)
+    with ENFORCER_LOG.open("wb") as log:
+        return subprocess.Popen(
+            ["bash", "-c", _RECORD_RC, "build", str(ENFORCER_SCRIPT), str(ENFORCER_RC)],
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def enforcer_built() -> bool:
+    """scripts/build-enforcer.sh's own check (a hash of scripts/enforcer/: no network)."""
+    out = subprocess.run(["bash", str(ENFORCER_SCRIPT), "--print"], capture_output=True)
+    return out.returncode == 0
+
+
+def wait_for_enforcer(timeout: float) -> str | None:
+    """Wait for the build ``prepare`` started; None when built, else why not."""
+    deadline = time.monotonic() + timeout
+    while not enforcer_built():
+        rc = ENFORCER_RC.read_text().strip() if ENFORCER_RC.exists() else ""
+        if rc or time.monotonic() > deadline:
+            log = ENFORCER_LOG.read_text()[-3000:] if ENFORCER_LOG.exists() else "(no log)"
+            ended = f"exit {rc}" if rc else f"still running after {timeout:.0f} s"
+            return f"scripts/build-enforcer.sh: {ended}; {ENFORCER_LOG}:\n{log}"
+        time.sleep(1)  # a build of seconds to minutes
+    return None
