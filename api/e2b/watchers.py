@@ -133,14 +133,17 @@ def _mine(sandbox: Sandbox, message: dict) -> tuple[str, Watcher]:
 async def unary(method: str, sandbox: Sandbox, message: dict) -> dict:
     if method == "CreateWatcher":
         rel, depth = _watched(message)
-        release = _admit(sandbox)  # before the listing: concurrent creates count
-        try:
-            seen = await snapshot(sandbox, rel, depth)
-        except BaseException:
-            release()
-            raise
+        release = _admit(sandbox)
+        # Stored before the listing's await: creates under way count against the
+        # sandbox's cap (counted only once stored, all passed it while listing). Its id
+        # is not answered yet, so nobody reads the empty listing meanwhile.
         wid = secrets.token_urlsafe(12)
-        _WATCHERS[wid] = Watcher(owner(sandbox), rel, depth, seen, release)
+        _WATCHERS[wid] = watcher = Watcher(owner(sandbox), rel, depth, {}, release)
+        try:
+            watcher.seen = await snapshot(sandbox, rel, depth)
+        except BaseException:
+            _drop(wid)
+            raise
         return {"watcherId": wid}
     if method == "GetWatcherEvents":
         _, watcher = _mine(sandbox, message)
