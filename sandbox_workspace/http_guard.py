@@ -17,12 +17,6 @@ httptools protocol with the limits the stock one lacks:
   opened or its previous response ended (slowloris: uvicorn starts no timer until a
   first response, so a connection trickling header bytes was held for ever); past it the
   connection is closed;
-- an answer given before its request's body has all come ends the connection: each
-  byte of a body nobody reads cancels uvicorn's keep-alive timer, which only a next
-  answer arms again, so one byte held the connection for ever. The end is a lingering
-  close: the answer, then end of file, then what the client still sends is dropped for
-  ``_LINGER_SECONDS`` before the socket closes (closed at once with bytes unread, the
-  kernel resets the connection, and a reset can cost the client the answer itself).
 
 Bodies' sizes and times are bounded by the application
 (``sandbox_workspace.api.request_bounds``), which knows which routes stream.
@@ -132,22 +126,6 @@ class HttpGuard:
                 self._raw_bytes = 0
                 if not self._refused:
                     super().on_message_complete()
-
-            def on_response_complete(self) -> None:
-                # A pipelined request waiting means the one answered was complete (the
-                # parser had gone past it); otherwise an open body is the answered one's.
-                unread = self._body_open and not self.pipeline
-                super().on_response_complete()
-                if unread and not self.transport.is_closing():
-                    self._lingering = True
-                    self._disarm()
-                    if self.transport.can_write_eof():
-                        self.transport.write_eof()  # after the answer, which is buffered
-                        self._header_timer = self.loop.call_later(
-                            _LINGER_SECONDS, self.transport.close
-                        )
-                    else:
-                        self.transport.close()
 
             def _count(self, size: int) -> bool:
                 """Whether the header bytes so far are within the limit."""
