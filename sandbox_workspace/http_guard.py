@@ -37,7 +37,6 @@ _431 = (
 # whitespace around values (a request within the parsed limit is refused for them only
 # past this much).
 _RAW_SLACK = 1024
-_LINGER_SECONDS = 2.0
 # Bytes of a body that bring no body byte (trailers, chunk framing), at most.
 _BODY_GAP_BYTES = 1024 * 1024
 
@@ -58,7 +57,6 @@ class HttpGuard:
             _raw_bytes = 0  # bytes fed since the last progress: a message or its headers
             # ended, or a body byte came (module docstring)
             _body_open = False  # a request's headers are complete, its body is not
-            _lingering = False  # answered with the body unread: closing (module docstring)
 
             def data_received(self, data: bytes) -> None:
                 # Data goes to the parser in pieces that stop at the bound on bytes that
@@ -66,7 +64,7 @@ class HttpGuard:
                 # past it is 431 while the headers are open, else the end of the
                 # connection. (A piece that ends one step and begins the next leaves the
                 # next one's bytes in it uncounted: at most one bound more.)
-                if self._refused or self._lingering:
+                if self._refused:
                     return  # dropped: the connection is closing
                 if len(data) > self._bound() - self._raw_bytes:
                     data = memoryview(data)  # sliced below: no copies (httptools takes it)
@@ -78,7 +76,7 @@ class HttpGuard:
                     piece, data = data[:room], data[room:]
                     self._raw_bytes += len(piece)
                     super().data_received(piece)  # type: ignore[arg-type]
-                    if self._refused or self._lingering or self.transport.is_closing():
+                    if self._refused or self.transport.is_closing():
                         return
                     if self.transport.get_protocol() is not self:
                         return  # upgraded: what follows is not ours to parse
