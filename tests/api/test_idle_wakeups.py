@@ -23,10 +23,9 @@ import uvicorn
 from api_calls import execute
 from polling import wait_for
 from starlette.applications import Starlette
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sandbox_workspace.runtime.limits import descendants
-from sandbox_workspace.server import QuietServer, bind, dated
+from sandbox_workspace.server import QuietServer, bind
 
 pytestmark = pytest.mark.local_backend
 
@@ -129,15 +128,22 @@ def test_a_server_with_no_tick_still_exits_at_once_on_a_signal(start_server, tmp
 
 def test_a_server_with_no_tick_exits_when_another_thread_says_so():
     """How the tests' own servers (scripted LLM, table source) and the metrics listener
-    are stopped: ``should_exit`` set from outside the server's loop wakes it."""
-    config = uvicorn.Config(
-        Starlette(), log_level="warning", lifespan="off", http=dated(HttpToolsProtocol)
-    )
+    are stopped: ``should_exit`` set from outside the server's loop wakes it. Their Date
+    header is current too: ``QuietServer`` itself makes requests refresh it (none of
+    them asks for it)."""
+    config = uvicorn.Config(Starlette(), log_level="warning", lifespan="off")
     server = QuietServer(config)
     sock = bind("127.0.0.1", 0)
+    began = int(time.time())
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     wait_for(lambda: server.started, "the server to start")
+    # A second later than its start (at most one second of waiting): with no tick, only a
+    # request can have moved the Date set when it started.
+    time.sleep(max(0.0, began + 1.05 - time.time()))
+    port = sock.getsockname()[1]
+    date = httpx.get(f"http://127.0.0.1:{port}/").headers["date"]
+    assert parsedate_to_datetime(date).timestamp() >= began + 1, (date, began)
     server.should_exit = True
     thread.join(timeout=10)
     sock.close()
