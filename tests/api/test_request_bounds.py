@@ -238,6 +238,21 @@ def test_a_body_that_trickles_after_its_answer_is_cut_at_the_body_timeout(bounde
     assert max(cut.values()) < 2 + 1.5, cut  # the body timeout, and the pace of the loop
 
 
+def test_a_body_flooded_after_its_answer_is_cut_at_the_drain_bound(bounded_api):
+    """What is dropped after an early answer is bounded in bytes too (16 MiB): a client
+    that sends as fast as it can is reset long before the drain time, not read for it."""
+    sock = connect(bounded_api)
+    sock.sendall(UNREAD_UPLOAD.replace(b"100000", b"%d" % (1 << 30)))
+    assert answer_head(sock).startswith(b"http/1.1 401")
+    started, sent = time.monotonic(), 0
+    with pytest.raises(OSError):  # reset: the server's side is closed
+        while sent < 256 << 20:
+            sock.sendall(b"x" * 65536)
+            sent += 65536
+    sock.close()
+    assert sent < 64 << 20 and time.monotonic() - started < 1.5, (sent, started)
+
+
 def test_a_client_reuses_its_pool_after_early_answers(bounded_api):
     """The regression of session 17's first lingering close (its answer lacked
     Connection: close, so httpx sent its next request into the half-closed connection:
