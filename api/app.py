@@ -279,7 +279,9 @@ def create_app(settings: ApiSettings | None = None, backend: Backend | None = No
     if settings.auth_mode == "dev":  # Host check and JSON only (api/dev_guard.py)
         dev_guard.install(app, settings.host, (m.router for m in API_MODULES), settings.e2b_domain)
     app.state.http_guard = HttpGuard(  # read by sandbox_workspace.server.serve
-        settings.bounds.max_header_bytes, settings.bounds.header_timeout_seconds
+        settings.bounds.max_header_bytes,
+        settings.bounds.header_timeout_seconds,
+        drain_seconds=settings.bounds.body_timeout_seconds,
     )
     if settings.cors_allow_origins:
         cors.install(app, settings.cors_allow_origins)  # outermost: see api/cors.py

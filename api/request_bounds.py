@@ -44,7 +44,10 @@ class RequestBounds(BaseModel):
         "own per-session limit); a larger one answers 413 before it is read.",
     )
     body_timeout_seconds: float = Field(
-        60.0, gt=0, description="A bounded body must arrive in full within this (else 408)."
+        60.0,
+        gt=0,
+        description="A bounded body must arrive in full within this (else 408); the rest "
+        "of a body answered before it ended is drained for at most this long.",
     )
     max_header_bytes: int = Field(
         64 * 1024, ge=4096, description="Request line and headers together (else 431)."

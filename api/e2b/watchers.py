@@ -4,7 +4,9 @@ Contract: ``CreateWatcher`` (the sync SDK) takes a snapshot of the directory (na
 modification times; ``recursive`` down to ``MAX_DEPTH``) and answers a watcher id;
 ``GetWatcherEvents`` lists again and answers what changed since the last look, as
 envd's events: a new path is ``CREATE``, a gone one ``REMOVE``, a changed size or time
-``WRITE`` (a rename is a ``REMOVE`` and a ``CREATE``); ``RemoveWatcher`` drops it.
+``WRITE`` (a rename is a ``REMOVE`` and a ``CREATE``); ``RemoveWatcher`` drops it. What a
+watcher keeps of a look is ``watch_listing.Snapshot``'s: hashes and compressed paths,
+bounded (a listing past the bound answers ``directory_too_large``).
 ``WatchDir`` (the async SDK's stream) looks every ``POLL_SECONDS`` and sends the same
 events. At most ``MAX_PER_SANDBOX`` watchers per sandbox, and per user, per tenant and
 per API process as ``admission.caps(services).watchers`` says (quotas
@@ -34,6 +36,7 @@ from . import connect
 from .admission import caps
 from .conversation import Sandbox
 from .paths import to_relative
+from .watch_listing import EMPTY, Listing, Snapshot, changes
 
 MAX_DEPTH = 16
 MAX_PER_SANDBOX = 8
@@ -49,9 +52,6 @@ class WatcherNotFound(NotFoundError):
     code = "watcher_not_found"
 
 
-Snapshot = dict[str, tuple[int, str]]
-
-
 @dataclass
 class Watcher:
     sandbox: tuple[str, str]  # (session id, conversation id): ``owner``
@@ -65,24 +65,10 @@ class Watcher:
 _WATCHERS: dict[str, Watcher] = {}
 
 
-async def snapshot(sandbox: Sandbox, rel: str, depth: int) -> Snapshot:
+async def listing(sandbox: Sandbox, rel: str, depth: int) -> Listing:
     entries = await sandbox.fs("list", rel, depth=depth)
     # A directory's own time changes with its entries: only its coming and going count.
     return {e["rel"]: (0, "") if e["dir"] else (e["size"], e["mtime"]) for e in entries}
-
-
-def changes(before: Snapshot, after: Snapshot, base: str) -> list[dict]:
-    """envd's ``FilesystemEvent``s from one listing to the next (names relative to base)."""
-    cut = len(base) + 1 if base else 0
-    events = []
-    for path in sorted(after.keys() - before.keys()):
-        events.append({"name": path[cut:], "type": "EVENT_TYPE_CREATE"})
-    for path in sorted(before.keys() - after.keys()):
-        events.append({"name": path[cut:], "type": "EVENT_TYPE_REMOVE"})
-    for path in sorted(before.keys() & after.keys()):
-        if before[path] != after[path]:
-            events.append({"name": path[cut:], "type": "EVENT_TYPE_WRITE"})
-    return events
 
 
 def _drop(wid: str) -> None:
@@ -138,18 +124,19 @@ async def unary(method: str, sandbox: Sandbox, message: dict) -> dict:
         # sandbox's cap (counted only once stored, all passed it while listing). Its id
         # is not answered yet, so nobody reads the empty listing meanwhile.
         wid = secrets.token_urlsafe(12)
-        _WATCHERS[wid] = watcher = Watcher(owner(sandbox), rel, depth, {}, release)
+        _WATCHERS[wid] = watcher = Watcher(owner(sandbox), rel, depth, EMPTY, release)
         try:
-            watcher.seen = await snapshot(sandbox, rel, depth)
+            watcher.seen = Snapshot.of(await listing(sandbox, rel, depth))
         except BaseException:
             _drop(wid)
             raise
         return {"watcherId": wid}
     if method == "GetWatcherEvents":
         _, watcher = _mine(sandbox, message)
-        now = await snapshot(sandbox, watcher.rel, watcher.depth)
+        now = await listing(sandbox, watcher.rel, watcher.depth)
+        seen = Snapshot.of(now)  # past the bound: the error, and the last look kept
         events = changes(watcher.seen, now, watcher.rel)
-        watcher.seen = now
+        watcher.seen = seen
         return {"events": events}
     if method == "RemoveWatcher":
         wid, _ = _mine(sandbox, message)
@@ -166,16 +153,17 @@ async def watch_stream(sandbox: Sandbox, message: dict) -> AsyncIterator[bytes]:
     rel, depth = _watched(message)
     wid = secrets.token_urlsafe(12)
     try:
-        watcher = _WATCHERS[wid] = Watcher(owner(sandbox), rel, depth, {}, _admit(sandbox))
-        watcher.seen = await snapshot(sandbox, rel, depth)
+        watcher = _WATCHERS[wid] = Watcher(owner(sandbox), rel, depth, EMPTY, _admit(sandbox))
+        watcher.seen = Snapshot.of(await listing(sandbox, rel, depth))
         yield connect.envelope({"start": {}})
         while True:
             await asyncio.sleep(POLL_SECONDS)
             watcher.used = time.monotonic()
-            now = await snapshot(sandbox, rel, depth)
+            now = await listing(sandbox, rel, depth)
+            seen = Snapshot.of(now)  # past the bound: the stream ends with the error
             for event in changes(watcher.seen, now, rel):
                 yield connect.envelope({"filesystem": event})
-            watcher.seen = now
+            watcher.seen = seen
     except ApiError as e:
         yield connect.end_stream(connect.code_for_status(e.status), e.message)
     finally:

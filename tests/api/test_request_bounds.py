@@ -178,6 +178,98 @@ def test_a_header_that_never_ends_answers_431(bounded_api):
     watched.assert_unharmed()
 
 
+UNREAD_UPLOAD = (
+    b"POST /api/v1/sessions/sb-session-x/files/upload HTTP/1.1\r\nHost: x\r\n"
+    b"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n--b"
+)
+
+
+def answer_head(sock: socket.socket) -> bytes:
+    """The status line and headers of the server's answer, read with a deadline."""
+    sock.settimeout(5)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    return data.split(b"\r\n\r\n")[0].lower()
+
+
+def test_an_answer_before_its_body_ends_the_connection(bounded_api):
+    """An upload refused before its body is read (no credentials): the answer says
+    Connection: close (a client must not send another request into it), and the server
+    ends its side after it. Kept alive, each byte of the unread body cancelled uvicorn's
+    keep-alive timer, which only a next answer arms again: one byte held it for ever."""
+    sock = connect(bounded_api)
+    sock.sendall(UNREAD_UPLOAD)
+    head = answer_head(sock)
+    assert head.startswith(b"http/1.1 401"), head
+    assert b"\r\nconnection: close" in head, head
+    started = time.monotonic()
+    read_answer(sock, deadline=4)  # the answer's body, then the server's end of file
+    sock.close()
+    assert time.monotonic() - started < 1, "the connection was kept alive"
+
+
+def test_a_body_that_trickles_after_its_answer_is_cut_at_the_body_timeout(bounded_api):
+    """After the early answer what the client still sends is read and dropped (closed at
+    once with bytes unread, the kernel resets the connection and can take the answer
+    with it), but only for the body timeout (2 s here): 20 clients that keep trickling
+    are all cut by then, and the API answers meanwhile."""
+    socks = [connect(bounded_api) for _ in range(20)]
+    for sock in socks:
+        sock.sendall(UNREAD_UPLOAD)
+        assert answer_head(sock).startswith(b"http/1.1 401")
+    started = time.monotonic()
+    cut: dict[int, float] = {}
+    while len(cut) < len(socks) and time.monotonic() - started < 8:
+        for i, sock in enumerate(socks):
+            if i in cut:
+                continue
+            try:
+                sock.sendall(b"x")  # one more byte of the body nobody reads
+            except OSError:  # reset: the server's side is closed
+                cut[i] = time.monotonic() - started
+        assert httpx.get(bounded_api.url + "/healthz", timeout=5).status_code == 200
+        time.sleep(0.1)
+    for sock in socks:
+        sock.close()
+    assert len(cut) == len(socks), f"{len(socks) - len(cut)} connections still held"
+    assert max(cut.values()) < 2 + 1.5, cut  # the body timeout, and the pace of the loop
+
+
+def test_a_body_flooded_after_its_answer_is_cut_at_the_drain_bound(bounded_api):
+    """What is dropped after an early answer is bounded in bytes too (16 MiB): a client
+    that sends as fast as it can is reset long before the drain time, not read for it."""
+    sock = connect(bounded_api)
+    sock.sendall(UNREAD_UPLOAD.replace(b"100000", b"%d" % (1 << 30)))
+    assert answer_head(sock).startswith(b"http/1.1 401")
+    started, sent = time.monotonic(), 0
+    with pytest.raises(OSError):  # reset: the server's side is closed
+        while sent < 256 << 20:
+            sock.sendall(b"x" * 65536)
+            sent += 65536
+    sock.close()
+    assert sent < 64 << 20 and time.monotonic() - started < 1.5, (sent, started)
+
+
+def test_a_client_reuses_its_pool_after_early_answers(bounded_api):
+    """The regression of session 17's first lingering close (its answer lacked
+    Connection: close, so httpx sent its next request into the half-closed connection:
+    'Server disconnected without sending a response'): early answers — a 413 before the
+    body is read, a 401 on an upload — each followed by a plain request on the same
+    client, 50 times."""
+    big = b"{}" + b" " * (2 * LIMIT)
+    upload = {"file": ("f.txt", b"x" * 200_000)}
+    with httpx.Client(base_url=bounded_api.url, timeout=10) as api:
+        for _ in range(50):
+            assert api.post("/api/v1/chat", content=big).status_code == 413
+            assert api.get("/healthz").status_code == 200
+            r = api.post("/api/v1/sessions/sb-session-x/files/upload", files=upload)
+            assert r.status_code == 401
+            assert api.get("/healthz").status_code == 200
+
+
 def test_slow_headers_are_cut_and_the_api_keeps_answering(bounded_api):
     """Slowloris: many connections trickling header bytes are closed after the header
     timeout; meanwhile and after, /healthz answers."""
