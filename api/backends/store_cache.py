@@ -10,6 +10,7 @@ rather than a multipart upload (three requests: what made small files slow).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import secrets
@@ -109,10 +110,18 @@ async def drop_cached(
 
 async def listings(client: RuntimeClient, cid: str) -> tuple[dict, dict]:
     """The conversation's uploads by name and outputs by relative path (none when the
-    runtime does not know the conversation)."""
+    runtime does not know the conversation). Both asked at once: after every command
+    (the write-back's look) one round trip to the runtime, not two."""
     try:
-        uploads = {f.name: f for f in (await client.list_uploads(cid)).files}
-        listed = await client.list_outputs(cid, limit=MAX_OUTPUTS_LISTED)
+        both = await asyncio.gather(
+            client.list_uploads(cid),
+            client.list_outputs(cid, limit=MAX_OUTPUTS_LISTED),
+            return_exceptions=True,  # both ended: nothing left running on an error
+        )
+        for failed in (r for r in both if isinstance(r, BaseException)):
+            raise failed
+        uploaded, listed = both
+        uploads = {f.name: f for f in uploaded.files}
         if listed.truncated:  # past what one listing holds: said, never silent
             log.warning(
                 "conversation has more outputs than one listing holds; those past it are "

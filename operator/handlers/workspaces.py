@@ -220,8 +220,9 @@ async def on_workspace_created(
                 w.delay = ctx.settings.check_interval_seconds
             raise
         try:
-            await client.ensure_conversation(cws.spec.conversation_id)
-            info = await client.conversation_info(cws.spec.conversation_id)
+            # The create answers what a look would (path, files, bytes): one call, not two
+            # — this runs beside the conversation's first command (an E2B Start, a chat).
+            info = await client.ensure_conversation(cws.spec.conversation_id)
         except RuntimeRefused as e:
             if e.retryable:  # e.g. 409 conversation_deleting: a deletion is under way
                 raise Wait(Reason.RUNTIME_BUSY, str(e)) from e

@@ -9,13 +9,15 @@ the pod cold:
   listing, no read): a compare-and-swap merge patch (``spec.claim_patch``,
   resourceVersion precondition) makes the pod the session's; on 409 (claimed by another
   session or operator, or changed) the next one is tried;
+- the session's token is delivered to the pod's runtime (``POST /v1/claim`` with the
+  namespace's claim key; no restart) in the same round trip as the swap: a pod runs no
+  one's code before its claim, and one that took the token but was not swapped to the
+  session (409) is deleted, so only the session's own pod ever serves it. A pod whose
+  runtime refuses or does not answer is deleted (it is the session's now, never free
+  again) and the next one is tried;
 - ``alongside``, when given, is a write the start needs anyway (the short path's token
-  Secret), made in the same round trip as the first swap; when it answers False nothing
-  is delivered, a pod already swapped is deleted and the answer is None;
-- after the swap, the session's token is delivered to the pod's runtime
-  (``POST /v1/claim`` with the namespace's claim key; no restart). A pod whose runtime
-  refuses or does not answer is deleted (it is the session's now, never free again) and
-  the next one is tried;
+  Secret), made in the same round trip as the first swap; when it answers False a pod
+  already swapped or holding the token is deleted and the answer is None;
 - a claimed pod never goes back: its ``pool`` label says ``claimed`` for its whole life.
 
 Claims talk to the apiserver through the pool's own client (``PoolState.api``: its own
@@ -73,7 +75,8 @@ async def deliver_token(
     egress: dict[str, Any] | None = None,
 ) -> bool:
     """The session's token (and ``egress``: its code's network, ``spec.claim_egress``) to
-    the claimed pod's runtime; True when it took them. A runtime that answers without
+    the pod's runtime (claimed, or being swapped: ``_swap_delivering``); True when it
+    took them. A runtime that answers without
     the network asked for (one older than the egress claim) did not take it: refused."""
     ip = (pod.get("status") or {}).get("podIP")
     if not ip or ctx.http is None:
@@ -133,25 +136,45 @@ async def _swap(
         return None  # someone else's now, or changed since we saw it
 
 
-async def _swap_beside(
+async def _swap_delivering(
     ctx: OperatorContext,
     pod: dict[str, Any],
     session: SandboxSession,
     body: dict[str, Any],
-    alongside: Alongside,
-) -> tuple[dict[str, Any] | None, bool]:
-    """The swap and ``alongside`` in one round trip: (the claimed pod, alongside's answer);
-    a pod swapped while ``alongside`` failed is deleted (it is nobody's to give now)."""
-    swapped, done = await asyncio.gather(
-        _swap(ctx, pod, session, body), alongside(), return_exceptions=True
+    deliver: Awaitable[bool],
+    alongside: Alongside | None,
+) -> tuple[dict[str, Any] | None, bool, bool]:
+    """The swap, the token's delivery to the pod's runtime and ``alongside`` in one round
+    trip: (the claimed pod or None, delivered, alongside's answer — True without one).
+
+    The token goes to the pod before it is known to be ours: a pool pod runs no code of
+    anyone's, and one whose swap then fails (someone else's now, or changed) or whose
+    ``alongside`` fails holds a token nobody will use — it is deleted here, so no pod
+    serves a session it was not swapped to. An error of any of the three is raised once
+    all three ended, after that deletion."""
+    swapped, delivered, done = await asyncio.gather(
+        _swap(ctx, pod, session, body),
+        deliver,
+        alongside() if alongside is not None else _true(),
+        return_exceptions=True,
     )
-    if isinstance(swapped, dict) and done is not True:
+    kept = isinstance(swapped, dict) and done is True
+    if not kept and delivered is True:
+        # A pod holding this session's token is nobody's to give now: swapped or not.
+        target = swapped if isinstance(swapped, dict) else pod
+        path = core_path(session.namespace, "pods", target["metadata"]["name"])
+        await claims_api(ctx).delete(path, uid=uid_of(target))
+    elif isinstance(swapped, dict) and done is not True:
         path = core_path(session.namespace, "pods", swapped["metadata"]["name"])
         await claims_api(ctx).delete(path, uid=uid_of(swapped))
-    for result in (swapped, done):
+    for result in (swapped, delivered, done):
         if isinstance(result, BaseException):
             raise result
-    return swapped, done is True  # type: ignore[return-value]
+    return swapped if kept else None, delivered is True, done is True  # type: ignore[return-value]
+
+
+async def _true() -> bool:
+    return True
 
 
 async def claim_pod(
@@ -188,13 +211,14 @@ async def claim_pod(
         # token is delivered, the pod's events wait for this claim (claim_settled).
         pool.begin_claim(uid_of(pod))
         try:
-            if alongside is None:
-                claimed = await _swap(ctx, pod, session, body)
-            else:
-                claimed, done = await _swap_beside(ctx, pod, session, body, alongside)
-                alongside = None
-                if not done:
-                    return None  # the caller's fallback starts it (and counts it)
+            egress = claim_egress(session, ctx.settings)
+            deliver = deliver_token(ctx, pod, key, token, egress)
+            claimed, delivered, done = await _swap_delivering(
+                ctx, pod, session, body, deliver, alongside
+            )
+            if not done:
+                return None  # the caller's fallback starts it (and counts it)
+            alongside = None  # made with the first swap
             if claimed is None:
                 outcome = "cold_conflict"
                 continue
@@ -203,8 +227,6 @@ async def claim_pod(
             # The watch event of this very version needs no reconcile (the caller's own).
             ctx.pods_seen[uid_of(claimed)] = claimed["metadata"].get("resourceVersion", "")
             pool.wake_after_claim()  # one fewer free pod: the refiller, once claims settle
-            egress = claim_egress(session, ctx.settings)
-            delivered = await deliver_token(ctx, claimed, key, token, egress)
         finally:
             pool.end_claim(uid_of(pod))
         if delivered:

@@ -138,3 +138,54 @@ def test_a_commands_end_and_the_streams_close_go_together_after_the_check() -> N
     flags, last = connect.read_envelopes(chunks[-1])[-1]
     assert flags == connect.END_STREAM and last["error"]["code"] == "already_exists"  # 409
     assert "end" in connect.read_envelopes(chunks[-1])[0][1]["event"]
+
+
+def _listings(outputs_status: int) -> tuple[object, list[str]]:
+    """``store_cache.listings`` against a runtime that answers the uploads' listing only
+    once the outputs' listing has arrived too: both in flight at once, or a timeout."""
+    from sandbox_workspace.api.backends.store_cache import listings
+    from sandbox_workspace.api.runtime_client import RuntimeClient
+
+    seen: list[str] = []
+
+    async def go() -> object:
+        outputs_asked = asyncio.Event()
+
+        async def runtime(request: httpx.Request) -> httpx.Response:
+            kind = request.url.path.rsplit("/", 1)[-1]
+            seen.append(kind)
+            if kind == "outputs":
+                outputs_asked.set()
+                if outputs_status != 200:
+                    return httpx.Response(
+                        outputs_status, json={"error": {"code": "x", "message": "m"}}
+                    )
+                return httpx.Response(200, json={"conversation_id": CID, "path": "/o", "files": []})
+            async with asyncio.timeout(5):  # a second round trip never comes in time
+                await outputs_asked.wait()
+            return httpx.Response(200, json={"conversation_id": CID, "path": "/u", "files": []})
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(runtime)) as http:
+            try:
+                return await listings(RuntimeClient(http, session().endpoint), CID)
+            except Exception as e:  # the test looks at what was raised
+                return e
+
+    return asyncio.run(go()), seen
+
+
+def test_the_write_backs_two_listings_are_one_round_trip() -> None:
+    """After every command the write-back looks at the conversation's uploads and its
+    outputs: both asked at once (``store_cache.listings``), not one after the other."""
+    result, seen = _listings(200)
+    assert result == ({}, {})
+    assert sorted(seen) == ["outputs", "uploads"]
+
+
+def test_a_listing_refused_is_still_said_when_the_other_succeeds() -> None:
+    from sandbox_workspace.runtime.client import RuntimeRefused
+
+    gone, _ = _listings(404)  # the runtime does not know the conversation: nothing
+    assert gone == ({}, {})
+    broken, _ = _listings(500)  # any other refusal reaches the caller, not a timeout
+    assert isinstance(broken, RuntimeRefused) and broken.status == 500, broken

@@ -297,6 +297,19 @@ async def test_operator_restart_leaves_a_ready_workspace_alone(world) -> None:
     assert not patch and runtime.requests == [] and kube.calls == []
 
 
+async def test_a_new_workspace_is_made_ready_in_one_call_to_its_runtime(world) -> None:
+    """The create answers what a look would (path, files, bytes): the operator asks the
+    runtime once — it runs beside the conversation's first command (an E2B Start)."""
+    ctx, kube, runtime = world
+    running_session(kube)
+    patch = await ensure(ctx, live_cws("c1"), kopf.Reason.CREATE)
+    assert [(method, path) for method, _, path in runtime.requests] == [
+        ("PUT", b"/v1/conversations/c1")
+    ]
+    assert patch["status"]["phase"] == "Ready"
+    assert patch["status"]["path"] == "/workspace/c1"
+
+
 async def test_invalid_spec_is_an_error_condition_not_a_retry_loop(world, events) -> None:
     ctx, _kube, _runtime = world
     with pytest.raises(kopf.PermanentError):

@@ -3,17 +3,28 @@
 delivery; any other answer — an error status, no JSON, JSON that is not an object, no
 network — is a refusal with a log line saying what came back, never an exception (the
 claim then deletes that pod and tries the next, or starts the session cold).
-The runtime is answered on MockTransport: the shapes a real one never sends."""
+The runtime is answered on MockTransport: the shapes a real one never sends.
+And ``claim_pod``: the token goes to the pod in the same round trip as its swap, and a pod
+that took it without becoming the session's (the swap lost, the Secret refused) is deleted
+(the apiserver: ``FakeKube``)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from types import SimpleNamespace
 
 import httpx
 import pytest
+from fake_kube import FakeKube
+from prometheus_client import CollectorRegistry
 
-from sandbox_workspace.operator.pool.claim import deliver_token
+from sandbox_workspace.kube import KubeConflict, core_path
+from sandbox_workspace.operator.context import OperatorContext
+from sandbox_workspace.operator.models import SandboxSession, SandboxSessionSpec
+from sandbox_workspace.operator.pool import PoolMetrics, PoolState
+from sandbox_workspace.operator.pool.claim import claim_pod, deliver_token
+from sandbox_workspace.operator.settings import OperatorSettings
 
 POD = {"metadata": {"name": "pool-1", "uid": "u1"}, "status": {"podIP": "10.0.0.7"}}
 EGRESS = {"proxy_port": 3128, "code_env": {}}
@@ -52,3 +63,99 @@ async def test_the_network_asked_for_is_a_delivery_and_no_network_asked_needs_no
     assert await delivered(200, b'{"network": "proxy_port"}') is True
     assert await delivered(200, b"[]", egress=None) is True  # the token alone: 200 says it
     assert await delivered(403, b'{"network": "proxy_port"}') is False
+
+
+# -- the swap and the delivery in one round trip (``claim_pod``) ----------------------
+
+NS = "sessions"
+
+
+class SwapWaitsForDelivery(FakeKube):
+    """The apiserver answers the pod's swap only once the runtime was handed the token
+    (else a timeout): the two are in flight at once. ``lose``: the swap is refused, as
+    when another claim moved the pod first."""
+
+    def __init__(self, delivered: asyncio.Event, lose: bool = False) -> None:
+        super().__init__()
+        self.delivered, self.lose = delivered, lose
+
+    async def patch(self, path: str, body: dict) -> dict | None:
+        if "/pods/" in path:
+            async with asyncio.timeout(5):
+                await self.delivered.wait()
+            if self.lose:
+                self.calls.append(("patch", path))
+                raise KubeConflict(409, f"{path}: the object has been modified", "Conflict")
+        return await super().patch(path, body)
+
+
+async def claim(lose: bool = False, alongside_ok: bool | None = None):
+    """One claim of the one free pod: (the claimed pod or None, the apiserver, what the
+    runtime was sent)."""
+    delivered, sent = asyncio.Event(), []
+
+    def runtime(request: httpx.Request) -> httpx.Response:
+        sent.append(request.read())
+        delivered.set()
+        return httpx.Response(200, json={"claimed": True, "network": "deny"})
+
+    kube = SwapWaitsForDelivery(delivered, lose)
+    pod = kube.put(
+        core_path(NS, "pods", "pool-1"),
+        {"metadata": {"labels": {}}, "status": {"podIP": "10.0.0.7"}},
+    )
+    ctx = OperatorContext(OperatorSettings(_env_file=None), kube=kube)  # type: ignore[arg-type]
+    ctx.pool = PoolState((NS,), 1, PoolMetrics(CollectorRegistry()))
+    ctx.pool.keys[NS] = "claim-key"
+    ctx.pool.note_free(NS, pod, ready=True)
+    session = SandboxSession(
+        name="sb-session-a",
+        namespace=NS,
+        spec=SandboxSessionSpec.model_validate({"userId": "a", "storage": {"persistent": False}}),
+    )
+    body = {
+        "apiVersion": "v1",
+        "kind": "SandboxSession",
+        "metadata": {"name": "sb-session-a", "uid": "s1"},
+    }
+
+    async def alongside() -> bool:
+        return bool(alongside_ok)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(runtime)) as http:
+        ctx.http = http
+        claimed = await claim_pod(
+            ctx,
+            session,
+            body,
+            token="t" * 32,
+            alongside=alongside if alongside_ok is not None else None,
+        )
+    return claimed, kube, sent
+
+
+async def test_the_token_goes_to_the_pod_in_the_same_round_trip_as_the_swap() -> None:
+    claimed, kube, sent = await claim()
+    assert (
+        claimed is not None
+        and claimed["metadata"]["labels"]["sandboxworkspace.io/pool"] == "claimed"
+    )
+    assert len(sent) == 1 and b'"token"' in sent[0]
+    assert kube.verbs("delete") == []
+
+
+async def test_a_pod_that_took_the_token_but_was_swapped_to_another_is_deleted() -> None:
+    """The swap lost (409) after the runtime took this session's token: that pod is
+    nobody's to give now, so it is deleted and the session starts cold (None)."""
+    claimed, kube, sent = await claim(lose=True)
+    assert claimed is None and len(sent) == 1
+    assert kube.verbs("delete") == [core_path(NS, "pods", "pool-1")]
+    assert "deletionTimestamp" in kube.objects[core_path(NS, "pods", "pool-1")]["metadata"]
+
+
+async def test_a_refused_alongside_write_deletes_the_pod_that_took_the_token() -> None:
+    claimed, kube, sent = await claim(alongside_ok=False)
+    assert claimed is None and len(sent) == 1
+    assert kube.verbs("delete") == [core_path(NS, "pods", "pool-1")]
+    claimed, kube, _ = await claim(alongside_ok=True)
+    assert claimed is not None and kube.verbs("delete") == []
