@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sandbox_workspace.http_guard import HttpGuard
-from sandbox_workspace.server import QuietServer, bind, dated
+from sandbox_workspace.server import QuietServer, bind
 
 
 class _Listener(QuietServer):
@@ -47,7 +47,7 @@ async def serving(registry: CollectorRegistry, host: str, port: int) -> AsyncIte
         log_config=None,
         log_level="warning",
         lifespan="off",
-        http=dated(HttpGuard().protocol()),  # no tick of its own (QuietServer)
+        http=HttpGuard().protocol(),
     )
     server = _Listener(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -36,7 +36,7 @@ from sandbox_workspace.runtime.settings import RuntimeSettings
 
 from . import naming
 from .models import ResourceList, SandboxSession
-from .settings import RUNTIME_PORT, RUNTIME_UID, OperatorSettings
+from .settings import RUNTIME_PORT, RUNTIME_UID, OperatorSettings, host_port
 
 TOKEN_KEY = "token"
 WORKSPACE_MOUNT = "/workspace"
@@ -166,7 +166,7 @@ def code_network(session: SandboxSession, settings: OperatorSettings) -> dict[st
     if spec.egress is not None and settings.egress_proxy:
         values = {
             "network": "proxy_port",
-            "egress_proxy_port": int(settings.egress_proxy.rsplit(":", 1)[1]),
+            "egress_proxy_port": host_port(settings.egress_proxy)[1],
             "code_env": egress_env(session, settings),
         }
     if spec.network.enabled:

@@ -21,7 +21,7 @@ from sandbox_workspace import tracing
 
 from .context import OperatorContext
 from .handlers import build_registry
-from .settings import OperatorSettings
+from .settings import OperatorSettings, host_port
 
 log = logging.getLogger(__name__)
 
@@ -69,19 +69,19 @@ def resolve_egress_proxy(settings: OperatorSettings) -> OperatorSettings:
     HTTP(S)_PROXY must be an address. Unresolvable: the name stays, with a warning."""
     if not settings.egress_proxy:
         return settings
-    host, sep, port = settings.egress_proxy.rpartition(":")
+    host, port = host_port(settings.egress_proxy)
     try:
         ipaddress.ip_address(host.strip("[]"))
         return settings
     except ValueError:
         pass
     try:
-        address = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0][4][0]
+        address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
     except (OSError, ValueError) as exc:
         log.warning("egress proxy %r not resolved (%s): sandboxes get the name", host, exc)
         return settings
     shown = f"[{address}]" if ":" in address else address
-    return settings.model_copy(update={"egress_proxy": f"{shown}{sep}{port}"})
+    return settings.model_copy(update={"egress_proxy": f"{shown}:{port}"})
 
 
 def run(settings: OperatorSettings) -> None:

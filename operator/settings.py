@@ -21,6 +21,16 @@ RUNTIME_PORT = 8080
 RUNTIME_UID = 10001
 
 
+def host_port(value: str) -> tuple[str, int]:
+    """``host:port`` (an IPv6 host in brackets) as (host, port): the one parser of
+    ``egress_proxy``, checked at start. ValueError naming the value when it is not that
+    or the port is not 1-65535."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"egress_proxy {value!r}: give host:port (port 1-65535)")
+    return host, int(port)
+
+
 def _default_resources() -> Resources:
     return Resources(
         requests=ResourceList(cpu="100m", memory="256Mi", ephemeral_storage="256Mi"),
@@ -198,18 +208,14 @@ class OperatorSettings(BaseSettings):
     def _host_and_port(cls, value: str | None) -> str | None:
         # Sandbox code may connect to this port alone (network proxy_port): say at start
         # what is wrong, not when the first sandbox pod is built.
-        if value:
-            host, _, port = value.rpartition(":")
-            if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-                raise ValueError(f"egress_proxy {value!r}: give host:port (port 1-65535)")
-            if int(port) == RUNTIME_PORT:
-                # proxy_port opens the port on every address, not the proxy's alone: on a
-                # CNI that does not enforce NetworkPolicy, code would reach every other
-                # sandbox's runtime.
-                raise ValueError(
-                    f"egress_proxy {value!r}: port {RUNTIME_PORT} is the sandbox runtime's "
-                    "own; serve the proxy on another (chart: egressProxy.port, 3128)"
-                )
+        if value and host_port(value)[1] == RUNTIME_PORT:
+            # proxy_port opens the port on every address, not the proxy's alone: on a
+            # CNI that does not enforce NetworkPolicy, code would reach every other
+            # sandbox's runtime.
+            raise ValueError(
+                f"egress_proxy {value!r}: port {RUNTIME_PORT} is the sandbox runtime's "
+                "own; serve the proxy on another (chart: egressProxy.port, 3128)"
+            )
         return value
 
     @field_validator("metrics_port", mode="before")

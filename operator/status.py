@@ -18,7 +18,13 @@ from typing import Any, Literal
 from sandbox_workspace.contract.conditions import ConditionType, Reason
 from sandbox_workspace.contract.crd import ANNOTATION_RESUME, LABEL_POOL
 
-from .models import Condition, SandboxSession, SandboxSessionStatus, SessionPhase
+from .models import (
+    Condition,
+    ConversationWorkspaceStatus,
+    SandboxSession,
+    SandboxSessionStatus,
+    SessionPhase,
+)
 from .naming import runtime_pod_name
 from .settings import RUNTIME_PORT
 
@@ -131,7 +137,9 @@ def set_condition(
     return [c for c in conditions if c.type != type_] + [new]
 
 
-def condition(status: SandboxSessionStatus, type_: str) -> Condition | None:
+def condition(
+    status: SandboxSessionStatus | ConversationWorkspaceStatus, type_: str
+) -> Condition | None:
     return next((c for c in status.conditions if c.type == type_), None)
 
 

@@ -122,9 +122,10 @@ class Executor:
             # a slower walk (a large tree: 500 processes take 10-20 ms) the walks go to a
             # thread for a while, so code that grows and shrinks its tree on purpose stalls
             # the loop once per _THREAD_WALK_SECONDS at most.
-            walk = _timed(usage_by_call, spawner)
-            threaded = time.monotonic() < threaded_until
-            usage, spent = await asyncio.to_thread(walk) if threaded else walk()
+            if time.monotonic() < threaded_until:
+                usage, spent = await asyncio.to_thread(_timed_usage, spawner)
+            else:
+                usage, spent = _timed_usage(spawner)
             if spent >= _INLINE_WALK_SECONDS:
                 threaded_until = time.monotonic() + _THREAD_WALK_SECONDS
             if sum(usage.values()) <= self.session_memory:
@@ -351,12 +352,8 @@ class Executor:
             os.close(fd)
 
 
-def _timed(fn: Callable, *args: object) -> Callable[[], tuple]:
-    """``fn(*args)`` as a call returning its result and the CPU seconds it took (its
-    thread's: time preempted on a loaded machine is not the walk's cost)."""
-
-    def run() -> tuple:
-        began = time.thread_time()
-        return fn(*args), time.thread_time() - began
-
-    return run
+def _timed_usage(spawner: int) -> tuple[dict[int, int], float]:
+    """``usage_by_call(spawner)`` and the CPU seconds it took (its thread's: time preempted
+    on a loaded machine is not the walk's cost)."""
+    began = time.thread_time()
+    return usage_by_call(spawner), time.thread_time() - began

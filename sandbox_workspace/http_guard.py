@@ -82,10 +82,11 @@ class HttpGuard:
             _header_bytes = 0
             _header_timer = None
             _refused = False  # answered 431: the rest of the data in hand is ignored
-            _in_headers = True  # what comes next is headers: no body is being read
+            # What comes next is headers; False: a request's headers are complete, its
+            # body is not (being read).
+            _in_headers = True
             _raw_bytes = 0  # bytes fed since the last progress: a message or its headers
             # ended, or a body byte came (module docstring)
-            _body_open = False  # a request's headers are complete, its body is not
             _lingering = False  # answered with its body unread: closing (module docstring)
             _drained = 0  # bytes dropped while lingering
 
@@ -144,7 +145,6 @@ class HttpGuard:
             def on_headers_complete(self) -> None:
                 self._disarm()
                 self._in_headers = False
-                self._body_open = True
                 self._raw_bytes = 0
                 if not self._refused:
                     previous = self.cycle
@@ -158,7 +158,6 @@ class HttpGuard:
                     super().on_body(body)
 
             def on_message_complete(self) -> None:
-                self._body_open = False
                 self._in_headers = True  # the next message's, from the next byte on
                 self._raw_bytes = 0
                 if not self._refused:
@@ -176,7 +175,7 @@ class HttpGuard:
                 send = cycle.send
 
                 async def watched_send(message) -> None:
-                    if not cycle.response_started and self._body_open and self.cycle is cycle:
+                    if not cycle.response_started and not self._in_headers and self.cycle is cycle:
                         # The body is the answered request's own (a pipelined request
                         # parsed after it would be the current cycle): the connection
                         # can carry no other request.

@@ -10,8 +10,9 @@ process's logging setup (``logs.configure``: text or JSON), not a format of uvic
 wakeup at all (10,000 idle runtimes on a cluster, hundreds on a node or in a test run,
 each woke ten times a second for nothing). The tick did three things: (1) notice
 ``should_exit`` — here setting it (a signal, another thread) wakes the loop at once;
-(2) refresh the ``Date`` header once a second — here ``dated(protocol)`` refreshes it
-when a request begins, at most once a second, as exact as uvicorn's (a second); (3)
+(2) refresh the ``Date`` header once a second — here its protocol (httptools', uvicorn's
+default) refreshes it when a request begins, at most once a second, as exact as uvicorn's
+(a second): ``QuietServer`` wraps it at startup, so no caller can forget it; (3)
 ``limit_max_requests`` and ``callback_notify`` — set either and the stock tick runs.
 """
 
@@ -81,6 +82,10 @@ class QuietServer(uvicorn.Server):
         if value and loop is not None and woken is not None and not loop.is_closed():
             loop.call_soon_threadsafe(woken.set)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self.config.http_protocol_class = _dated(self.config.http_protocol_class)
+        await super().startup(sockets)
+
     async def main_loop(self) -> None:
         if self.config.limit_max_requests is not None or self.config.callback_notify:
             await super().main_loop()  # they need the tick: keep it
@@ -95,9 +100,12 @@ class QuietServer(uvicorn.Server):
             self._woken.clear()
 
 
-def dated(protocol: type[HttpToolsProtocol]) -> type[HttpToolsProtocol]:
+def _dated(protocol: type[asyncio.Protocol]) -> type[HttpToolsProtocol]:
     """``protocol`` refreshing the server's Date header as a request begins (at most once
     a second): what uvicorn's tick did, with no timer (``QuietServer``)."""
+    if not issubclass(protocol, HttpToolsProtocol):
+        # Its callbacks are httptools': another protocol's Date would stay as it started.
+        raise TypeError(f"QuietServer serves httptools' protocol, not {protocol.__name__}")
 
     class DatedProtocol(protocol):  # type: ignore[misc, valid-type]
         _second = -1  # per server: this class is made per ``serve``
@@ -155,6 +163,6 @@ def serve(
         # Long streams (uploads, SSE) must not be cut by uvicorn's keep-alive timer.
         timeout_keep_alive=30,
         # Header size and time bounds; an app may carry its own (api.app: from settings).
-        http=dated(getattr(getattr(app, "state", None), "http_guard", HttpGuard()).protocol()),
+        http=getattr(getattr(app, "state", None), "http_guard", HttpGuard()).protocol(),
     )
     QuietServer(config).run(sockets=[sock])

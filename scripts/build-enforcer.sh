@@ -27,7 +27,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SRC="$ROOT/scripts/enforcer"
 CACHE="${SANDBOX_KUBE_CACHE:-$ROOT/.cache/kube}"
-GOCACHE_ROOT="${SANDBOX_GO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-workspace/go}"
 BIN="$CACHE/bin"
 HASH="$(cat "$SRC/go.mod" "$SRC/go.sum" "$SRC"/*.go | sha256sum | cut -c1-12)"
 DIR="$CACHE/enforcer-$HASH"
@@ -40,25 +39,14 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/go-build.sh"
 built() { [[ -x "$DIR/enforcer" ]]; }
 link_bins() { mkdir -p "$BIN"; ln -sfn "../enforcer-$HASH/enforcer" "$BIN/enforcer"; }
 
-if [[ "${1:-}" == "--print" ]]; then
-  built && { echo "$BIN/enforcer"; exit 0; }
-  exit 1
-fi
-if built; then
-  link_bins
-  log "cached: enforcer $HASH in $BIN"
-  exit 0
-fi
+fast_path "$BIN/enforcer" "enforcer $HASH in $BIN" "$@"
 
 find_go "the node tier needs it to build its NetworkPolicy enforcer (scripts/enforcer)."
 go_env
 # go.sum is committed: a module graph that does not match it is an error, not an edit.
 export GOFLAGS="-buildvcs=false -mod=readonly"
 # Its own lock file: the kube build (same cache dir) may run beside it.
-mkdir -p "$CACHE"
-exec 8>"$CACHE/.lock-enforcer"
-flock 8
-if built; then link_bins; log "built by a concurrent run"; exit 0; fi
+lock_cache .lock-enforcer
 
 log "enforcer $HASH: compiling scripts/enforcer (kube-router's netpol controller)"
 mkdir -p "$DIR"

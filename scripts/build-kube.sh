@@ -23,7 +23,6 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${SANDBOX_KUBE_CACHE:-$ROOT/.cache/kube}"
-GOCACHE_ROOT="${SANDBOX_GO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-workspace/go}"
 BIN="$CACHE/bin"
 K8S_DIR="$CACHE/kubernetes-$K8S_VERSION"
 ETCD_DIR="$CACHE/etcd-$ETCD_VERSION"
@@ -58,17 +57,7 @@ link_bins() {
   printf 'K8S_VERSION=%s\nETCD_VERSION=%s\n' "$K8S_VERSION" "$ETCD_VERSION" >"$BIN/VERSIONS"
 }
 
-if [[ "${1:-}" == "--print" ]]; then
-  built && { echo "$BIN"; exit 0; }
-  exit 1
-fi
-
-# Fast path: nothing to do (no Go needed).
-if built; then
-  link_bins
-  log "cached: etcd $ETCD_VERSION, kubernetes $K8S_VERSION in $BIN"
-  exit 0
-fi
+fast_path "$BIN" "etcd $ETCD_VERSION, kubernetes $K8S_VERSION in $BIN" "$@"
 
 # ---- Go toolchain -----------------------------------------------------------
 find_go "the cluster test tier needs it to build etcd and kube-apiserver."

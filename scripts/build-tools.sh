@@ -25,7 +25,6 @@ K8S_VERSION="${K8S_VERSION:-v1.34.4}"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${SANDBOX_TOOLS_CACHE:-$ROOT/.cache/tools}"
-GOCACHE_ROOT="${SANDBOX_GO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-workspace/go}"
 BIN="$CACHE/bin"
 HELM="$CACHE/helm-$HELM_VERSION/helm"
 KUBECONFORM="$CACHE/kubeconform-$KUBECONFORM_VERSION/kubeconform"
@@ -47,16 +46,7 @@ link_bins() {
     "$HELM_VERSION" "$KUBECONFORM_VERSION" "$K8S_VERSION" >"$BIN/VERSIONS"
 }
 
-if [[ "${1:-}" == "--print" ]]; then
-  built && { echo "$BIN"; exit 0; }
-  exit 1
-fi
-
-if built; then
-  link_bins
-  log "cached: helm $HELM_VERSION, kubeconform $KUBECONFORM_VERSION, OpenAPI $K8S_VERSION in $BIN"
-  exit 0
-fi
+fast_path "$BIN" "helm $HELM_VERSION, kubeconform $KUBECONFORM_VERSION, OpenAPI $K8S_VERSION in $BIN" "$@"
 
 # ---- Go toolchain -----------------------------------------------------------
 find_go "the chart tests need it to build helm and kubeconform."

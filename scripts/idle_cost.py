@@ -1,6 +1,6 @@
 """What an idle API and an idle runtime cost: CPU and wakeups, variants side by side.
 
-    python scripts/idle_cost.py [--seconds 20] [--samples 3] NAME=PYTHON [NAME=PYTHON ...]
+    .venv/bin/python scripts/idle_cost.py [--seconds 20] [--samples 3] NAME=PYTHON [NAME=PYTHON ...]
 
 Each variant is an interpreter with its own install of the project (``main=/work/main/
 .venv/bin/python``, ``branch=.venv/bin/python``): a ``dev`` API each, started at the same
@@ -22,27 +22,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from sandbox_workspace.runtime.limits import descendants
+
 _TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _descendants(pid: int) -> list[int]:
-    found, stack = [], [pid]
-    while stack:
-        here = stack.pop()
-        try:
-            tasks = os.listdir(f"/proc/{here}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                kids = [
-                    int(p) for p in Path(f"/proc/{here}/task/{tid}/children").read_text().split()
-                ]
-            except OSError:
-                continue
-            found += map(int, kids)
-            stack += map(int, kids)
-    return found
 
 
 def _sample(pids: list[int]) -> tuple[int, int]:
@@ -92,7 +74,7 @@ def _measure(label: str, procs: dict[str, subprocess.Popen], seconds: float) -> 
     sets = {}
     for name, proc in procs.items():
         sets[f"{name} API"] = [proc.pid]
-        sets[f"{name} runtime"] = _descendants(proc.pid)
+        sets[f"{name} runtime"] = descendants(proc.pid)
     before = {k: _sample(v) for k, v in sets.items()}
     began = time.monotonic()
     time.sleep(seconds)

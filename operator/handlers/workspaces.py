@@ -42,7 +42,7 @@ from sandbox_workspace.runtime.client import RuntimeClient, RuntimeClientError, 
 
 from ..context import OperatorContext
 from ..models import ConversationWorkspace, ConversationWorkspaceStatus, SandboxSession
-from ..status import is_stopped, set_condition
+from ..status import condition, is_stopped, set_condition
 from .sessions import request_resume
 
 KIND = "ConversationWorkspace"
@@ -133,11 +133,6 @@ def _orphaned(body: dict, session_body: dict | None) -> bool:
     return not any(r.get("uid") == adopted for r in meta.get("ownerReferences") or [])
 
 
-def _ready_reason(cws: ConversationWorkspace) -> str | None:
-    ready = [c for c in cws.status.conditions if c.type == ConditionType.READY]
-    return ready[0].reason if ready else None
-
-
 def _invalid_message(error: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
 
@@ -205,7 +200,8 @@ async def on_workspace_created(
                     "orphaned: this conversation and its files are kept; a session of the "
                     "same name adopts it, deleting it deletes its files"
                 )
-                if _ready_reason(cws) != Reason.ORPHANED:
+                ready = condition(cws.status, ConditionType.READY)
+                if ready is None or ready.reason != Reason.ORPHANED:  # one Event
                     kopf.event(raw, type="Normal", reason=Reason.ORPHANED, message=message)
                 raise Wait(Reason.ORPHANED, message, ctx.settings.check_interval_seconds)
             await _follow_the_session(ctx, raw, patch, cws, session_body)

@@ -16,6 +16,7 @@ import threading
 import time
 from email.utils import parsedate_to_datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -23,10 +24,10 @@ import uvicorn
 from api_calls import execute
 from polling import wait_for
 from starlette.applications import Starlette
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from sandbox_workspace import server as server_module
 from sandbox_workspace.runtime.limits import descendants
-from sandbox_workspace.server import QuietServer, bind, dated
+from sandbox_workspace.server import QuietServer, bind
 
 pytestmark = pytest.mark.local_backend
 
@@ -127,17 +128,24 @@ def test_a_server_with_no_tick_still_exits_at_once_on_a_signal(start_server, tmp
     assert "Finished server process" in runtime.log()
 
 
-def test_a_server_with_no_tick_exits_when_another_thread_says_so():
+def test_a_server_with_no_tick_exits_when_another_thread_says_so(monkeypatch):
     """How the tests' own servers (scripted LLM, table source) and the metrics listener
-    are stopped: ``should_exit`` set from outside the server's loop wakes it."""
-    config = uvicorn.Config(
-        Starlette(), log_level="warning", lifespan="off", http=dated(HttpToolsProtocol)
-    )
+    are stopped: ``should_exit`` set from outside the server's loop wakes it. Their Date
+    header is current too: ``QuietServer`` itself makes requests refresh it (none of
+    them asks for it)."""
+    config = uvicorn.Config(Starlette(), log_level="warning", lifespan="off")
     server = QuietServer(config)
     sock = bind("127.0.0.1", 0)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     wait_for(lambda: server.started, "the server to start")
+    # A day later for the request's refresh alone (uvicorn's own clock is not moved): with
+    # no tick, only a request can have moved the Date set when the server started.
+    later = time.time() + 86400
+    monkeypatch.setattr(server_module, "time", SimpleNamespace(time=lambda: later))
+    port = sock.getsockname()[1]
+    date = httpx.get(f"http://127.0.0.1:{port}/").headers["date"]
+    assert parsedate_to_datetime(date).timestamp() == int(later), date
     server.should_exit = True
     thread.join(timeout=10)
     sock.close()

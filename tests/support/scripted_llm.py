@@ -27,9 +27,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from sandbox_workspace.server import QuietServer, dated
+from sandbox_workspace.server import QuietServer
 
 
 @dataclass
@@ -167,7 +166,7 @@ class ScriptedLLM:
         sock.bind((host, 0))
         port = sock.getsockname()[1]
         self._server = QuietServer(  # no 0.1 s tick; stop() wakes it from this thread
-            uvicorn.Config(app, log_level="warning", lifespan="off", http=dated(HttpToolsProtocol))
+            uvicorn.Config(app, log_level="warning", lifespan="off")
         )
         thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()

@@ -20,9 +20,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from sandbox_workspace.server import QuietServer, dated
+from sandbox_workspace.server import QuietServer
 
 
 class TableSource:
@@ -65,7 +64,7 @@ class TableSource:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
         self._server = QuietServer(  # no 0.1 s tick; stop() wakes it from this thread
-            uvicorn.Config(app, log_level="warning", lifespan="off", http=dated(HttpToolsProtocol))
+            uvicorn.Config(app, log_level="warning", lifespan="off")
         )
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, daemon=True

@@ -25,10 +25,13 @@ TOOLS = ("containerd", "ctr", "podman", "gcc", "ip", "curl", "base64", "iptables
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
 SCRIPTS = ("build-kube.sh", "build-tools.sh", "node/images.sh")
 # The egress module's NetworkPolicy enforcer: built beside the tier, not before it (only
-# that module waits for it: ``wait_for_enforcer``). Its output and exit code go here.
+# that module waits for it: ``wait_for_enforcer``), as scripts/prebuild.sh's step
+# ``enforcer``, which writes its exit code to ENFORCER_DIR/enforcer.rc; its output goes to
+# ENFORCER_LOG.
 ENFORCER_SCRIPT = REPO_ROOT / "scripts" / "build-enforcer.sh"
-ENFORCER_LOG = REPO_ROOT / "build" / "enforcer-build.log"
-ENFORCER_RC = REPO_ROOT / "build" / "enforcer-build.rc"
+ENFORCER_DIR = REPO_ROOT / "build" / "node-enforcer"
+ENFORCER_LOG = ENFORCER_DIR / "build.log"
+ENFORCER_RC = ENFORCER_DIR / "enforcer.rc"
 
 
 def missing_parts() -> list[str]:
@@ -92,16 +95,12 @@ def images_from_env() -> list[tuple[str, str, Path]]:
     return found
 
 
-# Run the script ($1), then write its exit code to $2 (atomically: the reader polls).
-_RECORD_RC = 'bash "$1"; echo $? > "$2.tmp" && mv "$2.tmp" "$2"'
-
-
 def start_enforcer_build() -> subprocess.Popen[bytes]:
-    ENFORCER_LOG.parent.mkdir(parents=True, exist_ok=True)
+    ENFORCER_DIR.mkdir(parents=True, exist_ok=True)
     ENFORCER_RC.unlink(missing_ok=True)
     with ENFORCER_LOG.open("wb") as log:
         return subprocess.Popen(
-            ["bash", "-c", _RECORD_RC, "build", str(ENFORCER_SCRIPT), str(ENFORCER_RC)],
+            ["bash", str(REPO_ROOT / "scripts" / "prebuild.sh"), str(ENFORCER_DIR), "enforcer"],
             cwd=REPO_ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -117,13 +116,17 @@ def enforcer_built() -> bool:
 
 
 def wait_for_enforcer(timeout: float) -> str | None:
-    """Wait for the build ``prepare`` started; None when built, else why not."""
+    """Wait for the build ``prepare`` started; None when built, else why not. Built
+    already: no wait. Else its exit code is waited for (a file's look a second, not the
+    script's check: that hashes the sources in four processes)."""
+    if enforcer_built():
+        return None
     deadline = time.monotonic() + timeout
-    while not enforcer_built():
-        rc = ENFORCER_RC.read_text().strip() if ENFORCER_RC.exists() else ""
-        if rc or time.monotonic() > deadline:
-            log = ENFORCER_LOG.read_text()[-3000:] if ENFORCER_LOG.exists() else "(no log)"
-            ended = f"exit {rc}" if rc else f"still running after {timeout:.0f} s"
-            return f"scripts/build-enforcer.sh: {ended}; {ENFORCER_LOG}:\n{log}"
+    while not ENFORCER_RC.exists() and time.monotonic() < deadline:
         time.sleep(1)  # a build of seconds to minutes
-    return None
+    rc = ENFORCER_RC.read_text().strip() if ENFORCER_RC.exists() else ""
+    if rc == "0" and enforcer_built():
+        return None
+    log = ENFORCER_LOG.read_text()[-3000:] if ENFORCER_LOG.exists() else "(no log)"
+    ended = f"exit {rc}" if rc else f"still running after {timeout:.0f} s"
+    return f"scripts/build-enforcer.sh: {ended}; {ENFORCER_LOG}:\n{log}"
