@@ -71,6 +71,10 @@ def test_bench_quick_rest():
     assert egress["quick"] and egress["throughput_ratio"] > 0
     assert {"added_p50_ms", "added_p99_ms", "intercepted"} <= egress.keys()
     assert egress["intercepted"]["throughput_ratio"] > 0
+    # The same downloads with the proxy on CPUs of its own (None on a 1-CPU machine).
+    pinned = egress["pinned"]
+    assert pinned is None or pinned["throughput_ratio"] > 0
+    assert pinned is None or not set(pinned["proxy_cpus"]) & set(pinned["client_upstream_cpus"])
 
 
 @pytest.mark.timeout(660)
