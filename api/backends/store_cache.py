@@ -14,13 +14,15 @@ import asyncio
 import hashlib
 import logging
 import secrets
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable
+from typing import TypeVar
 
 from sandbox_workspace.runtime.client import RuntimeRefused
 from sandbox_workspace.runtime.schemas import MAX_OUTPUTS_LISTED, UPLOAD_SUBDIR
 
 from ..runtime_client import RuntimeClient
 
+A, B = TypeVar("A"), TypeVar("B")
 log = logging.getLogger(__name__)
 
 UPLOADS = f"uploads/{UPLOAD_SUBDIR}/"
@@ -113,14 +115,9 @@ async def listings(client: RuntimeClient, cid: str) -> tuple[dict, dict]:
     runtime does not know the conversation). Both asked at once: after every command
     (the write-back's look) one round trip to the runtime, not two."""
     try:
-        both = await asyncio.gather(
-            client.list_uploads(cid),
-            client.list_outputs(cid, limit=MAX_OUTPUTS_LISTED),
-            return_exceptions=True,  # both ended: nothing left running on an error
+        uploaded, listed = await _both(
+            client.list_uploads(cid), client.list_outputs(cid, limit=MAX_OUTPUTS_LISTED)
         )
-        for failed in (r for r in both if isinstance(r, BaseException)):
-            raise failed
-        uploaded, listed = both
         uploads = {f.name: f for f in uploaded.files}
         if listed.truncated:  # past what one listing holds: said, never silent
             log.warning(
@@ -134,3 +131,21 @@ async def listings(client: RuntimeClient, cid: str) -> tuple[dict, dict]:
             raise
         return {}, {}
     return uploads, outputs
+
+
+async def _both(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
+    """Both at once; the first error is raised as soon as it comes, the other cancelled
+    — and awaited, so nothing is left running. Not held until the other ends, as a
+    gather would: a refusal of one listing waited for the other's answer, up to the
+    runtime read timeout (300 s) when that one hung, with the write-back's lock held."""
+    tasks = (asyncio.ensure_future(first), asyncio.ensure_future(second))
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            task.cancel()  # nothing for one that ended
+        await asyncio.wait(tasks)
+    for task in tasks:
+        if not task.cancelled() and (error := task.exception()) is not None:
+            raise error
+    return tasks[0].result(), tasks[1].result()

@@ -12,7 +12,10 @@ the pod cold:
 - the session's token is delivered to the pod's runtime (``POST /v1/claim`` with the
   namespace's claim key; no restart) in the same round trip as the swap: a pod runs no
   one's code before its claim, and one that took the token but was not swapped to the
-  session (409) is deleted, so only the session's own pod ever serves it. A pod whose
+  session (409) is read again: still free (its version moved: a status write, a stale
+  hint) it is swapped once more, already this session's (another replica's claim of it)
+  it is kept, anyone else's it is deleted — so only the session's own pod ever serves
+  it, and a conflict burns no pod that holds nobody else's token. A pod whose
   runtime refuses or does not answer is deleted (it is the session's now, never free
   again) and the next one is tried;
 - ``alongside``, when given, is a write the start needs anyway (the short path's token
@@ -36,13 +39,13 @@ from typing import Any
 
 import httpx
 
-from sandbox_workspace.kube import Kube, KubeConflict, core_path
+from sandbox_workspace.kube import Kube, KubeConflict, KubeError, core_path
 
-from ..children import uid_of
+from ..children import judge, uid_of
 from ..context import OperatorContext
 from ..models import SandboxSession
 from ..settings import RUNTIME_PORT
-from .spec import CLAIM_KEY, POOL_SECRET, claim_egress, claim_patch, misfits
+from .spec import CLAIM_KEY, CLAIMED, LABEL_POOL, POOL_SECRET, claim_egress, claim_patch, misfits
 
 log = logging.getLogger("sandbox_workspace.operator.pool")
 ATTEMPTS = 5  # free pods tried per start before starting cold
@@ -158,6 +161,8 @@ async def _swap_delivering(
         alongside() if alongside is not None else _true(),
         return_exceptions=True,
     )
+    if swapped is None and delivered is True and done is True:
+        swapped = await _swap_again(ctx, pod, session, body)
     kept = isinstance(swapped, dict) and done is True
     if not kept and delivered is True:
         # A pod holding this session's token is nobody's to give now: swapped or not.
@@ -171,6 +176,31 @@ async def _swap_delivering(
         if isinstance(result, BaseException):
             raise result
     return swapped if kept else None, delivered is True, done is True  # type: ignore[return-value]
+
+
+async def _swap_again(
+    ctx: OperatorContext, pod: dict[str, Any], session: SandboxSession, body: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The swap lost (409) but the pod took this session's token, so no other session's
+    claim can deliver to it: it is this session's or nobody's. Read again, it is kept when
+    another claim of this same session (another replica) swapped it already — it serves
+    the session, never deleted — and swapped once more when still free (its version moved
+    for another reason: a status write, a hint older than a listing), instead of being
+    deleted as every lost swap was (one start with a stale hint burned ``ATTEMPTS`` pods).
+    None when another session's now (its claim, refused by the runtime, deletes it)."""
+    path = core_path(session.namespace, "pods", pod["metadata"]["name"])
+    try:
+        fresh = await claims_api(ctx).get(path)
+    except KubeError:
+        return None  # not known: deleted as a lost swap
+    if fresh is None or uid_of(fresh) != uid_of(pod):
+        return None
+    meta = fresh["metadata"]
+    if judge(fresh, (body.get("metadata") or {}).get("uid", "")) == "ours":
+        return fresh
+    if meta.get("deletionTimestamp") or (meta.get("labels") or {}).get(LABEL_POOL) == CLAIMED:
+        return None
+    return await _swap(ctx, fresh, session, body)
 
 
 async def _true() -> bool:

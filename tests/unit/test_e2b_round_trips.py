@@ -189,3 +189,38 @@ def test_a_listing_refused_is_still_said_when_the_other_succeeds() -> None:
     assert gone == ({}, {})
     broken, _ = _listings(500)  # any other refusal reaches the caller, not a timeout
     assert isinstance(broken, RuntimeRefused) and broken.status == 500, broken
+
+
+def test_a_listing_refused_is_said_at_once_while_the_other_hangs() -> None:
+    """The uploads' listing is refused at once, the outputs' never answers (a runtime
+    stuck on it): the refusal reaches the write-back now and the hanging request is
+    cancelled — not held until the runtime read timeout (300 s) as a gather of both did."""
+    from sandbox_workspace.api.backends.store_cache import listings
+    from sandbox_workspace.api.runtime_client import RuntimeClient
+    from sandbox_workspace.runtime.client import RuntimeRefused
+
+    async def go() -> tuple[BaseException, bool]:
+        hung = asyncio.Event()
+        cancelled = False
+
+        async def runtime(request: httpx.Request) -> httpx.Response:
+            nonlocal cancelled
+            if request.url.path.endswith("/outputs"):
+                try:
+                    hung.set()
+                    await asyncio.Event().wait()  # never answers
+                except asyncio.CancelledError:
+                    cancelled = True
+                    raise
+            await hung.wait()  # refused once the other is in flight
+            return httpx.Response(500, json={"error": {"code": "x", "message": "m"}})
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(runtime)) as http:
+            with pytest.raises(RuntimeRefused) as refused:
+                async with asyncio.timeout(5):
+                    await listings(RuntimeClient(http, session().endpoint), CID)
+        return refused.value, cancelled
+
+    refused, cancelled = asyncio.run(go())
+    assert isinstance(refused, RuntimeRefused) and refused.status == 500
+    assert cancelled  # nothing left running

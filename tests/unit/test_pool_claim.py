@@ -11,7 +11,10 @@ that took it without becoming the session's (the swap lost, the Secret refused) 
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
 import logging
+import random
 from types import SimpleNamespace
 
 import httpx
@@ -24,6 +27,7 @@ from sandbox_workspace.operator.context import OperatorContext
 from sandbox_workspace.operator.models import SandboxSession, SandboxSessionSpec
 from sandbox_workspace.operator.pool import PoolMetrics, PoolState
 from sandbox_workspace.operator.pool.claim import claim_pod, deliver_token
+from sandbox_workspace.operator.pool.spec import CLAIMED, FREE, LABEL_POOL
 from sandbox_workspace.operator.settings import OperatorSettings
 
 POD = {"metadata": {"name": "pool-1", "uid": "u1"}, "status": {"podIP": "10.0.0.7"}}
@@ -159,3 +163,130 @@ async def test_a_refused_alongside_write_deletes_the_pod_that_took_the_token() -
     assert kube.verbs("delete") == [core_path(NS, "pods", "pool-1")]
     claimed, kube, _ = await claim(alongside_ok=True)
     assert claimed is not None and kube.verbs("delete") == []
+
+
+# -- a lost swap after the token was taken: read again, not burned blindly -----------------
+
+
+class OnceRuntimes:
+    """Pool pods' runtimes by IP, each taking one token as ``runtime/claim.py`` does: the
+    same again is 200, another 409. ``delay``: each answers after a random pause."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.tokens: dict[str, str] = {}
+        self.delay = delay
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(random.uniform(0, self.delay))
+        ip, token = request.url.host, json.loads(request.content)["token"]
+        if self.tokens.setdefault(ip, token) != token:
+            return httpx.Response(409, json={"code": "already_claimed"})
+        return httpx.Response(200, json={"claimed": True, "network": "deny"})
+
+
+class SlowKube(FakeKube):
+    """Writes answered after a random pause: racing claims interleave."""
+
+    async def patch(self, path: str, body: dict) -> dict | None:
+        await asyncio.sleep(random.uniform(0, 0.003))
+        return await super().patch(path, body)
+
+
+def replica(kube: FakeKube, http: httpx.AsyncClient, pods: list[dict]) -> OperatorContext:
+    """An operator replica whose hint holds ``pods`` as it saw them."""
+    ctx = OperatorContext(OperatorSettings(_env_file=None), kube=kube)  # type: ignore[arg-type]
+    ctx.pool = PoolState((NS,), len(pods), PoolMetrics(CollectorRegistry()))
+    ctx.pool.keys[NS] = "claim-key"
+    ctx.http = http
+    for pod in pods:
+        ctx.pool.note_free(NS, copy.deepcopy(pod), ready=True)
+    return ctx
+
+
+def pool_pods(kube: FakeKube, n: int) -> list[dict]:
+    return [
+        kube.put(
+            core_path(NS, "pods", f"pool-{i}"),
+            {"metadata": {"labels": {LABEL_POOL: FREE}}, "status": {"podIP": f"10.0.0.{i}"}},
+        )
+        for i in range(n)
+    ]
+
+
+async def claim_for(ctx: OperatorContext, name: str, uid: str | None = None) -> dict | None:
+    session = SandboxSession(
+        name=name,
+        namespace=NS,
+        spec=SandboxSessionSpec.model_validate({"userId": name, "storage": {"persistent": False}}),
+    )
+    body = {"apiVersion": "v1", "kind": "SandboxSession", "metadata": {"name": name}}
+    body["metadata"]["uid"] = uid or f"uid-{name}"
+    return await claim_pod(ctx, session, body, token=f"token-of-{name}".ljust(32, "."))
+
+
+def token_of(name: str) -> str:
+    return f"token-of-{name}".ljust(32, ".")
+
+
+async def test_a_pod_whose_version_moved_is_swapped_again_not_burned() -> None:
+    """The hint is older than the pod (a status write since): the swap loses after the
+    runtime took the token, and the pod — nobody else's — is swapped again from a fresh
+    read (main burned it, and one start with a stale hint burned ATTEMPTS pods)."""
+    kube, runtimes = FakeKube(), OnceRuntimes()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(runtimes)) as http:
+        ctx = replica(kube, http, pool_pods(kube, 3))
+        for i in range(3):  # each pod's version moves after the hint saw it
+            await kube.patch(core_path(NS, "pods", f"pool-{i}") + "/status", {"status": {"x": 1}})
+        claimed = await claim_for(ctx, "sb-session-a")
+    assert claimed is not None and claimed["metadata"]["labels"][LABEL_POOL] == CLAIMED
+    assert runtimes.tokens == {claimed["status"]["podIP"]: token_of("sb-session-a")}
+    assert kube.verbs("delete") == []
+
+
+async def test_a_pod_this_session_holds_already_is_kept_not_deleted() -> None:
+    """Another replica's claim of this same session swapped the pod and delivered the
+    token first: this claim's delivery repeats it (200), its swap loses — the pod serves
+    the session and is kept (main deleted it under the session)."""
+    kube, runtimes = FakeKube(), OnceRuntimes()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(runtimes)) as http:
+        pods = pool_pods(kube, 1)
+        first, second = replica(kube, http, pods), replica(kube, http, pods)
+        one = await claim_for(first, "sb-session-a")
+        two = await claim_for(second, "sb-session-a")
+    assert one is not None and two is not None
+    assert two["metadata"]["uid"] == one["metadata"]["uid"]
+    assert kube.verbs("delete") == []
+
+
+async def test_two_replicas_racing_never_leave_a_pod_serving_another_sessions_token() -> None:
+    """Two replicas with the same hint claim for 4 sessions each from 4 pods (10 seeds),
+    deliveries and swaps interleaved at random: a pod given to a session holds that
+    session's token and lives; a live claimed pod holds its own session's token or none;
+    a free one holds none (deleting on every lost swap fails it at once)."""
+    state = random.getstate()  # the module's generator: given back as it was
+    try:
+        for seed in range(10):
+            random.seed(seed)
+            await race_once(seed)
+    finally:
+        random.setstate(state)
+
+
+async def race_once(seed: int) -> None:
+    kube, runtimes = SlowKube(), OnceRuntimes(delay=0.003)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(runtimes)) as http:
+        pods = pool_pods(kube, 4)
+        replicas = [replica(kube, http, pods) for _ in range(2)]
+        names = [f"sb-r{r}-{i}" for r in range(2) for i in range(4)]
+        got = await asyncio.gather(*(claim_for(replicas[int(n[4])], n) for n in names))
+    for name, pod in zip(names, got, strict=True):
+        if pod is not None:
+            assert runtimes.tokens[pod["status"]["podIP"]] == token_of(name), seed
+            live = kube.objects[core_path(NS, "pods", pod["metadata"]["name"])]
+            assert "deletionTimestamp" not in live["metadata"], seed
+    for pod in kube.objects.values():
+        meta, held = pod["metadata"], runtimes.tokens.get(pod["status"]["podIP"])
+        if meta.get("deletionTimestamp") or held is None:
+            continue
+        assert meta["labels"][LABEL_POOL] == CLAIMED, seed
+        assert held == token_of(meta["labels"]["sandboxworkspace.io/session"]), seed
