@@ -163,6 +163,8 @@ async def _swap_delivering(
     )
     if swapped is None and delivered is True and done is True:
         swapped = await _swap_again(ctx, pod, session, body)
+        if swapped is _HELD:  # it serves the session through the other claim: left alone
+            return None, False, True
     kept = isinstance(swapped, dict) and done is True
     if not kept and delivered is True:
         # A pod holding this session's token is nobody's to give now: swapped or not.
@@ -178,13 +180,19 @@ async def _swap_delivering(
     return swapped if kept else None, delivered is True, done is True  # type: ignore[return-value]
 
 
+# ``_swap_again``'s answer for a pod another claim of the same session swapped already.
+_HELD: Any = object()
+
+
 async def _swap_again(
     ctx: OperatorContext, pod: dict[str, Any], session: SandboxSession, body: dict[str, Any]
-) -> dict[str, Any] | None:
+) -> Any:
     """The swap lost (409) but the pod took this session's token, so no other session's
-    claim can deliver to it: it is this session's or nobody's. Read again, it is kept when
+    claim can deliver to it: it is this session's or nobody's. Read again: ``_HELD`` when
     another claim of this same session (another replica) swapped it already — it serves
-    the session, never deleted — and swapped once more when still free (its version moved
+    the session through that claim, whose status names it: neither used here (two status
+    writes, the second refused, would delete it) nor deleted — and swapped once more when
+    still free (its version moved
     for another reason: a status write, a hint older than a listing), instead of being
     deleted as every lost swap was (one start with a stale hint burned ``ATTEMPTS`` pods).
     None when another session's now (its claim, refused by the runtime, deletes it)."""
@@ -197,7 +205,7 @@ async def _swap_again(
         return None
     meta = fresh["metadata"]
     if judge(fresh, (body.get("metadata") or {}).get("uid", "")) == "ours":
-        return fresh
+        return _HELD
     if meta.get("deletionTimestamp") or (meta.get("labels") or {}).get(LABEL_POOL) == CLAIMED:
         return None
     return await _swap(ctx, fresh, session, body)
