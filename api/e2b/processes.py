@@ -14,12 +14,15 @@ an attached conversation only detaches it, and ``kill_all`` ends its commands), 
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import shlex
 from collections.abc import AsyncIterator
 from typing import Any
 
 from sandbox_workspace.contract.errors import ApiError
+from sandbox_workspace.runtime.client import RuntimeClientError
 from sandbox_workspace.runtime.schemas import ExecuteRequest
 
 from ..runtime_client import RuntimeApiError
@@ -83,8 +86,16 @@ async def unary(method: str, sandbox: Sandbox, message: dict) -> dict:
     raise NotImplementedError(method)
 
 
+# How long a kill waits for the commands it killed to be reported ended.
+KILL_WAIT_SECONDS = 10.0
+
+
 async def kill_all(sandbox: Sandbox) -> None:
-    """SIGKILL (each one's whole tree) every process still running in the sandbox."""
+    """SIGKILL (each one's whole tree) every process still running in the sandbox, then
+    wait (at most ``KILL_WAIT_SECONDS``) until the runtime reports each one ended: the
+    kill answers once they are gone, so the sandbox attached again right after lists none
+    of them (a signal is delivered at once; its end is seen when the process is reaped)."""
+    killed = []
     for process in await sandbox.client.list_processes(sandbox.cid):
         if process["running"]:
             try:
@@ -92,6 +103,20 @@ async def kill_all(sandbox: Sandbox) -> None:
             except RuntimeApiError as e:
                 if e.status != 404:  # 404: it ended meanwhile
                     raise
+            else:
+                killed.append(process["pid"])
+    if killed:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(KILL_WAIT_SECONDS):
+                await asyncio.gather(*(_ended(sandbox, pid) for pid in killed))
+
+
+async def _ended(sandbox: Sandbox, pid: int) -> None:
+    """Return when process ``pid``'s events reach their end (or it is not known: gone)."""
+    with contextlib.suppress(RuntimeClientError):  # best effort: the kill was sent
+        async for event in sandbox.client.process_events(sandbox.cid, pid):
+            if event.get("type") == "end":
+                return
 
 
 def start_events(sandbox: Sandbox, message: dict, timeout: float | None) -> AsyncIterator[dict]:

@@ -224,3 +224,39 @@ def test_a_listing_refused_is_said_at_once_while_the_other_hangs() -> None:
     refused, cancelled = asyncio.run(go())
     assert isinstance(refused, RuntimeRefused) and refused.status == 500
     assert cancelled  # nothing left running
+
+
+def test_a_kill_answers_once_the_killed_commands_are_reported_ended() -> None:
+    """``processes.kill_all``: a SIGKILL is delivered at once but a process is seen ended
+    only once it is reaped; the kill waits for each one's end, so the sandbox attached
+    again right after lists none of them (a race the loaded test runs lost)."""
+    from sandbox_workspace.api.e2b import processes
+
+    async def go() -> list[str]:
+        steps: list[str] = []
+        reaped = asyncio.Event()
+
+        class Client:
+            async def list_processes(self, cid):
+                return [{"pid": 7, "running": True}, {"pid": 8, "running": False}]
+
+            async def process_signal(self, cid, pid, signal):
+                steps.append(f"signal {pid} {signal}")
+
+            async def process_events(self, cid, pid):
+                yield {"type": "start", "pid": pid}
+                await reaped.wait()
+                steps.append(f"end {pid}")
+                yield {"type": "end", "exit_code": 137}
+
+        sandbox = SimpleNamespace(client=Client(), cid=CID)
+        kill = asyncio.create_task(processes.kill_all(sandbox))
+        for _ in range(50):  # every step the kill could take without an end: taken
+            await asyncio.sleep(0)
+        steps.append("killed" if kill.done() else "waiting")
+        reaped.set()
+        await asyncio.wait_for(kill, 5)
+        steps.append("answered")
+        return steps
+
+    assert asyncio.run(go()) == ["signal 7 SIGKILL", "waiting", "end 7", "answered"]
