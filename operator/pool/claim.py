@@ -151,9 +151,10 @@ async def _swap_delivering(
     trip: (the claimed pod or None, delivered, alongside's answer — True without one).
 
     The token goes to the pod before it is known to be ours: a pool pod runs no code of
-    anyone's, and one whose swap then fails (someone else's now, or changed) or whose
-    ``alongside`` fails holds a token nobody will use — it is deleted here, so no pod
-    serves a session it was not swapped to. An error of any of the three is raised once
+    anyone's. One whose swap lost is read again (``_swap_again``); one left neither ours
+    nor another claim's of this session, or whose ``alongside`` failed, holds a token
+    nobody will use — it is deleted here, so no pod serves a session it was not swapped
+    to. An error of any of the three is raised once
     all three ended, after that deletion."""
     swapped, delivered, done = await asyncio.gather(
         _swap(ctx, pod, session, body),
@@ -166,14 +167,11 @@ async def _swap_delivering(
         if swapped is _HELD:  # it serves the session through the other claim: left alone
             return None, False, True
     kept = isinstance(swapped, dict) and done is True
-    if not kept and delivered is True:
-        # A pod holding this session's token is nobody's to give now: swapped or not.
-        target = swapped if isinstance(swapped, dict) else pod
+    # Not kept, a pod swapped to this session or holding its token is nobody's to give now.
+    target = swapped if isinstance(swapped, dict) else pod if delivered is True else None
+    if not kept and target is not None:
         path = core_path(session.namespace, "pods", target["metadata"]["name"])
         await claims_api(ctx).delete(path, uid=uid_of(target))
-    elif isinstance(swapped, dict) and done is not True:
-        path = core_path(session.namespace, "pods", swapped["metadata"]["name"])
-        await claims_api(ctx).delete(path, uid=uid_of(swapped))
     for result in (swapped, delivered, done):
         if isinstance(result, BaseException):
             raise result
@@ -192,9 +190,9 @@ async def _swap_again(
     another claim of this same session (another replica) swapped it already — it serves
     the session through that claim, whose status names it: neither used here (two status
     writes, the second refused, would delete it) nor deleted — and swapped once more when
-    still free (its version moved
-    for another reason: a status write, a hint older than a listing), instead of being
-    deleted as every lost swap was (one start with a stale hint burned ``ATTEMPTS`` pods).
+    still free (its version moved for another reason: a status write, a hint older than a
+    listing), instead of being deleted as every lost swap was (one start with a stale hint
+    burned ``ATTEMPTS`` pods).
     None when another session's now (its claim, refused by the runtime, deletes it)."""
     path = core_path(session.namespace, "pods", pod["metadata"]["name"])
     try:
