@@ -45,6 +45,16 @@ def wait_pool(api: KubeClient, ns: str, size: int, timeout: float = 60) -> list[
     )
 
 
+def wait_operator_pool(op, ns: str, size: int) -> None:
+    """Until the operator's own view holds ``size`` free ready pods: its watch can trail
+    the apiserver, and a start it sees before the pod goes the full reconcile's way."""
+    wait_until(
+        lambda: op.ctx.pool.counts(ns)[0] >= size,
+        timeout=TIMEOUT,
+        message=f"the operator sees {size} free ready pool pods in {ns}",
+    )
+
+
 def claim_key(api: KubeClient, ns: str) -> str:
     secret = api.get(f"/api/v1/namespaces/{ns}/secrets/{POOL_SECRET}")
     return base64.b64decode(secret["data"]["key"]).decode()
@@ -75,6 +85,7 @@ def test_a_session_claims_a_ready_pod_which_refills_and_goes_with_it(
 ):
     op = start_operator(pool_size=2)
     before = {p["metadata"]["name"] for p in wait_pool(kube_api, namespace, 2)}
+    wait_operator_pool(op, namespace, 2)
     make_session(kube_api, namespace, **EPHEMERAL)
     session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
     status = session["status"]
@@ -197,6 +208,7 @@ def test_racing_sessions_never_share_a_pod(kube_api: KubeClient, namespace, star
 def test_a_resuming_session_claims_a_new_pod(kube_api: KubeClient, namespace, start_operator):
     op = start_operator(pool_size=1)
     wait_pool(kube_api, namespace, 1)
+    wait_operator_pool(op, namespace, 1)
     make_session(kube_api, namespace, idleTimeoutSeconds=1, **EPHEMERAL)
     first = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
     assert first["status"]["startedFrom"] == "pool"
@@ -208,6 +220,7 @@ def test_a_resuming_session_claims_a_new_pod(kube_api: KubeClient, namespace, st
     # A released pod is deleted, never returned to the pool.
     kube_api.wait_gone(pods_path(namespace, first["status"]["podName"]), timeout=TIMEOUT)
     wait_pool(kube_api, namespace, 1)
+    wait_operator_pool(op, namespace, 1)
     kube_api.patch(
         sbs_path(namespace, "sb-session-alice"),
         {"metadata": {"annotations": {"sandboxworkspace.io/resume-requested": "now"}}},
