@@ -46,7 +46,7 @@ import stat
 import time
 from dataclasses import asdict, dataclass
 
-from . import prctl
+from . import prctl, tree
 from .schemas import ExecutionError
 
 TICK_SECONDS = 0.1
@@ -197,29 +197,27 @@ def _children(pid: int) -> list[int]:
 
 
 def disk_usage(paths: list[str]) -> int:
-    """Bytes of disk blocks under ``paths`` (no symlink followed, hard links once)."""
+    """Bytes of disk blocks under ``paths`` (no symlink followed, hard links once), at any
+    depth: the walk goes by directory descriptors (``tree.walk_entries``), so a tree
+    deeper than PATH_MAX is counted in full and costs O(entries), not O(depth²) path
+    lookups."""
     seen: set[tuple[int, int]] = set()
     total = 0
-    stack = list(paths)
-    while stack:
-        path = stack.pop()
+    for path in paths:
         try:
-            entries = os.scandir(path)
+            top = os.open(path, tree.DIR_FLAGS)
         except OSError:
             continue
-        with entries:
-            for entry in entries:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                key = (st.st_dev, st.st_ino)
-                if key in seen:
-                    continue
-                seen.add(key)
+        try:
+            for st in tree.walk_entries(top):
+                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                    key = (st.st_dev, st.st_ino)
+                    if key in seen:
+                        continue
+                    seen.add(key)
                 total += st.st_blocks * 512
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(entry.path)
+        finally:
+            os.close(top)
     return total
 
 

@@ -34,6 +34,7 @@ import os
 import resource
 import signal
 import time
+from collections.abc import Callable
 from typing import NoReturn
 
 from . import landlock, prctl, seccomp
@@ -133,18 +134,35 @@ def _watch(request: dict, me: int) -> None:
         return
     watch = TreeWatch(me, request["read_write"], limits)
 
+    _ARMED[0] = True
+    signal.signal(signal.SIGUSR1, lambda *_: watch.reset())
+    signal.signal(signal.SIGALRM, tick_handler(watch.check))
+    signal.setitimer(signal.ITIMER_REAL, TICK_SECONDS, TICK_SECONDS)
+
+
+def tick_handler(check: Callable[[], str | None]) -> Callable[..., None]:
+    """The SIGALRM handler: ``check`` the tree, raise ``_LimitHit`` past a limit.
+
+    A tick that arrives while a check still runs is dropped: Python runs a handler
+    between any two bytecodes, the handler's own included, so without the guard a check
+    slower than a tick (a big tree's disk walk under load) started again inside itself
+    every tick, nesting until the reaper died — the code's execution then ended with
+    status 255 and its output lost."""
+    checking = [False]
+
     def on_tick(*_: object) -> None:
-        if not _ARMED[0]:
+        if not _ARMED[0] or checking[0]:
             return
-        hit = watch.check()
+        checking[0] = True
+        try:
+            hit = check()
+        finally:
+            checking[0] = False
         if hit is not None and _ARMED[0]:
             _ARMED[0] = False
             raise _LimitHit(hit)
 
-    _ARMED[0] = True
-    signal.signal(signal.SIGUSR1, lambda *_: watch.reset())
-    signal.signal(signal.SIGALRM, on_tick)
-    signal.setitimer(signal.ITIMER_REAL, TICK_SECONDS, TICK_SECONDS)
+    return on_tick
 
 
 def _read_all(fd: int) -> str:

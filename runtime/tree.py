@@ -14,6 +14,11 @@ Contract:
   it looked at, never a link's target), handles any count and any names, is idempotent.
 - ``walk_files`` is read-only and bounded by ``max_entries``; unreadable directories are
   skipped; the returned ``Walk`` says whether the walk saw everything.
+- ``walk_entries`` is read-only too and yields the ``lstat`` of every entry (directories,
+  links, FIFOs… not just files) at any depth, with no bound: it holds the names of the
+  directories still to visit, never a directory's whole listing, so a flat directory of
+  millions of files costs what one of them does (the conversation's size limit walks
+  with it, ``runtime/limits.disk_usage``).
 """
 
 from __future__ import annotations
@@ -152,6 +157,48 @@ class Walk:
 def walk_files(dir_fd: int, *, max_entries: int = 1_000_000) -> Walk:
     """Every regular file beneath ``dir_fd`` (see ``Walk``); the caller keeps ``dir_fd``."""
     return Walk(dir_fd, max_entries)
+
+
+def walk_entries(dir_fd: int) -> Iterator[os.stat_result]:
+    """The ``lstat`` of every entry beneath ``dir_fd`` (see the module contract); parts
+    that cannot be read or vanish are skipped, a directory moved under the walk ends it.
+    The caller keeps ``dir_fd``."""
+    fd = os.dup(dir_fd)
+    try:
+        stack: list[_Frame] = []
+        ident = _ident(os.fstat(fd))
+        while True:
+            subdirectories: list[str] = []
+            with contextlib.suppress(OSError), os.scandir(fd) as entries:
+                for entry in entries:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    yield st
+                    if stat.S_ISDIR(st.st_mode):
+                        subdirectories.append(entry.name)
+            stack.append(_Frame("", ident, subdirectories))
+            child = None
+            while child is None:
+                if stack[-1].pending:
+                    with contextlib.suppress(OSError):
+                        child = os.open(stack[-1].pending.pop(), DIR_FLAGS, dir_fd=fd)
+                    continue
+                stack.pop()
+                if not stack:
+                    return
+                try:
+                    up = _climb(fd, stack[-1].ident)
+                except OSError:
+                    return
+                os.close(fd)
+                fd = up
+            os.close(fd)
+            fd = child
+            ident = _ident(os.fstat(fd))
+    finally:
+        os.close(fd)
 
 
 # -- deletion -----------------------------------------------------------------------------

@@ -107,6 +107,65 @@ def test_disk_usage_counts_blocks_and_hard_links_once(tmp_path) -> None:
     assert 65536 <= used < 65536 + 64 * 1024
 
 
+def test_disk_usage_counts_what_code_hid_deeper_than_path_max(tmp_path) -> None:
+    from sandbox_workspace.runtime.limits import disk_usage
+
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(2100):  # "d/" * 2100: past PATH_MAX (4096), as code can make it
+            os.mkdir("d", dir_fd=fd)
+            deeper = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        without = disk_usage([str(tmp_path)])
+        bottom = os.open("bulk", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
+        os.write(bottom, os.urandom(1 << 20))
+        os.fsync(bottom)
+        os.close(bottom)
+    finally:
+        os.close(fd)
+    # A path-based walk stops at ENAMETOOLONG and never saw this MiB: a way past the quota.
+    assert disk_usage([str(tmp_path)]) - without >= 1 << 20
+
+
+TICK_PROBE = """
+import signal, sys, time
+from sandbox_workspace.runtime import reaper
+depth, deepest, calls = [0], [0], [0]
+def slow_check():
+    depth[0] += 1
+    calls[0] += 1
+    deepest[0] = max(deepest[0], depth[0])
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:  # Python bytecodes: a pending tick's handler runs here
+        pass
+    depth[0] -= 1
+reaper._ARMED[0] = True
+signal.signal(signal.SIGALRM, reaper.tick_handler(slow_check))
+signal.setitimer(signal.ITIMER_REAL, 0.02, 0.02)
+deadline = time.monotonic() + 20
+while calls[0] < 3 and time.monotonic() < deadline:
+    pass
+signal.setitimer(signal.ITIMER_REAL, 0)
+print(calls[0], deepest[0])
+"""
+
+
+def test_a_tick_during_a_slow_check_is_dropped_not_nested() -> None:
+    """A reaper's limit check slower than a tick (a big tree's disk walk, loaded) once ran
+    again inside itself every tick until RecursionError killed the reaper (exit 255,
+    the command's output lost). In a process of its own: SIGALRM is pytest-timeout's."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", TICK_PROBE], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    calls, deepest = map(int, out.stdout.split())
+    assert calls >= 3  # ticks kept coming through 15 ticks' time per check
+    assert deepest == 1
+
+
 def test_the_tree_of_a_process_is_found_through_a_setsid_child() -> None:
     import subprocess
 
