@@ -200,16 +200,17 @@ def disk_usage(paths: list[str]) -> int:
     """Bytes of disk blocks under ``paths`` (no symlink followed, hard links once), at any
     depth: the walk goes by directory descriptors (``tree.walk_entries``), so a tree
     deeper than PATH_MAX is counted in full and costs O(entries), not O(depth²) path
-    lookups."""
+    lookups; a directory code made unreadable (``chmod 300``) is given its owner's r-x
+    back and counted, not skipped — either was a way past the quota."""
     seen: set[tuple[int, int]] = set()
     total = 0
     for path in paths:
         try:
-            top = os.open(path, tree.DIR_FLAGS)
+            top = _open_reclaimed(path)
         except OSError:
             continue
         try:
-            for st in tree.walk_entries(top):
+            for st in tree.walk_entries(top, reclaim=True):
                 if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
                     key = (st.st_dev, st.st_ino)
                     if key in seen:
@@ -219,6 +220,14 @@ def disk_usage(paths: list[str]) -> int:
         finally:
             os.close(top)
     return total
+
+
+def _open_reclaimed(path: str) -> int:
+    try:
+        return os.open(path, tree.DIR_FLAGS)
+    except PermissionError:  # code took our r-x away: its size is counted all the same
+        tree.reclaim_search(path)
+        return os.open(path, tree.DIR_FLAGS)
 
 
 def oom_kills(counters: tuple[tuple[str, bytes], ...] = OOM_COUNTERS) -> int | None:

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from sandbox_workspace.api.settings import ApiSettings
 from sandbox_workspace.operator.models import ExecutionLimits, SandboxSessionSpec
+from sandbox_workspace.runtime import prctl, tree
 from sandbox_workspace.runtime.limits import Limits, classify, killed_by_oom, oom_kills
 from sandbox_workspace.runtime.schemas import ExecutionError
 from sandbox_workspace.runtime.settings import RuntimeSettings
@@ -122,10 +123,56 @@ def test_disk_usage_counts_what_code_hid_deeper_than_path_max(tmp_path) -> None:
         os.write(bottom, os.urandom(1 << 20))
         os.fsync(bottom)
         os.close(bottom)
+        # A path-based walk stops at ENAMETOOLONG and never saw this MiB: past the quota.
+        assert disk_usage([str(tmp_path)]) - without >= 1 << 20
     finally:
         os.close(fd)
-    # A path-based walk stops at ENAMETOOLONG and never saw this MiB: a way past the quota.
-    assert disk_usage([str(tmp_path)]) - without >= 1 << 20
+        top = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        tree.remove_tree(top, "d")  # pytest's own clean-up recurses: RecursionError
+        os.close(top)
+
+
+UNREADABLE_PROBE = """
+import os, sys
+from sandbox_workspace.runtime.limits import disk_usage
+top = sys.argv[1]
+before = disk_usage([top])
+for name, mode in (("wx", 0o300), ("none", 0o000)):  # write into it, then hide it
+    os.mkdir(os.path.join(top, name))
+    with open(os.path.join(top, name, "bulk"), "wb") as f:
+        f.write(os.urandom(1 << 20))
+        os.fsync(f.fileno())
+    os.chmod(os.path.join(top, name), mode)
+os.chmod(top, 0o300)  # the conversation's own directory, too
+print(disk_usage([top]) - before)
+"""
+
+
+def _without_dac_override() -> None:
+    """In the child before exec: root keeps its uid but loses what lets it ignore modes
+    (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), as a pod's runtime and code run."""
+    for cap in (1, 2):
+        prctl.call(PR_CAPBSET_DROP, cap)
+
+
+PR_CAPBSET_DROP = 24
+
+
+def test_disk_usage_counts_what_code_hid_behind_a_mode(tmp_path) -> None:
+    """As in a pod: code runs as the runtime's own uid, which cannot read past modes."""
+    import subprocess
+
+    top = tmp_path / "conversation"
+    top.mkdir()
+    out = subprocess.run(
+        [sys.executable, "-c", UNREADABLE_PROBE, str(top)],
+        capture_output=True, text=True, timeout=60,
+        preexec_fn=_without_dac_override if os.geteuid() == 0 else None,
+    )  # fmt: skip
+    for path in (top, top / "wx", top / "none"):  # for the clean-up (the walk gave r-x)
+        path.chmod(0o700)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) >= 2 << 20  # a walk that skipped unreadable parts saw neither
 
 
 TICK_PROBE = """
