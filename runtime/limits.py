@@ -17,8 +17,9 @@ Contract:
   RLIMIT_FSIZE (file size: a write past it fails with EFBIG, SIGXFSZ kills a shell
   tool), RLIMIT_CPU when ``cpu_rlimit`` (a fresh process per call: bash),
   ``oom_score_adj`` 1000 and nice 5 (raising either needs no privilege).
-- ``TreeWatch(root_pid, paths, limits).check()`` → the name of the limit the tree is
-  past (``memory``, ``cpu``, ``conversation``) or None; ``reset()`` starts a new
+- ``TreeWatch(root_pid, paths, limits)``: ``check_fast()`` → ``memory`` or ``cpu`` when
+  the tree is past one (milliseconds), ``check_disk()`` → ``conversation`` (a walk, as long
+  as the tree is big; ``disk_due()`` says when the next one is), else None; ``reset()`` starts a new
   execution's CPU and growth accounting (the runtime signals it at each Python cell).
   Memory is the tree's anonymous resident memory (a forked child's copy-on-write pages
   count in both: conservative); CPU is user + system time of every process that ever
@@ -123,19 +124,26 @@ class TreeWatch:
         self.cpu_start = self._cpu(self._tree())
         self.disk_start = disk_usage(self.paths)
 
-    def check(self) -> str | None:
+    def check_fast(self) -> str | None:
+        """Memory and CPU: a read of /proc per process of the tree (milliseconds)."""
         tree = self._tree()
         if self._memory(tree) > self.limits.memory:
             return "memory"
         if self._cpu(tree) - self.cpu_start > self.limits.cpu_seconds:
             return "cpu"
+        return None
+
+    def disk_due(self) -> bool:
+        return time.monotonic() >= self.next_disk
+
+    def check_disk(self) -> str | None:
+        """The conversation's size: a walk of its tree (as long as the tree is big)."""
         now = time.monotonic()
-        if now >= self.next_disk:
-            used = disk_usage(self.paths)
-            spent = time.monotonic() - now
-            self.next_disk = now + max(DISK_SECONDS, DISK_COST_FACTOR * spent)
-            if used > self.limits.conversation_size and used > self.disk_start:
-                return "conversation"
+        used = disk_usage(self.paths)
+        spent = time.monotonic() - now
+        self.next_disk = now + max(DISK_SECONDS, DISK_COST_FACTOR * spent)
+        if used > self.limits.conversation_size and used > self.disk_start:
+            return "conversation"
         return None
 
     def _tree(self) -> list[int]:

@@ -136,31 +136,39 @@ def _watch(request: dict, me: int) -> None:
 
     _ARMED[0] = True
     signal.signal(signal.SIGUSR1, lambda *_: watch.reset())
-    signal.signal(signal.SIGALRM, tick_handler(watch.check))
+    signal.signal(signal.SIGALRM, tick_handler(watch))
     signal.setitimer(signal.ITIMER_REAL, TICK_SECONDS, TICK_SECONDS)
 
 
-def tick_handler(check: Callable[[], str | None]) -> Callable[..., None]:
-    """The SIGALRM handler: ``check`` the tree, raise ``_LimitHit`` past a limit.
+def tick_handler(watch: TreeWatch) -> Callable[..., None]:
+    """The SIGALRM handler: the tree's memory and CPU every tick, its disk size when due;
+    ``_LimitHit`` past a limit.
 
-    A tick that arrives while a check still runs is dropped: Python runs a handler
-    between any two bytecodes, the handler's own included, so without the guard a check
-    slower than a tick (a big tree's disk walk under load) started again inside itself
-    every tick, nesting until the reaper died — the code's execution then ended with
-    status 255 and its output lost."""
-    checking = [False]
+    Python runs a handler between any two bytecodes, the handler's own included. So a
+    tick that arrives during a disk walk (seconds on a big tree, loaded) checks memory and
+    CPU all the same — a slow walk never pauses those limits — and starts no second walk;
+    one that arrives during a memory and CPU check is dropped. Nesting is then at most
+    two deep: without the guards a check slower than a tick started again inside itself
+    every tick until the reaper died (the execution ended with status 255, its output
+    lost)."""
+    fast, disk = [False], [False]
 
-    def on_tick(*_: object) -> None:
-        if not _ARMED[0] or checking[0]:
-            return
-        checking[0] = True
+    def guarded(flag: list[bool], check: Callable[[], str | None]) -> None:
+        flag[0] = True
         try:
             hit = check()
         finally:
-            checking[0] = False
+            flag[0] = False
         if hit is not None and _ARMED[0]:
             _ARMED[0] = False
             raise _LimitHit(hit)
+
+    def on_tick(*_: object) -> None:
+        if not _ARMED[0] or fast[0]:
+            return
+        guarded(fast, watch.check_fast)
+        if not disk[0] and _ARMED[0] and watch.disk_due():
+            guarded(disk, watch.check_disk)
 
     return on_tick
 

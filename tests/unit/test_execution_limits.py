@@ -176,41 +176,63 @@ def test_disk_usage_counts_what_code_hid_behind_a_mode(tmp_path) -> None:
 
 
 TICK_PROBE = """
-import signal, sys, time
+import signal, time
 from sandbox_workspace.runtime import reaper
-depth, deepest, calls = [0], [0], [0]
-def slow_check():
-    depth[0] += 1
-    calls[0] += 1
-    deepest[0] = max(deepest[0], depth[0])
-    end = time.monotonic() + 0.3
+
+def busy(seconds):
+    end = time.monotonic() + seconds
     while time.monotonic() < end:  # Python bytecodes: a pending tick's handler runs here
         pass
-    depth[0] -= 1
+
+class Watch:
+    fast_depth = fast_max = fast_in_walk = disk_depth = disk_max = 0
+    walking = False
+    def check_fast(self):
+        self.fast_depth += 1
+        self.fast_max = max(self.fast_max, self.fast_depth)
+        self.fast_in_walk += self.walking
+        busy(0.05)  # slower than a tick: ticks arrive during it
+        self.fast_depth -= 1
+        return "memory" if self.fast_in_walk >= 3 else None
+    def disk_due(self):
+        return True
+    def check_disk(self):
+        self.disk_depth += 1
+        self.disk_max = max(self.disk_max, self.disk_depth)
+        self.walking = True
+        busy(5)  # a big tree's walk, loaded
+        self.walking = False
+        self.disk_depth -= 1
+
+watch = Watch()
 reaper._ARMED[0] = True
-signal.signal(signal.SIGALRM, reaper.tick_handler(slow_check))
+signal.signal(signal.SIGALRM, reaper.tick_handler(watch))
 signal.setitimer(signal.ITIMER_REAL, 0.02, 0.02)
-deadline = time.monotonic() + 20
-while calls[0] < 3 and time.monotonic() < deadline:
-    pass
+hit = None
+try:
+    busy(20)
+except reaper._LimitHit as e:
+    hit = e.args[0]
 signal.setitimer(signal.ITIMER_REAL, 0)
-print(calls[0], deepest[0])
+print(hit, watch.fast_max, watch.disk_max, watch.fast_in_walk)
 """
 
 
-def test_a_tick_during_a_slow_check_is_dropped_not_nested() -> None:
-    """A reaper's limit check slower than a tick (a big tree's disk walk, loaded) once ran
-    again inside itself every tick until RecursionError killed the reaper (exit 255,
-    the command's output lost). In a process of its own: SIGALRM is pytest-timeout's."""
+def test_a_slow_disk_walk_neither_nests_nor_pauses_the_memory_limit() -> None:
+    """A reaper's disk walk slower than a tick (a big tree, loaded) once started again
+    inside itself every tick until RecursionError killed the reaper (exit 255, the
+    command's output lost); memory and CPU must still be checked during it. In a process
+    of its own: SIGALRM is pytest-timeout's."""
     import subprocess
 
     out = subprocess.run(
         [sys.executable, "-c", TICK_PROBE], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    calls, deepest = map(int, out.stdout.split())
-    assert calls >= 3  # ticks kept coming through 15 ticks' time per check
-    assert deepest == 1
+    hit, fast_max, disk_max, fast_in_walk = out.stdout.split()
+    assert hit == "memory"  # found by ticks during the walk, long before it ended
+    assert (fast_max, disk_max) == ("1", "1")  # nothing ran inside itself
+    assert int(fast_in_walk) >= 3
 
 
 def test_the_tree_of_a_process_is_found_through_a_setsid_child() -> None:
