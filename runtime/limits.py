@@ -17,8 +17,9 @@ Contract:
   RLIMIT_FSIZE (file size: a write past it fails with EFBIG, SIGXFSZ kills a shell
   tool), RLIMIT_CPU when ``cpu_rlimit`` (a fresh process per call: bash),
   ``oom_score_adj`` 1000 and nice 5 (raising either needs no privilege).
-- ``TreeWatch(root_pid, paths, limits).check()`` → the name of the limit the tree is
-  past (``memory``, ``cpu``, ``conversation``) or None; ``reset()`` starts a new
+- ``TreeWatch(root_pid, paths, limits)``: ``check_fast()`` → ``memory`` or ``cpu`` when
+  the tree is past one (milliseconds), ``check_disk()`` → ``conversation`` (a walk, as long
+  as the tree is big; ``disk_due()`` says when the next one is), else None; ``reset()`` starts a new
   execution's CPU and growth accounting (the runtime signals it at each Python cell).
   Memory is the tree's anonymous resident memory (a forked child's copy-on-write pages
   count in both: conservative); CPU is user + system time of every process that ever
@@ -46,7 +47,7 @@ import stat
 import time
 from dataclasses import asdict, dataclass
 
-from . import prctl
+from . import prctl, tree
 from .schemas import ExecutionError
 
 TICK_SECONDS = 0.1
@@ -123,19 +124,26 @@ class TreeWatch:
         self.cpu_start = self._cpu(self._tree())
         self.disk_start = disk_usage(self.paths)
 
-    def check(self) -> str | None:
+    def check_fast(self) -> str | None:
+        """Memory and CPU: a read of /proc per process of the tree (milliseconds)."""
         tree = self._tree()
         if self._memory(tree) > self.limits.memory:
             return "memory"
         if self._cpu(tree) - self.cpu_start > self.limits.cpu_seconds:
             return "cpu"
+        return None
+
+    def disk_due(self) -> bool:
+        return time.monotonic() >= self.next_disk
+
+    def check_disk(self) -> str | None:
+        """The conversation's size: a walk of its tree (as long as the tree is big)."""
         now = time.monotonic()
-        if now >= self.next_disk:
-            used = disk_usage(self.paths)
-            spent = time.monotonic() - now
-            self.next_disk = now + max(DISK_SECONDS, DISK_COST_FACTOR * spent)
-            if used > self.limits.conversation_size and used > self.disk_start:
-                return "conversation"
+        used = disk_usage(self.paths)
+        spent = time.monotonic() - now
+        self.next_disk = now + max(DISK_SECONDS, DISK_COST_FACTOR * spent)
+        if used > self.limits.conversation_size and used > self.disk_start:
+            return "conversation"
         return None
 
     def _tree(self) -> list[int]:
@@ -197,30 +205,37 @@ def _children(pid: int) -> list[int]:
 
 
 def disk_usage(paths: list[str]) -> int:
-    """Bytes of disk blocks under ``paths`` (no symlink followed, hard links once)."""
+    """Bytes of disk blocks under ``paths`` (no symlink followed, hard links once), at any
+    depth: the walk goes by directory descriptors (``tree.walk_entries``), so a tree
+    deeper than PATH_MAX is counted in full and costs O(entries), not O(depth²) path
+    lookups; a directory code made unreadable (``chmod 300``) is given its owner's r-x
+    back and counted, not skipped — either was a way past the quota."""
     seen: set[tuple[int, int]] = set()
     total = 0
-    stack = list(paths)
-    while stack:
-        path = stack.pop()
+    for path in paths:
         try:
-            entries = os.scandir(path)
+            top = _open_reclaimed(path)
         except OSError:
             continue
-        with entries:
-            for entry in entries:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                key = (st.st_dev, st.st_ino)
-                if key in seen:
-                    continue
-                seen.add(key)
+        try:
+            for st in tree.walk_entries(top, reclaim=True):
+                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                    key = (st.st_dev, st.st_ino)
+                    if key in seen:
+                        continue
+                    seen.add(key)
                 total += st.st_blocks * 512
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(entry.path)
+        finally:
+            os.close(top)
     return total
+
+
+def _open_reclaimed(path: str) -> int:
+    try:
+        return os.open(path, tree.DIR_FLAGS)
+    except PermissionError:  # code took our r-x away: its size is counted all the same
+        tree.reclaim_search(path)
+        return os.open(path, tree.DIR_FLAGS)
 
 
 def oom_kills(counters: tuple[tuple[str, bytes], ...] = OOM_COUNTERS) -> int | None:

@@ -34,6 +34,7 @@ import os
 import resource
 import signal
 import time
+from collections.abc import Callable
 from typing import NoReturn
 
 from . import landlock, prctl, seccomp
@@ -133,18 +134,43 @@ def _watch(request: dict, me: int) -> None:
         return
     watch = TreeWatch(me, request["read_write"], limits)
 
-    def on_tick(*_: object) -> None:
-        if not _ARMED[0]:
-            return
-        hit = watch.check()
+    _ARMED[0] = True
+    signal.signal(signal.SIGUSR1, lambda *_: watch.reset())
+    signal.signal(signal.SIGALRM, tick_handler(watch))
+    signal.setitimer(signal.ITIMER_REAL, TICK_SECONDS, TICK_SECONDS)
+
+
+def tick_handler(watch: TreeWatch) -> Callable[..., None]:
+    """The SIGALRM handler: the tree's memory and CPU every tick, its disk size when due;
+    ``_LimitHit`` past a limit.
+
+    Python runs a handler between any two bytecodes, the handler's own included. So a
+    tick that arrives during a disk walk (seconds on a big tree, loaded) checks memory and
+    CPU all the same — a slow walk never pauses those limits — and starts no second walk;
+    one that arrives during a memory and CPU check is dropped. Nesting is then at most
+    two deep: without the guards a check slower than a tick started again inside itself
+    every tick until the reaper died (the execution ended with status 255, its output
+    lost)."""
+    fast, disk = [False], [False]
+
+    def guarded(flag: list[bool], check: Callable[[], str | None]) -> None:
+        flag[0] = True
+        try:
+            hit = check()
+        finally:
+            flag[0] = False
         if hit is not None and _ARMED[0]:
             _ARMED[0] = False
             raise _LimitHit(hit)
 
-    _ARMED[0] = True
-    signal.signal(signal.SIGUSR1, lambda *_: watch.reset())
-    signal.signal(signal.SIGALRM, on_tick)
-    signal.setitimer(signal.ITIMER_REAL, TICK_SECONDS, TICK_SECONDS)
+    def on_tick(*_: object) -> None:
+        if not _ARMED[0] or fast[0]:
+            return
+        guarded(fast, watch.check_fast)
+        if not disk[0] and _ARMED[0] and watch.disk_due():
+            guarded(disk, watch.check_disk)
+
+    return on_tick
 
 
 def _read_all(fd: int) -> str:

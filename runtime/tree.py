@@ -14,6 +14,12 @@ Contract:
   it looked at, never a link's target), handles any count and any names, is idempotent.
 - ``walk_files`` is read-only and bounded by ``max_entries``; unreadable directories are
   skipped; the returned ``Walk`` says whether the walk saw everything.
+- ``walk_entries`` is read-only too and yields the ``lstat`` of every entry (directories,
+  links, FIFOs… not just files) at any depth, with no bound: it holds the names of the
+  directories still to visit, never a directory's whole listing, so a flat directory of
+  millions of files costs what one of them does (the conversation's size limit walks
+  with it, ``runtime/limits.disk_usage``); with ``reclaim`` it gives the owner r-x back
+  on directories code made unreadable, so a mode cannot hide bytes from it.
 """
 
 from __future__ import annotations
@@ -152,6 +158,81 @@ class Walk:
 def walk_files(dir_fd: int, *, max_entries: int = 1_000_000) -> Walk:
     """Every regular file beneath ``dir_fd`` (see ``Walk``); the caller keeps ``dir_fd``."""
     return Walk(dir_fd, max_entries)
+
+
+def walk_entries(dir_fd: int, *, reclaim: bool = False) -> Iterator[os.stat_result]:
+    """The ``lstat`` of every entry beneath ``dir_fd`` (see the module contract); parts
+    that cannot be read or vanish are skipped, a directory moved under the walk ends it.
+    With ``reclaim``, a directory of ours that code made unreadable or unsearchable
+    (``chmod 300``, ``000``) gets its owner's r-x back first, so nothing is hidden from
+    the walk by its mode (``reclaim_search``). The caller keeps ``dir_fd``."""
+    fd = os.dup(dir_fd)
+    try:
+        stack: list[_Frame] = []
+        while True:
+            st = os.fstat(fd)
+            if reclaim and st.st_mode & 0o500 != 0o500:
+                with contextlib.suppress(OSError):  # not ours: skipped as unreadable
+                    os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o500)
+            subdirectories: list[str] = []
+            with contextlib.suppress(OSError), os.scandir(fd) as entries:
+                for entry in entries:
+                    try:
+                        st_entry = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    yield st_entry
+                    if stat.S_ISDIR(st_entry.st_mode):
+                        subdirectories.append(entry.name)
+            stack.append(_Frame("", _ident(st), subdirectories))
+            child = None
+            while child is None:
+                if stack[-1].pending:
+                    child = _open_for_walk(fd, stack[-1].pending.pop(), reclaim)
+                    continue
+                stack.pop()
+                if not stack:
+                    return
+                try:
+                    up = _climb(fd, stack[-1].ident)
+                except OSError:
+                    return
+                os.close(fd)
+                fd = up
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+
+
+def _open_for_walk(parent_fd: int, name: str, reclaim: bool) -> int | None:
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+    except PermissionError:
+        if not reclaim:
+            return None
+    except OSError:
+        return None
+    try:
+        reclaim_search(name, parent_fd)
+        return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+    except OSError:
+        return None
+
+
+def reclaim_search(name: str, parent_fd: int | None = None) -> None:
+    """Give the owner r-x back on the directory ``name`` (beneath ``parent_fd``, or a
+    path), through an ``O_PATH | O_NOFOLLOW`` descriptor and ``/proc/self/fd``: the
+    chmod hits that very directory, never a link's target. ``OSError`` when it is not
+    a directory of ours."""
+    pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    try:
+        st = os.fstat(pfd)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", name)
+        os.chmod(f"/proc/self/fd/{pfd}", stat.S_IMODE(st.st_mode) | 0o500)
+    finally:
+        os.close(pfd)
 
 
 # -- deletion -----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import httpx
 import yaml
 from httpx_aiohttp import AiohttpTransport
 
+from sandbox_workspace import tracing
 from sandbox_workspace.contract.crd import GROUP, VERSION
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -206,8 +207,8 @@ class Kube:
             # connections (py-spy, bench operator --sessions 1000, 2026-11-27). Many
             # concurrent handlers talk to one apiserver: keep their connections open
             # rather than paying a TLS handshake per request.
-            transport=AiohttpTransport(
-                verify=credentials.ssl_context(), trust_env=False, limits=limits
+            transport=tracing.transport(  # a span per apiserver call when tracing is on
+                AiohttpTransport(verify=credentials.ssl_context(), trust_env=False, limits=limits)
             ),
         )
 

@@ -169,9 +169,24 @@ def runtime_route(path: str) -> str:
     return "/".join(out)
 
 
+_KUBE_PATH = re.compile(r"^/apis?/")
+
+
+def kube_route(path: str, watch: bool = False) -> str:
+    """What an apiserver request is about, without names: ``{resource}`` or
+    ``{resource}/{subresource}`` (``sandboxsessions/status``), `` watch`` for a watch."""
+    parts = [p for p in path.split("/") if p]
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]  # past the group and version
+    if rest[:1] == ["namespaces"] and len(rest) >= 3:
+        rest = rest[2:]
+    route = "/".join(rest[0:1] + rest[2:3]) or "?"
+    return f"{route} watch" if watch else route
+
+
 class TracedTransport(httpx.AsyncBaseTransport):
     """An httpx transport around another: a client span per request to a runtime (named
-    by its route template), with the ``traceparent`` header sent along."""
+    by its route template) or to the apiserver (``kube {METHOD} {resource}``: where a
+    session's start spends its writes), with the ``traceparent`` header sent along."""
 
     def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
         self.inner = inner
@@ -180,11 +195,13 @@ class TracedTransport(httpx.AsyncBaseTransport):
         if _tracer is None:
             return await self.inner.handle_async_request(request)
         path = request.url.path
-        name = (
-            f"runtime {request.method} {runtime_route(path)}"
-            if _RUNTIME_PATH.match(path)
-            else f"HTTP {request.method}"
-        )
+        if _RUNTIME_PATH.match(path):
+            name = f"runtime {request.method} {runtime_route(path)}"
+        elif _KUBE_PATH.match(path):
+            watch = request.url.params.get("watch") in ("true", "1")
+            name = f"kube {request.method} {kube_route(path, watch)}"
+        else:
+            name = f"HTTP {request.method}"
         attributes = {
             "http.request.method": request.method,
             "server.address": request.url.host,

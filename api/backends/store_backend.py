@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from functools import partial
@@ -66,6 +67,11 @@ from .store_cache import OUTPUTS, UPLOADS, drop_cached, fill_upload, listings
 from .store_errors import StoreFailure, translated
 from .store_upload import TeeUpload
 from .store_writeback import Copy, copy_all
+
+# How long after this process made a conversation its next open takes the metadata as
+# absent (``StoreBackend.conversation_opened``): the E2B create and its first command.
+MADE_SECONDS = 2.0
+_MADE_MAX = 10_000
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +183,8 @@ class StoreBackend(MetadataDecorator):
         self._seen: dict[tuple[str, str, str], tuple[int, str]] = {}  # output → size, mtime
         self._locks = KeyedLocks()  # per (session, conversation), only while in use
         self._takes_raw: dict[tuple[str, str], bool] = {}  # runtime → takes raw uploads
+        # (session, cid) → when this process made the conversation (``conversation_created``)
+        self._made: dict[tuple[str, str], float] = {}
 
     def _lock(self, session: Session, cid: str) -> contextlib.AbstractAsyncContextManager:
         return self._locks.hold((session.session_id, cid))
@@ -213,8 +221,14 @@ class StoreBackend(MetadataDecorator):
 
     async def conversation_opened(self, session: Session, conversation_id: str) -> None:
         """Before a write: tracked, filled, and refused when the workspace is disabled
-        (the first open reads the metadata once, for both)."""
+        (the first open reads the metadata once, for both). Within ``MADE_SECONDS`` of
+        this process making it (an E2B sandbox's create, then its first command), the
+        metadata is known to be absent — enabled — and is not read: a disable sent to
+        another replica in that moment is the race any disable has with a write."""
         manifest = await self.ensure_filled(session, conversation_id)
+        made = self._made.get((session.session_id, conversation_id))
+        if manifest is _UNREAD and made is not None and time.monotonic() - made < MADE_SECONDS:
+            return
         await self.refuse_disabled(session, conversation_id, manifest)
 
     async def conversation_created(self, session: Session, conversation_id: str) -> None:
@@ -224,6 +238,9 @@ class StoreBackend(MetadataDecorator):
         key = self._fill_key(session, conversation_id)
         if key is not None:
             self._filled.add(key)
+        if len(self._made) >= _MADE_MAX:
+            self._made.clear()
+        self._made[(session.session_id, conversation_id)] = time.monotonic()
 
     def _fill_key(self, session: Session, conversation_id: str) -> tuple[str, str, str] | None:
         ep = session.endpoint
@@ -401,6 +418,7 @@ class StoreBackend(MetadataDecorator):
     async def set_enabled(self, session: Session, cid: str, enabled: bool) -> None:
         """Seed 003's ``workspace_enabled``: kept in the conversation's metadata (which
         makes the conversation tracked, as any write does)."""
+        self._made.pop((session.session_id, cid), None)  # its metadata is read from now on
         await self.ensure_filled(session, cid)
         async with self._lock(session, cid), self._fenced(session, cid):
             await self.meta.set_enabled(self.scope(session), cid, enabled)
@@ -479,6 +497,8 @@ class StoreBackend(MetadataDecorator):
             self._filled.discard(k)
         for k in [k for k in self._seen if k[0] == session_id and cid in (None, k[1])]:
             del self._seen[k]
+        for made in [m for m in self._made if m[0] == session_id and cid in (None, m[1])]:
+            del self._made[made]
 
     # -- fill: store → cache ---------------------------------------------------------
 

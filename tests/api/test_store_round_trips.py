@@ -5,7 +5,8 @@ read of the metadata's head is a few ms each, around every command).
 - the first open of a conversation reads its metadata once (the fill and the disabled
   check share it), a later open once (the disabled check: another replica may have
   disabled the workspace); a conversation just created under a new random id (an E2B
-  sandbox's) is not read at all;
+  sandbox's) is not read at all, nor at its first open within ``MADE_SECONDS`` (its
+  metadata is known to be absent) unless this process disabled it meanwhile;
 - a write-back of a conversation whose cache holds no file reads nothing from the store;
   one holding a file still copies and records it, and a disabled workspace is still
   refused.
@@ -20,6 +21,7 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
+from sandbox_workspace.api.backends import store_backend
 from sandbox_workspace.api.backends.base import (
     RuntimeEndpoint,
     Session,
@@ -114,9 +116,24 @@ async def test_hooks_read_the_store_only_when_they_need_it(world) -> None:
         await backend.conversation_opened(session, cid)
 
 
-async def test_a_conversation_created_under_a_new_id_is_not_read(world) -> None:
+async def test_a_conversation_created_under_a_new_id_is_not_read(world, monkeypatch) -> None:
     backend, store, _, session = world
-    await backend.conversation_created(session, "e2b-0123456789abcdef0123")
+    cid = "e2b-0123456789abcdef0123"
+    clock = [1000.0]
+    monkeypatch.setattr(store_backend.time, "monotonic", lambda: clock[0])
+    await backend.conversation_created(session, cid)
     assert store.taken() == {}
-    await backend.conversation_opened(session, "e2b-0123456789abcdef0123")
-    assert store.taken() == {"read": 1}  # counted as filled: the disabled check alone
+    await backend.conversation_opened(session, cid)  # its first command, a moment later
+    assert store.taken() == {}  # made here just now: no metadata to read yet
+    clock[0] += store_backend.MADE_SECONDS
+    await backend.conversation_opened(session, cid)
+    assert store.taken() == {"read": 1}  # later: the disabled check (another replica's)
+
+
+async def test_a_workspace_this_process_disabled_is_refused_at_once(world) -> None:
+    backend, _, _, session = world
+    cid = "e2b-00000000000000000000"
+    await backend.conversation_created(session, cid)
+    await backend.set_enabled(session, cid, False)
+    with pytest.raises(WorkspaceDisabled):  # not taken as freshly made any more
+        await backend.conversation_opened(session, cid)

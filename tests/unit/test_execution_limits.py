@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from sandbox_workspace.api.settings import ApiSettings
 from sandbox_workspace.operator.models import ExecutionLimits, SandboxSessionSpec
+from sandbox_workspace.runtime import prctl, tree
 from sandbox_workspace.runtime.limits import Limits, classify, killed_by_oom, oom_kills
 from sandbox_workspace.runtime.schemas import ExecutionError
 from sandbox_workspace.runtime.settings import RuntimeSettings
@@ -105,6 +106,133 @@ def test_disk_usage_counts_blocks_and_hard_links_once(tmp_path) -> None:
     (tmp_path / "link").symlink_to("/usr")  # not followed
     used = disk_usage([str(tmp_path)])
     assert 65536 <= used < 65536 + 64 * 1024
+
+
+def test_disk_usage_counts_what_code_hid_deeper_than_path_max(tmp_path) -> None:
+    from sandbox_workspace.runtime.limits import disk_usage
+
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(2100):  # "d/" * 2100: past PATH_MAX (4096), as code can make it
+            os.mkdir("d", dir_fd=fd)
+            deeper = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        without = disk_usage([str(tmp_path)])
+        bottom = os.open("bulk", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
+        os.write(bottom, os.urandom(1 << 20))
+        os.fsync(bottom)
+        os.close(bottom)
+        # A path-based walk stops at ENAMETOOLONG and never saw this MiB: past the quota.
+        assert disk_usage([str(tmp_path)]) - without >= 1 << 20
+    finally:
+        os.close(fd)
+        top = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        tree.remove_tree(top, "d")  # pytest's own clean-up recurses: RecursionError
+        os.close(top)
+
+
+UNREADABLE_PROBE = """
+import os, sys
+from sandbox_workspace.runtime.limits import disk_usage
+top = sys.argv[1]
+before = disk_usage([top])
+for name, mode in (("wx", 0o300), ("none", 0o000)):  # write into it, then hide it
+    os.mkdir(os.path.join(top, name))
+    with open(os.path.join(top, name, "bulk"), "wb") as f:
+        f.write(os.urandom(1 << 20))
+        os.fsync(f.fileno())
+    os.chmod(os.path.join(top, name), mode)
+os.chmod(top, 0o300)  # the conversation's own directory, too
+print(disk_usage([top]) - before)
+"""
+
+
+def _without_dac_override() -> None:
+    """In the child before exec: root keeps its uid but loses what lets it ignore modes
+    (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), as a pod's runtime and code run."""
+    for cap in (1, 2):
+        prctl.call(PR_CAPBSET_DROP, cap)
+
+
+PR_CAPBSET_DROP = 24
+
+
+def test_disk_usage_counts_what_code_hid_behind_a_mode(tmp_path) -> None:
+    """As in a pod: code runs as the runtime's own uid, which cannot read past modes."""
+    import subprocess
+
+    top = tmp_path / "conversation"
+    top.mkdir()
+    out = subprocess.run(
+        [sys.executable, "-c", UNREADABLE_PROBE, str(top)],
+        capture_output=True, text=True, timeout=60,
+        preexec_fn=_without_dac_override if os.geteuid() == 0 else None,
+    )  # fmt: skip
+    for path in (top, top / "wx", top / "none"):  # for the clean-up (the walk gave r-x)
+        path.chmod(0o700)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) >= 2 << 20  # a walk that skipped unreadable parts saw neither
+
+
+TICK_PROBE = """
+import signal, time
+from sandbox_workspace.runtime import reaper
+
+def busy(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # Python bytecodes: a pending tick's handler runs here
+        pass
+
+class Watch:
+    fast_depth = fast_max = fast_in_walk = disk_depth = disk_max = 0
+    walking = False
+    def check_fast(self):
+        self.fast_depth += 1
+        self.fast_max = max(self.fast_max, self.fast_depth)
+        self.fast_in_walk += self.walking
+        busy(0.05)  # slower than a tick: ticks arrive during it
+        self.fast_depth -= 1
+        return "memory" if self.fast_in_walk >= 3 else None
+    def disk_due(self):
+        return True
+    def check_disk(self):
+        self.disk_depth += 1
+        self.disk_max = max(self.disk_max, self.disk_depth)
+        self.walking = True
+        busy(5)  # a big tree's walk, loaded
+        self.walking = False
+        self.disk_depth -= 1
+
+watch = Watch()
+reaper._ARMED[0] = True
+signal.signal(signal.SIGALRM, reaper.tick_handler(watch))
+signal.setitimer(signal.ITIMER_REAL, 0.02, 0.02)
+hit = None
+try:
+    busy(20)
+except reaper._LimitHit as e:
+    hit = e.args[0]
+signal.setitimer(signal.ITIMER_REAL, 0)
+print(hit, watch.fast_max, watch.disk_max, watch.fast_in_walk)
+"""
+
+
+def test_a_slow_disk_walk_neither_nests_nor_pauses_the_memory_limit() -> None:
+    """A reaper's disk walk slower than a tick (a big tree, loaded) once started again
+    inside itself every tick until RecursionError killed the reaper (exit 255, the
+    command's output lost); memory and CPU must still be checked during it. In a process
+    of its own: SIGALRM is pytest-timeout's."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", TICK_PROBE], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    hit, fast_max, disk_max, fast_in_walk = out.stdout.split()
+    assert hit == "memory"  # found by ticks during the walk, long before it ended
+    assert (fast_max, disk_max) == ("1", "1")  # nothing ran inside itself
+    assert int(fast_in_walk) >= 3
 
 
 def test_the_tree_of_a_process_is_found_through_a_setsid_child() -> None:

@@ -3,6 +3,7 @@ a place, light tiers run before heavy ones, and every heavy tier names what it w
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import prebuild
@@ -85,6 +86,8 @@ def test_the_scheduler_keeps_a_unit_on_one_worker(tmp_path: Path):
         [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p",
          "no:cacheprovider", "-c", "/dev/null", str(tmp_path)],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        # The outer run's options (a --basetemp, --durations…) are not this inner run's.
+        env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     workers: dict[str, set[str]] = {}

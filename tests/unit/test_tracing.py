@@ -69,6 +69,26 @@ def test_runtime_route_has_no_ids(path, route):
     assert tracing.runtime_route(path) == route
 
 
+CRS = "/apis/sandboxworkspace.io/v1alpha1/namespaces/s"
+
+
+@pytest.mark.parametrize(
+    ("path", "watch", "route"),
+    [
+        (f"{CRS}/sandboxsessions", False, "sandboxsessions"),
+        (f"{CRS}/sandboxsessions", True, "sandboxsessions watch"),
+        (f"{CRS}/sandboxsessions/sb-u/status", False, "sandboxsessions/status"),
+        ("/api/v1/namespaces/s/secrets/sb-u-runtime", False, "secrets"),
+        ("/api/v1/namespaces/s/pods/p/eviction", False, "pods/eviction"),
+        ("/api/v1/namespaces/s", False, "namespaces"),
+        ("/apis/coordination.k8s.io/v1/namespaces/s/leases/op", False, "leases"),
+        ("/api/v1/nodes", False, "nodes"),
+    ],
+)
+def test_kube_route_names_the_resource_not_the_object(path, watch, route):
+    assert tracing.kube_route(path, watch) == route
+
+
 @pytest.mark.parametrize(
     ("trigger", "annotations", "parent"),
     [
