@@ -7,7 +7,9 @@ Contract:
   session does, so ids of other users and tenants cannot be probed.
 - ``ensure_running`` is the seed's EnsureSandboxSession: get → create when missing (a 409
   from a concurrent creator is fine) → resume when stopped or failed → wait, bounded by
-  the ready timeout, until ``running``. It never returns a session that is not running.
+  the ready timeout, until ``running``. It never returns a session that is not running;
+  the 503 ``session_not_ready`` of one still starting says what it waits for (the
+  backend's message, as GET of the session shows it).
 - A session being deleted (``terminating``) gets no traffic: 503 ``session_terminating``
   with ``Retry-After``; once it is gone the next call creates a fresh one.
 - After a resume request the status is the one from before it (an old ``Error``): it is
@@ -51,6 +53,7 @@ from .backends.base import (
 from .identity import Caller
 
 RECENT_SECONDS = 2.0
+MESSAGE_CHARS = 300  # of the backend's message in a session_not_ready answer
 _RECENT_MAX = 10_000  # remembered answers (one per caller); past it, start over
 
 
@@ -214,9 +217,13 @@ class SessionService:
                     code="session_failed",
                 )
             if time.monotonic() >= deadline:
+                # What it waits for (the backend's word, as GET of the session shows it:
+                # the pod unscheduled, its volume not mounted yet…), so a caller that
+                # gives up — a client, a test in CI — says why without a second look.
+                why = f": {session.message[:MESSAGE_CHARS]}" if session.message else ""
                 raise Unavailable(
                     f"session '{session_id}' is not running after {self.ready_timeout:.0f}s "
-                    f"(status {session.status}); retry shortly",
+                    f"(status {session.status}{why}); retry shortly",
                     code="session_not_ready",
                 )
             known = await self.backend.wait_changed(

@@ -9,15 +9,17 @@ import asyncio
 import os
 import shutil
 import signal
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
 
-from sandbox_workspace.api.backends.base import SessionExists, SessionStatus
+from sandbox_workspace.api.backends.base import Session, SessionExists, SessionSpec, SessionStatus
 from sandbox_workspace.api.backends.local import LocalBackend
 from sandbox_workspace.api.identity import Caller
 from sandbox_workspace.api.sessions import SessionService
+from sandbox_workspace.contract.errors import Unavailable
 from sandbox_workspace.operator.models import FileUploadConfig
 
 pytestmark = pytest.mark.local_backend
@@ -114,3 +116,37 @@ async def test_two_first_uses_at_once_both_get_the_one_session(tmp_path):
     assert sorted(backend.created) == ["201", "409"]
     assert first.status == second.status == SessionStatus.RUNNING
     assert first.endpoint == second.endpoint
+
+
+class _NeverRunning(LocalBackend):
+    """A session that stays pending with the backend's word on why (as the kubernetes
+    backend reports a pod its kubelet has not mounted the volume of)."""
+
+    WHY = "Unable to attach or mount volumes: PVC is not bound " + "x" * 400
+
+    async def get_session(self, session_id: str):
+        return Session(
+            spec=SessionSpec(session_id=session_id, user_id="slow"),
+            status=SessionStatus.PENDING,
+            created_at=datetime.now(UTC),
+            workspace_path="/workspace",
+            message=self.WHY,
+        )
+
+    async def wait_changed(self, session_id: str, timeout: float):
+        await asyncio.sleep(min(timeout, 0.01))
+        return None
+
+
+async def test_session_not_ready_says_what_the_session_waits_for(tmp_path):
+    """The 503 of a session still starting carries the backend's message (bounded), so a
+    caller that gives up — a node-tier fixture in CI — says why without another look."""
+    async with httpx.AsyncClient() as http:
+        backend = _NeverRunning(tmp_path, http)
+        service = SessionService(backend, default_upload=FileUploadConfig(), ready_timeout=0.05)
+        with pytest.raises(Unavailable) as raised:
+            await service.wait_running("sb-session-slow")
+    assert raised.value.code == "session_not_ready"
+    message = str(raised.value)
+    assert "(status pending: Unable to attach or mount volumes: PVC is not bound" in message
+    assert message.endswith("); retry shortly") and len(message) < 450, message

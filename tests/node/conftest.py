@@ -22,6 +22,10 @@ Inside (SANDBOX_NODE_NETNS=1), the fixtures:
 - ``s3_stack`` (session, only when asked for): store mode ``s3`` — operator and API as
   processes of the namespace on a sessions namespace of their own, the suite's
   ``seaweedfs`` on the namespace's loopback (``nodeenv.store_stack``).
+
+A failed test's report says where the components' logs are and, once per module, what
+the cluster looked like (``nodeenv.diagnose``: sessions, pods, events, the operator's and
+the API's last log lines) — the one record that outlives the run's pods and directory.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 
 from kubeenv import KubeClient
 from nodeenv import netns, network
+from nodeenv.diagnose import cluster_state
 from nodeenv.network import NODE_IP
 from nodeenv.node import NodeCluster
 from nodeenv.prepare import PrepareFailed, prepare, skip_reason
@@ -214,14 +219,21 @@ def session(release: Release, kube: KubeClient) -> Iterator[UserSession]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
-    """On a failed node test, say where the component logs are."""
+    """On a failed node test, say where the component logs are and what the cluster looks
+    like (``nodeenv.diagnose``: once per module — a module fixture's failure fails each of
+    its tests)."""
     report = yield
     cluster = _state.get("cluster")
-    if report.failed and cluster is not None:
+    if report.failed and isinstance(cluster, NodeCluster):
         report.sections.append(
             (
                 "node tier",
                 f"component logs: {cluster.workdir}/*.log and {cluster.workdir}/kube/*.log",
             )  # type: ignore[attr-defined]
         )
+        diagnosed: set[str] = _state.setdefault("diagnosed", set())  # type: ignore[assignment]
+        if item.nodeid.split("::")[0] not in diagnosed:
+            diagnosed.add(item.nodeid.split("::")[0])
+            with cluster.client(timeout=5) as kube:
+                report.sections.append(("cluster state", cluster_state(kube)))
     return report

@@ -60,13 +60,18 @@ def kubelet_config(socket: Path, address: str, cgroup_root: str, ca_file: str) -
         "authorization": {"mode": "Webhook"},
         "clusterDomain": "cluster.local",
         "resolvConf": "",
-        # A shared, busy machine: evict only when truly out of room, never GC the
-        # imported images (nothing could pull them again).
+        # A shared, busy machine: evict only when truly out of memory, never GC the
+        # imported images (nothing could pull them again). No eviction for disk at all
+        # ("0%", as kind's nodes): the node's disk is the machine's, which the other
+        # users fill and empty, not the node's pods — at 1% (2.5 GB of 252) a full run
+        # saw the node report DiskPressure, evict the operator and the API and leave
+        # every new pod Pending (the taint stays 5 min after the disk is freed).
         "evictionHard": {
             "memory.available": "50Mi",
-            "nodefs.available": "1%",
-            "imagefs.available": "1%",
-            "nodefs.inodesFree": "1%",
+            "nodefs.available": "0%",
+            "imagefs.available": "0%",
+            "nodefs.inodesFree": "0%",
+            "imagefs.inodesFree": "0%",
         },
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
@@ -116,6 +121,14 @@ class NodeControlPlane(ControlPlane):
         return [
             "--enable-hostpath-provisioner",
             "--node-monitor-period=1s",
+            # The PV binder binds a claim in two writes (spec.volumeName, then
+            # status.phase Bound); the scheduler places the pod after the first, the
+            # kubelet mounts after the second and, finding the claim "not bound" in
+            # between, retries the pod only 10-15 s later. kube-controller-manager's
+            # default client limit (20 requests/s) stretched that gap to 0.5 s while the
+            # tier's helm rollouts and session bursts ran, and sessions waited 18-34 s.
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
         ]
 
 
