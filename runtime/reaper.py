@@ -79,6 +79,9 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
     try:
         if os.getppid() != parent:  # the spawner died before we could ask to follow it
             raise _Stop
+        # The disk baseline is walked before code starts: one walked while it ran took in
+        # what code wrote meanwhile (into parts not walked yet) as already there.
+        watch = _tree_watch(request, os.getpid())
         err_r, err_w = os.pipe()
         root = os.fork()
         if root == 0:
@@ -90,7 +93,7 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
         if failure:
             _report(report_fd, {"error": failure})
             return _exit_code(os.waitpid(root, 0)[1])
-        _watch(request, os.getpid())  # before the report: the runtime may signal at once
+        _watch(watch)  # before the report: the runtime may signal at once
         ooms = oom_kills()
         # Its start time with its pid: the runtime signals this process, never a later
         # holder of the pid (``pids.send_signal``). Read while it is our unreaped child.
@@ -126,14 +129,16 @@ def _report(fd: int, message: dict, *, close: bool = True) -> None:
             os.close(fd)
 
 
-def _watch(request: dict, me: int) -> None:
+def _tree_watch(request: dict, me: int) -> TreeWatch | None:
+    limits = Limits.from_wire(request.get("limits"))
+    return None if limits is None else TreeWatch(me, request["read_write"], limits)
+
+
+def _watch(watch: TreeWatch | None) -> None:
     """Check the tree against its limits every tick (SIGALRM interrupts the wait);
     SIGUSR1 from the runtime starts a new execution's accounting (a Python cell)."""
-    limits = Limits.from_wire(request.get("limits"))
-    if limits is None:
+    if watch is None:
         return
-    watch = TreeWatch(me, request["read_write"], limits)
-
     _ARMED[0] = True
     signal.signal(signal.SIGUSR1, lambda *_: watch.reset())
     signal.signal(signal.SIGALRM, tick_handler(watch))
