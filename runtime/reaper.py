@@ -18,6 +18,8 @@ Contract of ``run_call`` (never returns):
 - With ``limits`` in the request (``runtime/limits.py``) the code process gets its
   rlimits and ``oom_score_adj``, and the reaper checks the tree every tick; past a
   limit it kills the tree and writes a second line ``{"limit": name}``; so too
+  ``{"limit": "conversation"}`` when a last walk, once the code process ended, finds
+  the conversation grew past its quota since the call began; so too
   ``{"limit": "oom"}`` when the kernel's OOM killer took the code process (the pod's
   memory limit: ``limits.killed_by_oom``).
 - When the code process ends, or on SIGTERM (kill this call), it kills every remaining
@@ -104,6 +106,11 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
                 _kill_descendants()
                 if killed_by_oom(status, ooms):
                     _report(report_fd, {"limit": "oom"})
+                elif watch is not None and watch.check_disk() is not None:
+                    # A last walk, the tree dead: code that wrote past the quota and
+                    # ended before a tick's walk (20 MiB in 50 ms) was never told, and did
+                    # it again at every call.
+                    _report(report_fd, {"limit": "conversation"})
                 return _exit_code(status)
     except _LimitHit as hit:
         status = _kill_descendants(root)

@@ -319,22 +319,21 @@ def test_only_a_sigkill_while_oom_kills_rose_is_the_oom_killers(how, counted, ex
     assert killed_by_oom(status, None) is False
 
 
-BASELINE_PROBE = """
+REAPER_PROBE = """
 import json, os, sys, time
 from sandbox_workspace.runtime import limits, reaper
 
+top, code, slow = sys.argv[1], sys.argv[2], float(sys.argv[3])
 walk, calls = limits.disk_usage, [0]
 def first_walk_slow(paths):  # the first walk of a big tree: code's writes land during it
     calls[0] += 1
     if calls[0] == 1:
-        time.sleep(0.5)
+        time.sleep(slow)
     return walk(paths)
 limits.disk_usage = first_walk_slow
-top = sys.argv[1]
 request = {
-    "argv": ["sh", "-c", "head -c 2097152 /dev/zero > big; sleep 3"],
-    "env": {"PATH": os.environ["PATH"]}, "cwd": top, "read_write": [top],
-    "limits": limits.Limits(1 << 30, 60, 4 << 20, 1 << 20).to_wire(),
+    "argv": ["sh", "-c", code], "env": {"PATH": os.environ["PATH"]}, "cwd": top,
+    "read_write": [top], "limits": limits.Limits(1 << 30, 60, 4 << 20, 1 << 20).to_wire(),
 }
 report_r, report_w = os.pipe()
 null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
@@ -352,20 +351,34 @@ print(json.dumps([json.loads(line) for line in lines.splitlines()]))
 """
 
 
-def test_the_disk_baseline_is_taken_before_code_runs(tmp_path) -> None:
-    """The reaper walks the conversation before it starts code: walked after, a slow walk
-    (a tree of many empty files) took what code wrote meanwhile as already there — 2 MiB
-    past a 1 MiB quota, and as much again at every call. In a process of its own."""
+def _reaper_probe(top, code: str, slow_first_walk: float = 0.0) -> list[dict]:
+    """A reaper's report lines for ``code`` (sh) in ``top`` under a 1 MiB quota; in a
+    process of its own (the reaper's SIGALRM would be pytest-timeout's)."""
     import json
     import subprocess
 
     out = subprocess.run(
-        [sys.executable, "-c", BASELINE_PROBE, str(tmp_path)],
+        [sys.executable, "-c", REAPER_PROBE, str(top), code, str(slow_first_walk)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    messages = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def test_the_disk_baseline_is_taken_before_code_runs(tmp_path) -> None:
+    """The reaper walks the conversation before it starts code: walked after, a slow walk
+    (a tree of many empty files) took what code wrote meanwhile as already there — 2 MiB
+    past a 1 MiB quota, and as much again at every call."""
+    messages = _reaper_probe(tmp_path, "head -c 2097152 /dev/zero > big; sleep 3", 0.5)
     assert {"limit": "conversation"} in messages, messages
+
+
+def test_code_that_writes_past_the_quota_and_ends_at_once_is_told(tmp_path) -> None:
+    """Written and ended before the first tick's walk: one last walk once the tree is
+    dead finds it (without it, 20 MiB a call past an 8 MiB quota, never a word)."""
+    messages = _reaper_probe(tmp_path, "head -c 2097152 /dev/zero > big")
+    assert {"limit": "conversation"} in messages, messages
+    assert _reaper_probe(tmp_path, "rm big; echo ok > small")[1:] == []  # deleting is fine
 
 
 def test_a_cells_start_does_not_forgive_growth_past_the_quota(tmp_path) -> None:
