@@ -398,3 +398,22 @@ def test_a_cells_start_does_not_forgive_growth_past_the_quota(tmp_path) -> None:
     (tmp_path / "small").write_bytes(b"x")
     watch.reset()
     assert watch.check_disk() is None and watch.disk_start < 1 << 20
+
+
+def test_linked_empty_files_cost_the_walk_no_memory(tmp_path) -> None:
+    """Hard links to empty files cost code nothing of its quota; the walk kept each in its
+    set of links seen (~150 bytes: millions of them, hundreds of MiB in the reaper)."""
+    import tracemalloc
+
+    from sandbox_workspace.runtime.limits import disk_usage
+
+    for i in range(5_000):
+        (tmp_path / f"e{i}").touch()
+        os.link(tmp_path / f"e{i}", tmp_path / f"l{i}")
+    tracemalloc.start()
+    try:
+        disk_usage([str(tmp_path)])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200_000, peak  # 840 kB when each was kept
