@@ -27,7 +27,9 @@ Contract:
   parents' children times and the reaper's own); the conversation's size is the disk
   blocks under ``paths`` (hard links once), checked every ``DISK_SECONDS`` (longer when a
   walk is slow), and only growth past the quota kills — code can always delete to get
-  back under it.
+  back under it. Growth counts from the size walked when the watch is made (before the
+  code process starts); ``reset`` walks nothing, the next walk judges against the old
+  baseline and then becomes the new one.
 - ``oom_kills()`` → the kernel's count of OOM kills this process can see (the
   container's memory cgroup when mounted, else the machine's); ``killed_by_oom(status,
   before)``: the code process died of a SIGKILL nobody in the runtime sent while that
@@ -111,18 +113,27 @@ def apply_in_child(limits: Limits, *, cpu_rlimit: bool) -> None:
 
 
 class TreeWatch:
+    """Made before the code process starts: its disk baseline is then exact — one walked
+    while code ran took what code wrote meanwhile (into parts not walked yet) as already
+    there, and code that made the walk slow (many empty files) grew past the quota by as
+    much at every call."""
+
     def __init__(self, reaper_pid: int, paths: list[str], limits: Limits) -> None:
         self.reaper_pid = reaper_pid
         self.paths = paths
         self.limits = limits
         self.next_disk = 0.0
-        self.cpu_start = 0.0
-        self.disk_start = 0
-        self.reset()
+        self.cpu_start = self._cpu(self._tree())
+        self.disk_start = disk_usage(paths)
+        self.rebase = False
 
     def reset(self) -> None:
+        """A new execution (a Python cell, SIGUSR1): its CPU counts from now, and the next
+        walk's size is its disk baseline. No walk here: in a signal handler a walk could
+        nest in itself (cells faster than a walk of seconds) and took in what the
+        kernel's background code wrote meanwhile."""
         self.cpu_start = self._cpu(self._tree())
-        self.disk_start = disk_usage(self.paths)
+        self.rebase = True
 
     def check_fast(self) -> str | None:
         """Memory and CPU: a read of /proc per process of the tree (milliseconds)."""
@@ -142,9 +153,12 @@ class TreeWatch:
         used = disk_usage(self.paths)
         spent = time.monotonic() - now
         self.next_disk = now + max(DISK_SECONDS, DISK_COST_FACTOR * spent)
-        if used > self.limits.conversation_size and used > self.disk_start:
-            return "conversation"
-        return None
+        # Judged against the baseline before a rebase: growth past the quota since the
+        # last measure kills, even across a cell's start (a cell does not forgive it).
+        hit = used > self.limits.conversation_size and used > self.disk_start
+        if self.rebase:
+            self.disk_start, self.rebase = used, False
+        return "conversation" if hit else None
 
     def _tree(self) -> list[int]:
         return descendants(self.reaper_pid)
@@ -219,7 +233,10 @@ def disk_usage(paths: list[str]) -> int:
             continue
         try:
             for st in tree.walk_entries(top, reclaim=True):
-                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                # Links are counted once; one without blocks is not even remembered:
+                # millions of linked empty files cost no quota, and a set of them cost
+                # the reaper ~150 bytes each (blocks bound the rest: quota / 4 KiB).
+                if st.st_nlink > 1 and st.st_blocks and not stat.S_ISDIR(st.st_mode):
                     key = (st.st_dev, st.st_ino)
                     if key in seen:
                         continue

@@ -18,6 +18,8 @@ Contract of ``run_call`` (never returns):
 - With ``limits`` in the request (``runtime/limits.py``) the code process gets its
   rlimits and ``oom_score_adj``, and the reaper checks the tree every tick; past a
   limit it kills the tree and writes a second line ``{"limit": name}``; so too
+  ``{"limit": "conversation"}`` when a last walk, once the code process ended, finds
+  the conversation grew past its quota since the call began; so too
   ``{"limit": "oom"}`` when the kernel's OOM killer took the code process (the pod's
   memory limit: ``limits.killed_by_oom``).
 - When the code process ends, or on SIGTERM (kill this call), it kills every remaining
@@ -79,6 +81,9 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
     try:
         if os.getppid() != parent:  # the spawner died before we could ask to follow it
             raise _Stop
+        # The disk baseline is walked before code starts: one walked while it ran took in
+        # what code wrote meanwhile (into parts not walked yet) as already there.
+        watch = _tree_watch(request, os.getpid())
         err_r, err_w = os.pipe()
         root = os.fork()
         if root == 0:
@@ -90,7 +95,7 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
         if failure:
             _report(report_fd, {"error": failure})
             return _exit_code(os.waitpid(root, 0)[1])
-        _watch(request, os.getpid())  # before the report: the runtime may signal at once
+        _watch(watch)  # before the report: the runtime may signal at once
         ooms = oom_kills()
         # Its start time with its pid: the runtime signals this process, never a later
         # holder of the pid (``pids.send_signal``). Read while it is our unreaped child.
@@ -101,6 +106,11 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
                 _kill_descendants()
                 if killed_by_oom(status, ooms):
                     _report(report_fd, {"limit": "oom"})
+                elif watch is not None and watch.check_disk() is not None:
+                    # A last walk, the tree dead: code that wrote past the quota and
+                    # ended before a tick's walk (20 MiB in 50 ms) was never told, and did
+                    # it again at every call.
+                    _report(report_fd, {"limit": "conversation"})
                 return _exit_code(status)
     except _LimitHit as hit:
         status = _kill_descendants(root)
@@ -126,14 +136,16 @@ def _report(fd: int, message: dict, *, close: bool = True) -> None:
             os.close(fd)
 
 
-def _watch(request: dict, me: int) -> None:
+def _tree_watch(request: dict, me: int) -> TreeWatch | None:
+    limits = Limits.from_wire(request.get("limits"))
+    return None if limits is None else TreeWatch(me, request["read_write"], limits)
+
+
+def _watch(watch: TreeWatch | None) -> None:
     """Check the tree against its limits every tick (SIGALRM interrupts the wait);
     SIGUSR1 from the runtime starts a new execution's accounting (a Python cell)."""
-    limits = Limits.from_wire(request.get("limits"))
-    if limits is None:
+    if watch is None:
         return
-    watch = TreeWatch(me, request["read_write"], limits)
-
     _ARMED[0] = True
     signal.signal(signal.SIGUSR1, lambda *_: watch.reset())
     signal.signal(signal.SIGALRM, tick_handler(watch))

@@ -19,7 +19,9 @@ Contract:
   directories still to visit, never a directory's whole listing, so a flat directory of
   millions of files costs what one of them does (the conversation's size limit walks
   with it, ``runtime/limits.disk_usage``); with ``reclaim`` it gives the owner r-x back
-  on directories code made unreadable, so a mode cannot hide bytes from it.
+  on directories code made unreadable, so a mode cannot hide bytes from it. Where a
+  climb finds the tree moved or locked under it, it goes back down from the top by name
+  (identities checked) and carries on, so code cannot end it early.
 """
 
 from __future__ import annotations
@@ -162,18 +164,25 @@ def walk_files(dir_fd: int, *, max_entries: int = 1_000_000) -> Walk:
 
 def walk_entries(dir_fd: int, *, reclaim: bool = False) -> Iterator[os.stat_result]:
     """The ``lstat`` of every entry beneath ``dir_fd`` (see the module contract); parts
-    that cannot be read or vanish are skipped, a directory moved under the walk ends it.
-    With ``reclaim``, a directory of ours that code made unreadable or unsearchable
-    (``chmod 300``, ``000``) gets its owner's r-x back first, so nothing is hidden from
-    the walk by its mode (``reclaim_search``). The caller keeps ``dir_fd``."""
+    that cannot be read or vanish are skipped. With ``reclaim``, a directory of ours that
+    code made unreadable or unsearchable (``chmod 300``, ``000``) gets its owner's r-x
+    back first, so nothing is hidden from the walk by its mode (``reclaim_search``).
+
+    Code runs while the walk does, so a climb can find ".." is no longer the directory
+    it came from (code moved the one the walk was in) or unreadable (code chmodded it):
+    the walk then goes back down from ``dir_fd`` by the names it took, checking each
+    directory's identity, and carries on with what it still has to visit — ending there
+    was a way past the quota (move a directory to and fro; what was not visited yet was
+    never counted). Only what lay beneath a directory moved away from its own path is
+    left out then. The caller keeps ``dir_fd``."""
     fd = os.dup(dir_fd)
     try:
         stack: list[_Frame] = []
+        name = ""
         while True:
             st = os.fstat(fd)
-            if reclaim and st.st_mode & 0o500 != 0o500:
-                with contextlib.suppress(OSError):  # not ours: skipped as unreadable
-                    os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o500)
+            if reclaim:
+                _reclaim_open(fd, st)
             subdirectories: list[str] = []
             with contextlib.suppress(OSError), os.scandir(fd) as entries:
                 for entry in entries:
@@ -184,25 +193,50 @@ def walk_entries(dir_fd: int, *, reclaim: bool = False) -> Iterator[os.stat_resu
                     yield st_entry
                     if stat.S_ISDIR(st_entry.st_mode):
                         subdirectories.append(entry.name)
-            stack.append(_Frame("", _ident(st), subdirectories))
+            stack.append(_Frame(name, _ident(st), subdirectories))
             child = None
             while child is None:
                 if stack[-1].pending:
-                    child = _open_for_walk(fd, stack[-1].pending.pop(), reclaim)
+                    name = stack[-1].pending.pop()
+                    child = _open_for_walk(fd, name, reclaim)
                     continue
                 stack.pop()
                 if not stack:
                     return
                 try:
                     up = _climb(fd, stack[-1].ident)
-                except OSError:
-                    return
+                except OSError:  # moved or made unreadable under the walk
+                    up = _descend_again(dir_fd, stack, reclaim)
                 os.close(fd)
                 fd = up
             os.close(fd)
             fd = child
     finally:
         os.close(fd)
+
+
+def _descend_again(top_fd: int, stack: list[_Frame], reclaim: bool) -> int:
+    """A descriptor of the deepest directory of ``stack`` still where the walk found it,
+    going down from ``top_fd`` by name; the frames beneath it are dropped."""
+    fd = os.dup(top_fd)
+    for depth in range(1, len(stack)):
+        child = _open_for_walk(fd, stack[depth].name, reclaim)
+        if child is not None and _ident(os.fstat(child)) == stack[depth].ident:
+            os.close(fd)
+            fd = child
+            continue
+        if child is not None:
+            os.close(child)
+        del stack[depth:]
+        break
+    return fd
+
+
+def _reclaim_open(fd: int, st: os.stat_result) -> None:
+    """The owner's r-x on the open directory ``fd``, when code took it away."""
+    if st.st_mode & 0o500 != 0o500:
+        with contextlib.suppress(OSError):  # not ours: skipped as unreadable
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o500)
 
 
 def _open_for_walk(parent_fd: int, name: str, reclaim: bool) -> int | None:
@@ -213,7 +247,8 @@ def _open_for_walk(parent_fd: int, name: str, reclaim: bool) -> int | None:
             return None
     except OSError:
         return None
-    try:
+    try:  # code may have taken the parent's x away since it was listed, or the child's r-x
+        _reclaim_open(parent_fd, os.fstat(parent_fd))
         reclaim_search(name, parent_fd)
         return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except OSError:

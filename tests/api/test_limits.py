@@ -154,6 +154,17 @@ def test_a_conversation_past_its_quota_is_stopped(lim):
     _neighbour_is_intact(api, url)
 
 
+def test_a_command_that_writes_past_the_quota_and_ends_at_once_is_told(lim):
+    """9 MiB written in a few ms and the command ends, before any walk while it ran: the
+    reaper's last walk finds it (it used to be exit 0, and as much again every call)."""
+    api, url = lim
+    code = "for i in $(seq 9); do head -c 1000K /dev/zero > g$i; done"
+    result = run(api, url, code, cid="a", language="bash")
+    assert result["error"]["code"] == "conversation_quota_exceeded", result
+    cleanup = run(api, url, "rm -f g*; echo ok", cid="a", language="bash")
+    assert cleanup["stdout"] == "ok\n" and cleanup["error"] is None
+
+
 def test_the_model_is_told_which_limit_was_hit(lim, scripted_llm):
     api, _ = lim
 

@@ -317,3 +317,103 @@ def test_only_a_sigkill_while_oom_kills_rose_is_the_oom_killers(how, counted, ex
     _, status = os.waitpid(pid, 0)
     assert killed_by_oom(status, now - counted) is expected
     assert killed_by_oom(status, None) is False
+
+
+REAPER_PROBE = """
+import json, os, sys, time
+from sandbox_workspace.runtime import limits, reaper
+
+top, code, slow = sys.argv[1], sys.argv[2], float(sys.argv[3])
+walk, calls = limits.disk_usage, [0]
+def first_walk_slow(paths):  # the first walk of a big tree: code's writes land during it
+    calls[0] += 1
+    if calls[0] == 1:
+        time.sleep(slow)
+    return walk(paths)
+limits.disk_usage = first_walk_slow
+request = {
+    "argv": ["sh", "-c", code], "env": {"PATH": os.environ["PATH"]}, "cwd": top,
+    "read_write": [top], "limits": limits.Limits(1 << 30, 60, 4 << 20, 1 << 20).to_wire(),
+}
+report_r, report_w = os.pipe()
+null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
+me = os.getpid()
+pid = os.fork()
+if pid == 0:
+    os.close(report_r)
+    reaper.run_call(request, null, report_w, {}, me)
+os.close(report_w)
+lines = os.read(report_r, 4096)
+while chunk := os.read(report_r, 4096):
+    lines += chunk
+os.waitpid(pid, 0)
+print(json.dumps([json.loads(line) for line in lines.splitlines()]))
+"""
+
+
+def _reaper_probe(top, code: str, slow_first_walk: float = 0.0) -> list[dict]:
+    """A reaper's report lines for ``code`` (sh) in ``top`` under a 1 MiB quota; in a
+    process of its own (the reaper's SIGALRM would be pytest-timeout's)."""
+    import json
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", REAPER_PROBE, str(top), code, str(slow_first_walk)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_the_disk_baseline_is_taken_before_code_runs(tmp_path) -> None:
+    """The reaper walks the conversation before it starts code: walked after, a slow walk
+    (a tree of many empty files) took what code wrote meanwhile as already there — 2 MiB
+    past a 1 MiB quota, and as much again at every call."""
+    messages = _reaper_probe(tmp_path, "head -c 2097152 /dev/zero > big; sleep 3", 0.5)
+    assert {"limit": "conversation"} in messages, messages
+
+
+def test_code_that_writes_past_the_quota_and_ends_at_once_is_told(tmp_path) -> None:
+    """Written and ended before the first tick's walk: one last walk once the tree is
+    dead finds it (without it, 20 MiB a call past an 8 MiB quota, never a word)."""
+    messages = _reaper_probe(tmp_path, "head -c 2097152 /dev/zero > big")
+    assert {"limit": "conversation"} in messages, messages
+    assert _reaper_probe(tmp_path, "rm big; echo ok > small")[1:] == []  # deleting is fine
+
+
+def test_a_cells_start_does_not_forgive_growth_past_the_quota(tmp_path) -> None:
+    """A Python cell's start (SIGUSR1, ``reset``) used to walk and take that size as the
+    new baseline: what code wrote since the last walk (a cell that writes 1 GiB in under
+    DISK_SECONDS and ends, or a background thread) was forgiven at every cell. Now the
+    walk after it judges against the old baseline, then becomes the new one."""
+    from sandbox_workspace.runtime.limits import TreeWatch
+
+    quota = Limits(memory=1 << 30, cpu_seconds=60, file_size=1 << 20, conversation_size=1 << 20)
+    watch = TreeWatch(os.getpid(), [str(tmp_path)], quota)
+    (tmp_path / "big").write_bytes(os.urandom(2 << 20))
+    watch.reset()
+    assert watch.check_disk() == "conversation"
+    # Under the quota again (code deleted), a cell's walk is the new baseline.
+    (tmp_path / "big").unlink()
+    (tmp_path / "small").write_bytes(b"x")
+    watch.reset()
+    assert watch.check_disk() is None and watch.disk_start < 1 << 20
+
+
+def test_linked_empty_files_cost_the_walk_no_memory(tmp_path) -> None:
+    """Hard links to empty files cost code nothing of its quota; the walk kept each in its
+    set of links seen (~150 bytes: millions of them, hundreds of MiB in the reaper)."""
+    import tracemalloc
+
+    from sandbox_workspace.runtime.limits import disk_usage
+
+    for i in range(5_000):
+        (tmp_path / f"e{i}").touch()
+        os.link(tmp_path / f"e{i}", tmp_path / f"l{i}")
+    tracemalloc.start()
+    try:
+        disk_usage([str(tmp_path)])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200_000, peak  # 840 kB when each was kept

@@ -210,6 +210,31 @@ def test_climbing_to_a_moved_parent_is_refused(tmp_path: Path) -> None:
         os.close(fd)
 
 
+def test_walk_entries_goes_on_when_code_moves_the_directory_it_is_in(tmp_path: Path) -> None:
+    """Code moves the directory the walk is in (a loop of 'mv a/S b/S; mv b/S a/S'): the
+    walk goes back down from the top and counts the rest. It used to end there, so what
+    it had not visited yet was never counted — a way past the conversation's quota."""
+    (tmp_path / "a" / "S" / "inner").mkdir(parents=True)
+    (tmp_path / "b").mkdir()
+    for i in range(10):
+        (tmp_path / f"d{i}").mkdir()
+        (tmp_path / f"d{i}" / "data").write_bytes(b"x")
+    inner = os.stat(tmp_path / "a" / "S" / "inner").st_ino
+    fd = _open(tmp_path)
+    seen, moved = set(), False
+    try:
+        for st in tree.walk_entries(fd):
+            seen.add(st.st_ino)
+            if st.st_ino == inner and not moved:  # the walk is inside S now
+                os.rename(tmp_path / "a" / "S", tmp_path / "b" / "S")
+                moved = True
+    finally:
+        os.close(fd)
+    assert moved
+    data = {os.stat(tmp_path / f"d{i}" / "data").st_ino for i in range(10)}
+    assert data <= seen, f"{len(data - seen)} of 10 files never counted"
+
+
 # -- permissions: only meaningful without CAP_DAC_OVERRIDE (as in a pod) ---------------
 
 _UNPRIVILEGED_REMOVE = """
@@ -220,6 +245,40 @@ w = tree.walk_files(fd)
 print(len(list(w)), w.complete)
 tree.remove_tree(fd, sys.argv[2])
 """
+
+
+_UNPRIVILEGED_LOCK_DURING_WALK = """
+import os, sys
+from sandbox_workspace.runtime import tree
+top = sys.argv[1]
+parent = os.path.join(top, "p")
+depth3 = set()
+for i in range(10):  # p/d{i}/data: whichever d the walk enters first, 9 are still to go
+    os.makedirs(os.path.join(parent, f"d{i}"))
+    with open(os.path.join(parent, f"d{i}", "data"), "wb") as f:
+        f.write(b"x")
+    depth3.add(os.stat(os.path.join(parent, f"d{i}", "data")).st_ino)
+fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+seen, locked = set(), False
+for st in tree.walk_entries(fd, reclaim=True):
+    seen.add(st.st_ino)
+    if st.st_ino in depth3 and not locked:  # the walk is in a d: code locks p
+        os.chmod(parent, 0o000)
+        locked = True
+print(len(depth3 & seen))
+"""
+
+
+def test_walk_entries_goes_on_when_code_locks_a_directory_it_is_in(tmp_path: Path) -> None:
+    """Without permission-bypassing capabilities (a pod): code takes r-x away from a
+    directory the walk is inside; the climb back fails, and the walk goes back down from
+    the top, reclaiming the mode. It used to end there (what was still to visit never
+    counted: a way past the quota)."""
+    argv = [*unprivileged_argv(), sys.executable, "-c", _UNPRIVILEGED_LOCK_DURING_WALK]
+    out = subprocess.run([*argv, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    (tmp_path / "p").chmod(0o700)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["10"]
 
 
 def test_remove_tree_unprivileged_handles_directories_code_locked(tmp_path: Path) -> None:
