@@ -19,8 +19,10 @@ Contract:
   ``oom_score_adj`` 1000 and nice 5 (raising either needs no privilege).
 - ``TreeWatch(root_pid, paths, limits)``: ``check_fast()`` → ``memory`` or ``cpu`` when
   the tree is past one (milliseconds), ``check_disk()`` → ``conversation`` (a walk, as long
-  as the tree is big; ``disk_due()`` says when the next one is), else None; ``reset()`` starts a new
-  execution's CPU and growth accounting (the runtime signals it at each Python cell).
+  as the tree is big; ``disk_due()`` says when the next one is), else None;
+  ``check_last()``: the same once code ended, walking only when ``statvfs`` says the
+  filesystem grew by more than the room left; ``reset()`` starts a new execution's CPU
+  and growth accounting (the runtime signals it at each Python cell).
   Memory is the tree's anonymous resident memory (a forked child's copy-on-write pages
   count in both: conservative); CPU is user + system time of every process that ever
   ran in the tree since ``reset`` (live ones from /proc, reaped ones from their
@@ -124,6 +126,7 @@ class TreeWatch:
         self.limits = limits
         self.next_disk = 0.0
         self.cpu_start = self._cpu(self._tree())
+        self.fs_start = filesystem_used(paths)
         self.disk_start = disk_usage(paths)
         self.rebase = False
 
@@ -150,6 +153,7 @@ class TreeWatch:
     def check_disk(self) -> str | None:
         """The conversation's size: a walk of its tree (as long as the tree is big)."""
         now = time.monotonic()
+        fs = filesystem_used(self.paths)
         used = disk_usage(self.paths)
         spent = time.monotonic() - now
         self.next_disk = now + max(DISK_SECONDS, DISK_COST_FACTOR * spent)
@@ -157,8 +161,21 @@ class TreeWatch:
         # last measure kills, even across a cell's start (a cell does not forgive it).
         hit = used > self.limits.conversation_size and used > self.disk_start
         if self.rebase:
-            self.disk_start, self.rebase = used, False
+            self.disk_start, self.fs_start, self.rebase = used, fs, False
         return "conversation" if hit else None
+
+    def check_last(self) -> str | None:
+        """``check_disk`` once the code process has ended, only when the tree may have
+        grown past the quota: not when the filesystems under ``paths`` grew by less than
+        the room it had left (``statvfs``, O(1)) — so a command in a conversation of many
+        files that wrote little pays no walk at its end. (Space freed elsewhere on the same
+        filesystem meanwhile can hide growth from this look; the next call's walks see
+        it.)"""
+        now = filesystem_used(self.paths)
+        room = max(self.limits.conversation_size - self.disk_start, 0)
+        if now is not None and self.fs_start is not None and now - self.fs_start <= room:
+            return None
+        return self.check_disk()
 
     def _tree(self) -> list[int]:
         return descendants(self.reaper_pid)
@@ -216,6 +233,19 @@ def _children(pid: int) -> list[int]:
         with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
             found.extend(int(p) for p in f.read().split())
     return found
+
+
+def filesystem_used(paths: list[str]) -> int | None:
+    """Bytes in use on the filesystems holding ``paths`` (each counted once), or None."""
+    try:
+        devices = {os.stat(p).st_dev: p for p in paths}
+        total = 0
+        for path in devices.values():
+            fs = os.statvfs(path)
+            total += (fs.f_blocks - fs.f_bfree) * fs.f_frsize
+        return total
+    except OSError:
+        return None
 
 
 def disk_usage(paths: list[str]) -> int:

@@ -106,7 +106,7 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
                 _kill_descendants()
                 if killed_by_oom(status, ooms):
                     _report(report_fd, {"limit": "oom"})
-                elif watch is not None and watch.check_disk() is not None:
+                elif watch is not None and watch.check_last() is not None:
                     # A last walk, the tree dead: code that wrote past the quota and
                     # ended before a tick's walk (20 MiB in 50 ms) was never told, and did
                     # it again at every call.

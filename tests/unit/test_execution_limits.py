@@ -235,6 +235,35 @@ def test_a_slow_disk_walk_neither_nests_nor_pauses_the_memory_limit() -> None:
     assert int(fast_in_walk) >= 3
 
 
+def test_the_last_look_walks_only_when_the_filesystem_grew_past_the_room_left(
+    tmp_path, monkeypatch
+) -> None:
+    """A command in a conversation of many files that wrote little pays no walk at its
+    end; one that wrote past the quota is told (``statvfs`` first, the walk only then).
+    The filesystem's figure is this test's own: /tmp is shared with the other worker."""
+    from sandbox_workspace.runtime import limits as limits_module
+
+    (tmp_path / "kept").write_bytes(os.urandom(64 << 10))
+    assert limits_module.filesystem_used([str(tmp_path), str(tmp_path)]) > 0
+    assert limits_module.filesystem_used([str(tmp_path / "gone")]) is None
+    fs_used = [10 << 30]
+    monkeypatch.setattr(limits_module, "filesystem_used", lambda _paths: fs_used[0])
+    quota = Limits(memory=2**28, cpu_seconds=5, file_size=2**30, conversation_size=4 << 20)
+    watch = limits_module.TreeWatch(os.getpid(), [str(tmp_path)], quota)
+    walks = []
+    real = limits_module.disk_usage
+    monkeypatch.setattr(limits_module, "disk_usage", lambda p: walks.append(p) or real(p))
+    fs_used[0] += 1 << 20  # grew by less than the room left (4 MiB - 64 KiB)
+    assert watch.check_last() is None
+    assert walks == []  # no walk
+    with open(tmp_path / "burst", "wb") as f:  # past the quota, then the command ends
+        f.write(os.urandom(8 << 20))
+        os.fsync(f.fileno())
+    fs_used[0] += 8 << 20
+    assert watch.check_last() == "conversation"
+    assert len(walks) == 1
+
+
 def test_the_tree_of_a_process_is_found_through_a_setsid_child() -> None:
     import subprocess
 
