@@ -7,6 +7,11 @@ SDK, unchanged, pointed at a real ``sandbox-workspace dev`` by E2B's own variabl
 work through our own REST API: ``POST …/execute`` of ``echo hi`` in a new conversation of
 the same running session (what ``Sandbox.create()`` makes). Each sandbox is killed after
 its sample (outside the timing), so its files go as the deletion guarantee says.
+Each sample starts after ``QUIET_SECONDS`` without a request, as a user's first command
+does: a root development runtime joins each command to its conversation's CPU cgroup,
+and on this machine the first join after ~30 ms of quiet waits for an RCU grace period
+(10–25 ms, docs/performance.md). Back to back, the alternation gave that wait to whichever
+path came after the other's deletion — the SDK's — and measured the ordering.
 
 Goal: the SDK path within +10 ms of our own API (p50). Outside --quick, the same
 figures on a real node with the warm pool follow (``bench/e2b_node.py``; goal p50 ≤ 100
@@ -34,6 +39,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "e2b.json"
 KEY = "e2b_" + "0123456789abcdef" * 2  # dev mode: any key of E2B's form stands for one user
 _USER = "e2b-" + KEY[4:16]  # not used by the SDK; the REST baseline's own user
 _PATH = f"/api/v1/sessions/sb-session-{_USER}"
+QUIET_SECONDS = 0.1  # before each sample (module docstring)
 
 
 def run(quick: bool) -> list[Figure]:
@@ -76,7 +82,9 @@ def run(quick: bool) -> list[Figure]:
         through_sdk(), through_rest()  # each user's session started, imports warm
         sdk, own = [], []
         for _ in range(samples):
+            time.sleep(QUIET_SECONDS)
             sdk.append(through_sdk())
+            time.sleep(QUIET_SECONDS)
             own.append(through_rest())
     figure = Figure.of(
         "E2B SDK: Sandbox.create() then commands.run('echo hi'), local backend (ms)",
