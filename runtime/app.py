@@ -206,8 +206,12 @@ async def list_conversations(state: State, holding: str | None = None) -> Conver
 
 @router.put("/conversations/{conversation_id}")
 async def ensure_conversation(conversation_id: str, state: State) -> ConversationInfo:
-    """Create the conversation's directories if missing."""
-    return state.workspace.ensure_conversation(conversation_id)
+    """Create the conversation's directories if missing — on the loop, so no deletion
+    starts between the deletion gate's check and the directories — then count its files
+    in a thread: a conversation of 20,000 files took 191 ms to count, every other request
+    of the runtime (other conversations' too) waiting meanwhile."""
+    cid = state.workspace.ensure_layout(conversation_id)
+    return await anyio.to_thread.run_sync(state.workspace.conversation_info, cid)
 
 
 @router.get("/conversations/{conversation_id}")

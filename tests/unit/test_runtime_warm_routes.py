@@ -31,3 +31,27 @@ async def test_the_first_authenticated_call_builds_no_route(tmp_path, monkeypatc
         r = await client.get("/v1/conversations/c1/uploads", headers={"Authorization": "x"})
         assert r.status_code == 401
     assert built == []
+
+
+async def test_a_conversations_files_are_counted_off_the_event_loop(tmp_path, monkeypatch) -> None:
+    """``PUT /v1/conversations/{id}`` answers the conversation's file count: a walk as long
+    as the conversation is big, which on the loop stalled every other request."""
+    import threading
+
+    from sandbox_workspace.runtime.workspace import Workspace
+
+    app = create_app(RuntimeSettings(token=TOKEN, root=tmp_path, confinement="none"))
+    counted_on: list[threading.Thread] = []
+    original = Workspace.conversation_info
+
+    def recording(self, cid):
+        counted_on.append(threading.current_thread())
+        return original(self, cid)
+
+    monkeypatch.setattr(Workspace, "conversation_info", recording)
+    transport = httpx.ASGITransport(app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://runtime") as client:
+        r = await client.put("/v1/conversations/c1", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200, r.text
+        assert r.json()["exists"] is True
+    assert counted_on and threading.main_thread() not in counted_on
