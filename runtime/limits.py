@@ -20,9 +20,9 @@ Contract:
 - ``TreeWatch(root_pid, paths, limits)``: ``check_fast()`` → ``memory`` or ``cpu`` when
   the tree is past one (milliseconds), ``check_disk()`` → ``conversation`` (a walk, as long
   as the tree is big; ``disk_due()`` says when the next one is), else None;
-  ``check_last()``: the same once code ended, walking only when ``statvfs`` says the
-  filesystem grew by more than the room left; ``reset()`` starts a new execution's CPU
-  and growth accounting (the runtime signals it at each Python cell).
+  ``check_last()``: the same once code ended (for a tree slow to walk, only when
+  ``statvfs`` says the filesystem grew by more than the room left); ``reset()`` starts a
+  new execution's CPU and growth accounting (the runtime signals it at each Python cell).
   Memory is the tree's anonymous resident memory (a forked child's copy-on-write pages
   count in both: conservative); CPU is user + system time of every process that ever
   ran in the tree since ``reset`` (live ones from /proc, reaped ones from their
@@ -59,6 +59,8 @@ TICK_SECONDS = 0.1
 # takes longer than 25 ms: measuring never costs more than ~5% of a core.
 DISK_SECONDS = 0.5
 DISK_COST_FACTOR = 20
+# A last walk once code ended is always made when the first one took no longer than this.
+CHEAP_WALK_SECONDS = 0.02
 OOM_SCORE_ADJ = 1000
 NICE = 5  # the runtime and the API answer first when code keeps every core busy
 REASONS = {
@@ -127,7 +129,9 @@ class TreeWatch:
         self.next_disk = 0.0
         self.cpu_start = self._cpu(self._tree())
         self.fs_start = filesystem_used(paths)
+        began = time.monotonic()
         self.disk_start = disk_usage(paths)
+        self.walk_seconds = time.monotonic() - began
         self.rebase = False
 
     def reset(self) -> None:
@@ -165,16 +169,17 @@ class TreeWatch:
         return "conversation" if hit else None
 
     def check_last(self) -> str | None:
-        """``check_disk`` once the code process has ended, only when the tree may have
-        grown past the quota: not when the filesystems under ``paths`` grew by less than
-        the room it had left (``statvfs``, O(1)) — so a command in a conversation of many
-        files that wrote little pays no walk at its end. (Space freed elsewhere on the same
-        filesystem meanwhile can hide growth from this look; the next call's walks see
-        it.)"""
-        now = filesystem_used(self.paths)
-        room = max(self.limits.conversation_size - self.disk_start, 0)
-        if now is not None and self.fs_start is not None and now - self.fs_start <= room:
-            return None
+        """``check_disk`` once the code process has ended. A walk as cheap as
+        ``CHEAP_WALK_SECONDS`` always runs; a slower one (a conversation of many files)
+        only when the tree may have grown past the quota — not when the filesystems under
+        ``paths`` grew by less than the room it had left (``statvfs``, O(1)), so such a
+        conversation's commands pay no walk at their end. (Space freed elsewhere on the
+        same filesystem meanwhile can hide growth from that look.)"""
+        if self.walk_seconds > CHEAP_WALK_SECONDS:
+            now = filesystem_used(self.paths)
+            room = max(self.limits.conversation_size - self.disk_start, 0)
+            if now is not None and self.fs_start is not None and now - self.fs_start <= room:
+                return None
         return self.check_disk()
 
     def _tree(self) -> list[int]:

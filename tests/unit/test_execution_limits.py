@@ -238,8 +238,9 @@ def test_a_slow_disk_walk_neither_nests_nor_pauses_the_memory_limit() -> None:
 def test_the_last_look_walks_only_when_the_filesystem_grew_past_the_room_left(
     tmp_path, monkeypatch
 ) -> None:
-    """A command in a conversation of many files that wrote little pays no walk at its
-    end; one that wrote past the quota is told (``statvfs`` first, the walk only then).
+    """A command in a conversation of many files (a slow walk) that wrote little pays no
+    walk at its end; one that wrote past the quota is told (``statvfs`` first, the walk
+    only then). A conversation quick to walk is always walked.
     The filesystem's figure is this test's own: /tmp is shared with the other worker."""
     from sandbox_workspace.runtime import limits as limits_module
 
@@ -250,8 +251,13 @@ def test_the_last_look_walks_only_when_the_filesystem_grew_past_the_room_left(
     monkeypatch.setattr(limits_module, "filesystem_used", lambda _paths: fs_used[0])
     quota = Limits(memory=2**28, cpu_seconds=5, file_size=2**30, conversation_size=4 << 20)
     watch = limits_module.TreeWatch(os.getpid(), [str(tmp_path)], quota)
-    walks = []
     real = limits_module.disk_usage
+    cheap = []
+    monkeypatch.setattr(limits_module, "disk_usage", lambda p: cheap.append(p) or 0)
+    watch.walk_seconds = 0.0  # a small conversation's (however loaded the machine is)
+    assert watch.check_last() is None and len(cheap) == 1  # a cheap tree: always walked
+    watch.walk_seconds = 1.0  # as for a conversation of many files
+    walks = []
     monkeypatch.setattr(limits_module, "disk_usage", lambda p: walks.append(p) or real(p))
     fs_used[0] += 1 << 20  # grew by less than the room left (4 MiB - 64 KiB)
     assert watch.check_last() is None
@@ -352,7 +358,7 @@ REAPER_PROBE = """
 import json, os, sys, time
 from sandbox_workspace.runtime import limits, reaper
 
-top, code, slow = sys.argv[1], sys.argv[2], float(sys.argv[3])
+top, codes, slow = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
 walk, calls = limits.disk_usage, [0]
 def first_walk_slow(paths):  # the first walk of a big tree: code's writes land during it
     calls[0] += 1
@@ -360,36 +366,54 @@ def first_walk_slow(paths):  # the first walk of a big tree: code's writes land 
         time.sleep(slow)
     return walk(paths)
 limits.disk_usage = first_walk_slow
-request = {
-    "argv": ["sh", "-c", code], "env": {"PATH": os.environ["PATH"]}, "cwd": top,
-    "read_write": [top], "limits": limits.Limits(1 << 30, 60, 4 << 20, 1 << 20).to_wire(),
-}
-report_r, report_w = os.pipe()
-null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
-me = os.getpid()
-pid = os.fork()
-if pid == 0:
-    os.close(report_r)
-    reaper.run_call(request, null, report_w, {}, me)
-os.close(report_w)
-lines = os.read(report_r, 4096)
-while chunk := os.read(report_r, 4096):
-    lines += chunk
-os.waitpid(pid, 0)
-print(json.dumps([json.loads(line) for line in lines.splitlines()]))
+out = []
+for code in codes:  # one call after the other, as a conversation's commands run
+    request = {
+        "argv": ["sh", "-c", code], "env": {"PATH": os.environ["PATH"]}, "cwd": top,
+        "read_write": [top], "limits": limits.Limits(1 << 30, 60, 4 << 20, 1 << 20).to_wire(),
+    }
+    report_r, report_w = os.pipe()
+    null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
+    me = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        os.close(report_r)
+        reaper.run_call(request, null, report_w, {}, me)
+    os.close(report_w)
+    lines = os.read(report_r, 4096)
+    while chunk := os.read(report_r, 4096):
+        lines += chunk
+    os.waitpid(pid, 0)
+    out.append([json.loads(line) for line in lines.splitlines()])
+print(json.dumps(out))
 """
 
 
-def _reaper_probe(top, code: str, slow_first_walk: float = 0.0) -> list[dict]:
-    """A reaper's report lines for ``code`` (sh) in ``top`` under a 1 MiB quota; in a
-    process of its own (the reaper's SIGALRM would be pytest-timeout's)."""
+def _reaper_probe(top, codes: list[str], slow_first_walk: float = 0.0) -> list[list[dict]]:
+    """A reaper's report lines for each of ``codes`` (sh, one call after the other) in
+    ``top`` under a 1 MiB quota; in a process of its own (the reaper's SIGALRM would be
+    pytest-timeout's). As root, ``top`` is a tmpfs of that process's own mount namespace:
+    the last look reads the filesystem's use (``statvfs``), and on the shared /tmp the
+    other worker's deletions could hide what the code wrote."""
     import json
+    import shutil
     import subprocess
 
-    out = subprocess.run(
-        [sys.executable, "-c", REAPER_PROBE, str(top), code, str(slow_first_walk)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    argv = [sys.executable, "-c", REAPER_PROBE, str(top), json.dumps(codes), str(slow_first_walk)]
+    if os.geteuid() == 0 and shutil.which("unshare"):
+        mount = 'mount -t tmpfs -o size=64m sbw-quota "$0" && exec "$@"'
+        argv = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            mount,
+            str(top),
+            *argv,
+        ]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -398,16 +422,18 @@ def test_the_disk_baseline_is_taken_before_code_runs(tmp_path) -> None:
     """The reaper walks the conversation before it starts code: walked after, a slow walk
     (a tree of many empty files) took what code wrote meanwhile as already there — 2 MiB
     past a 1 MiB quota, and as much again at every call."""
-    messages = _reaper_probe(tmp_path, "head -c 2097152 /dev/zero > big; sleep 3", 0.5)
+    (messages,) = _reaper_probe(tmp_path, ["head -c 2097152 /dev/zero > big; sleep 3"], 0.5)
     assert {"limit": "conversation"} in messages, messages
 
 
 def test_code_that_writes_past_the_quota_and_ends_at_once_is_told(tmp_path) -> None:
     """Written and ended before the first tick's walk: one last walk once the tree is
     dead finds it (without it, 20 MiB a call past an 8 MiB quota, never a word)."""
-    messages = _reaper_probe(tmp_path, "head -c 2097152 /dev/zero > big")
-    assert {"limit": "conversation"} in messages, messages
-    assert _reaper_probe(tmp_path, "rm big; echo ok > small")[1:] == []  # deleting is fine
+    burst, after = _reaper_probe(
+        tmp_path, ["head -c 2097152 /dev/zero > big", "rm big; echo ok > small"]
+    )
+    assert {"limit": "conversation"} in burst, burst
+    assert after[1:] == [], after  # deleting to get back under the quota is fine
 
 
 def test_a_cells_start_does_not_forgive_growth_past_the_quota(tmp_path) -> None:
