@@ -283,11 +283,15 @@ def disk_usage(paths: list[str]) -> int:
 
 
 def _open_reclaimed(path: str) -> int:
+    """``path`` opened, with its owner's r-x given back if code took them: its size is
+    counted all the same."""
+    head, name = os.path.split(os.path.normpath(path))
+    # The parent is the runtime's own (it may be reached through a link): followed.
+    parent = os.open(head or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        return os.open(path, tree.DIR_FLAGS)
-    except PermissionError:  # code took our r-x away: its size is counted all the same
-        tree.reclaim_search(path)
-        return os.open(path, tree.DIR_FLAGS)
+        return tree.open_dir_accessible(parent, name, want=tree.READ_SEARCH)
+    finally:
+        os.close(parent)
 
 
 def oom_kills(counters: tuple[tuple[str, bytes], ...] = OOM_COUNTERS) -> int | None:

@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+READ_SEARCH = 0o500  # the owner's bits a walk needs on a directory
 # Names read from one directory at a time: a directory of millions of entries costs
 # bounded memory (deletion reads it again batch by batch as it empties it).
 _BATCH = 10_000
@@ -166,7 +167,8 @@ def walk_entries(dir_fd: int, *, reclaim: bool = False) -> Iterator[os.stat_resu
     """The ``lstat`` of every entry beneath ``dir_fd`` (see the module contract); parts
     that cannot be read or vanish are skipped. With ``reclaim``, a directory of ours that
     code made unreadable or unsearchable (``chmod 300``, ``000``) gets its owner's r-x
-    back first, so nothing is hidden from the walk by its mode (``reclaim_search``).
+    back first, so nothing is hidden from the walk by its mode (``open_dir_accessible``;
+    the caller opens ``dir_fd`` so too).
 
     Code runs while the walk does, so a climb can find ".." is no longer the directory
     it came from (code moved the one the walk was in) or unreadable (code chmodded it):
@@ -181,8 +183,6 @@ def walk_entries(dir_fd: int, *, reclaim: bool = False) -> Iterator[os.stat_resu
         name = ""
         while True:
             st = os.fstat(fd)
-            if reclaim:
-                _reclaim_open(fd, st)
             subdirectories: list[str] = []
             with contextlib.suppress(OSError), os.scandir(fd) as entries:
                 for entry in entries:
@@ -232,58 +232,33 @@ def _descend_again(top_fd: int, stack: list[_Frame], reclaim: bool) -> int:
     return fd
 
 
-def _reclaim_open(fd: int, st: os.stat_result) -> None:
-    """The owner's r-x on the open directory ``fd``, when code took it away."""
-    if st.st_mode & 0o500 != 0o500:
-        with contextlib.suppress(OSError):  # not ours: skipped as unreadable
-            os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o500)
-
-
 def _open_for_walk(parent_fd: int, name: str, reclaim: bool) -> int | None:
+    """The directory ``name``, opened (with ``reclaim``: the owner's r-x given back on it
+    and its parent first if code took them — the parent's x since it was listed too), or
+    None when it cannot be."""
     try:
-        return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
-    except PermissionError:
-        if not reclaim:
-            return None
-    except OSError:
-        return None
-    try:  # code may have taken the parent's x away since it was listed, or the child's r-x
-        _reclaim_open(parent_fd, os.fstat(parent_fd))
-        reclaim_search(name, parent_fd)
+        if reclaim:
+            return open_dir_accessible(parent_fd, name, want=READ_SEARCH)
         return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except OSError:
         return None
-
-
-def reclaim_search(name: str, parent_fd: int | None = None) -> None:
-    """Give the owner r-x back on the directory ``name`` (beneath ``parent_fd``, or a
-    path), through an ``O_PATH | O_NOFOLLOW`` descriptor and ``/proc/self/fd``: the
-    chmod hits that very directory, never a link's target. ``OSError`` when it is not
-    a directory of ours."""
-    pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
-    try:
-        st = os.fstat(pfd)
-        if not stat.S_ISDIR(st.st_mode):
-            raise NotADirectoryError(errno.ENOTDIR, "not a directory", name)
-        os.chmod(f"/proc/self/fd/{pfd}", stat.S_IMODE(st.st_mode) | 0o500)
-    finally:
-        os.close(pfd)
 
 
 # -- deletion -----------------------------------------------------------------------------
 
 
-def grant_owner_access(parent_fd: int, name: str, *, want: int = 0o700) -> None:
-    """Give the owner (us) ``want`` bits back on ``parent_fd`` and on the entry ``name``
-    (a directory or regular file, never a link's target): code took them away with chmod.
+def grant_owner_access(
+    parent_fd: int, name: str, *, want: int = 0o700, parent_want: int = 0o700
+) -> None:
+    """Give the owner (us) ``want`` bits back on the entry ``name`` and ``parent_want`` on
+    ``parent_fd`` (a directory or regular file, never a link's target): code took them
+    away with chmod.
 
     The entry is reached with ``O_PATH | O_NOFOLLOW`` (no permission needed, a symlink is
     the link itself and left alone) and changed through ``/proc/self/fd``, which names
     exactly that inode. Raises ``PermissionError`` when we are not the owner.
     """
-    mode = os.fstat(parent_fd).st_mode
-    if mode & 0o700 != 0o700:  # no search/write on the parent: the lookup itself fails
-        os.fchmod(parent_fd, stat.S_IMODE(mode) | 0o700)
+    _give_owner(parent_fd, parent_want)  # no search on the parent: the lookup itself fails
     try:
         pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
     except FileNotFoundError:
@@ -297,21 +272,29 @@ def grant_owner_access(parent_fd: int, name: str, *, want: int = 0o700) -> None:
         os.close(pfd)
 
 
-def open_dir_accessible(parent_fd: int, name: str) -> int:
-    """Open a directory of ours, granting ourselves rwx on it first if it was taken away."""
+def open_dir_accessible(parent_fd: int, name: str, *, want: int = 0o700) -> int:
+    """Open a directory of ours, granting ourselves ``want`` on it (and on its parent)
+    first if it was taken away: rwx to change it (w to unlink, x for lookups), r-x
+    (``READ_SEARCH``) to read all of it."""
     try:
         fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except PermissionError:
-        grant_owner_access(parent_fd, name)
+        grant_owner_access(parent_fd, name, want=want, parent_want=want)
         fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     try:
-        mode = os.fstat(fd).st_mode
-        if mode & 0o700 != 0o700:  # need w (unlink) and x (lookups) too, not just r
-            os.fchmod(fd, stat.S_IMODE(mode) | 0o700)
+        _give_owner(fd, want)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _give_owner(fd: int, want: int) -> None:
+    """The owner's ``want`` bits on the open ``fd``, if any is missing (``OSError`` when it
+    is not ours)."""
+    mode = os.fstat(fd).st_mode
+    if mode & want != want:
+        os.fchmod(fd, stat.S_IMODE(mode) | want)
 
 
 def _unlink(fd: int, name: str) -> None:
