@@ -68,7 +68,8 @@ _UPLOAD_BODY = {
                         "are flat in v1: one file name; without it, the file's filename)"
                     ),
                     "description": {
-                        "description": "Free text kept with the file.",
+                        "description": "Free text kept with the file: one field, sent once "
+                        "(a field sent more than once is a 400).",
                         "maxLength": _MAX_DESCRIPTION,
                     },
                 },

@@ -23,6 +23,7 @@ from sandbox_workspace.api.routes.ag_ui import content_text
 from sandbox_workspace.api.routes.ui_chat import UiMessage, approval_answers, text_of
 from sandbox_workspace.contract.errors import BadRequest
 from sandbox_workspace.runtime import pathsafe
+from sandbox_workspace.runtime.uploads import repeated_field_message
 
 _PATTERN = re.compile(NAME_PATTERN)
 
@@ -91,17 +92,27 @@ _BREAKS_RULE = {
 }
 
 
-# A multipart form's fields are text on the wire. Schemathesis (4.32) can put a number in a
-# `type: string` form field as a "schema-violating" case, but what it sends is the number's
-# decimal text ("-12149"): a string, and a schema-valid one when it meets the field's own
-# pattern and lengths — so the server rightly accepts it (seen once in CI: seed 003's
-# upload `path` "-12149", a valid file name). "Schema-violating request accepted" is
-# dropped for exactly that: a type change of one form field to a number whose text the
-# field's schema allows; any other violation in the case is still reported.
+# A multipart form's fields are text on the wire. Schemathesis (4.32) can put a number or a
+# boolean in a `type: string` form field as a "schema-violating" case, but what it sends is
+# its text — the number's decimal text ("-12149"), the boolean's JSON spelling ("false"): a
+# string, and a schema-valid one when it meets the field's own pattern and lengths — so the
+# server rightly accepts it (seen in CI: seed 003's upload `path` "-12149", and seed
+# 20261128's `path` "false", both valid file names). "Schema-violating request accepted"
+# is dropped for exactly that: a type change of one form field to a number or boolean
+# whose text the field's schema allows; any other violation in the case is still reported.
 _FORM_TYPE_CHANGE = re.compile(
     r"Invalid component: in body - violates `type` at /properties/([^/ ]+) "
-    r"\(was string, became (?:integer|number)\)$"
+    r"\(was string, became (?:integer|number|boolean)\)$"
 )
+
+
+def _form_text(value) -> str | None:
+    """The text Schemathesis sends for a scalar form value (None: not a scalar it sends so)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return None
 
 
 def _form_number_is_valid_text(failure, case) -> bool:
@@ -110,15 +121,14 @@ def _form_number_is_valid_text(failure, case) -> bool:
     if not found or media != "multipart/form-data" or not isinstance(case.body, dict):
         return False
     name = found.group(1)
-    value = case.body.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    text = _form_text(case.body.get(name))
+    if text is None:
         return False
     body = case.operation.definition.raw.get("requestBody", {})
     field = body.get("content", {}).get(media, {}).get("schema", {}).get("properties", {})
     schema = field.get(name)
     if not isinstance(schema, dict):
         return False
-    text = str(value)
     pattern = schema.get("pattern")
     return (
         schema.get("minLength", 0) <= len(text) <= schema.get("maxLength", len(text))
@@ -127,11 +137,36 @@ def _form_number_is_valid_text(failure, case) -> bool:
     )
 
 
+# The upload's `description` has no type (a form field is text whatever it looks like,
+# "5" or "[]"), so an array is schema-valid for it — and Schemathesis sends an array form
+# value as the field repeated, once per item (OpenAPI's form encoding). Every upload
+# answers a repeated field its documented 400 (`repeated_field_message`): one description
+# per file, never a silent pick of one of them. (`"not": {"type": "array"}` would state it
+# in the schema, but Schemathesis 4.32's coverage phase crashes on `not` beside a binary
+# field.) "Schema-valid request rejected" is dropped for exactly that: a 400 naming a field
+# the case sent as two parts or more.
+def _repeated_field_refused(case, response) -> bool:
+    media = (case.media_type or "").split(";")[0].strip()
+    if media != "multipart/form-data" or not isinstance(case.body, dict):
+        return False
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return response.status_code == 400 and any(
+        isinstance(value, list) and len(value) > 1 and message == repeated_field_message(name)
+        for name, value in case.body.items()
+    )
+
+
 @schemathesis.hook
 def filter_failure(context, failure, case, response) -> bool:
-    """Keep every failure but a documented last-message 400 of a body that breaks it, and
-    a number sent as a form field's text that the field's schema allows."""
+    """Keep every failure but a documented last-message 400 of a body that breaks it, a
+    number or boolean sent as a form field's text that the field's schema allows, and the
+    400 of a form field the case sent more than once."""
     if isinstance(failure, AcceptedNegativeData) and _form_number_is_valid_text(failure, case):
+        return False
+    if isinstance(failure, RejectedPositiveData) and _repeated_field_refused(case, response):
         return False
     key = (case.operation.method.upper(), case.operation.path)
     if not isinstance(failure, RejectedPositiveData) or key not in _RULE_CODES:
