@@ -7,7 +7,8 @@
   swapped, answer scrubbed) against the floor of the same proxy relaying TLS.
 
 Each request is a new connection + TLS handshake + ``GET`` of 2 bytes (p50/p99 ms), then
-downloads (MiB/s, the median of ``DOWNLOAD_ROUNDS``, the ways alternated). The upstream
+downloads (MiB/s, the median of ``DOWNLOAD_ROUNDS``, the ways alternated; a ratio is the
+median of each round's ratio, the two downloads of a round back to back). The upstream
 (a blocking TLS server, a thread per connection), the proxy (all listeners on one
 ``EgressProxy``) and the relay run in their own processes, so the client's GIL is not
 theirs. Writes ``bench/results/egress.json`` (``egress-quick.json`` with --quick):
@@ -47,8 +48,11 @@ CHUNK = os.urandom(1 << 20)
 PLACEHOLDER = "sbw-secret-bench-0123456789abcdef0123"
 VALUE = "bench-secret-value-0123456789"
 # Downloads per way, alternated; the median is reported (one download is ~0.3 s here,
-# short enough for a neighbour's burst to halve it).
-DOWNLOAD_ROUNDS = 5
+# short enough for a neighbour's burst to halve it). A ratio is the median of the
+# rounds' own ratios: the two ways of a round run back to back, so a drift of the
+# machine's speed over the run (seen: 400 to 1,000 MiB/s direct within a minute) hits
+# both sides of a ratio alike, where a ratio of the ways' medians took rounds apart.
+DOWNLOAD_ROUNDS = 9
 
 
 def serve_upstream(chain: str, port_file: str) -> None:
@@ -196,7 +200,8 @@ def measure(
 def downloads(ways: dict[str, tuple], upstream_port: int, mib: int, pids: dict[str, int]) -> dict:
     """``DOWNLOAD_ROUNDS`` downloads per way, the ways alternated: per way the median
     round's MiB/s and the CPU seconds per GiB each process spent in it (on 2 cores the
-    processes' sum, not the proxy's share alone, bounds a way's throughput)."""
+    processes' sum, not the proxy's share alone, bounds a way's throughput), and every
+    round's MiB/s in order (``rates``: a ratio pairs the rounds)."""
     rounds: dict[str, list[tuple[float, dict[str, float]]]] = {name: [] for name in ways}
     for _ in range(DOWNLOAD_ROUNDS):
         for name, (ctx, proxy) in ways.items():
@@ -208,10 +213,16 @@ def downloads(ways: dict[str, tuple], upstream_port: int, mib: int, pids: dict[s
             rounds[name].append((rate, {k: round(v / gib, 2) for k, v in cpu.items() if v}))
     out = {}
     for name, results in rounds.items():
-        results.sort(key=lambda r: r[0])
-        rate, cpu = results[len(results) // 2]
-        out[name] = {"mib_per_s": rate, "cpu_s_per_gib": cpu}
+        rates = [r[0] for r in results]
+        rate, cpu = sorted(results, key=lambda r: r[0])[len(results) // 2]
+        out[name] = {"mib_per_s": rate, "cpu_s_per_gib": cpu, "rates": rates}
     return out
+
+
+def paired_ratio(through: dict, base: dict) -> float:
+    """The median of the rounds' ratios (``DOWNLOAD_ROUNDS``)."""
+    pairs = zip(through["rates"], base["rates"], strict=True)
+    return round(statistics.median(t / b for t, b in pairs), 3)
 
 
 def pin(pids: list[int], cpus: set[int]) -> None:
@@ -245,7 +256,8 @@ def pinned_downloads(
         pin([0, pids["upstream"], pids["proxy"]], set(cpus))
     tunnel, direct = got["tunnel"], got["direct"]
     return {
-        "throughput_ratio": round(tunnel["mib_per_s"] / direct["mib_per_s"], 3),
+        "throughput_ratio": paired_ratio(tunnel, direct),
+        "ratio_of_medians": round(tunnel["mib_per_s"] / direct["mib_per_s"], 3),
         "mib_per_s": round(tunnel["mib_per_s"], 1),
         "baseline_mib_per_s": round(direct["mib_per_s"], 1),
         "cpu_s_per_gib": tunnel["cpu_s_per_gib"],
@@ -272,7 +284,8 @@ def compare(through: dict, base: dict) -> dict:
     return {
         "added_p50_ms": round(statistics.median(t) - statistics.median(b), 3),
         "added_p99_ms": round(p99(t) - p99(b), 3),
-        "throughput_ratio": round(through["mib_per_s"] / base["mib_per_s"], 3),
+        "throughput_ratio": paired_ratio(through, base),
+        "ratio_of_medians": round(through["mib_per_s"] / base["mib_per_s"], 3),
         "p50_ms": round(statistics.median(t), 3),
         "baseline_p50_ms": round(statistics.median(b), 3),
         "mib_per_s": round(through["mib_per_s"], 1),
