@@ -59,15 +59,18 @@ def claims_api(ctx: OperatorContext) -> Kube:
     return ctx.api
 
 
-async def claim_key(ctx: OperatorContext, namespace: str) -> str | None:
+async def claim_key(ctx: OperatorContext, namespace: str, *, fresh: bool = False) -> str | None:
+    """The namespace's claim key: as last read, or read now (``fresh``, or never read);
+    None when its Secret has none (deleted: the refiller makes a new key)."""
     assert ctx.pool is not None
-    key = ctx.pool.keys.get(namespace)
-    if key is None:
+    if fresh or namespace not in ctx.pool.keys:
         secret = await ctx.api.get(core_path(namespace, "secrets", POOL_SECRET))
         data = (secret or {}).get("data") or {}
         if CLAIM_KEY in data:
-            key = ctx.pool.keys[namespace] = base64.b64decode(data[CLAIM_KEY]).decode()
-    return key
+            ctx.pool.keys[namespace] = base64.b64decode(data[CLAIM_KEY]).decode()
+        else:
+            ctx.pool.keys.pop(namespace, None)
+    return ctx.pool.keys.get(namespace)
 
 
 async def deliver_token(

@@ -8,7 +8,9 @@ Contract:
   ``REFILL_DEFER_MAX`` seconds of waiting in a steady stream of them) — a burst of starts
   must not share the node's CPU and the API with the start-ups of its refill (the
   sessions' deadlines wait for ``settle`` too: ``handlers/checks.on_deadline``). Then per
-  namespace it ensures the claim-key Secret (create-if-absent, a fresh random key) and
+  namespace it ensures the claim-key Secret (create-if-absent, a fresh random key; read
+  again at each listing round, so a key rotated by deleting or changing the Secret is
+  followed within ``RELIST_EVERY``: free pods of the old key are stale from then) and
   creates missing pods so that at most ``pool_refill_batch`` are starting (created, not
   ready yet) at once: a bounded rate, the next ones when those are ready (their event
   wakes it). It counts from the watch-fed state (``PoolState``: ready and starting pods),
@@ -62,8 +64,10 @@ from .resource import (
     status_patch,
 )
 from .spec import (
+    CLAIM_KEY,
     CLAIMED,
     LABEL_POOL,
+    POOL_SECRET,
     build_pool_pod,
     build_pool_secret,
     claim_egress,
@@ -220,10 +224,16 @@ async def report(
     return status
 
 
-async def ensure_secret(ctx: OperatorContext, ns: str) -> None:
-    if await claim_key(ctx, ns) is None:
+async def ensure_secret(ctx: OperatorContext, ns: str, *, fresh: bool = False) -> str:
+    """The namespace's claim key, its Secret made when missing (``fresh``: read again)."""
+    key = await claim_key(ctx, ns, fresh=fresh)
+    if key is None:
         await ctx.api.create(core_path(ns, "secrets"), build_pool_secret(secrets.token_urlsafe(32)))
-        await claim_key(ctx, ns)
+        # Read back: another replica's create (409, answered None) may have won.
+        key = await claim_key(ctx, ns, fresh=True)
+    if key is None:
+        raise KubeError(0, f"the Secret {POOL_SECRET} of {ns} has no `{CLAIM_KEY}`", "NoClaimKey")
+    return key
 
 
 async def refill(ctx: OperatorContext, ns: str, *, relist: bool = True) -> bool:
@@ -231,16 +241,16 @@ async def refill(ctx: OperatorContext, ns: str, *, relist: bool = True) -> bool:
     listing of the pool's pods, else from what the watch told ``PoolState``."""
     assert ctx.pool is not None
     pool = ctx.pool
-    await ensure_secret(ctx, ns)
+    key = await ensure_secret(ctx, ns, fresh=relist)
     if relist:
-        await _relist(ctx, ns)
+        await _relist(ctx, ns, key)
     ready, _ = pool.counts(ns)
     starting = len(pool.starting.get(ns, ()))
     missing = pool.size - ready - starting
     batch = min(missing, ctx.settings.pool_refill_batch - starting)
     if batch <= 0:
         return False  # full, or enough starting: a pod's ready event wakes us
-    manifest = build_pool_pod(ns, ctx.settings)
+    manifest = build_pool_pod(ns, ctx.settings, key)
     made = await asyncio.gather(
         *(ctx.api.create(core_path(ns, "pods"), manifest) for _ in range(batch))
     )
@@ -251,8 +261,9 @@ async def refill(ctx: OperatorContext, ns: str, *, relist: bool = True) -> bool:
     return missing > batch
 
 
-async def _relist(ctx: OperatorContext, ns: str) -> None:
-    """The pool's pods as listed: failed and stale free ones deleted, the state re-seeded."""
+async def _relist(ctx: OperatorContext, ns: str, key: str) -> None:
+    """The pool's pods as listed: failed and stale free ones (another template or claim
+    ``key``) deleted, the state re-seeded."""
     assert ctx.pool is not None
     pool = ctx.pool
     template = template_hash(ns, ctx.settings)
@@ -266,7 +277,7 @@ async def _relist(ctx: OperatorContext, ns: str) -> None:
         state = observe_pod(pod)
         if pod["metadata"].get("deletionTimestamp"):
             pool.note_free(ns, pod, ready=False)
-        elif state.kind in ("failed", "broken") or not is_free(pod, template):
+        elif state.kind in ("failed", "broken") or not is_free(pod, template, key):
             pool.note_free(ns, pod, ready=False)
             await ctx.api.delete(core_path(ns, "pods", name), uid=uid_of(pod))
         else:
@@ -294,7 +305,8 @@ async def on_pool_pod_event(
         return
     state = observe_pod(pod)
     template = template_hash(namespace, ctx.settings)
-    current = is_free(pod, template)
+    key = await claim_key(ctx, namespace)
+    current = key is not None and is_free(pod, template, key)
     ready = not gone and state.kind == "ready" and current
     failed = state.kind in ("failed", "broken")
     became_ready = pool.note_free(namespace, pod, ready=ready)

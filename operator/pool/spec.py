@@ -6,7 +6,9 @@ Contract:
   resources, confinement, security context, volumes. It differs only in what makes it
   nobody's: no session or user label, no user annotation, no owner, a generated name,
   and instead of a token its runtime gets the namespace's claim key (``POOL_SECRET``),
-  so it starts pooled (``runtime/claim.py``). Where the cluster has an egress CA, it
+  so it starts pooled (``runtime/claim.py``), and the key's digest (``key_id``) as an
+  annotation: a free pod of another key is stale (the key was rotated: the Secret
+  deleted or changed), as is one of another template. Where the cluster has an egress CA, it
   mounts the CA's ConfigMap (optional: a pool is not held up by a proxy that has not
   published it yet) so a session with an egress policy may take it too.
 - ``claim_egress`` is what the claim tells the runtime of such a session: network
@@ -21,10 +23,12 @@ Contract:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
 from sandbox_workspace.contract.crd import (
+    ANNOTATION_CLAIM_KEY_ID,
     ANNOTATION_POD_SPEC,
     ANNOTATION_USER_ID,
     LABEL_POOL,
@@ -76,8 +80,15 @@ def _stand_in(namespace: str) -> SandboxSession:
     return SandboxSession(name="pool", namespace=namespace, spec=_DEFAULT)
 
 
-def build_pool_pod(namespace: str, settings: OperatorSettings) -> dict[str, Any]:
-    """A pool member for ``namespace`` (see the module contract)."""
+def key_id(key: str) -> str:
+    """The digest of a claim key a pool pod is labelled with (the key is 256 random bits:
+    its digest tells nothing of it)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def build_pool_pod(namespace: str, settings: OperatorSettings, key: str = "") -> dict[str, Any]:
+    """A pool member for ``namespace`` whose runtime takes claims with ``key`` (see the
+    module contract)."""
     pod = _runtime_pod(_stand_in(namespace), settings, secret=POOL_SECRET)
     meta = pod["metadata"]
     del meta["name"]
@@ -91,7 +102,10 @@ def build_pool_pod(namespace: str, settings: OperatorSettings) -> dict[str, Any]
     token["valueFrom"]["secretKeyRef"]["key"] = CLAIM_KEY
     if settings.egress_ca_configmap:
         mount_egress_ca(pod["spec"], settings.egress_ca_configmap, optional=True)
-    meta["annotations"] = {ANNOTATION_POD_SPEC: spec_hash(pod)}
+    meta["annotations"] = {
+        ANNOTATION_POD_SPEC: spec_hash(pod),
+        ANNOTATION_CLAIM_KEY_ID: key_id(key),
+    }
     return pod
 
 
@@ -124,13 +138,16 @@ def build_pool_secret(key: str) -> dict[str, Any]:
     }
 
 
-def is_free(pod: dict[str, Any], template: str) -> bool:
-    """A free, current, not terminating pool member (ready or not)."""
+def is_free(pod: dict[str, Any], template: str, key: str) -> bool:
+    """A free, current (today's ``template``, started with the claim ``key``), not
+    terminating pool member (ready or not)."""
     meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
     return (
         (meta.get("labels") or {}).get(LABEL_POOL) == FREE
         and not meta.get("deletionTimestamp")
-        and (meta.get("annotations") or {}).get(ANNOTATION_POD_SPEC) == template
+        and annotations.get(ANNOTATION_POD_SPEC) == template
+        and annotations.get(ANNOTATION_CLAIM_KEY_ID) == key_id(key)
     )
 
 

@@ -50,6 +50,9 @@ ANNOTATION_ADOPTED_BY = f"{PREFIX}/adopted-by"
 # On a sandbox pod: digest of the spec it was built from (a different digest: the session's
 # spec changed in a way that needs a new pod).
 ANNOTATION_POD_SPEC = f"{PREFIX}/pod-spec"
+# On a pool pod: which claim key its runtime was started with (a digest of it, never
+# the key): a free pod of another key is stale once the key is rotated.
+ANNOTATION_CLAIM_KEY_ID = f"{PREFIX}/claim-key-id"
 # On a cleanup pod and its Secret: the orphaned claim it serves.
 LABEL_CLEANUP = f"{PREFIX}/cleanup-of"
 # On a warm-pool sandbox pod for its whole life: "free", then "claimed" (operator/pool).

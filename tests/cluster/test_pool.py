@@ -14,7 +14,8 @@ from kubeenv import ApiError, KubeClient, wait_until
 from kubeenv.client import ssl_context
 from operator_env import TIMEOUT, make_session, runtime_of, sbs_path, wait_phase
 
-from sandbox_workspace.operator.pool.spec import POOL_SECRET
+from sandbox_workspace.operator.pool import refill
+from sandbox_workspace.operator.pool.spec import POOL_SECRET, key_id
 from sandbox_workspace.runtime import landlock
 
 pytestmark = pytest.mark.cluster
@@ -123,6 +124,64 @@ def test_a_session_claims_a_ready_pod_which_refills_and_goes_with_it(
     kube_api.delete(sbs_path(namespace, "sb-session-alice"))
     # By the garbage collector, as a cold pod (whose discovery of a new CRD may lag ~30 s).
     kube_api.wait_gone(pods_path(namespace, status["podName"]), timeout=2 * TIMEOUT)
+
+
+def test_a_rotated_claim_key_retires_the_free_pods_and_claims_go_on_with_the_new_one(
+    kube_api: KubeClient, namespace, start_operator, monkeypatch
+):
+    """Rotating the claim key, as after a leak, by deleting its Secret: at its next listing
+    round the operator makes a new key, deletes the free pods started with the old one
+    and fills the pool with pods of the new; a session then takes one by the short path,
+    and the old key opens none of them. (Before, the key was read once and kept: the
+    Secret was never made again, and the pool's new pods could not start.)"""
+    monkeypatch.setattr(refill, "RELIST_EVERY", 1.0)  # else within a minute
+    op = start_operator(pool_size=2)
+    old = {p["metadata"]["name"] for p in wait_pool(kube_api, namespace, 2)}
+    old_key = claim_key(kube_api, namespace)
+    secret = f"/api/v1/namespaces/{namespace}/secrets/{POOL_SECRET}"
+    kube_api.delete(secret)
+
+    def new_key() -> str | None:
+        try:
+            key = claim_key(kube_api, namespace)
+        except ApiError:
+            return None  # not made again yet
+        return key if key != old_key else None
+
+    key = wait_until(new_key, timeout=TIMEOUT, message="a new claim key")
+    fresh = wait_until(
+        lambda: (
+            (pods := free_ready(kube_api, namespace))
+            and len(pods) >= 2
+            and not {p["metadata"]["name"] for p in pods} & old
+            and pods
+        ),
+        timeout=2 * TIMEOUT,
+        message="the pool refilled with pods of the new key",
+    )
+    for pod in fresh:
+        assert pod["metadata"]["annotations"]["sandboxworkspace.io/claim-key-id"] == key_id(key)
+    wait_until(
+        lambda: not old & {p["metadata"]["name"] for p in kube_api.list(pods_path(namespace))},
+        timeout=TIMEOUT,
+        message="the free pods of the old key deleted",
+    )
+    # The old key claims nothing any more.
+    url = f"http://{fresh[0]['status']['podIP']}:8080"
+    stolen = httpx.post(
+        url + "/v1/claim",
+        json={"token": "y" * 32},
+        headers={"Authorization": f"Bearer {old_key}"},
+        trust_env=False,
+    )
+    assert stolen.status_code == 401
+
+    wait_operator_pool(op, namespace, 2)
+    make_session(kube_api, namespace, **EPHEMERAL)
+    session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
+    assert session["status"]["startedFrom"] == "pool"
+    assert session["status"]["podName"] not in old
+    assert runtime_of(kube_api, namespace, session).request("GET", "/v1/stats").status_code == 200
 
 
 def test_a_spec_a_pool_pod_cannot_give_starts_cold(kube_api: KubeClient, namespace, start_operator):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -14,6 +15,7 @@ from sandbox_workspace.operator.pool.spec import (
     build_pool_pod,
     claim_patch,
     is_free,
+    key_id,
     misfits,
     template_hash,
 )
@@ -42,7 +44,7 @@ def settings() -> OperatorSettings:
 
 
 def test_a_pool_pod_is_a_session_pod_of_nobody(settings):
-    pool = build_pool_pod("ns", settings)
+    pool = build_pool_pod("ns", settings, "the-claim-key")
     cold = build_sandbox_pod(make_session(storage={"persistent": False}), settings)
     assert pool["metadata"] == {
         "generateName": "sbx-pool-",
@@ -53,8 +55,13 @@ def test_a_pool_pod_is_a_session_pod_of_nobody(settings):
             "app.kubernetes.io/component": "runtime",
             "sandboxworkspace.io/pool": "free",
         },
-        "annotations": {"sandboxworkspace.io/pod-spec": spec_hash(pool)},
+        "annotations": {
+            "sandboxworkspace.io/pod-spec": spec_hash(pool),
+            # Which key its runtime takes claims with: a digest, never the key.
+            "sandboxworkspace.io/claim-key-id": key_id("the-claim-key"),
+        },
     }
+    assert "the-claim-key" not in json.dumps(pool)
     # The same hardened spec; only the token's source differs: the claim key.
     env = pool["spec"]["containers"][0]["env"]
     assert env[0] == {
@@ -133,15 +140,20 @@ def test_the_claim_is_one_compare_and_swap(settings):
 
 def test_free_means_unclaimed_current_and_not_terminating(settings):
     template = template_hash("ns", settings)
-    pod = build_pool_pod("ns", settings)
-    assert is_free(pod, template)
-    assert not is_free(pod, "older")
+    pod = build_pool_pod("ns", settings, "key-1")
+    assert is_free(pod, template, "key-1")
+    assert not is_free(pod, "older", "key-1")
+    # Started with a key since rotated (the Secret deleted or changed): stale.
+    assert not is_free(pod, template, "key-2")
+    unmarked = copy.deepcopy(pod)
+    del unmarked["metadata"]["annotations"]["sandboxworkspace.io/claim-key-id"]
+    assert not is_free(unmarked, template, "key-1")  # made before pods carried the digest
     claimed = copy.deepcopy(pod)
     claimed["metadata"]["labels"]["sandboxworkspace.io/pool"] = "claimed"
-    assert not is_free(claimed, template)
+    assert not is_free(claimed, template, "key-1")
     going = copy.deepcopy(pod)
     going["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert not is_free(going, template)
+    assert not is_free(going, template, "key-1")
 
 
 def test_status_says_how_the_pod_started_and_finds_a_claimed_pod(settings):
