@@ -14,7 +14,15 @@ Contract of ``run_call`` (never returns):
   ruleset (its own conversation and scratch read-write, the system read-only). A failure in any step
   is reported and nothing runs unconfined.
 - It writes one JSON line to ``report_fd``: ``{"pid": …, "start": …}`` (the code
-  process's start time, ``pids.start_time``) or ``{"error": …}``.
+  process's start time, ``pids.start_time``; with ``"frozen": bytes`` when the call
+  started over its conversation's quota) or ``{"error": …}``.
+- A call whose conversation is over its quota when it starts (the baseline walk, made
+  before the fork) is *frozen*: the code process gets RLIMIT_FSIZE 0, soft and hard, so
+  no write to a file succeeds in its whole tree (EFBIG; SIGXFSZ kills a shell tool) and
+  no process of it can lift that; unlink and truncate still work, so code can get back
+  under the quota, and the next call is not frozen. Without it, code that wrote a burst
+  past the quota and ended before the first walk was told, but kept the bytes and did
+  it again at every call.
 - With ``limits`` in the request (``runtime/limits.py``) the code process gets its
   rlimits and ``oom_score_adj``, and the reaper checks the tree every tick; past a
   limit it kills the tree and writes a second line ``{"limit": name}``; so too
@@ -84,10 +92,13 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
         # The disk baseline is walked before code starts: one walked while it ran took in
         # what code wrote meanwhile (into parts not walked yet) as already there.
         watch = _tree_watch(request, os.getpid())
+        # Over the quota already: code gets RLIMIT_FSIZE 0, so it cannot add one more
+        # burst (written and ended before the first walk) at every call.
+        frozen = watch is not None and watch.over_quota
         err_r, err_w = os.pipe()
         root = os.fork()
         if root == 0:
-            _exec_code(request, fds, err_w, config)
+            _exec_code(request, fds, err_w, config, frozen=frozen)
         os.close(err_w)
         for fd in fds:  # the code's ends only: stdout EOF must mean the code closed it
             os.close(fd)
@@ -99,7 +110,10 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
         ooms = oom_kills()
         # Its start time with its pid: the runtime signals this process, never a later
         # holder of the pid (``pids.send_signal``). Read while it is our unreaped child.
-        _report(report_fd, {"pid": root, "start": start_time(root)}, close=False)
+        started = {"pid": root, "start": start_time(root)}
+        if frozen:
+            started["frozen"] = watch.disk_start
+        _report(report_fd, started, close=False)
         while True:
             child, status = os.waitpid(-1, 0)
             if child == root:
@@ -253,7 +267,9 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _exec_code(request: dict, fds: list[int], err_w: int, config: dict) -> NoReturn:
+def _exec_code(
+    request: dict, fds: list[int], err_w: int, config: dict, *, frozen: bool = False
+) -> NoReturn:
     try:
         os.setsid()
         if request.get("cpu_cgroup"):  # the conversation's CPU share (root, cgroup v1)
@@ -264,7 +280,7 @@ def _exec_code(request: dict, fds: list[int], err_w: int, config: dict) -> NoRet
                 f.write(str(os.getpid()))
         limits = Limits.from_wire(request.get("limits"))
         if limits is not None:  # before Landlock: /proc/self/oom_score_adj is read-only then
-            apply_in_child(limits, cpu_rlimit=request.get("cpu_rlimit", False))
+            apply_in_child(limits, cpu_rlimit=request.get("cpu_rlimit", False), frozen=frozen)
         # Confined first: the fd shuffle below closes the ruleset's fd.
         if request.get("ruleset") is not None:  # built once per conversation by the spawner
             landlock.restrict_self(request["ruleset"])
