@@ -196,7 +196,8 @@ class PythonKernel:
             collector.finish()
             outcome = ExecutionError(**error) if error else None
             frozen = cell_call.frozen if cell_call is not None else None
-            return frozen_outcome(outcome, 1, self.limits, frozen), restarted
+            exit_code = 0 if outcome is None else 1  # as the executor reports a cell's
+            return frozen_outcome(outcome, exit_code, self.limits, frozen), restarted
 
     async def _back_under_quota(self) -> bool:
         """Whether this interpreter is frozen (it started over the conversation's quota:

@@ -365,16 +365,28 @@ def limit_error(name: str, limits: Limits | None, *, state_lost: bool) -> Execut
     return ExecutionError(name=title, value=value, code=REASONS.get(name))
 
 
-def over_quota_error(limits: Limits, used: int) -> ExecutionError:
+def over_quota_error(
+    limits: Limits, used: int, cause: ExecutionError | str | None = None
+) -> ExecutionError:
     """The error of a call that started over its conversation's quota (``used`` bytes
-    then) and tried to write: every write of such a call fails."""
+    then) and tried to write or create a file: every such attempt of the call fails.
+    ``cause``: the error code ended with (kept in the message and the traceback), or
+    how it ended."""
     value = (
         f"the conversation's files ({size_text(used)}) are over its quota of "
-        f"{size_text(limits.conversation_size)}, so no file can be written or grow: "
-        "delete files first (deleting and truncating still work), then run the code again"
+        f"{size_text(limits.conversation_size)}, so no file can be written, grow or be "
+        "created: delete files first (deleting and truncating still work), then run the "
+        "code again"
     )
+    if isinstance(cause, ExecutionError):
+        value += f" (the code's error: {cause.name}: {cause.value})"
+    elif cause:
+        value += f" ({cause})"
+    traceback = cause.traceback if isinstance(cause, ExecutionError) else ""
     code = REASONS["conversation"]
-    return ExecutionError(name="ConversationQuotaExceeded", value=value, code=code)
+    return ExecutionError(
+        name="ConversationQuotaExceeded", value=value, traceback=traceback, code=code
+    )
 
 
 def frozen_outcome(
@@ -382,13 +394,22 @@ def frozen_outcome(
 ) -> ExecutionError | None:
     """The error of an execution that ended on its own, for a call that was frozen
     (``used``: the conversation's size when it started, None when it was not): a write
-    refused by RLIMIT_FSIZE 0 (EFBIG, or a tool killed by SIGXFSZ) is the quota's doing,
-    not a file's size."""
+    refused by RLIMIT_FSIZE 0 or the growth filter (EFBIG, or a tool killed by SIGXFSZ)
+    is the quota's doing, not a file's size; so is, most likely, a new file refused by
+    the filter's Landlock layer (EACCES: the message keeps the code's own error, since a
+    path outside the conversation is refused so too). A command that failed otherwise
+    (a shell's ``> new`` says only "Permission denied") is answered so too, its exit
+    status named: while the conversation is over its quota, every failure says so."""
     if used is None or limits is None:
         return error
-    efbig = error is not None and error.value.startswith(f"[Errno {errno.EFBIG}]")
-    if efbig or (error is None and exit_code == 128 + signal.SIGXFSZ):
-        return over_quota_error(limits, used)
+    if error is None:
+        if exit_code == 128 + signal.SIGXFSZ:
+            return over_quota_error(limits, used)
+        if exit_code != 0:
+            return over_quota_error(limits, used, f"the command's exit status: {exit_code}")
+        return error
+    if error.value.startswith((f"[Errno {errno.EFBIG}]", f"[Errno {errno.EACCES}]")):
+        return over_quota_error(limits, used, error)
     return error
 
 

@@ -308,8 +308,16 @@ def test_a_conversation_over_its_quota_cannot_grow_again_burst_by_burst(lim):
         assert _used_kib(api, url, "a") < 9 * 1000 + 64, i  # 18, 27, 36 MiB on main
         if i:  # frozen: the first write of the call was refused, its tool killed
             _says_delete_files(result)
-    for write in ("echo x > new", "echo x >> g0-1", "printf x | dd of=g0-2 conv=notrunc"):
+    for write in ("echo x >> g0-1", "printf x | dd of=g0-2 conv=notrunc", "mkdir d"):
         _says_delete_files(run(api, url, write, cid="a", language="bash"))
+    # A new file: Landlock's EACCES (the shell says "Permission denied", the answer why).
+    new = run(api, url, "echo x > new", cid="a", language="bash")
+    assert new["exit_code"] == 1 and "Permission denied" in new["stderr"], new
+    _says_delete_files(new)
+    assert "exit status: 1" in new["error"]["value"]
+    py = run(api, url, "open('new.csv', 'w')", cid="a")
+    _says_delete_files(py)
+    assert "PermissionError: [Errno 13] Permission denied: 'new.csv'" in py["error"]["value"]
     # Deleting (and truncating) still work; the next call is under the quota and writes.
     cleanup = run(api, url, ": > g0-1; rm g0-[2-9]; echo ok", cid="a", language="bash")
     assert cleanup["stdout"] == "ok\n" and cleanup["error"] is None, cleanup

@@ -100,8 +100,11 @@ def test_an_execution_that_ended_on_its_own_is_classified(error, exit_code, code
         pytest.param(ExecutionError(name="OSError", value="[Errno 27] File too large"), 1,
                      "conversation_quota_exceeded", id="efbig"),
         pytest.param(None, 128 + 25, "conversation_quota_exceeded", id="sigxfsz"),
+        pytest.param(ExecutionError(name="PermissionError", value="[Errno 13] Permission "
+                     "denied: 'new.csv'"), 1, "conversation_quota_exceeded", id="new-file"),
         pytest.param(ExecutionError(name="KeyError", value="'x'"), 1, None, id="other-error"),
         pytest.param(None, 0, None, id="carried-on"),
+        pytest.param(None, 1, "conversation_quota_exceeded", id="failed-otherwise"),
     ],
 )  # fmt: skip
 def test_a_frozen_calls_refused_write_is_the_quotas_doing(error, exit_code, code) -> None:
@@ -110,6 +113,8 @@ def test_a_frozen_calls_refused_write_is_the_quotas_doing(error, exit_code, code
     if code:
         assert "9 MiB" in outcome.value and "quota of 8 MiB" in outcome.value
         assert "delete files first" in outcome.value
+        if error is not None:  # the code's own error is kept
+            assert error.value in outcome.value
     assert frozen_outcome(error, exit_code, LIMITS, None) is error  # not frozen
 
 
@@ -411,7 +416,7 @@ for code in codes:  # one call after the other, as a conversation's commands run
     os.waitpid(pid, 0)
     out.append([json.loads(line) for line in lines.splitlines()])
     sizes.append(limits.disk_usage([top]))
-files = {name: os.stat(os.path.join(top, name)).st_size for name in os.listdir(top)}
+files = {name: os.lstat(os.path.join(top, name)).st_size for name in os.listdir(top)}
 print(json.dumps(out))
 print(json.dumps({"sizes": sizes, "files": files}))
 """
@@ -493,6 +498,34 @@ def test_a_conversation_over_its_quota_cannot_grow_again_one_burst_per_call(tmp_
     assert frozen[6] is None
     # ``> log`` truncated it (allowed) and its write failed, frozen; then ``>> log`` wrote.
     assert disk["files"] == {"log": len("again\n")}, disk
+
+
+GROWTH_PAST_FSIZE = [
+    # blocks for a file whose size does not change (RLIMIT_FSIZE checks the size)
+    "fallocate -n -l 1M s1",
+    # a shared mapping fills the holes of a sparse file
+    "python3 -c \"import mmap, os; m = mmap.mmap(os.open('s2', os.O_RDWR), 1 << 20); "
+    "m[:] = b'x' * (1 << 20); m.flush()\"",
+    # names: a block per directory, long symlinks, directory entries, extended attributes
+    "mkdir $(seq -f d%g 64)",
+    f"for i in $(seq 64); do ln -s {'x' * 200} l$i; done",
+    f"for i in $(seq 64); do : > {'n' * 200}$i; done",
+    "python3 -c \"import os; [os.setxattr(f's{i}', 'user.x', b'x' * 3000) for i in (1, 2)]\"",
+]
+
+
+def test_a_frozen_call_takes_no_block_past_its_file_size_limit_either(tmp_path) -> None:
+    """RLIMIT_FSIZE 0 stops writes and growing a file, not blocks that keep its size
+    (fallocate's KEEP_SIZE, a shared mapping filling a sparse file's holes) nor names
+    and attributes: each was one more burst a call (17 MiB of directories in 0.1 s). A
+    frozen call is refused all of them (``runtime/frozen.py``); deleting still works."""
+    disk: dict = {}
+    setup = "truncate -s 1M s1 s2; head -c 2097152 /dev/zero > big"
+    reports = _reaper_probe(tmp_path, [setup, *GROWTH_PAST_FSIZE, "rm big"], disk=disk)
+    sizes = disk["sizes"]
+    assert all(r[0].get("frozen") for r in reports[1:-1]), reports
+    assert sizes[1:-1] == [sizes[0]] * len(GROWTH_PAST_FSIZE), sizes  # nothing grew
+    assert sizes[-1] < 1 << 20 and set(disk["files"]) == {"s1", "s2"}, disk
 
 
 def test_a_cells_start_does_not_forgive_growth_past_the_quota(tmp_path) -> None:
