@@ -20,7 +20,7 @@ Contract of ``run_call`` (never returns):
   before the fork) is *frozen*: the code process gets RLIMIT_FSIZE 0, soft and hard, so
   no write to a file succeeds in its whole tree (EFBIG; SIGXFSZ kills a shell tool) and
   no process of it can lift that, and a seccomp filter refuses the ways to blocks that
-  limit does not see (``runtime/frozen.py``: new names, fallocate, shared mappings of
+  limit does not see (``runtime/growth.py``: new names, fallocate, shared mappings of
   files, xattrs, io_uring); unlink and truncate still work, so code can get back
   under the quota, and the next call is not frozen. Without it, code that wrote a burst
   past the quota and ended before the first walk was told, but kept the bytes and did
@@ -49,8 +49,7 @@ import time
 from collections.abc import Callable
 from typing import NoReturn
 
-from . import landlock, prctl, seccomp
-from .frozen import deny_growth
+from . import growth, landlock, prctl, seccomp
 from .limits import TICK_SECONDS, Limits, TreeWatch, apply_in_child, killed_by_oom, oom_kills
 from .pids import start_time
 
@@ -290,8 +289,8 @@ def _exec_code(
         if config.get("deny_sockets"):  # network denied: no UDP, unix, raw… (seccomp)
             # Network "proxy": IPv4 too, in a namespace whose one way out is the relay.
             seccomp.deny_sockets(inet=bool(config.get("inet")))
-        if frozen:  # no new name, no block past RLIMIT_FSIZE 0 either
-            deny_growth()
+        if limits is not None:  # no block past RLIMIT_FSIZE (frozen: no new name either)
+            growth.deny(frozen=frozen)
 
         for sig in (signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)

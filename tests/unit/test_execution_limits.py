@@ -423,7 +423,12 @@ print(json.dumps({"sizes": sizes, "files": files}))
 
 
 def _reaper_probe(
-    top, codes: list[str], slow_first_walk: float = 0.0, *, disk: dict | None = None
+    top,
+    codes: list[str],
+    slow_first_walk: float = 0.0,
+    *,
+    disk: dict | None = None,
+    tmpfs: bool = True,
 ) -> list[list[dict]]:
     """A reaper's report lines for each of ``codes`` (sh, one call after the other) in
     ``top`` under a 1 MiB quota (``disk`` gets ``sizes``, the conversation's after each
@@ -431,13 +436,14 @@ def _reaper_probe(
     reaper's SIGALRM would be pytest-timeout's). As root, ``top`` is a tmpfs of that
     process's own mount namespace: the last look reads the filesystem's use
     (``statvfs``), and on the shared /tmp the other worker's deletions could hide what
-    the code wrote."""
+    the code wrote. ``tmpfs=False``: ``top`` where it is (tmpfs checks RLIMIT_FSIZE on
+    ``fallocate`` with KEEP_SIZE, ext4 does not)."""
     import json
     import shutil
     import subprocess
 
     argv = [sys.executable, "-c", REAPER_PROBE, str(top), json.dumps(codes), str(slow_first_walk)]
-    if os.geteuid() == 0 and shutil.which("unshare"):
+    if tmpfs and os.geteuid() == 0 and shutil.which("unshare"):
         mount = 'mount -t tmpfs -o size=64m sbw-quota "$0" && exec "$@"'
         argv = [
             "unshare",
@@ -502,7 +508,7 @@ def test_a_conversation_over_its_quota_cannot_grow_again_one_burst_per_call(tmp_
 
 GROWTH_PAST_FSIZE = [
     # blocks for a file whose size does not change (RLIMIT_FSIZE checks the size)
-    "fallocate -n -l 1M s1",
+    "fallocate -n -l 1M s1",  # s1 exists (-n makes no file)
     # a shared mapping fills the holes of a sparse file
     "python3 -c \"import mmap, os; m = mmap.mmap(os.open('s2', os.O_RDWR), 1 << 20); "
     "m[:] = b'x' * (1 << 20); m.flush()\"",
@@ -518,14 +524,34 @@ def test_a_frozen_call_takes_no_block_past_its_file_size_limit_either(tmp_path) 
     """RLIMIT_FSIZE 0 stops writes and growing a file, not blocks that keep its size
     (fallocate's KEEP_SIZE, a shared mapping filling a sparse file's holes) nor names
     and attributes: each was one more burst a call (17 MiB of directories in 0.1 s). A
-    frozen call is refused all of them (``runtime/frozen.py``); deleting still works."""
+    frozen call is refused all of them (``runtime/growth.py``); deleting still works."""
     disk: dict = {}
     setup = "truncate -s 1M s1 s2; head -c 2097152 /dev/zero > big"
-    reports = _reaper_probe(tmp_path, [setup, *GROWTH_PAST_FSIZE, "rm big"], disk=disk)
+    codes = [setup, *GROWTH_PAST_FSIZE, "rm big"]
+    reports = _reaper_probe(tmp_path, codes, disk=disk, tmpfs=False)  # ext4 here: dirs too
     sizes = disk["sizes"]
     assert all(r[0].get("frozen") for r in reports[1:-1]), reports
     assert sizes[1:-1] == [sizes[0]] * len(GROWTH_PAST_FSIZE), sizes  # nothing grew
     assert sizes[-1] < 1 << 20 and set(disk["files"]) == {"s1", "s2"}, disk
+
+
+def test_no_call_preallocates_past_its_file_size_limit(tmp_path) -> None:
+    """``fallocate`` with KEEP_SIZE takes blocks without growing the file, so
+    RLIMIT_FSIZE never sees it: 32 MiB in a few ms under a 4 MiB file limit and a 1 MiB
+    quota, before the reaper's first walk (as much as the volume holds, in one call). It
+    fails as on a filesystem without it; a plain ``fallocate`` is the file limit's, a
+    punched hole frees."""
+    disk: dict = {}
+    codes = [  # each status is a file's name: the probe tells names and sizes
+        ": > keep; fallocate -n -l 32M keep; touch keep.$?",  # -n makes no file
+        "fallocate -l 32M grow; touch grow.$?",
+        "head -c 65536 /dev/zero > f && fallocate -p -o 0 -l 65536 f; touch punch.$?",
+    ]
+    reports = _reaper_probe(tmp_path, codes, disk=disk, tmpfs=False)
+    assert all(r[1:] == [] for r in reports), reports  # never past the quota
+    assert max(disk["sizes"]) < 1 << 20, disk
+    files = {"keep": 0, "keep.1": 0, "grow": 0, "grow.153": 0, "punch.0": 0, "f": 65536}
+    assert disk["files"] == files, disk
 
 
 def test_a_cells_start_does_not_forgive_growth_past_the_quota(tmp_path) -> None:
