@@ -29,9 +29,10 @@ Contract:
   count in both: conservative); CPU is user + system time of every process that ever
   ran in the tree since ``reset`` (live ones from /proc, reaped ones from their
   parents' children times and the reaper's own); the conversation's size is the disk
-  blocks under ``paths`` (hard links once), checked every ``DISK_SECONDS`` (longer when a
-  walk is slow), and only growth past the quota kills — code can always delete to get
-  back under it. Growth counts from the size walked when the watch is made (before the
+  blocks under ``paths`` (hard links once) and of the files the tree unlinked and holds
+  open (``runtime/held.py``), checked every ``DISK_SECONDS`` (longer when a walk is
+  slow), and only growth past the quota kills — code can always delete to get back
+  under it. Growth counts from the size walked when the watch is made (before the
   code process starts); ``reset`` walks nothing, the next walk judges against the old
   baseline and then becomes the new one. ``over_quota``: that first walk found the
   conversation over its quota already — the call is frozen, so a burst written and
@@ -60,6 +61,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from . import prctl, tree
+from .held import unlinked_blocks
 from .schemas import ExecutionError
 
 TICK_SECONDS = 0.1
@@ -141,6 +143,7 @@ class TreeWatch:
         self.next_disk = 0.0
         self.cpu_start = self._cpu(self._tree())
         self.fs_start = filesystem_used(paths)
+        self.devices = _devices(paths)
         began = time.monotonic()
         self.disk_start = disk_usage(paths)
         self.walk_seconds = time.monotonic() - began
@@ -176,7 +179,8 @@ class TreeWatch:
         """The conversation's size: a walk of its tree (as long as the tree is big)."""
         now = time.monotonic()
         fs = filesystem_used(self.paths)
-        used = disk_usage(self.paths)
+        # With the blocks of files the tree unlinked and holds open: no walk sees them.
+        used = disk_usage(self.paths) + unlinked_blocks(self._tree(), self.devices)
         spent = time.monotonic() - now
         self.next_disk = now + max(DISK_SECONDS, DISK_COST_FACTOR * spent)
         # Judged against the baseline before a rebase: growth past the quota since the
@@ -255,6 +259,14 @@ def _children(pid: int) -> list[int]:
     for tid in tasks:
         with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
             found.extend(int(p) for p in f.read().split())
+    return found
+
+
+def _devices(paths: list[str]) -> set[int]:
+    found = set()
+    for path in paths:
+        with contextlib.suppress(OSError):
+            found.add(os.stat(path).st_dev)
     return found
 
 

@@ -354,3 +354,21 @@ def test_a_python_interpreter_over_the_quota_writes_nothing_until_files_are_dele
     after = run(api, url, write, cid="p")
     assert after["error"] is None and after["kernel_restarted"] is True, after
     assert after["results"] == [{"data": {"text/plain": "'ok'"}}]
+
+
+def test_files_unlinked_and_held_open_count_in_the_quota(lim):
+    """A file unlinked while open keeps its blocks and no walk finds it: the interpreter
+    held 20 MiB so past an 8 MiB quota between cells, unseen. The reaper counts them."""
+    api, url = lim
+    hold = (
+        "import os, time\nheld = []\nfor i in range(12):\n"
+        "    fd = os.open(f'u{i}', os.O_RDWR | os.O_CREAT); os.unlink(f'u{i}')\n"
+        "    os.write(fd, b'x' * 1000 * 1024); held.append(fd)\n"
+        "time.sleep(5)"
+    )
+    result = run(api, url, hold, cid="u", timeout=30)
+    assert result["error"]["code"] == "conversation_quota_exceeded", result
+    assert result["kernel_restarted"] is True and result["duration_ms"] < 4000, result
+    # Under the quota, a held file is fine.
+    small = "import os\nf = open('v', 'w+b'); os.unlink('v'); f.write(b'x' * 4096)"
+    assert run(api, url, small, cid="u")["error"] is None
