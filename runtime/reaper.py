@@ -19,14 +19,15 @@ Contract of ``run_call`` (never returns):
 - A call whose conversation is over its quota when it starts (the baseline walk, made
   before the fork) is *frozen*: the code process gets RLIMIT_FSIZE 0, soft and hard, so
   no write to a file succeeds in its whole tree (EFBIG; SIGXFSZ kills a shell tool) and
-  no process of it can lift that, and a seccomp filter refuses the ways to blocks that
-  limit does not see (``runtime/growth.py``: new names, fallocate, shared mappings of
-  files, xattrs, io_uring); unlink and truncate still work, so code can get back
+  no process of it can lift that, and a seccomp filter and a Landlock layer refuse the
+  ways to blocks that limit does not see (``runtime/growth.py``: new names, fallocate,
+  shared mappings of files, xattrs, io_uring); unlink and truncate still work, so code can get back
   under the quota, and the next call is not frozen. Without it, code that wrote a burst
   past the quota and ended before the first walk was told, but kept the bytes and did
   it again at every call.
 - With ``limits`` in the request (``runtime/limits.py``) the code process gets its
-  rlimits and ``oom_score_adj``, and the reaper checks the tree every tick; past a
+  rlimits and ``oom_score_adj`` (and no ``fallocate`` with KEEP_SIZE, which RLIMIT_FSIZE
+  does not see: ``runtime/growth.py``), and the reaper checks the tree every tick; past a
   limit it kills the tree and writes a second line ``{"limit": name}``; so too
   ``{"limit": "conversation"}`` when a last walk, once the code process ended, finds
   the conversation grew past its quota since the call began; so too
