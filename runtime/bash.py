@@ -6,7 +6,8 @@ stdout and stderr are read concurrently into the collector as they come. At the 
 the call's whole process tree is killed — whatever it started, daemons included. When the
 script ends, whatever it left running (``sleep 1000 &``, ``setsid … &``) is killed too,
 so one call cannot leave work behind. The exit code is data: 124 on timeout, like
-``timeout(1)``.
+``timeout(1)``. A call that starts with its conversation over its quota can write no file
+(``runtime/reaper.py``); a tool killed for trying says so: ``conversation_quota_exceeded``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from .limits import Limits, limit_error
+from .limits import Limits, frozen_outcome, limit_error
 from .output import OutputCollector
 from .pipes import CodePipes
 from .schemas import ExecutionError
@@ -72,7 +73,8 @@ async def run_bash(
     finally:
         pipes.close()
     collector.finish()
-    return (TIMEOUT_EXIT_CODE if error else exit_code), error
+    code = TIMEOUT_EXIT_CODE if error else exit_code
+    return code, frozen_outcome(error, exit_code, limits, call.frozen)
 
 
 async def _pump(name: str, reader: asyncio.StreamReader, collector: OutputCollector) -> None:

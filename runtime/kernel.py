@@ -6,7 +6,10 @@ produced; the call returns only once the interpreter said ``done`` *and* the per
 sentinel arrived on both stdout and stderr, so no output is lost or attributed to the
 wrong cell. The interpreter is started through the spawner (confined, tracked with every
 process it starts). A cell over its timeout kills that whole process tree (state is
-lost; the next call starts a fresh one). An interpreter that dies mid-cell is reported
+lost; the next call starts a fresh one). An interpreter started while the conversation
+was over its quota can write no file (``runtime/reaper.py``; a write says
+``conversation_quota_exceeded``); the first cell once the conversation is back under it
+starts a fresh one, which can (its state is lost). An interpreter that dies mid-cell is reported
 as ``KernelDied``, never as an HTTP error. ``execute`` says whether earlier state is gone
 (``kernel_restarted``) once, on the first answer that can say it: the call whose timeout
 or limit ended the interpreter, or — when it ended between calls (it died, or it was
@@ -26,7 +29,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .limits import Limits, limit_error
+from .limits import Limits, disk_usage, frozen_outcome, limit_error
 from .output import OutputCollector, ResultCaps
 from .pipes import CodePipes
 from .schemas import ExecutionError
@@ -132,6 +135,9 @@ class PythonKernel:
             # ``call`` still set but exited: the interpreter died between calls.
             restarted = self._loss_unreported or (self.call is not None and not self.alive)
             self._loss_unreported = False
+            if self.alive and await self._back_under_quota():
+                await self.kill()  # a frozen interpreter can never write again
+                restarted = True
             if not self.alive:
                 try:
                     await self.start()
@@ -145,6 +151,7 @@ class PythonKernel:
                 collector=collector, sentinel=f"\x00\x1esbw-{uuid.uuid4().hex}\x1e\x00".encode()
             )
             self._cell = cell
+            cell_call = self.call
             command = (
                 json.dumps(
                     {"id": uuid.uuid4().hex, "code": code, "sentinel": cell.sentinel.decode()}
@@ -187,7 +194,22 @@ class PythonKernel:
                 self._cell = None
                 self.last_used = time.monotonic()
             collector.finish()
-            return (ExecutionError(**error) if error else None), restarted
+            outcome = ExecutionError(**error) if error else None
+            frozen = cell_call.frozen if cell_call is not None else None
+            exit_code = 0 if outcome is None else 1  # as the executor reports a cell's
+            return frozen_outcome(outcome, exit_code, self.limits, frozen), restarted
+
+    async def _back_under_quota(self) -> bool:
+        """Whether this interpreter is frozen (it started over the conversation's quota:
+        RLIMIT_FSIZE 0, which nothing unprivileged can raise) while the conversation is
+        under its quota now (code deleted files): then it is started afresh, able to
+        write, and its state is lost. A walk only for a frozen interpreter; one that was
+        not is killed by its reaper's first walk that finds the quota passed."""
+        call = self.call
+        if call is None or call.frozen is None or self.limits is None:
+            return False
+        used = await asyncio.to_thread(disk_usage, self.read_write)
+        return used <= self.limits.conversation_size
 
     async def _exit_code(self) -> int | None:
         call = self.call

@@ -12,11 +12,13 @@ what the OOM killer takes when that wall is hit.
 Contract:
 - ``Limits.from_wire(d)`` / ``to_wire()``: the plain dict a spawn request carries
   (``None`` when the runtime has no limits).
-- ``apply_in_child(limits, cpu_rlimit)`` — in the code process before exec: RLIMIT_AS
-  (memory: a Python allocation past it raises MemoryError and the interpreter lives on),
-  RLIMIT_FSIZE (file size: a write past it fails with EFBIG, SIGXFSZ kills a shell
-  tool), RLIMIT_CPU when ``cpu_rlimit`` (a fresh process per call: bash),
-  ``oom_score_adj`` 1000 and nice 5 (raising either needs no privilege).
+- ``apply_in_child(limits, cpu_rlimit, frozen)`` — in the code process before exec:
+  RLIMIT_AS (memory: a Python allocation past it raises MemoryError and the interpreter
+  lives on), RLIMIT_FSIZE (file size: a write past it fails with EFBIG, SIGXFSZ kills a
+  shell tool; ``frozen``, a call that starts over the conversation's quota: 0, soft and
+  hard — no write to any file succeeds and nothing unprivileged raises it again, while
+  unlink and truncate work), RLIMIT_CPU when ``cpu_rlimit`` (a fresh process per call:
+  bash), ``oom_score_adj`` 1000 and nice 5 (raising either needs no privilege).
 - ``TreeWatch(root_pid, paths, limits)``: ``check_fast()`` → ``memory`` or ``cpu`` when
   the tree is past one (milliseconds), ``check_disk()`` → ``conversation`` (a walk, as long
   as the tree is big; ``disk_due()`` says when the next one is), else None;
@@ -27,11 +29,18 @@ Contract:
   count in both: conservative); CPU is user + system time of every process that ever
   ran in the tree since ``reset`` (live ones from /proc, reaped ones from their
   parents' children times and the reaper's own); the conversation's size is the disk
-  blocks under ``paths`` (hard links once), checked every ``DISK_SECONDS`` (longer when a
-  walk is slow), and only growth past the quota kills — code can always delete to get
-  back under it. Growth counts from the size walked when the watch is made (before the
+  blocks under ``paths`` (hard links once) and of the files the tree unlinked and holds
+  open (``runtime/held.py``), checked every ``DISK_SECONDS`` (longer when a walk is
+  slow), and only growth past the quota kills — code can always delete to get back
+  under it. Growth counts from the size walked when the watch is made (before the
   code process starts); ``reset`` walks nothing, the next walk judges against the old
-  baseline and then becomes the new one.
+  baseline and then becomes the new one. ``over_quota``: that first walk found the
+  conversation over its quota already — the call is frozen, so a burst written and
+  ended before the first walk (told by ``check_last``, but the bytes stay) happens once,
+  not at every call.
+- ``frozen_outcome(error, exit_code, limits, used)``: a frozen call's refused write
+  (EFBIG, a tool killed by SIGXFSZ) is ``conversation_quota_exceeded``, with a message
+  telling to delete files (``over_quota_error``), not ``file_too_large``.
 - ``oom_kills()`` → the kernel's count of OOM kills this process can see (the
   container's memory cgroup when mounted, else the machine's); ``killed_by_oom(status,
   before)``: the code process died of a SIGKILL nobody in the runtime sent while that
@@ -52,6 +61,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from . import prctl, tree
+from .held import unlinked_blocks
 from .schemas import ExecutionError
 
 TICK_SECONDS = 0.1
@@ -97,7 +107,7 @@ class Limits:
         return asdict(self)
 
 
-def apply_in_child(limits: Limits, *, cpu_rlimit: bool) -> None:
+def apply_in_child(limits: Limits, *, cpu_rlimit: bool, frozen: bool = False) -> None:
     """Runs in the forked code process before exec (see the module contract)."""
     # The runtime and spawner are not dumpable, and a non-dumpable process's /proc/self
     # files belong to root: as uid 10001 in a pod the write below fails with EACCES (the
@@ -110,7 +120,11 @@ def apply_in_child(limits: Limits, *, cpu_rlimit: bool) -> None:
     prctl.call(prctl.PR_SET_DUMPABLE, 0)
     os.nice(NICE)
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory, limits.memory))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size, limits.file_size))
+    # Over the quota when the call starts: no write to any file at all (the limit is on
+    # the write's offset, so overwriting in place fails too), soft and hard, so neither
+    # code nor a child of it can raise it again. Unlink and truncate still work.
+    file_size = 0 if frozen else limits.file_size
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
     if cpu_rlimit:
         # SIGXCPU at the soft limit, SIGKILL a second later should it be caught.
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1))
@@ -129,10 +143,17 @@ class TreeWatch:
         self.next_disk = 0.0
         self.cpu_start = self._cpu(self._tree())
         self.fs_start = filesystem_used(paths)
+        self.devices = _devices(paths)
         began = time.monotonic()
         self.disk_start = disk_usage(paths)
         self.walk_seconds = time.monotonic() - began
         self.rebase = False
+
+    @property
+    def over_quota(self) -> bool:
+        """The conversation was over its quota before code started: the call is frozen
+        (``apply_in_child(frozen=True)``)."""
+        return self.disk_start > self.limits.conversation_size
 
     def reset(self) -> None:
         """A new execution (a Python cell, SIGUSR1): its CPU counts from now, and the next
@@ -158,7 +179,8 @@ class TreeWatch:
         """The conversation's size: a walk of its tree (as long as the tree is big)."""
         now = time.monotonic()
         fs = filesystem_used(self.paths)
-        used = disk_usage(self.paths)
+        # With the blocks of files the tree unlinked and holds open: no walk sees them.
+        used = disk_usage(self.paths) + unlinked_blocks(self._tree(), self.devices)
         spent = time.monotonic() - now
         self.next_disk = now + max(DISK_SECONDS, DISK_COST_FACTOR * spent)
         # Judged against the baseline before a rebase: growth past the quota since the
@@ -237,6 +259,14 @@ def _children(pid: int) -> list[int]:
     for tid in tasks:
         with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
             found.extend(int(p) for p in f.read().split())
+    return found
+
+
+def _devices(paths: list[str]) -> set[int]:
+    found = set()
+    for path in paths:
+        with contextlib.suppress(OSError):
+            found.add(os.stat(path).st_dev)
     return found
 
 
@@ -345,6 +375,54 @@ def limit_error(name: str, limits: Limits | None, *, state_lost: bool) -> Execut
     if state_lost:
         value += "; the interpreter was restarted and its state is lost"
     return ExecutionError(name=title, value=value, code=REASONS.get(name))
+
+
+def over_quota_error(
+    limits: Limits, used: int, cause: ExecutionError | str | None = None
+) -> ExecutionError:
+    """The error of a call that started over its conversation's quota (``used`` bytes
+    then) and tried to write or create a file: every such attempt of the call fails.
+    ``cause``: the error code ended with (kept in the message and the traceback), or
+    how it ended."""
+    value = (
+        f"the conversation's files ({size_text(used)}) are over its quota of "
+        f"{size_text(limits.conversation_size)}, so no file can be written, grow or be "
+        "created: delete files first (deleting and truncating still work), then run the "
+        "code again"
+    )
+    if isinstance(cause, ExecutionError):
+        value += f" (the code's error: {cause.name}: {cause.value})"
+    elif cause:
+        value += f" ({cause})"
+    traceback = cause.traceback if isinstance(cause, ExecutionError) else ""
+    code = REASONS["conversation"]
+    return ExecutionError(
+        name="ConversationQuotaExceeded", value=value, traceback=traceback, code=code
+    )
+
+
+def frozen_outcome(
+    error: ExecutionError | None, exit_code: int, limits: Limits | None, used: int | None
+) -> ExecutionError | None:
+    """The error of an execution that ended on its own, for a call that was frozen
+    (``used``: the conversation's size when it started, None when it was not): a write
+    refused by RLIMIT_FSIZE 0 or the growth filter (EFBIG, or a tool killed by SIGXFSZ)
+    is the quota's doing, not a file's size; so is, most likely, a new file refused by
+    the filter's Landlock layer (EACCES: the message keeps the code's own error, since a
+    path outside the conversation is refused so too). A command that failed otherwise
+    (a shell's ``> new`` says only "Permission denied") is answered so too, its exit
+    status named: while the conversation is over its quota, every failure says so."""
+    if used is None or limits is None:
+        return error
+    if error is None:
+        if exit_code == 128 + signal.SIGXFSZ:
+            return over_quota_error(limits, used)
+        if exit_code != 0:
+            return over_quota_error(limits, used, f"the command's exit status: {exit_code}")
+        return error
+    if error.value.startswith((f"[Errno {errno.EFBIG}]", f"[Errno {errno.EACCES}]")):
+        return over_quota_error(limits, used, error)
+    return error
 
 
 def classify(

@@ -14,9 +14,20 @@ Contract of ``run_call`` (never returns):
   ruleset (its own conversation and scratch read-write, the system read-only). A failure in any step
   is reported and nothing runs unconfined.
 - It writes one JSON line to ``report_fd``: ``{"pid": …, "start": …}`` (the code
-  process's start time, ``pids.start_time``) or ``{"error": …}``.
+  process's start time, ``pids.start_time``; with ``"frozen": bytes`` when the call
+  started over its conversation's quota) or ``{"error": …}``.
+- A call whose conversation is over its quota when it starts (the baseline walk, made
+  before the fork) is *frozen*: the code process gets RLIMIT_FSIZE 0, soft and hard, so
+  no write to a file succeeds in its whole tree (EFBIG; SIGXFSZ kills a shell tool) and
+  no process of it can lift that, and a seccomp filter and a Landlock layer refuse the
+  ways to blocks that limit does not see (``runtime/growth.py``: new names, fallocate,
+  shared mappings of files, xattrs, io_uring); unlink and truncate still work, so code can get back
+  under the quota, and the next call is not frozen. Without it, code that wrote a burst
+  past the quota and ended before the first walk was told, but kept the bytes and did
+  it again at every call.
 - With ``limits`` in the request (``runtime/limits.py``) the code process gets its
-  rlimits and ``oom_score_adj``, and the reaper checks the tree every tick; past a
+  rlimits and ``oom_score_adj`` (and no ``fallocate`` with KEEP_SIZE, which RLIMIT_FSIZE
+  does not see: ``runtime/growth.py``), and the reaper checks the tree every tick; past a
   limit it kills the tree and writes a second line ``{"limit": name}``; so too
   ``{"limit": "conversation"}`` when a last walk, once the code process ended, finds
   the conversation grew past its quota since the call began; so too
@@ -39,7 +50,7 @@ import time
 from collections.abc import Callable
 from typing import NoReturn
 
-from . import landlock, prctl, seccomp
+from . import growth, landlock, prctl, seccomp
 from .limits import TICK_SECONDS, Limits, TreeWatch, apply_in_child, killed_by_oom, oom_kills
 from .pids import start_time
 
@@ -84,10 +95,13 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
         # The disk baseline is walked before code starts: one walked while it ran took in
         # what code wrote meanwhile (into parts not walked yet) as already there.
         watch = _tree_watch(request, os.getpid())
+        # Over the quota already: code gets RLIMIT_FSIZE 0, so it cannot add one more
+        # burst (written and ended before the first walk) at every call.
+        frozen = watch is not None and watch.over_quota
         err_r, err_w = os.pipe()
         root = os.fork()
         if root == 0:
-            _exec_code(request, fds, err_w, config)
+            _exec_code(request, fds, err_w, config, frozen=frozen)
         os.close(err_w)
         for fd in fds:  # the code's ends only: stdout EOF must mean the code closed it
             os.close(fd)
@@ -99,7 +113,10 @@ def _run(request: dict, fds: list[int], report_fd: int, config: dict, parent: in
         ooms = oom_kills()
         # Its start time with its pid: the runtime signals this process, never a later
         # holder of the pid (``pids.send_signal``). Read while it is our unreaped child.
-        _report(report_fd, {"pid": root, "start": start_time(root)}, close=False)
+        started = {"pid": root, "start": start_time(root)}
+        if frozen:
+            started["frozen"] = watch.disk_start
+        _report(report_fd, started, close=False)
         while True:
             child, status = os.waitpid(-1, 0)
             if child == root:
@@ -253,7 +270,9 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _exec_code(request: dict, fds: list[int], err_w: int, config: dict) -> NoReturn:
+def _exec_code(
+    request: dict, fds: list[int], err_w: int, config: dict, *, frozen: bool = False
+) -> NoReturn:
     try:
         os.setsid()
         if request.get("cpu_cgroup"):  # the conversation's CPU share (root, cgroup v1)
@@ -264,13 +283,15 @@ def _exec_code(request: dict, fds: list[int], err_w: int, config: dict) -> NoRet
                 f.write(str(os.getpid()))
         limits = Limits.from_wire(request.get("limits"))
         if limits is not None:  # before Landlock: /proc/self/oom_score_adj is read-only then
-            apply_in_child(limits, cpu_rlimit=request.get("cpu_rlimit", False))
+            apply_in_child(limits, cpu_rlimit=request.get("cpu_rlimit", False), frozen=frozen)
         # Confined first: the fd shuffle below closes the ruleset's fd.
         if request.get("ruleset") is not None:  # built once per conversation by the spawner
             landlock.restrict_self(request["ruleset"])
         if config.get("deny_sockets"):  # network denied: no UDP, unix, raw… (seccomp)
             # Network "proxy": IPv4 too, in a namespace whose one way out is the relay.
             seccomp.deny_sockets(inet=bool(config.get("inet")))
+        if limits is not None:  # no block past RLIMIT_FSIZE (frozen: no new name either)
+            growth.deny(frozen=frozen)
 
         for sig in (signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)

@@ -83,15 +83,7 @@ def program(machine: str | None = None, *, inet: bool = False) -> bytes:
     by itself, which Landlock does not see)."""
     audit_arch, nr_socket, nr_listen = _ARCHES[machine or platform.machine()]
     deny = _RET_ERRNO | errno.EACCES
-    # Each jump is counted in instructions from the next one.
-    head = [
-        _insn(_LD_W_ABS, _ARCH),
-        _insn(_JEQ_K, audit_arch, jt=1),  # native: go on; foreign: ENOSYS
-        _insn(_RET_K, _RET_ERRNO | errno.ENOSYS),
-        _insn(_LD_W_ABS, _NR),
-        _insn(_JGE_K, _X32_BIT, jf=1),  # x32 numbers: ENOSYS
-        _insn(_RET_K, _RET_ERRNO | errno.ENOSYS),
-    ]
+    head = native_only(audit_arch)
     if not inet:
         body = [
             _insn(_JEQ_K, _IO_URING[0], jt=4),
@@ -129,6 +121,20 @@ def program(machine: str | None = None, *, inet: bool = False) -> bytes:
     return b"".join(head + body)
 
 
+def native_only(audit_arch: int) -> list[bytes]:
+    """A filter's first instructions: a syscall of another ABI (``int 0x80``, x32) fails
+    with ENOSYS; then the syscall's number is loaded. Each jump is counted in
+    instructions from the next one."""
+    return [
+        _insn(_LD_W_ABS, _ARCH),
+        _insn(_JEQ_K, audit_arch, jt=1),  # native: go on; foreign: ENOSYS
+        _insn(_RET_K, _RET_ERRNO | errno.ENOSYS),
+        _insn(_LD_W_ABS, _NR),
+        _insn(_JGE_K, _X32_BIT, jf=1),  # x32 numbers: ENOSYS
+        _insn(_RET_K, _RET_ERRNO | errno.ENOSYS),
+    ]
+
+
 def available() -> str:
     """Empty when the filter can be installed here; else why not."""
     if platform.machine() not in _ARCHES:
@@ -148,7 +154,12 @@ class _SockFprog(ctypes.Structure):
 
 def deny_sockets(*, inet: bool = False) -> None:
     """Install the filter on this thread and its future children (irreversible)."""
-    prog = program(inet=inet)
+    install(program(inet=inet))
+
+
+def install(prog: bytes) -> None:
+    """Install the filter ``prog`` on this thread and its future children (irreversible;
+    filters stack: every one installed applies)."""
     fprog = _SockFprog(len(prog) // 8, prog)
     prctl.no_new_privs()
     if prctl.call(prctl.PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog)) != 0:

@@ -10,8 +10,10 @@ Contract:
 - With ``cpu_groups`` (``runtime/cpu_cgroup.py``) each conversation's code shares one
   CPU weight.
 - ``limits`` (``runtime/limits.py``) are applied to the call's tree; ``Call.limit`` names
-  the one it was killed for, if any, once ``exited`` is done; ``mark_execution(call)``
-  starts a new execution's accounting on a long-lived call (a Python cell).
+  the one it was killed for, if any, once ``exited`` is done; ``Call.frozen`` is the
+  conversation's size when the call started over its quota (no write of it succeeds);
+  ``mark_execution(call)`` starts a new execution's accounting on a long-lived call (a
+  Python cell).
 - ``Call.exited`` resolves to the exit status (128 + signal when killed);
   ``kill(call)`` kills the call's whole process tree; ``await stop(cid)`` returns once
   every process of the conversation is gone.
@@ -64,6 +66,9 @@ class Call:
     reaper_start: int | None = None
     watched: bool = False  # its reaper checks limits (and takes SIGUSR1)
     limit: str | None = None
+    # The conversation's size when the call started over its quota: every write of its
+    # tree fails (RLIMIT_FSIZE 0, ``runtime/reaper.py``). None: it was under.
+    frozen: int | None = None
     exited: asyncio.Future = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -145,7 +150,7 @@ class Spawner:
         self._calls[call.id] = call
         self.busy.set()
         try:
-            call.pid, call.start, call.reaper, call.reaper_start = await started
+            call.pid, call.start, call.reaper, call.reaper_start, call.frozen = await started
         except BaseException:
             self._starting.pop(call.id, None)
             self._forget(call.id)
@@ -224,6 +229,7 @@ class Spawner:
                 message.get("start"),
                 message["reaper"],
                 message.get("reaper_start"),
+                message.get("frozen"),
             )
             _resolve(self._starting.pop(ident, None), started)
         elif op == "failed":

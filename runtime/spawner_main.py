@@ -12,8 +12,10 @@ Protocol (``SOCK_SEQPACKET``, one JSON object per message, fds by ``SCM_RIGHTS``
                      {"op": "stop", "id", "cid"}     kill every call of a conversation
                      {"op": "configure", "config"}   config changes for calls to come
                                      (a pooled runtime's claim; ignored once a call ran)
-  spawner → runtime  {"op": "started", "id", "pid", "start", "reaper", "reaper_start"}
-                                     (start times: ``pids.start_time``)
+  spawner → runtime  {"op": "started", "id", "pid", "start", "reaper", "reaper_start",
+                      "frozen"}      (start times: ``pids.start_time``; frozen: the
+                                     conversation's size when the call started over
+                                     its quota, else null — ``runtime/reaper.py``)
                      {"op": "failed", "id", "error", "ceiling"?}  (ceiling: fork
                                      failed with EAGAIN, the process ceiling is full)
                      {"op": "exited", "id", "code", "limit"}  (code: exit status, 128 +
@@ -210,7 +212,7 @@ class Spawner:
             self.reports[pid] = report_r
             # The reaper is our unreaped child: its start time is surely its own.
             started = {"pid": report["pid"], "start": report.get("start"), "reaper": pid,
-                       "reaper_start": start_time(pid)}  # fmt: skip
+                       "reaper_start": start_time(pid), "frozen": report.get("frozen")}  # fmt: skip
             self.send({"op": "started", "id": message["id"], **started})
         else:
             os.close(report_r)

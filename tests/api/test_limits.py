@@ -6,6 +6,7 @@ execution), so a limit that failed would still be bounded by the test's own size
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -283,3 +284,91 @@ def test_an_upload_naming_its_conversation_after_the_file_is_checked_before_comm
     assert refused.status_code == 413, refused.text
     assert refused.json()["error"]["code"] == "conversation_quota_exceeded"
     assert _temparea(api, url) == ["first.pkl"]
+
+
+def _used_kib(api: httpx.Client, url: str, cid: str) -> int:
+    return int(run(api, url, "du -sk . | cut -f1", cid=cid, language="bash")["stdout"])
+
+
+def _says_delete_files(result: dict) -> None:
+    error = result["error"]
+    assert error["code"] == "conversation_quota_exceeded", result
+    assert "quota of 8 MiB" in error["value"] and "delete files first" in error["value"]
+
+
+def test_a_conversation_over_its_quota_cannot_grow_again_burst_by_burst(lim):
+    """9 MiB written in a few ms, the command ends before the reaper's first walk: told,
+    but the bytes stayed, and every later call added as much again (36 MiB after four
+    calls past an 8 MiB quota). A call that starts over the quota can write no file."""
+    api, url = lim
+    for i in range(4):
+        code = f"for j in $(seq 9); do head -c 1000K /dev/zero > g{i}-$j; done"
+        result = run(api, url, code, cid="a", language="bash")
+        assert result["error"]["code"] == "conversation_quota_exceeded", result
+        assert _used_kib(api, url, "a") < 9 * 1000 + 64, i  # 18, 27, 36 MiB on main
+        if i:  # frozen: the first write of the call was refused, its tool killed
+            _says_delete_files(result)
+    for write in ("echo x >> g0-1", "printf x | dd of=g0-2 conv=notrunc", "mkdir d"):
+        _says_delete_files(run(api, url, write, cid="a", language="bash"))
+    # A new file: Landlock's EACCES (the shell says "Permission denied", the answer why).
+    new = run(api, url, "echo x > new", cid="a", language="bash")
+    assert new["exit_code"] == 1 and "Permission denied" in new["stderr"], new
+    _says_delete_files(new)
+    assert "exit status: 1" in new["error"]["value"]
+    py = run(api, url, "open('new.csv', 'w')", cid="a")
+    _says_delete_files(py)
+    assert "PermissionError: [Errno 13] Permission denied: 'new.csv'" in py["error"]["value"]
+    # Deleting (and truncating) still work; the next call is under the quota and writes.
+    cleanup = run(api, url, ": > g0-1; rm g0-[2-9]; echo ok", cid="a", language="bash")
+    assert cleanup["stdout"] == "ok\n" and cleanup["error"] is None, cleanup
+    again = run(api, url, "echo x > new && cat new", cid="a", language="bash")
+    assert again["stdout"] == "x\n" and again["error"] is None, again
+
+
+def test_a_python_interpreter_over_the_quota_writes_nothing_until_files_are_deleted(lim):
+    """The interpreter lives on between cells: one that starts over the quota (its last
+    one was killed past it) can write no file, in any cell, nor can what it starts; the
+    first cell once code deleted enough starts a fresh one, which can."""
+    api, url = lim
+    burst = "for i in range(9):\n  with open(f'{n}{i}', 'wb') as f: f.write(b'x' * 1024000)"
+    assert run(api, url, "state = 1", cid="p")["error"] is None
+    first = run(api, url, burst.replace("{n}", "h"), cid="p")
+    assert first["error"] is None, first  # written and ended before any walk
+    time.sleep(1)  # the reaper's next walk kills that interpreter, between cells
+    for i in range(3):  # each cell: a fresh interpreter, frozen
+        again = run(api, url, burst.replace("{n}", f"n{i}-"), cid="p")
+        assert again["kernel_restarted"] is (i == 0), again
+        _says_delete_files(again)
+        assert _used_kib(api, url, "p") < 9 * 1000 + 64
+    kept = run(api, url, "kept = 41", cid="p")
+    assert kept["error"] is None and kept["kernel_restarted"] is False, kept
+    child = "import subprocess\nsubprocess.run(['sh', '-c', 'echo x >> h0'], check=True)"
+    assert "SIGXFSZ" in run(api, url, child, cid="p")["error"]["value"]
+    shrink_grow = "import os; os.truncate('h1', 500 << 10); os.truncate('h1', 600 << 10)"
+    grown = run(api, url, shrink_grow, cid="p")
+    _says_delete_files(grown)  # shrinking is fine, growing is not
+    deleted = run(api, url, "import os\nfor i in range(2, 9): os.remove(f'h{i}')\nkept", cid="p")
+    assert deleted["error"] is None and deleted["results"][0]["data"]["text/plain"] == "41"
+    # Under the quota now: a fresh interpreter (state lost, and said), which writes.
+    write = "with open('after', 'w') as f: f.write('ok')\nopen('after').read()"
+    after = run(api, url, write, cid="p")
+    assert after["error"] is None and after["kernel_restarted"] is True, after
+    assert after["results"] == [{"data": {"text/plain": "'ok'"}}]
+
+
+def test_files_unlinked_and_held_open_count_in_the_quota(lim):
+    """A file unlinked while open keeps its blocks and no walk finds it: the interpreter
+    held 20 MiB so past an 8 MiB quota between cells, unseen. The reaper counts them."""
+    api, url = lim
+    hold = (
+        "import os, time\nheld = []\nfor i in range(12):\n"
+        "    fd = os.open(f'u{i}', os.O_RDWR | os.O_CREAT); os.unlink(f'u{i}')\n"
+        "    os.write(fd, b'x' * 1000 * 1024); held.append(fd)\n"
+        "time.sleep(5)"
+    )
+    result = run(api, url, hold, cid="u", timeout=30)
+    assert result["error"]["code"] == "conversation_quota_exceeded", result
+    assert result["kernel_restarted"] is True and result["duration_ms"] < 4000, result
+    # Under the quota, a held file is fine.
+    small = "import os\nf = open('v', 'w+b'); os.unlink('v'); f.write(b'x' * 4096)"
+    assert run(api, url, small, cid="u")["error"] is None

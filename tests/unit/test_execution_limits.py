@@ -14,7 +14,13 @@ from pydantic import ValidationError
 from sandbox_workspace.api.settings import ApiSettings
 from sandbox_workspace.operator.models import ExecutionLimits, SandboxSessionSpec
 from sandbox_workspace.runtime import prctl, tree
-from sandbox_workspace.runtime.limits import Limits, classify, killed_by_oom, oom_kills
+from sandbox_workspace.runtime.limits import (
+    Limits,
+    classify,
+    frozen_outcome,
+    killed_by_oom,
+    oom_kills,
+)
 from sandbox_workspace.runtime.schemas import ExecutionError
 from sandbox_workspace.runtime.settings import RuntimeSettings
 
@@ -86,6 +92,30 @@ def test_the_runtime_takes_all_limits_or_none() -> None:
 def test_an_execution_that_ended_on_its_own_is_classified(error, exit_code, code) -> None:
     classified = classify(error, exit_code, LIMITS)
     assert (classified.code if classified else None) == code
+
+
+@pytest.mark.parametrize(
+    ("error", "exit_code", "code"),
+    [
+        pytest.param(ExecutionError(name="OSError", value="[Errno 27] File too large"), 1,
+                     "conversation_quota_exceeded", id="efbig"),
+        pytest.param(None, 128 + 25, "conversation_quota_exceeded", id="sigxfsz"),
+        pytest.param(ExecutionError(name="PermissionError", value="[Errno 13] Permission "
+                     "denied: 'new.csv'"), 1, "conversation_quota_exceeded", id="new-file"),
+        pytest.param(ExecutionError(name="KeyError", value="'x'"), 1, None, id="other-error"),
+        pytest.param(None, 0, None, id="carried-on"),
+        pytest.param(None, 1, "conversation_quota_exceeded", id="failed-otherwise"),
+    ],
+)  # fmt: skip
+def test_a_frozen_calls_refused_write_is_the_quotas_doing(error, exit_code, code) -> None:
+    outcome = frozen_outcome(error, exit_code, LIMITS, 9 << 20)
+    assert (outcome.code if outcome else None) == code
+    if code:
+        assert "9 MiB" in outcome.value and "quota of 8 MiB" in outcome.value
+        assert "delete files first" in outcome.value
+        if error is not None:  # the code's own error is kept
+            assert error.value in outcome.value
+    assert frozen_outcome(error, exit_code, LIMITS, None) is error  # not frozen
 
 
 def test_without_limits_nothing_is_classified() -> None:
@@ -366,7 +396,7 @@ def first_walk_slow(paths):  # the first walk of a big tree: code's writes land 
         time.sleep(slow)
     return walk(paths)
 limits.disk_usage = first_walk_slow
-out = []
+out, sizes = [], []
 for code in codes:  # one call after the other, as a conversation's commands run
     request = {
         "argv": ["sh", "-c", code], "env": {"PATH": os.environ["PATH"]}, "cwd": top,
@@ -385,22 +415,35 @@ for code in codes:  # one call after the other, as a conversation's commands run
         lines += chunk
     os.waitpid(pid, 0)
     out.append([json.loads(line) for line in lines.splitlines()])
+    sizes.append(limits.disk_usage([top]))
+files = {name: os.lstat(os.path.join(top, name)).st_size for name in os.listdir(top)}
 print(json.dumps(out))
+print(json.dumps({"sizes": sizes, "files": files}))
 """
 
 
-def _reaper_probe(top, codes: list[str], slow_first_walk: float = 0.0) -> list[list[dict]]:
+def _reaper_probe(
+    top,
+    codes: list[str],
+    slow_first_walk: float = 0.0,
+    *,
+    disk: dict | None = None,
+    tmpfs: bool = True,
+) -> list[list[dict]]:
     """A reaper's report lines for each of ``codes`` (sh, one call after the other) in
-    ``top`` under a 1 MiB quota; in a process of its own (the reaper's SIGALRM would be
-    pytest-timeout's). As root, ``top`` is a tmpfs of that process's own mount namespace:
-    the last look reads the filesystem's use (``statvfs``), and on the shared /tmp the
-    other worker's deletions could hide what the code wrote."""
+    ``top`` under a 1 MiB quota (``disk`` gets ``sizes``, the conversation's after each
+    call, and ``files``, each file's size at the end); in a process of its own (the
+    reaper's SIGALRM would be pytest-timeout's). As root, ``top`` is a tmpfs of that
+    process's own mount namespace: the last look reads the filesystem's use
+    (``statvfs``), and on the shared /tmp the other worker's deletions could hide what
+    the code wrote. ``tmpfs=False``: ``top`` where it is (tmpfs checks RLIMIT_FSIZE on
+    ``fallocate`` with KEEP_SIZE, ext4 does not)."""
     import json
     import shutil
     import subprocess
 
     argv = [sys.executable, "-c", REAPER_PROBE, str(top), json.dumps(codes), str(slow_first_walk)]
-    if os.geteuid() == 0 and shutil.which("unshare"):
+    if tmpfs and os.geteuid() == 0 and shutil.which("unshare"):
         mount = 'mount -t tmpfs -o size=64m sbw-quota "$0" && exec "$@"'
         argv = [
             "unshare",
@@ -415,7 +458,10 @@ def _reaper_probe(top, codes: list[str], slow_first_walk: float = 0.0) -> list[l
         ]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    reports, measured = out.stdout.splitlines()
+    if disk is not None:
+        disk.update(json.loads(measured))
+    return json.loads(reports)
 
 
 def test_the_disk_baseline_is_taken_before_code_runs(tmp_path) -> None:
@@ -434,6 +480,78 @@ def test_code_that_writes_past_the_quota_and_ends_at_once_is_told(tmp_path) -> N
     )
     assert {"limit": "conversation"} in burst, burst
     assert after[1:] == [], after  # deleting to get back under the quota is fine
+
+
+def test_a_conversation_over_its_quota_cannot_grow_again_one_burst_per_call(tmp_path) -> None:
+    """Each call writes 2 MiB past the 1 MiB quota and ends before the reaper's first
+    walk: the last walk says so, but the bytes stay, and the next call's baseline was the
+    over-quota size — one more burst per call, without bound. A call that starts over the
+    quota now gets RLIMIT_FSIZE 0: its writes fail (SIGXFSZ kills the tool), so only the
+    first burst lands; deleting still works, and the call after that writes again."""
+    disk: dict = {}
+    burst = "head -c 2097152 /dev/zero > b{}; echo ok >> log"
+    codes = [burst.format(i) for i in range(5)]
+    codes += ["rm b*; echo gone > log", "echo again >> log"]
+    reports = _reaper_probe(tmp_path, codes, disk=disk)
+    assert {"limit": "conversation"} in reports[0], reports
+    # 2 MiB and a few blocks after the first call, and no more (main: 2, 4, 6, 8, 10 MiB).
+    sizes = disk["sizes"]
+    assert all(size < (2 << 20) + (64 << 10) for size in sizes), sizes
+    frozen = [r[0].get("frozen") for r in reports]  # the size when the call started
+    assert frozen[0] is None and all(f > 1 << 20 for f in frozen[1:6]), reports
+    assert all(r[1:] == [] for r in reports[1:]), reports  # nothing grew: nothing to tell
+    # Deleting works while frozen; the call after it starts under the quota and writes.
+    assert frozen[6] is None
+    # ``> log`` truncated it (allowed) and its write failed, frozen; then ``>> log`` wrote.
+    assert disk["files"] == {"log": len("again\n")}, disk
+
+
+GROWTH_PAST_FSIZE = [
+    # blocks for a file whose size does not change (RLIMIT_FSIZE checks the size)
+    "fallocate -n -l 1M s1",  # s1 exists (-n makes no file)
+    # a shared mapping fills the holes of a sparse file
+    "python3 -c \"import mmap, os; m = mmap.mmap(os.open('s2', os.O_RDWR), 1 << 20); "
+    "m[:] = b'x' * (1 << 20); m.flush()\"",
+    # names: a block per directory, long symlinks, directory entries, extended attributes
+    "mkdir $(seq -f d%g 64)",
+    f"for i in $(seq 64); do ln -s {'x' * 200} l$i; done",
+    f"for i in $(seq 64); do : > {'n' * 200}$i; done",
+    "python3 -c \"import os; [os.setxattr(f's{i}', 'user.x', b'x' * 3000) for i in (1, 2)]\"",
+]
+
+
+def test_a_frozen_call_takes_no_block_past_its_file_size_limit_either(tmp_path) -> None:
+    """RLIMIT_FSIZE 0 stops writes and growing a file, not blocks that keep its size
+    (fallocate's KEEP_SIZE, a shared mapping filling a sparse file's holes) nor names
+    and attributes: each was one more burst a call (17 MiB of directories in 0.1 s). A
+    frozen call is refused all of them (``runtime/growth.py``); deleting still works."""
+    disk: dict = {}
+    setup = "truncate -s 1M s1 s2; head -c 2097152 /dev/zero > big"
+    codes = [setup, *GROWTH_PAST_FSIZE, "rm big"]
+    reports = _reaper_probe(tmp_path, codes, disk=disk, tmpfs=False)  # ext4 here: dirs too
+    sizes = disk["sizes"]
+    assert all(r[0].get("frozen") for r in reports[1:-1]), reports
+    assert sizes[1:-1] == [sizes[0]] * len(GROWTH_PAST_FSIZE), sizes  # nothing grew
+    assert sizes[-1] < 1 << 20 and set(disk["files"]) == {"s1", "s2"}, disk
+
+
+def test_no_call_preallocates_past_its_file_size_limit(tmp_path) -> None:
+    """``fallocate`` with KEEP_SIZE takes blocks without growing the file, so
+    RLIMIT_FSIZE never sees it: 32 MiB in a few ms under a 4 MiB file limit and a 1 MiB
+    quota, before the reaper's first walk (as much as the volume holds, in one call). It
+    fails as on a filesystem without it; a plain ``fallocate`` is the file limit's, a
+    punched hole frees."""
+    disk: dict = {}
+    codes = [  # each status is a file's name: the probe tells names and sizes
+        ": > keep; fallocate -n -l 32M keep; touch keep.$?",  # -n makes no file
+        "fallocate -l 32M grow; touch grow.$?",
+        "head -c 65536 /dev/zero > f && fallocate -p -o 0 -l 65536 f; touch punch.$?",
+    ]
+    reports = _reaper_probe(tmp_path, codes, disk=disk, tmpfs=False)
+    assert all(r[1:] == [] for r in reports), reports  # never past the quota
+    assert max(disk["sizes"]) < 1 << 20, disk
+    files = {"keep": 0, "keep.1": 0, "grow": 0, "grow.153": 0, "punch.0": 0, "f": 65536}
+    assert disk["files"] == files, disk
 
 
 def test_a_cells_start_does_not_forgive_growth_past_the_quota(tmp_path) -> None:
