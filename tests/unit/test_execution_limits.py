@@ -554,6 +554,41 @@ def test_no_call_preallocates_past_its_file_size_limit(tmp_path) -> None:
     assert disk["files"] == files, disk
 
 
+def _preallocate_ioctl(path: str, nr: int, length: int) -> str:
+    """Code calling ``ioctl(FS_IOC_…)`` number ``nr`` ('X', struct space_resv) on ``path``
+    for ``length`` bytes from 0; its exit status in a file named ``path.nr.status``."""
+    cmd = 0x40000000 | (48 << 16) | (ord("X") << 8) | nr  # _IOW('X', nr, 48 bytes)
+    resv = f"struct.pack('hhqqiI4i', 0, 0, 0, {length}, 0, 0, 0, 0, 0, 0)"
+    return (
+        f'python3 -c "import fcntl, os, struct; '
+        f"fcntl.ioctl(os.open('{path}', os.O_RDWR), {cmd:#x}, {resv})\"; touch {path}.{nr}.$?"
+    )
+
+
+def test_no_call_preallocates_through_the_ioctls_of_fallocate(tmp_path) -> None:
+    """``FS_IOC_RESVSP``, ``RESVSP64`` and ``ZERO_RANGE`` (``fs/ioctl.c``) are
+    ``fallocate`` with KEEP_SIZE by ``ioctl``, on any filesystem that has fallocate (ext4
+    here): the seccomp filter on ``fallocate`` never saw them, so every limited call, a
+    frozen one too, took 32 MiB in one call under a 1 MiB quota. They fail as fallocate's
+    KEEP_SIZE does (frozen: EFBIG, the quota's); ``UNRESVSP`` (a punched hole) frees."""
+    disk: dict = {}
+    grab = "; ".join(_preallocate_ioctl("r", nr, 32 << 20) for nr in (40, 42, 57))
+    codes = [
+        f": > r; {grab}",
+        f"head -c 65536 /dev/zero > f && {_preallocate_ioctl('f', 41, 65536)}",
+        "head -c 2097152 /dev/zero > big",  # over the quota: the calls below are frozen
+        grab,
+        "rm big",
+    ]
+    reports = _reaper_probe(tmp_path, codes, disk=disk, tmpfs=False)
+    assert reports[0][1:] == [] and reports[1][1:] == [], reports  # under the quota
+    assert reports[3][0].get("frozen") and reports[3][1:] == [], reports
+    sizes = disk["sizes"]
+    assert sizes[0] < 1 << 20 and sizes[3] == sizes[2] and sizes[4] < 1 << 20, sizes
+    refused = {f"r.{nr}.1": 0 for nr in (40, 42, 57)}  # failed (exit status 1)
+    assert disk["files"] == {"r": 0, **refused, "f": 65536, "f.41.0": 0}, disk
+
+
 def test_a_cells_start_does_not_forgive_growth_past_the_quota(tmp_path) -> None:
     """A Python cell's start (SIGUSR1, ``reset``) used to walk and take that size as the
     new baseline: what code wrote since the last walk (a cell that writes 1 GiB in under
