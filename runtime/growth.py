@@ -12,7 +12,9 @@ with neither goes past it. Two cases matter:
   hole (``PUNCH_HOLE | KEEP_SIZE``) frees, and is allowed. So do the ``ioctl``s that are
   that fallocate (``fs/ioctl.c``: ``FS_IOC_RESVSP``, ``RESVSP64``, ``ZERO_RANGE``, on
   any filesystem with fallocate — 32 MiB in one call under a 1 MiB quota, frozen or
-  not); ``UNRESVSP`` punches a hole, allowed.
+  not); ``UNRESVSP`` punches a hole, allowed. ``io_uring`` (``IORING_OP_FALLOCATE``,
+  no syscall to look at) answers ENOSYS — with the network ``allow`` or ``proxy_port``
+  no socket filter refused it, and a call took 32 MiB so.
 - A *frozen* call (its conversation over its quota when it started, ``runtime/reaper.py``)
   has RLIMIT_FSIZE 0: no ``write``, ``truncate`` past the end, growing ``fallocate``,
   ``copy_file_range`` or ``sendfile`` into a file succeeds. Each way below was one more
@@ -33,7 +35,7 @@ with neither goes past it. Two cases matter:
     before;
   - extended attributes take a block per inode (``setxattr``…);
   - ``io_uring`` does all of the above without those syscalls: ENOSYS (callers fall
-    back).
+    back), as for every limited call.
 
   Those seccomp refusals are EFBIG, the errno of RLIMIT_FSIZE, so the answer is the
   quota's (``limits.frozen_outcome``). Deleting (``unlink``, ``rmdir``) and shrinking
@@ -102,7 +104,9 @@ def program(machine: str | None = None, *, frozen: bool) -> bytes:
     if not frozen:
         unsupported = _RET_ERRNO | errno.EOPNOTSUPP
         keep = (nr, arg, _KEEP_SIZE | _PUNCH_HOLE, (_KEEP_SIZE,), unsupported)
-        return _assemble(audit_arch, [], [], [keep, (*ioctl, unsupported)])
+        # io_uring: fallocate (IORING_OP_FALLOCATE) without the syscall looked at here
+        no_uring = [(n, enosys) for n in table["enosys"]]
+        return _assemble(audit_arch, [], no_uring, [keep, (*ioctl, unsupported)])
     checks = [
         (nr, arg, _PUNCH_HOLE, (0,), efbig),  # no hole punched: refused
         (*table["mmap"], _MAP_SHARED | _MAP_ANONYMOUS, (_MAP_SHARED,), efbig),  # a file's

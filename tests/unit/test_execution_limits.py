@@ -589,6 +589,72 @@ def test_no_call_preallocates_through_the_ioctls_of_fallocate(tmp_path) -> None:
     assert disk["files"] == {"r": 0, **refused, "f": 65536, "f.41.0": 0}, disk
 
 
+URING_FALLOCATE_C = r"""
+/* uring_falloc FILE MODE LEN: fallocate(FILE, MODE, 0, LEN) by io_uring, no fallocate
+   syscall; exit status 0 done, 1 refused, 2 no io_uring */
+#include <fcntl.h>
+#include <linux/io_uring.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    struct io_uring_params p;
+    memset(&p, 0, sizeof p);
+    int ring = syscall(__NR_io_uring_setup, 1, &p);
+    if (ring < 0 || argc != 4) return 2;
+    size_t sq_size = p.sq_off.array + p.sq_entries * sizeof(unsigned);
+    size_t cq_size = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
+    int rw = PROT_READ | PROT_WRITE, flags = MAP_SHARED | MAP_POPULATE;
+    size_t size = sq_size > cq_size ? sq_size : cq_size;
+    char *sq = mmap(0, size, rw, flags, ring, IORING_OFF_SQ_RING);
+    struct io_uring_sqe *sqe = mmap(0, sizeof *sqe, rw, flags, ring, IORING_OFF_SQES);
+    int fd = open(argv[1], O_RDWR);
+    if (sq == MAP_FAILED || sqe == MAP_FAILED || fd < 0) return 2;
+    memset(sqe, 0, sizeof *sqe);
+    sqe->opcode = IORING_OP_FALLOCATE;
+    sqe->fd = fd;
+    sqe->len = atoi(argv[2]);
+    sqe->addr = strtoull(argv[3], 0, 0);
+    unsigned *tail = (unsigned *)(sq + p.sq_off.tail), *array = (unsigned *)(sq + p.sq_off.array);
+    array[*tail & *(unsigned *)(sq + p.sq_off.ring_mask)] = 0;
+    __atomic_store_n(tail, *tail + 1, __ATOMIC_RELEASE);
+    if (syscall(__NR_io_uring_enter, ring, 1, 1, IORING_ENTER_GETEVENTS, 0, 0) < 0) return 2;
+    return ((struct io_uring_cqe *)(sq + p.cq_off.cqes))->res < 0;
+}
+"""
+
+
+def test_no_call_preallocates_through_io_uring(tmp_path) -> None:
+    """``io_uring``'s ``IORING_OP_FALLOCATE`` is fallocate without the syscall the filter
+    looks at: with the network not denied (``allow``, ``proxy_port``: no socket filter,
+    which refuses io_uring too) a limited call that was not frozen took 32 MiB with
+    KEEP_SIZE under a 4 MiB file limit and a 1 MiB quota, in one call (the volume).
+    io_uring now answers ENOSYS to every limited call (callers fall back)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("cc"):
+        pytest.skip("no C compiler")
+    source, program = tmp_path / "uring_falloc.c", tmp_path / "uring_falloc"
+    source.write_text(URING_FALLOCATE_C)
+    subprocess.run(["cc", "-O1", "-o", program, source], check=True)
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"")
+    if subprocess.run([program, probe, "1", "65536"]).returncode != 0:
+        pytest.skip("no io_uring here")
+    top = tmp_path / "conversation"
+    top.mkdir()
+    disk: dict = {}
+    code = f": > keep; {program} keep 1 {32 << 20}; touch keep.$?"  # 1: KEEP_SIZE
+    reports = _reaper_probe(top, [code], disk=disk, tmpfs=False)
+    assert reports[0][1:] == [], reports  # never past the quota
+    assert disk["sizes"][0] < 1 << 20, disk
+    assert disk["files"] == {"keep": 0, "keep.2": 0}, disk  # no io_uring
+
+
 def test_a_cells_start_does_not_forgive_growth_past_the_quota(tmp_path) -> None:
     """A Python cell's start (SIGUSR1, ``reset``) used to walk and take that size as the
     new baseline: what code wrote since the last walk (a cell that writes 1 GiB in under
