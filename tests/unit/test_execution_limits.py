@@ -384,20 +384,11 @@ def test_only_a_sigkill_while_oom_kills_rose_is_the_oom_killers(how, counted, ex
     assert killed_by_oom(status, None) is False
 
 
-REAPER_PROBE = """
+PROBE_CALLS = """
 import json, os, sys, time
 from sandbox_workspace.runtime import limits, reaper
 
-top, codes, slow = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
-walk, calls = limits.disk_usage, [0]
-def first_walk_slow(paths):  # the first walk of a big tree: code's writes land during it
-    calls[0] += 1
-    if calls[0] == 1:
-        time.sleep(slow)
-    return walk(paths)
-limits.disk_usage = first_walk_slow
-out, sizes = [], []
-for code in codes:  # one call after the other, as a conversation's commands run
+def start(top, code):  # a call (sh) as the runtime starts one, under a 1 MiB quota
     request = {
         "argv": ["sh", "-c", code], "env": {"PATH": os.environ["PATH"]}, "cwd": top,
         "read_write": [top], "limits": limits.Limits(1 << 30, 60, 4 << 20, 1 << 20).to_wire(),
@@ -410,16 +401,36 @@ for code in codes:  # one call after the other, as a conversation's commands run
         os.close(report_r)
         reaper.run_call(request, null, report_w, {}, me)
     os.close(report_w)
-    lines = os.read(report_r, 4096)
+    return pid, report_r
+
+def reports(pid, report_r):  # its reaper's report lines, once it ended
+    lines = b""
     while chunk := os.read(report_r, 4096):
         lines += chunk
     os.waitpid(pid, 0)
-    out.append([json.loads(line) for line in lines.splitlines()])
+    return [json.loads(line) for line in lines.splitlines()]
+"""
+
+REAPER_PROBE = (
+    PROBE_CALLS
+    + """
+top, codes, slow = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
+walk, calls = limits.disk_usage, [0]
+def first_walk_slow(paths):  # the first walk of a big tree: code's writes land during it
+    calls[0] += 1
+    if calls[0] == 1:
+        time.sleep(slow)
+    return walk(paths)
+limits.disk_usage = first_walk_slow
+out, sizes = [], []
+for code in codes:  # one call after the other, as a conversation's commands run
+    out.append(reports(*start(top, code)))
     sizes.append(limits.disk_usage([top]))
 files = {name: os.lstat(os.path.join(top, name)).st_size for name in os.listdir(top)}
 print(json.dumps(out))
 print(json.dumps({"sizes": sizes, "files": files}))
 """
+)
 
 
 def _reaper_probe(
@@ -655,37 +666,16 @@ def test_no_call_preallocates_through_io_uring(tmp_path) -> None:
     assert disk["files"] == {"keep": 0, "keep.2": 0}, disk  # no io_uring
 
 
-CONCURRENT_PROBE = """
-import json, os, sys, time
-from sandbox_workspace.runtime import limits, reaper
-
+CONCURRENT_PROBE = (
+    PROBE_CALLS
+    + """
 top, codes = sys.argv[1], json.loads(sys.argv[2])
-def start(code):  # a call as the runtime starts one, under a 1 MiB quota
-    request = {
-        "argv": ["sh", "-c", code], "env": {"PATH": os.environ["PATH"]}, "cwd": top,
-        "read_write": [top], "limits": limits.Limits(1 << 30, 60, 4 << 20, 1 << 20).to_wire(),
-    }
-    report_r, report_w = os.pipe()
-    null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
-    me = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        os.close(report_r)
-        reaper.run_call(request, null, report_w, {}, me)
-    os.close(report_w)
-    return pid, report_r
-calls = [start(code) for code in codes[:-1]]
-time.sleep(1.5)  # they hold their files; the reapers walked
-calls.append(start(codes[-1]))
-out = []
-for pid, report_r in calls:
-    lines = b""
-    while chunk := os.read(report_r, 4096):
-        lines += chunk
-    os.waitpid(pid, 0)
-    out.append([json.loads(line) for line in lines.splitlines()])
-print(json.dumps(out))
+calls = [start(top, code) for code in codes[:-1]]  # at once
+time.sleep(1.5)  # they hold their files; their reapers walked
+calls.append(start(top, codes[-1]))
+print(json.dumps([reports(*call) for call in calls]))
 """
+)
 
 
 @pytest.mark.xfail(
