@@ -9,14 +9,19 @@ with neither goes past it. Two cases matter:
   ``fallocate -n -l 2G f`` took 3 ms under a 1 MiB file limit, so one call could fill the
   volume before the reaper's first walk. It fails with EOPNOTSUPP, as on a filesystem
   without it (callers fall back; ``posix_fallocate`` grows the size: checked). A punched
-  hole (``PUNCH_HOLE | KEEP_SIZE``) frees, and is allowed.
+  hole (``PUNCH_HOLE | KEEP_SIZE``) frees, and is allowed. So do the ``ioctl``s that are
+  that fallocate (``fs/ioctl.c``: ``FS_IOC_RESVSP``, ``RESVSP64``, ``ZERO_RANGE``, on
+  any filesystem with fallocate — 32 MiB in one call under a 1 MiB quota, frozen or
+  not); ``UNRESVSP`` punches a hole, allowed. ``io_uring`` (``IORING_OP_FALLOCATE``,
+  no syscall to look at) answers ENOSYS — with the network ``allow`` or ``proxy_port``
+  no socket filter refused it, and a call took 32 MiB so.
 - A *frozen* call (its conversation over its quota when it started, ``runtime/reaper.py``)
   has RLIMIT_FSIZE 0: no ``write``, ``truncate`` past the end, growing ``fallocate``,
   ``copy_file_range`` or ``sendfile`` into a file succeeds. Each way below was one more
   burst at every such call (measured on ext4, in the 0.1 s before the first walk: 17 MiB
   of directories; a 1 MiB sparse file filled):
 
-  - any ``fallocate`` but a punched hole;
+  - any ``fallocate`` but a punched hole (and its ``ioctl``s, as above);
   - a shared mapping of a file (``mmap`` ``MAP_SHARED`` of an fd) fills the holes of a
     sparse file page by page; an anonymous shared mapping (``multiprocessing``) is
     fine. Read-only shared mappings go too: ``mprotect`` adds write to one of an fd
@@ -30,7 +35,7 @@ with neither goes past it. Two cases matter:
     before;
   - extended attributes take a block per inode (``setxattr``…);
   - ``io_uring`` does all of the above without those syscalls: ENOSYS (callers fall
-    back).
+    back), as for every limited call.
 
   Those seccomp refusals are EFBIG, the errno of RLIMIT_FSIZE, so the answer is the
   quota's (``limits.frozen_outcome``). Deleting (``unlink``, ``rmdir``) and shrinking
@@ -57,6 +62,10 @@ _MAKE_ANY = (
 )  # fmt: skip
 _KEEP_SIZE, _PUNCH_HOLE = 0x01, 0x02
 _MAP_SHARED, _MAP_ANONYMOUS = 0x01, 0x20  # MAP_SHARED_VALIDATE (0x03) has the 0x01 bit
+# ioctl commands that are fallocate(KEEP_SIZE | mode): _IOW('X', nr, struct space_resv),
+# 48 bytes — FS_IOC_RESVSP (40), FS_IOC_RESVSP64 (42), FS_IOC_ZERO_RANGE (57). The
+# UNRESVSP ones (41, 43) punch a hole: allowed. (ioctl's cmd is 32 bits: the low word.)
+_PREALLOCATE_IOCTLS = tuple(0x40305800 | nr for nr in (40, 42, 57))
 
 # Per architecture: the syscalls refused outright, those refused when an argument says
 # so (name → number, argument index), and those that answer ENOSYS.
@@ -66,6 +75,7 @@ _X86_64 = {
     # renameat2 setxattr lsetxattr fsetxattr setxattrat
     "fallocate": (285, 1),  # fallocate(fd, mode, …)
     "mmap": (9, 3),  # mmap(addr, length, prot, flags, …)
+    "ioctl": (16, 1),  # ioctl(fd, cmd, …)
     "enosys": (425, 426, 427),  # io_uring_setup/enter/register
 }
 _AARCH64 = {
@@ -74,6 +84,7 @@ _AARCH64 = {
     # setxattrat
     "fallocate": (47, 1),
     "mmap": (222, 3),
+    "ioctl": (29, 1),
     "enosys": (425, 426, 427),
 }
 _TABLES = {"x86_64": _X86_64, "aarch64": _AARCH64}
@@ -88,12 +99,18 @@ def program(machine: str | None = None, *, frozen: bool) -> bytes:
     efbig, enosys = _RET_ERRNO | errno.EFBIG, _RET_ERRNO | errno.ENOSYS
     # Checks of one argument: (number, argument, mask, value refused, verdict then).
     nr, arg = table["fallocate"]
+    # fallocate with KEEP_SIZE by ioctl (``fs/ioctl.c``, any filesystem with fallocate)
+    ioctl = (*table["ioctl"], 0xFFFFFFFF, _PREALLOCATE_IOCTLS)
     if not frozen:
-        keep = (nr, arg, _KEEP_SIZE | _PUNCH_HOLE, _KEEP_SIZE, _RET_ERRNO | errno.EOPNOTSUPP)
-        return _assemble(audit_arch, [], [], [keep])
+        unsupported = _RET_ERRNO | errno.EOPNOTSUPP
+        keep = (nr, arg, _KEEP_SIZE | _PUNCH_HOLE, (_KEEP_SIZE,), unsupported)
+        # io_uring: fallocate (IORING_OP_FALLOCATE) without the syscall looked at here
+        no_uring = [(n, enosys) for n in table["enosys"]]
+        return _assemble(audit_arch, [], no_uring, [keep, (*ioctl, unsupported)])
     checks = [
-        (nr, arg, _PUNCH_HOLE, 0, efbig),  # no hole punched: refused
-        (*table["mmap"], _MAP_SHARED | _MAP_ANONYMOUS, _MAP_SHARED, efbig),  # a file's
+        (nr, arg, _PUNCH_HOLE, (0,), efbig),  # no hole punched: refused
+        (*table["mmap"], _MAP_SHARED | _MAP_ANONYMOUS, (_MAP_SHARED,), efbig),  # a file's
+        (*ioctl, efbig),
     ]
     return _assemble(
         audit_arch, [(n, efbig) for n in table["deny"]], [(n, enosys) for n in table["enosys"]],
@@ -105,27 +122,31 @@ def _assemble(
     audit_arch: int,
     deny: list[tuple[int, int]],
     enosys: list[tuple[int, int]],
-    checks: list[tuple[int, int, int, int, int]],
+    checks: list[tuple[int, int, int, tuple[int, ...], int]],
 ) -> bytes:
     """Classic BPF jumps only forward: one jump per syscall number to its check or its
-    verdict, then allow; each check (load the argument's low 32 bits, mask it, compare:
-    refused → its verdict, else allow); the verdicts."""
+    verdict, then allow; each check (load the argument's low 32 bits, mask it, compare
+    with each value refused: one → its verdict, none → allow); the verdicts. A syscall
+    has one check: its first."""
     refusals = deny + enosys
-    check_len = 5
+    # load, and, a comparison per value, allow, verdict
+    lengths = [4 + len(values) for _, _, _, values, _ in checks]
     check_at = len(refusals) + len(checks) + 1
-    verdict_at = check_at + check_len * len(checks)
+    verdict_at = check_at + sum(lengths)
     body: list[bytes] = []
     for index, (nr, _) in enumerate(refusals):
         body.append(_insn(_JEQ_K, nr, jt=verdict_at + index - len(body) - 1))
     for index, (nr, *_) in enumerate(checks):
-        body.append(_insn(_JEQ_K, nr, jt=check_at + index * check_len - len(body) - 1))
+        start = check_at + sum(lengths[:index])
+        body.append(_insn(_JEQ_K, nr, jt=start - len(body) - 1))
     body.append(_insn(_RET_K, _RET_ALLOW))
-    for _, arg, mask, refused, verdict in checks:
+    for _, arg, mask, values, verdict in checks:
         body.append(_insn(_LD_W_ABS, _ARG0 + 8 * arg))
         body.append(_insn(_ALU_AND_K, mask))
-        body.append(_insn(_JEQ_K, refused, jf=1))
-        body.append(_insn(_RET_K, verdict))
+        for index, value in enumerate(values):  # → the verdict, past the rest and allow
+            body.append(_insn(_JEQ_K, value, jt=len(values) - index))
         body.append(_insn(_RET_K, _RET_ALLOW))
+        body.append(_insn(_RET_K, verdict))
     body.extend(_insn(_RET_K, verdict) for _, verdict in refusals)
     return b"".join(seccomp.native_only(audit_arch) + body)
 
