@@ -115,17 +115,25 @@ def _form_text(value) -> str | None:
     return None
 
 
+_FORM = "multipart/form-data"
+
+
+def _is_form(case) -> bool:
+    """The case sends a multipart form whose fields Schemathesis drew as a dict."""
+    media = (case.media_type or "").split(";")[0].strip()
+    return media == _FORM and isinstance(case.body, dict)
+
+
 def _form_number_is_valid_text(failure, case) -> bool:
     found = _FORM_TYPE_CHANGE.search(failure.message)
-    media = (case.media_type or "").split(";")[0].strip()
-    if not found or media != "multipart/form-data" or not isinstance(case.body, dict):
+    if not found or not _is_form(case):
         return False
     name = found.group(1)
     text = _form_text(case.body.get(name))
     if text is None:
         return False
     body = case.operation.definition.raw.get("requestBody", {})
-    field = body.get("content", {}).get(media, {}).get("schema", {}).get("properties", {})
+    field = body.get("content", {}).get(_FORM, {}).get("schema", {}).get("properties", {})
     schema = field.get(name)
     if not isinstance(schema, dict):
         return False
@@ -146,8 +154,7 @@ def _form_number_is_valid_text(failure, case) -> bool:
 # field.) "Schema-valid request rejected" is dropped for exactly that: a 400 naming a field
 # the case sent as two parts or more.
 def _repeated_field_refused(case, response) -> bool:
-    media = (case.media_type or "").split(";")[0].strip()
-    if media != "multipart/form-data" or not isinstance(case.body, dict):
+    if not _is_form(case):
         return False
     try:
         message = response.json()["error"]["message"]
