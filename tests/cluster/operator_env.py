@@ -128,10 +128,17 @@ def make_session(api: KubeClient, ns: str, name: str = "sb-session-alice", **spe
 
 
 def make_workspace(
-    api: KubeClient, ns: str, cid: str, session: str = "sb-session-alice", as_the_api: bool = False
+    api: KubeClient,
+    ns: str,
+    cid: str,
+    session: str = "sb-session-alice",
+    as_the_api: bool = False,
+    held_by: str | None = None,
 ) -> dict:
-    """``as_the_api``: with the files' finalizer from the start, as the API makes it."""
-    finalizers = {"finalizers": ["sandboxworkspace.io/files"]} if as_the_api else {}
+    """``as_the_api``: with the files' finalizer from the start, as the API makes it.
+    ``held_by``: a test's own finalizer too, so a deletion stays visible until released."""
+    names = (["sandboxworkspace.io/files"] if as_the_api else []) + ([held_by] if held_by else [])
+    finalizers = {"finalizers": names} if names else {}
     body = {
         "apiVersion": "sandboxworkspace.io/v1alpha1",
         "kind": "ConversationWorkspace",

@@ -354,22 +354,30 @@ def test_a_workspace_made_as_its_session_is_deleted_goes_with_it(
     # deleted meanwhile, not adopted (the garbage collector would take it only once
     # the session is gone) nor given a directory in the dying session.
     hold, path = "test.sandboxworkspace.io/hold", sbs_path(namespace, "sb-session-alice")
+    cws = cws_path(namespace, "cws-conv-1")
     make_session(kube_api, namespace)
     kube_api.patch(path, {"metadata": {"finalizers": [hold]}})
     kube_api.delete(path)
     try:
-        make_workspace(kube_api, namespace, "conv-1", as_the_api=True)
-        cws = kube_api.wait_for(
-            cws_path(namespace, "cws-conv-1"),
-            lambda o: bool(o["metadata"].get("deletionTimestamp")),
+        # Held by the test too: without it the operator may delete the workspace and
+        # drop its files finalizer between two polls, and the deletion is never seen.
+        make_workspace(kube_api, namespace, "conv-1", as_the_api=True, held_by=hold)
+        dying = kube_api.wait_for(
+            cws,
+            lambda o: (
+                bool(o["metadata"].get("deletionTimestamp"))
+                and o["metadata"].get("finalizers") == [hold]
+            ),
             timeout=TIMEOUT,
-            message="the workspace of a session being deleted to be deleted",
+            message="the workspace of a session being deleted to be deleted, files released",
         )
-        assert not cws["metadata"].get("ownerReferences")
+        assert not dying["metadata"].get("ownerReferences")
         assert kube_api.get(path)["metadata"]["deletionTimestamp"]  # still held
     finally:
+        if kube_api.get_or_none(cws):
+            kube_api.patch(cws, {"metadata": {"finalizers": None}})
         kube_api.patch(path, {"metadata": {"finalizers": None}})
-    kube_api.wait_gone(cws_path(namespace, "cws-conv-1"), timeout=2 * TIMEOUT)
+    kube_api.wait_gone(cws, timeout=2 * TIMEOUT)
 
 
 def _free_port() -> int:
