@@ -31,6 +31,7 @@ import asyncio
 import fcntl
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -287,6 +288,7 @@ def measure(modes: list[str], rounds: int, size: int = SIZE) -> dict:
             proc.kill()
             proc.wait()
         server.stop()
+        shutil.rmtree(work, ignore_errors=True)  # the store's data: each round's objects
     plain = [s["mb_s"] for s in samples["plain"]]
     summary = {}
     for mode, rows in samples.items():

@@ -28,9 +28,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -39,13 +37,13 @@ from pathlib import Path
 import httpx
 
 from .harness import percentile
-from .session_start import POOL_LABEL, REPO, _pod_ready, s3_release
+from .session_start import POOL_LABEL, REPO, _pod_ready, run_inside, s3_release
 
 # nodeenv and kubeenv (tests/node, tests/cluster), as bench/session_start.py puts them.
 sys.path[:0] = [str(REPO / "tests" / p) for p in ("node", "cluster", "support")]
 
 from kubeenv import KubeClient, wait_until  # noqa: E402
-from nodeenv import netns, network  # noqa: E402
+from nodeenv import network  # noqa: E402
 from nodeenv.prepare import PrepareFailed, prepare, skip_reason  # noqa: E402
 from nodeenv.release import API, NAMESPACE, OPERATOR, RELEASE, SESSIONS  # noqa: E402
 
@@ -76,14 +74,7 @@ def run() -> dict | None:
     except PrepareFailed as exc:
         print(f"e2b (node): skipped — {exc}", flush=True)
         return None
-    out = Path(tempfile.mkdtemp(prefix="sbw-bench-e2b-node-")) / "result.json"
-    argv = [sys.executable, "-m", "bench.e2b_node"]
-    rc = subprocess.run(
-        netns.command(argv), cwd=REPO, env=netns.env(**env, **{OUT_ENV: str(out)}), check=False
-    ).returncode
-    if rc != 0 or not out.exists():
-        raise RuntimeError(f"e2b (node): the run inside the namespace failed (exit {rc})")
-    return json.loads(out.read_text())
+    return run_inside("bench.e2b_node", OUT_ENV, env, "e2b (node)")
 
 
 # ----------------------------------------------------------------- inside the namespace

@@ -28,6 +28,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import shutil
 import socket
 import ssl
 import statistics
@@ -344,6 +345,7 @@ def run(quick: bool) -> list[Figure]:
         for proc in procs:
             proc.terminate()
             proc.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)  # its CAs' keys and the proxy's socket
     result = {
         **compare(tunnel, direct),
         "intercepted": compare(injected, tunnel),

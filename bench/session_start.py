@@ -61,7 +61,7 @@ from pathlib import Path
 
 import httpx
 
-from .harness import Figure, percentile
+from .harness import Figure, namespaced_scratch, note_workdir, percentile
 from .operator import _pod_ready, _session_running, _watch_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,14 +110,7 @@ def run(quick: bool) -> list[Figure]:
     except PrepareFailed as exc:
         print(f"session_start: skipped — {exc}", flush=True)
         return []
-    out = Path(tempfile.mkdtemp(prefix="sbw-bench-session-start-")) / "result.json"
-    argv = [sys.executable, "-m", "bench.session_start"]
-    rc = subprocess.run(
-        netns.command(argv), cwd=REPO, env=netns.env(**env, **{OUT_ENV: str(out)}), check=False
-    ).returncode
-    if rc != 0 or not out.exists():
-        raise RuntimeError(f"session_start: the run inside the namespace failed (exit {rc})")
-    data = json.loads(out.read_text())
+    data = run_inside("bench.session_start", OUT_ENV, env, "session_start")
     RESULTS.parent.mkdir(exist_ok=True)
     summary = data["summary"]
     if POOL_ONLY and RESULTS.exists():  # the cold figures of the run before stay
@@ -325,6 +318,20 @@ def _s3_secret(store) -> dict:
 
 
 @contextlib.contextmanager
+def run_inside(module: str, out_env: str, env: dict[str, str], what: str) -> dict:
+    """``python -m module`` inside the node's private namespaces, its JSON result (the
+    file named by ``out_env``); its work directories are removed after it ends."""
+    with namespaced_scratch("sbw-bench-result-") as (top, scratch_env):
+        out = top / "result.json"
+        argv = netns.command([sys.executable, "-m", module])
+        rc = subprocess.run(
+            argv, cwd=REPO, env=netns.env(**env, **scratch_env, **{out_env: str(out)}), check=False
+        ).returncode
+        if rc != 0 or not out.exists():
+            raise RuntimeError(f"{what}: the run inside the namespace failed (exit {rc})")
+        return json.loads(out.read_text())
+
+
 def s3_release(prefix: str) -> Iterator[tuple[object, object, KubeClient]]:
     """A started node with the chart installed in store mode s3 (``_install_values``),
     SeaweedFS on the node's address: ``(cluster, release, kube)``, all stopped after."""
@@ -334,6 +341,7 @@ def s3_release(prefix: str) -> Iterator[tuple[object, object, KubeClient]]:
     from seaweedfs import start_seaweedfs
 
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    note_workdir(workdir)
     cluster = NodeCluster(workdir / "node")
     store = None
     try:
