@@ -5,7 +5,9 @@ The run enters the node tier's private namespace (``nodeenv.netns``: it re-execu
 ``python -m bench.e2b_node`` there), starts a node and installs the chart as
 ``bench/session_start.py`` does (store mode s3, where sessions of the default spec take
 pooled pods), turns on a pool of ``POOL_SIZE`` and reaches the API pod on its pod IP.
-Alternating, with the pool full before each sample (outside the timing):
+Alternating, each sample on a settled node (outside the timing, ``_settled``: the samples
+before wholly deleted — their pods' termination and their conversations' finalizers
+otherwise ran beside the next sample on this 2-core node) and a full pool:
 
 - SDK, a new user: ``Sandbox.create()`` then ``commands.run("echo hi")`` — the user's
   first call, so the API creates their SandboxSession, the operator hands it a pooled pod,
@@ -47,7 +49,11 @@ from nodeenv import network  # noqa: E402
 from nodeenv.prepare import PrepareFailed, prepare, skip_reason  # noqa: E402
 from nodeenv.release import API, NAMESPACE, OPERATOR, RELEASE, SESSIONS  # noqa: E402
 
-from sandbox_workspace.contract.crd import API_VERSION, SESSION_PLURAL  # noqa: E402
+from sandbox_workspace.contract.crd import (  # noqa: E402
+    API_VERSION,
+    SESSION_PLURAL,
+    WORKSPACE_PLURAL,
+)
 from sandbox_workspace.operator import naming  # noqa: E402
 
 OUT_ENV = "SANDBOX_BENCH_E2B_NODE_OUT"
@@ -107,6 +113,23 @@ def _enable_pool(release, kube: KubeClient, otlp: str = "") -> None:
         message="one API pod (the old one gone)",
     )
     release.connect(kube)
+
+
+def _settled(kube: KubeClient) -> None:
+    """Until the samples before are wholly gone: no session, no conversation and no pod
+    being deleted in the sessions' namespace. A session's deletion goes on after its
+    sample (its pod's termination; each conversation's finalizer looks again at 0.25, 0.5,
+    1, 2… s: ~8 apiserver calls and a status write a look, ~5 looks a conversation), so
+    on this 2-core node the next sample measured that work beside its own."""
+    base = f"/apis/{API_VERSION}/namespaces/{SESSIONS}"
+
+    def settled() -> bool:
+        if kube.list(f"{base}/{SESSION_PLURAL}") or kube.list(f"{base}/{WORKSPACE_PLURAL}"):
+            return False
+        pods = kube.list(f"/api/v1/namespaces/{SESSIONS}/pods")
+        return not any(p["metadata"].get("deletionTimestamp") for p in pods)
+
+    wait_until(settled, timeout=300, interval=0.1, message="the samples before deleted")
 
 
 def _pool_full(kube: KubeClient) -> None:
@@ -183,8 +206,10 @@ def inner(n: int) -> dict:
                     time.sleep(6)  # the warm-up's spans exported (batches every 5 s)
                     spans.clear()
                 routes_before = _route_seconds(api)
+            _settled(kube)
             _pool_full(kube)
             cold, warm, started = sdk_sample()
+            _settled(kube)
             _pool_full(kube)
             rest_cold, rest_warm, rest_started = rest_sample()
             if i:
