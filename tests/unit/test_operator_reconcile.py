@@ -381,8 +381,11 @@ async def test_a_path_the_first_look_missed_is_recorded_by_the_next_look(world) 
     await reconcile_session(ctx, NS, NAME)
     assert kube.objects[SESSION_PATH]["status"].get("workspacePath") is None
     stats.down = False
-    await check_session(ctx, NS, NAME, logging.getLogger("t"))
+    ctx.sessions_seen[(NS, NAME)] = copy.deepcopy(kube.objects[SESSION_PATH])  # its event
+    kube.calls.clear()
+    await check_session(ctx, NS, NAME, logging.getLogger("t"))  # from the event: no reconcile
     assert kube.objects[SESSION_PATH]["status"]["workspacePath"] == "/srv/node/ws"
+    assert kube.verbs("patch") == [f"{SESSION_PATH}/status"]
     await reconcile_session(ctx, NS, NAME)  # e.g. a pod event: the path stays
     assert kube.objects[SESSION_PATH]["status"]["workspacePath"] == "/srv/node/ws"
 
