@@ -445,6 +445,21 @@ class SandboxSessionSpec(CamelModel):
     _user_rule = field_validator("user_id", mode="before")(pydantic_rule(check_user_id))
 
 
+# The workspace root a runtime names (``status.workspacePath``): an absolute path with no
+# NUL, at most PATH_MAX long — what a runtime's answer must look like to be recorded.
+WORKSPACE_PATH_MAX = 4096
+WORKSPACE_PATH_PATTERN = r"^/[^\x00]*$"
+
+
+def workspace_path_of(value: object) -> str | None:
+    """``value`` when it is a workspace path a status may record (a string, absolute, no
+    NUL, at most ``WORKSPACE_PATH_MAX`` characters); else None. A runtime's answer is
+    never trusted to have that shape: this is its one check."""
+    if not isinstance(value, str) or len(value) > WORKSPACE_PATH_MAX:
+        return None
+    return value if value.startswith("/") and "\x00" not in value else None
+
+
 SessionPhase = Literal["Pending", "Running", "Stopped", "Error"]
 WorkspacePhase = Literal["Pending", "Ready", "Deleting", "Error"]
 
@@ -482,12 +497,23 @@ class SandboxSessionStatus(StatusModel):
         description="How the current pod started: `pool` (a ready pod claimed from the "
         "warm pool) or `cold` (created for this session).",
     )
+    workspace_path: str | None = Field(
+        None,
+        max_length=WORKSPACE_PATH_MAX,
+        pattern=WORKSPACE_PATH_PATTERN,
+        description="The workspace root as code in the current pod sees it, as its runtime "
+        "named it (its claim's answer, or its first stats); unset until then.",
+    )
     expires_at: datetime | None = Field(
         None, description="When `ttlSeconds` deletes the session (unset: never)."
     )
     observed_generation: int | None = Field(
         None, description="The `metadata.generation` this status describes."
     )
+
+    # A reader drops a path of another shape rather than refuse the whole status (the
+    # apiserver refuses one anyway; a later release may widen the rule).
+    _workspace_path = field_validator("workspace_path", mode="before")(workspace_path_of)
 
 
 class ConversationWorkspaceSpec(CamelModel):

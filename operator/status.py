@@ -3,7 +3,9 @@
 Contract: ``observe_pod`` reduces a pod (or its absence) to one ``PodState``;
 ``session_status`` turns that into the whole ``SandboxSessionStatus`` — phase, pod
 fields, endpoint, and the Ready / Stopped / Expired conditions, whose
-``lastTransitionTime`` only moves when their status changes. ``Stopped`` is the one
+``lastTransitionTime`` only moves when their status changes; the runtime's
+``workspacePath`` follows its pod start (kept while the pod and its start time are the
+recorded ones, gone with them). ``Stopped`` is the one
 thing a pod cannot show (no pod looks the same whether stopped or vanished), so it is
 carried over from the previous status: a session stays Stopped until resumed.
 """
@@ -173,10 +175,13 @@ def session_status(
     stopped: bool = False,
     stop_reason: tuple[str, str] = (Reason.IDLE_TIMEOUT, "stopped after idleTimeoutSeconds"),
     restart_required: bool = False,
+    workspace_path: str | None = None,
 ) -> SandboxSessionStatus:
     """The whole status of ``session`` given its pod (``stopped``: the pod is gone on
     purpose; ``stop_reason``: reason and message of that stop; ``restart_required``: the
-    running pod was built from an older spec and is replaced once the session is idle).
+    running pod was built from an older spec and is replaced once the session is idle;
+    ``workspace_path``: what the pod's runtime named as its workspace root — its claim's
+    answer — else the one recorded is kept while the status describes the same pod start).
 
     ``observedGeneration`` tells the truth: it moves to the spec's generation only when
     what runs (or the absence of a pod) reflects that spec."""
@@ -239,7 +244,7 @@ def session_status(
                 now,
             )
     running = phase == "Running"
-    return SandboxSessionStatus(
+    status = SandboxSessionStatus(
         phase=phase,
         pod_name=None if stopped else pod.name,
         pod_ip=None if stopped else pod.ip,
@@ -251,6 +256,11 @@ def session_status(
         expires_at=expiry,
         observed_generation=prev.observed_generation if restart_required else session.generation,
     )
+    if status.pod_name is None:
+        return status  # no pod: no path
+    same_start = (status.pod_name, status.started_at) == (prev.pod_name, prev.started_at)
+    path = workspace_path or (prev.workspace_path if same_start else None)
+    return status.model_copy(update={"workspace_path": path}) if path else status
 
 
 def confined_condition(report: Mapping[str, Any] | None) -> tuple[bool, str, str] | None:

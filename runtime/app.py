@@ -615,7 +615,10 @@ def create_app(settings: RuntimeSettings | None = None) -> FastAPI:
                 state.executor.proxy_through(body.egress.proxy_port, body.egress.code_env)
             except (ValueError, SpawnFailed) as e:
                 raise Conflict(f"this runtime cannot take the claim's egress: {e}") from None
-        claimed = Claimed(network=state.executor.confinement.network)
+        claimed = Claimed(
+            network=state.executor.confinement.network,
+            workspace_path=state.workspace.visible_root,
+        )
         # The session's life starts here, not when the pod started to wait in the pool:
         # else its idle deadline counted the pool's wait, and a session on a pod pooled for
         # longer than its idleTimeoutSeconds was stopped at the operator's first look.

@@ -15,6 +15,10 @@ unclaimed; the answer's ``network`` says what code has (a runtime that answers w
 did not take the egress). Only the pooled network, ``deny``, may be set so, once; the same
 egress again is the same claim (200), another is 409.
 
+Every claim's answer names ``workspace_path``, the workspace root as code sees it (what
+``GET /v1/stats`` says): the operator records it in the session's status, so the API's
+first command needs no ``GET /v1/stats`` to learn it (issue 39).
+
 Who may claim: whoever holds the claim key — the operator, which keeps it in a Secret of
 the namespace (``operator/pool``). The key reaches the runtime through its environment,
 which the CLI scrubs before serving and executed code never inherits, exactly like the
@@ -53,6 +57,10 @@ class ClaimRequest(BaseModel):
 class Claimed(BaseModel):
     claimed: bool = True
     network: str = Field(description="The network of this runtime's code now.")
+    workspace_path: str = Field(
+        description="The workspace root as code sees it (the operator records it in the "
+        "session's status: the API need not ask `GET /v1/stats` for it)."
+    )
 
 
 def _same(a: str, b: str) -> bool:

@@ -4,8 +4,11 @@ Contract:
 - ``create_session`` creates the CR (409 → ``SessionExists``); the operator makes the pod.
 - ``get_session`` maps the CR's ``status.phase`` to the seed's four states; ``running``
   needs an endpoint too. The runtime's bearer token is read from the session's Secret
-  (cached per session uid), the workspace path from the runtime itself (cached per
-  endpoint) — under a test node agent it is not ``/workspace``.
+  (cached per session uid). The workspace path — under a test node agent it is not
+  ``/workspace`` — is the status's ``workspacePath`` (the operator records what the
+  runtime named: no round trip before a new session's first command, issue 39); a
+  status without it (an operator older than the field, or before its first look) has it
+  asked of the runtime itself (``GET /v1/stats``, cached per pod incarnation).
 - ``resume_session`` sets the ``resume-requested`` annotation; the operator starts a pod.
 - ``wait_changed`` watches the one CR (bounded) from the version last seen (a read, or
   the create's answer), so waiting for ``running`` is woken by the change instead of
@@ -229,6 +232,8 @@ class KubernetesBackend:
                 )
             if endpoint is None:
                 state = SessionStatus.PENDING
+            elif status.workspace_path:  # the operator recorded the runtime's answer
+                workspace_path = status.workspace_path
             else:
                 # Keyed by the pod's incarnation too: a new pod may reuse an address.
                 incarnation = (endpoint.url, status.pod_name, status.started_at)

@@ -17,7 +17,8 @@ seen, the look is made afresh after a full reconcile):
   and the session deleted; owner references delete pod, Secret, PVC and workspaces.
 - The runtime is asked for its stats (``GET /v1/stats``). Its confinement report sets
   the ``Confined`` condition (True ``Landlock``; False ``LandlockUnavailable`` or
-  ``ConfinementDisabled``, with the report's reason) and an Event when it changes.
+  ``ConfinementDisabled``, with the report's reason) and an Event when it changes; its
+  workspace path is recorded (``workspacePath``) when the status lacks it.
 - Idle stop: with no operation in flight and no activity for ``idleTimeoutSeconds`` —
   the runtime's own ``last_activity_at``, or the later ``sandboxworkspace.io/last-activity``
   annotation the API sets for activity the runtime cannot see (open chat runs, pending
@@ -54,7 +55,7 @@ from ..status import (
     set_condition,
 )
 from . import traced
-from .firstlook import stats_changes
+from .firstlook import stats_changes, workspace_path_change
 from .sessions import KIND, _write_status, now, reconcile_session, session_path, status_patch
 
 log = logging.getLogger("sandbox_workspace.operator.checks")
@@ -163,6 +164,8 @@ async def _look(
         patch["lastActivityTime"] = last.isoformat().replace("+00:00", "Z")
     if confined is not None:
         patch["conditions"] = [c.model_dump(mode="json", by_alias=True) for c in confined]
+    if (path := workspace_path_change(status, stats)) is not None:
+        patch["workspacePath"] = path  # the first look did not get it (no answer in time)
     if patch:
         # Its conditions are written whole: from a watch event, only onto that version.
         body_patch = status_patch(patch, body, guard=seen)

@@ -1,4 +1,5 @@
-"""The runtime's stats folded into a session's status: ``Confined`` and ``lastActivityTime``.
+"""The runtime's stats folded into a session's status: ``Confined``, ``lastActivityTime``
+and ``workspacePath``.
 
 Why: the runtime is asked for its stats once per pod start (``activity.start_marker``).
 Asked by a look of its own after Running was written, that look costs a second status
@@ -12,14 +13,18 @@ Contract:
   unchanged or not reported.
 - ``stats_changes``: what a report changes in a status — the activity time when it moved
   by more than a second, and ``confined_conditions`` — for this module and the look of
-  ``checks.py`` alike.
+  ``checks.py`` alike; ``workspace_path_change`` the runtime's workspace path when the
+  status lacks it (a cold pod, or a claim answered by a runtime older than the path in
+  it) and it has a path's shape (``models.workspace_path_of``: a runtime's answer is
+  not trusted to).
 - ``fold_first_stats``: for a status about to say Running (with an endpoint) for a pod
   start whose runtime was not asked yet, asks ``GET /v1/stats`` (at most
-  ``FIRST_LOOK_SECONDS``) and returns the status with the runtime's activity time and
-  ``Confined``, the start marked as asked (``OperatorContext.checked_starts``). Anything
-  else — another phase, a start already asked, no runtime client, no token or an error
-  reading it, no answer — returns the status as it was (unasked: the session's first
-  deadline is then "now", the look of ``checks.py`` asks). Nothing is stopped here: an
+  ``FIRST_LOOK_SECONDS``) and returns the status with the runtime's activity time,
+  ``Confined`` and workspace path, the start marked as asked
+  (``OperatorContext.checked_starts``). Anything else — another phase, a start already
+  asked, no runtime client, no token or an error reading it, no answer — returns the
+  status as it was (unasked: the session's first deadline is then "now", the look of
+  ``checks.py`` asks). Nothing is stopped here: an
   idle session's deadline is past, and the look at it stops it.
 """
 
@@ -37,7 +42,7 @@ from sandbox_workspace.runtime.schemas import RuntimeStats
 
 from ..activity import last_activity, start_marker
 from ..context import OperatorContext
-from ..models import Condition, SandboxSession, SandboxSessionStatus
+from ..models import Condition, SandboxSession, SandboxSessionStatus, workspace_path_of
 from ..status import condition, confined_condition, ordered, set_condition
 
 # A runtime that just answered its probe answers at once; a slower one is asked by the
@@ -76,6 +81,13 @@ def stats_changes(
     return (last if moved else None), confined_conditions(session, body, stats, at)
 
 
+def workspace_path_change(status: SandboxSessionStatus, stats: RuntimeStats) -> str | None:
+    """The workspace path the runtime's ``stats`` name when it is one a status may record
+    (``models.workspace_path_of``) and not the one ``status`` has; else None."""
+    path = workspace_path_of(stats.workspace_path)
+    return path if path is not None and path != status.workspace_path else None
+
+
 async def fold_first_stats(
     ctx: OperatorContext,
     session: SandboxSession,
@@ -108,4 +120,6 @@ async def fold_first_stats(
         update["last_activity_time"] = last
     if conds is not None:
         update["conditions"] = ordered(conds)
+    if (path := workspace_path_change(status, stats)) is not None:
+        update["workspace_path"] = path
     return status.model_copy(update=update) if update else status

@@ -11,9 +11,10 @@ the short path, under the session's lock, from the object the event carried (no 
 1. the swap of a free pod (``pool.claim.claim_pod``) and, for a new session, the creation
    of its token Secret, side by side — one round trip;
 2. the token to the pod's runtime (it answers only that token from then on);
-3. the whole status (Running, the pod, ``startedFrom: pool``) in one write carrying the
-   resourceVersion the event showed: if anything changed the session since, the write is
-   refused (409), the claimed pod deleted, and the full reconcile decides.
+3. the whole status (Running, the pod, ``startedFrom: pool``, the ``workspacePath`` the
+   runtime's claim answer named) in one write carrying the resourceVersion the event
+   showed: if anything changed the session since, the write is refused (409), the
+   claimed pod deleted, and the full reconcile decides.
 
 A resume request's annotation is removed after the status (as the full reconcile does).
 A claim counts as settled for the refiller and the deadlines (``refill.settle``) when its
@@ -96,7 +97,10 @@ async def _start(ctx: OperatorContext, session: SandboxSession, body: dict[str, 
         claimed = await claim_pod(ctx, session, body, token=token, marks=marks) if token else None
     if claimed is None:
         return False
-    status = session_status(session, ctx.answers.observe(claimed), sessions.now())
+    assert ctx.pool is not None  # a claim needs one
+    path = ctx.pool.take_workspace_path(uid_of(claimed))  # the claim's answer named it
+    state = ctx.answers.observe(claimed)
+    status = session_status(session, state, sessions.now(), workspace_path=path)
     post = _post_when_settled(ctx)
     try:
         await sessions._write_status(ctx, body, session, status, guard=True, post=post)

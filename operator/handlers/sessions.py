@@ -243,7 +243,11 @@ async def _reconcile(
             # Running but not Ready yet: poll its runtime ourselves (answers.py).
             answered = partial(_after_answer, ctx, namespace, name)
             ctx.answers.watch(ctx.http, pod, state, answered)
-        status = session_status(session, state, now(), stopped=stopped, restart_required=outdated)
+        # A pod claimed just now: its claim's answer named the workspace path.
+        path = ctx.pool.take_workspace_path(uid_of(pod)) if ctx.pool and pod else None
+        status = session_status(
+            session, state, now(), stopped=stopped, restart_required=outdated, workspace_path=path
+        )
         # Turning Running: the runtime's first stats go into this same write (firstlook.py).
         status = await fold_first_stats(ctx, session, body, status, now())
         await _write_status(ctx, body, session, status)

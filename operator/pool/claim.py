@@ -21,7 +21,10 @@ the pod cold:
 - ``alongside``, when given, is a write the start needs anyway (the short path's token
   Secret), made in the same round trip as the first swap; when it answers False a pod
   already swapped or holding the token is deleted and the answer is None;
-- a claimed pod never goes back: its ``pool`` label says ``claimed`` for its whole life.
+- a claimed pod never goes back: its ``pool`` label says ``claimed`` for its whole life;
+- the claim's answer names the runtime's workspace path: kept (``PoolState.workspace_paths``,
+  when ``models.workspace_path_of`` accepts it) for the status write that follows, so the
+  API's first command asks no ``GET /v1/stats`` for it (issue 39).
 
 Claims talk to the apiserver through the pool's own client (``PoolState.api``: its own
 connections and a higher limit of requests in flight), so a burst of starts does not
@@ -43,7 +46,7 @@ from sandbox_workspace.kube import Kube, KubeConflict, KubeError, core_path
 
 from ..children import judge, uid_of
 from ..context import OperatorContext
-from ..models import SandboxSession
+from ..models import SandboxSession, workspace_path_of
 from ..settings import RUNTIME_PORT
 from .spec import CLAIM_KEY, CLAIMED, LABEL_POOL, POOL_SECRET, claim_egress, claim_patch, misfits
 
@@ -105,8 +108,9 @@ async def deliver_token(
             "claimed pod refused its token", extra={"pod": name, "status": response.status_code}
         )
         return False
+    answer = _answer_of(response)
     wanted = "proxy_port" if egress is not None else None
-    if wanted and (network := _network_of(response)) != wanted:
+    if wanted and (network := _network_of(answer)) != wanted:
         log.warning(
             "claimed pod did not take the network asked for",
             extra={"pod": name, "wanted": wanted, "answered": network},
@@ -114,19 +118,28 @@ async def deliver_token(
         return False
     if ctx.pool is not None:
         ctx.pool.delivered.add(uid_of(pod))
+        path = workspace_path_of(answer.get("workspace_path")) if isinstance(answer, dict) else None
+        if path is not None:  # else (an older runtime, a bad answer): the stats tell
+            ctx.pool.workspace_paths[uid_of(pod)] = path
     return True
 
 
-def _network_of(response: httpx.Response) -> str:
-    """The network the runtime's claim answer says it set, or what is wrong with the
-    answer (not JSON, not an object, no network string): a runtime's answer, never
-    trusted to have our shape."""
+def _answer_of(response: httpx.Response) -> dict[str, Any] | str:
+    """The runtime's claim answer as a JSON object, or what is wrong with it (not JSON,
+    not an object): a runtime's answer, never trusted to have our shape."""
     try:
         answer = response.json()
     except ValueError:
         return "(the answer is not JSON)"
     if not isinstance(answer, dict):
         return f"(the answer is not a JSON object: {type(answer).__name__})"
+    return answer
+
+
+def _network_of(answer: dict[str, Any] | str) -> str:
+    """The network the claim answer says the runtime set, or what is wrong with it."""
+    if isinstance(answer, str):
+        return answer
     network = answer.get("network")
     return network if isinstance(network, str) else "(the answer names no network)"
 

@@ -300,6 +300,7 @@ async def on_pool_pod_event(
         pool.note_claimed(namespace, meta["name"], live=not gone)
         if gone:
             pool.delivered.discard(meta.get("uid", ""))
+            pool.workspace_paths.pop(meta.get("uid", ""), None)
         else:
             await _redeliver(ctx, namespace, pod)
         return

@@ -81,6 +81,9 @@ class PoolState:
     relist: bool = True  # the next refill round lists the pool's pods
     keys: dict[str, str] = field(default_factory=dict)  # namespace → claim key
     delivered: set[str] = field(default_factory=set)  # pod uids whose claim answered 200
+    # Pod uid → the workspace path its claim's answer named, until the status records it
+    # (``take_workspace_path``) or the pod goes.
+    workspace_paths: dict[str, str] = field(default_factory=dict)
     # Pod uid → set when this process's claim of it ends (swap sent, token on its way).
     claiming: dict[str, asyncio.Event] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -94,6 +97,10 @@ class PoolState:
     started_new: set[str] = field(default_factory=set)
     posting: set[asyncio.Task] = field(default_factory=set)  # Events waiting for settle
     last_claim: float = 0.0  # time.monotonic() of the latest swap or status written
+
+    def take_workspace_path(self, uid: str) -> str | None:
+        """The workspace path the claim of pod ``uid`` was answered with, once."""
+        return self.workspace_paths.pop(uid, None)
 
     def counts(self, namespace: str) -> tuple[int, int]:
         """(free ready pods, live claimed pods) of ``namespace``."""

@@ -45,9 +45,15 @@ def test_one_claim_then_only_its_token(runtime):
     assert _claim(url, token, key="not-the-key").status_code == 401
     assert _claim(url, "short").status_code == 422
     r = _claim(url, token)
-    assert (r.status_code, r.json()) == (200, {"claimed": True, "network": "deny"})
     ok = httpx.get(url + "/v1/stats", headers={"Authorization": f"Bearer {token}"})
     assert ok.status_code == 200, ok.text
+    # The answer names the workspace root as its stats do (the session's status records
+    # it: the API's first command asks no stats for it).
+    path = ok.json()["workspace_path"]
+    assert (r.status_code, r.json()) == (
+        200,
+        {"claimed": True, "network": "deny", "workspace_path": path},
+    )
     # The claim key is no token; a second claim with another token is refused.
     assert (
         httpx.get(url + "/v1/stats", headers={"Authorization": f"Bearer {KEY}"}).status_code == 401
@@ -115,7 +121,8 @@ def test_a_claim_with_egress_gives_code_the_proxy_port_alone_once(runtime):
         assert r.status_code == 422 and "not an environment variable name" in r.text
         body = {"token": token, "egress": egress}
         r = httpx.post(url + "/v1/claim", json=body, headers=auth)
-        assert (r.status_code, r.json()) == (200, {"claimed": True, "network": "proxy_port"})
+        assert r.status_code == 200
+        assert (r.json()["claimed"], r.json()["network"]) == (True, "proxy_port")
         assert httpx.post(url + "/v1/claim", json=body, headers=auth).status_code == 200
         other_egress = {"token": token, "egress": {"proxy_port": other}}
         r = httpx.post(url + "/v1/claim", json=other_egress, headers=auth)

@@ -98,7 +98,11 @@ def test_a_session_claims_a_ready_pod_which_refills_and_goes_with_it(
     assert pod["metadata"]["labels"]["sandboxworkspace.io/session"] == "sb-session-alice"
     # The session's token works at once (delivered, no restart); nothing else does.
     runtime = runtime_of(kube_api, namespace, session)
-    assert runtime.request("GET", "/v1/stats").status_code == 200
+    stats = runtime.request("GET", "/v1/stats")
+    assert stats.status_code == 200
+    # The Running write names the workspace root the claim's answer gave (issue 39: the
+    # API asks no stats for it) — under the node agent not the pod's usual /workspace.
+    assert status["workspacePath"] == stats.json()["workspace_path"] != "/workspace"
     runtime.upload("c1", "a.csv", b"1,2\n")
     assert runtime.request("GET", "/v1/stats", token="x" * 20).status_code == 401
     other = httpx.post(
@@ -192,6 +196,17 @@ def test_a_spec_a_pool_pod_cannot_give_starts_cold(kube_api: KubeClient, namespa
     assert session["status"]["startedFrom"] == "cold"
     assert session["status"]["podName"] == "sb-session-alice"
     assert len(free_ready(kube_api, namespace)) == 1  # untouched
+    # A cold pod's workspace root: from its runtime's first stats (firstlook.py), in the
+    # Running write or, when that look got no answer in time, the next look's.
+    answered = runtime_of(kube_api, namespace, session).request("GET", "/v1/stats").json()
+    recorded = wait_until(
+        lambda: kube_api.get(sbs_path(namespace, "sb-session-alice"))["status"].get(
+            "workspacePath"
+        ),
+        timeout=TIMEOUT,
+        message="the cold pod's workspacePath recorded",
+    )
+    assert recorded == answered["workspace_path"]
     make_session(kube_api, namespace, "sb-session-bob")  # persistent (the default)
     bob = wait_phase(kube_api, sbs_path(namespace, "sb-session-bob"), "Running")
     assert (bob["status"]["startedFrom"], bob["status"]["podName"]) == ("cold", "sb-session-bob")

@@ -62,8 +62,9 @@ def session_path(sid: str) -> str:
     return custom_path(NS, crd.SESSION_PLURAL, naming.session_name(sid))
 
 
-def running(kube: FakeKube, sid: str, *, user: str = USER) -> dict:
-    """The operator's status write: the CR Running on a pod, its token Secret made."""
+def running(kube: FakeKube, sid: str, *, user: str = USER, path: str | None = None) -> dict:
+    """The operator's status write: the CR Running on a pod, its token Secret made;
+    ``path``: the ``workspacePath`` it records (the claim's answer)."""
     obj = kube.objects[session_path(sid)]
     obj["spec"]["userId"] = user
     obj["status"] = {
@@ -71,6 +72,7 @@ def running(kube: FakeKube, sid: str, *, user: str = USER) -> dict:
         "endpoint": "http://10.0.0.9:8080",
         "podName": "pool-1",
         "startedAt": "2026-11-28T00:00:00Z",
+        **({"workspacePath": path} if path else {}),
     }
     secret = naming.runtime_secret_name(obj["metadata"]["name"])
     token = base64.b64encode(b"tok").decode()
@@ -79,9 +81,11 @@ def running(kube: FakeKube, sid: str, *, user: str = USER) -> dict:
     return {"type": "MODIFIED", "object": obj}
 
 
-def start(kube: WatchedKube) -> tuple[SessionService, Caller]:
-    no_runtime = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(503)))
-    backend = KubernetesBackend(kube, NS, no_runtime)  # type: ignore[arg-type]
+def start(
+    kube: WatchedKube, runtime=lambda r: httpx.Response(503)
+) -> tuple[SessionService, Caller]:
+    http = httpx.AsyncClient(transport=httpx.MockTransport(runtime))
+    backend = KubernetesBackend(kube, NS, http)  # type: ignore[arg-type]
     service = SessionService(backend, default_upload=FileUploadConfig(), ready_timeout=5)
     return service, Caller(user_id=USER, via="dev")
 
@@ -105,6 +109,41 @@ def test_a_new_users_session_starts_without_reading_what_it_was_told() -> None:
     made = kube.verbs("create")
     assert made == [session_path(sid)]
     assert len(kube.watches) == 1 and kube.watches[0]["resourceVersion"] == "1"
+
+
+STATS = {
+    "workspace_path": "/srv/node/ws",
+    "started_at": "2026-11-28T00:00:00Z",
+    "last_activity_at": "2026-11-28T00:00:00Z",
+    "active_operations": 0,
+    "conversations": 0,
+}
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["path-in-status", "older-operator"])
+def test_the_workspace_path_comes_from_the_status_not_the_runtime(recorded: bool) -> None:
+    """Issue 39: a session whose status names ``workspacePath`` (the operator recorded the
+    claim's answer) is ready for its first command with no request to its runtime — no
+    ``GET /v1/stats`` before it; one without (an operator older than the field) asks the
+    runtime once, and its pod's next look is answered from the cache."""
+    caller = Caller(user_id=USER, via="dev")
+    sid = caller.session_id
+    asked: list[str] = []
+
+    def runtime(request: httpx.Request) -> httpx.Response:
+        asked.append(f"{request.method} {request.url.path}")
+        return httpx.Response(200, json=STATS)
+
+    path = "/srv/node/ws" if recorded else None
+    kube = WatchedKube(lambda k: running(k, sid, path=path))
+    service, caller = start(kube, runtime)
+    session = asyncio.run(service.ensure_running(caller, sid))
+    assert session.status == SessionStatus.RUNNING
+    assert session.workspace_path == "/srv/node/ws"
+    assert asked == ([] if recorded else ["GET /v1/stats"])
+    again = asyncio.run(service.ensure_running(caller, sid))
+    assert again.workspace_path == "/srv/node/ws"
+    assert asked == ([] if recorded else ["GET /v1/stats"])
 
 
 def test_a_known_session_is_read_under_its_own_name_alone() -> None:

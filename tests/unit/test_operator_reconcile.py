@@ -65,11 +65,15 @@ class Stats:
         self.active = 0
         self.idle_seconds = 600.0
         self.confinement: dict[str, Any] | None = None
+        self.workspace_path: Any = "/srv/node/ws"  # not the pod's usual /workspace
+        self.down = False  # answers 503
 
     def handle(self, request: httpx.Request) -> httpx.Response:
+        if self.down:
+            return httpx.Response(503, json={"error": {"code": "unavailable"}})
         at = (datetime.now(UTC) - timedelta(seconds=self.idle_seconds)).isoformat()
         body = {
-            "workspace_path": "/workspace",
+            "workspace_path": self.workspace_path,
             "started_at": at,
             "last_activity_at": at,
             "active_operations": self.active,
@@ -317,8 +321,8 @@ async def test_confined_condition_follows_the_runtime(world, events, report, sta
 
 async def test_turning_running_carries_the_runtimes_first_stats_in_that_write(world, events):
     """Issue 23: the reconcile that turns a session Running asks its runtime then — one
-    status write with ``lastActivityTime`` and ``Confined``, the start marked as asked
-    (no look of its own due at once)."""
+    status write with ``lastActivityTime``, ``Confined`` and (issue 39) ``workspacePath``,
+    the start marked as asked (no look of its own due at once)."""
     ctx, kube, stats = world
     put_session(kube)
     await reconcile_session(ctx, NS, NAME)
@@ -332,12 +336,58 @@ async def test_turning_running_carries_the_runtimes_first_stats_in_that_write(wo
     assert abs((datetime.now(UTC) - last).total_seconds() - stats.idle_seconds) < 5
     conds = {c["type"]: c for c in status["conditions"]}
     assert (conds["Confined"]["status"], conds["Confined"]["reason"]) == ("True", "Landlock")
+    assert status["workspacePath"] == "/srv/node/ws"  # a cold pod: from its first stats
     assert kube.verbs("patch") == [f"{SESSION_PATH}/status"]  # one write
     assert events.reasons().count("Landlock") == 1
     session = SandboxSession.from_body(kube.objects[SESSION_PATH])
     assert ctx.checked_starts[session.uid] == start_marker(session)
     await check_session(ctx, NS, NAME, logging.getLogger("t"))  # a later look: no new Event
     assert events.reasons().count("Landlock") == 1
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param("workspace", id="relative"),
+        pytest.param("/work\x00space", id="nul"),
+        pytest.param("/" + "a" * 5000, id="huge"),
+        pytest.param(7, id="number"),
+    ],
+)
+async def test_a_runtimes_workspace_path_of_another_shape_is_not_recorded(world, path) -> None:
+    """The first stats of a cold pod, and the look after: a path that is not absolute,
+    holds a NUL or is huge is left out (a number fails the stats' own schema: no answer);
+    the session still turns Running, and the API asks the runtime itself."""
+    ctx, kube, stats = world
+    stats.workspace_path = path
+    put_session(kube)
+    await reconcile_session(ctx, NS, NAME)
+    mark_running(kube)
+    await reconcile_session(ctx, NS, NAME)
+    await check_session(ctx, NS, NAME, logging.getLogger("t"))
+    status = kube.objects[SESSION_PATH]["status"]
+    assert status["phase"] == "Running" and status.get("workspacePath") is None
+
+
+async def test_a_path_the_first_look_missed_is_recorded_by_the_next_look(world) -> None:
+    """No answer when the session turned Running (its runtime slow): the status has no
+    path then; the look due at once asks and records it, and a later status of the same
+    pod start keeps it."""
+    ctx, kube, stats = world
+    put_session(kube)
+    await reconcile_session(ctx, NS, NAME)
+    mark_running(kube)
+    stats.down = True
+    await reconcile_session(ctx, NS, NAME)
+    assert kube.objects[SESSION_PATH]["status"].get("workspacePath") is None
+    stats.down = False
+    ctx.sessions_seen[(NS, NAME)] = copy.deepcopy(kube.objects[SESSION_PATH])  # its event
+    kube.calls.clear()
+    await check_session(ctx, NS, NAME, logging.getLogger("t"))  # from the event: no reconcile
+    assert kube.objects[SESSION_PATH]["status"]["workspacePath"] == "/srv/node/ws"
+    assert kube.verbs("patch") == [f"{SESSION_PATH}/status"]
+    await reconcile_session(ctx, NS, NAME)  # e.g. a pod event: the path stays
+    assert kube.objects[SESSION_PATH]["status"]["workspacePath"] == "/srv/node/ws"
 
 
 async def test_a_lost_claim_is_reported_not_replaced(world, events) -> None:

@@ -140,6 +140,7 @@ def test_running_session_status() -> None:
         "lastActivityTime": None,
         "startedAt": "2025-01-01T00:00:00Z",
         "startedFrom": "cold",
+        "workspacePath": None,
         "expiresAt": "2025-01-01T00:01:00Z",
         "observedGeneration": 3,
     }
@@ -168,6 +169,45 @@ def test_stop_and_resume() -> None:
     pending = session_status(resumed, observe_pod(None), T0)
     assert pending.phase == "Pending"
     assert condition(pending, "Stopped").reason == "Resumed"
+
+
+def test_the_workspace_path_follows_its_pod_start() -> None:
+    """What the runtime named (a claim's answer) is recorded and kept by every later
+    status of the same pod start; a new start (the container restarted, another pod) and a
+    stop drop it — the runtime of the new start is asked again (firstlook.py)."""
+    claimed = session_status(session(), READY, T0, workspace_path="/srv/ws")
+    assert claimed.workspace_path == "/srv/ws"
+    again = session_status(session(claimed), READY, T0 + timedelta(seconds=5))
+    assert again.workspace_path == "/srv/ws"
+    restarted = PodState(**{**READY.__dict__, "started_at": "2025-01-01T00:09:00Z"})
+    assert session_status(session(again), restarted, T0).workspace_path is None
+    other = PodState(**{**READY.__dict__, "name": "sbx-pool-2"})
+    assert session_status(session(again), other, T0).workspace_path is None
+    stopped = session_status(session(again), observe_pod(None), T0, stopped=True)
+    assert stopped.workspace_path is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("workspace", id="relative"),
+        pytest.param("", id="empty"),
+        pytest.param("/work\x00space", id="nul"),
+        pytest.param("/" + "a" * 4096, id="huge"),
+        pytest.param(["/workspace"], id="list"),
+        pytest.param(7, id="number"),
+        pytest.param({"path": "/workspace"}, id="object"),
+    ],
+)
+def test_a_status_drops_a_workspace_path_of_another_shape(value: object) -> None:
+    """A reader drops what no operator of this release writes (the apiserver refuses it
+    too: the CRD's pattern and maxLength) instead of refusing the whole status."""
+    from sandbox_workspace.operator.models import workspace_path_of
+
+    assert workspace_path_of(value) is None
+    read = SandboxSessionStatus.model_validate({"phase": "Running", "workspacePath": value})
+    assert read.phase == "Running" and read.workspace_path is None
+    assert workspace_path_of("/" + "a" * 4095) == "/" + "a" * 4095
 
 
 def test_a_missing_pod_is_pending_not_stopped() -> None:

@@ -291,3 +291,96 @@ async def race_once(seed: int) -> None:
             continue
         assert meta["labels"][LABEL_POOL] == CLAIMED, seed
         assert held == token_of(meta["labels"]["sandboxworkspace.io/session"]), seed
+
+
+# -- the workspace path the claim's answer names (issue 39) -------------------------------
+
+
+async def kept_path(answer: object) -> tuple[bool, dict[str, str]]:
+    """``deliver_token`` (no egress) answered ``answer``: (delivered, the paths the pool
+    kept for the status write)."""
+    state = PoolState((NS,), 1, PoolMetrics(CollectorRegistry()))
+    reply = httpx.MockTransport(lambda request: httpx.Response(200, json=answer))
+    async with httpx.AsyncClient(transport=reply) as http:
+        ctx = SimpleNamespace(http=http, pool=state)
+        delivered = await deliver_token(ctx, POD, "key", "token")  # type: ignore[arg-type]
+    return delivered, state.workspace_paths
+
+
+async def test_the_claim_answers_workspace_path_is_kept_for_the_status_write() -> None:
+    answer = {"claimed": True, "network": "deny", "workspace_path": "/srv/node/ws"}
+    assert await kept_path(answer) == (True, {"u1": "/srv/node/ws"})
+
+
+_NO_PATH = object()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(_NO_PATH, id="none-named"),  # a runtime older than the field
+        pytest.param("workspace", id="relative"),
+        pytest.param("", id="empty"),
+        pytest.param("/work\x00space", id="nul"),
+        pytest.param("/" + "a" * 5000, id="huge"),
+        pytest.param(7, id="number"),
+        pytest.param(["/workspace"], id="list"),
+        pytest.param({"path": "/workspace"}, id="object"),
+        pytest.param(None, id="null"),
+    ],
+)
+async def test_a_claim_answers_path_of_another_shape_is_not_kept(path: object) -> None:
+    """The token was taken (a delivery), but the path is not recorded: the status then
+    has none, and the operator's look and the API's fallback ask the runtime's stats."""
+    answer: dict = {"claimed": True, "network": "deny"}
+    if path is not _NO_PATH:
+        answer["workspace_path"] = path
+    assert await kept_path(answer) == (True, {})
+    assert await kept_path(["not", "an", "object"]) == (True, {})
+
+
+async def test_the_short_paths_status_write_names_the_claims_workspace_path() -> None:
+    """A new session started from the pool (``handlers/pool_start.py``): its one status
+    write is Running with the path the claim's answer named, and the pool keeps no copy."""
+    from sandbox_workspace.operator.handlers.pool_start import start_from_pool
+
+    kube = FakeKube()
+    pod = kube.put(
+        core_path(NS, "pods", "pool-1"),
+        {
+            "metadata": {"labels": {LABEL_POOL: FREE}},
+            "status": {
+                "phase": "Running",
+                "podIP": "10.0.0.7",
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        },
+    )
+    path = "/apis/sandboxworkspace.io/v1alpha1/namespaces/sessions/sandboxsessions/sb-session-a"
+    body = kube.put(
+        path,
+        {
+            "apiVersion": "sandboxworkspace.io/v1alpha1",
+            "kind": "SandboxSession",
+            "metadata": {"name": "sb-session-a"},
+            "spec": {"userId": "a", "storage": {"persistent": False}},
+        },
+    )
+    answer = {"claimed": True, "network": "deny", "workspace_path": "/srv/node/ws"}
+    reply = httpx.MockTransport(lambda request: httpx.Response(200, json=answer))
+    ctx = OperatorContext(OperatorSettings(_env_file=None), kube=kube)  # type: ignore[arg-type]
+    ctx.pool = PoolState((NS,), 1, PoolMetrics(CollectorRegistry()))
+    ctx.pool.keys[NS] = "claim-key"
+    ctx.pool.note_free(NS, pod, ready=True)
+    async with httpx.AsyncClient(transport=reply) as http:
+        ctx.http = http
+        try:
+            assert await start_from_pool(ctx, body, resume=False)
+        finally:
+            for task in list(ctx.pool.posting):  # its Events wait for the claims to settle
+                task.cancel()
+    status = kube.objects[path]["status"]
+    assert (status["phase"], status["podName"]) == ("Running", "pool-1")
+    assert status["workspacePath"] == "/srv/node/ws"
+    assert kube.verbs("patch").count(path + "/status") == 1
+    assert ctx.pool.workspace_paths == {}
