@@ -27,6 +27,7 @@ from operator_env import (
     wait_event,
     wait_phase,
 )
+from ports import free_port
 
 from sandbox_workspace.operator.naming import runtime_secret_name, workspace_claim_name
 
@@ -380,16 +381,8 @@ def test_a_workspace_made_as_its_session_is_deleted_goes_with_it(
     kube_api.wait_gone(cws, timeout=2 * TIMEOUT)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_liveness_and_metrics(kube_api: KubeClient, namespace: str, start_operator):
-    metrics, live = _free_port(), _free_port()
+    metrics, live = free_port(), free_port()
     start_operator(
         metrics_port=metrics,
         metrics_host="127.0.0.1",
