@@ -69,8 +69,16 @@ def test_session_gets_a_locked_down_pod_and_runs(kube_api: KubeClient, namespace
     assert "kopf" not in session["status"]
     annotations = kube_api.get(sbs_path(namespace, "sb-session-alice"))["metadata"]["annotations"]
     assert not any(k.startswith("kopf.zalando.org") for k in annotations)
-    events = kube_api.list(f"/api/v1/namespaces/{namespace}/events")
-    assert any(e["involvedObject"]["uid"] == uid and e["reason"] == "RuntimeReady" for e in events)
+    # kopf posts Events from a queue of its own, after the status it reports on: waited
+    # for, never read once (the phase Running can be read before the Event is posted).
+    wait_until(
+        lambda: any(
+            e["involvedObject"]["uid"] == uid and e["reason"] == "RuntimeReady"
+            for e in kube_api.list(f"/api/v1/namespaces/{namespace}/events")
+        ),
+        timeout=TIMEOUT,
+        message="the session's Event RuntimeReady",
+    )
 
 
 def test_killed_runtime_pod_is_recreated(
@@ -277,7 +285,14 @@ def test_idle_session_stops_and_resumes_with_its_files(
         {"metadata": {"annotations": {"sandboxworkspace.io/resume-requested": "now"}}},
     )
     session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
-    assert "sandboxworkspace.io/resume-requested" not in session["metadata"].get("annotations", {})
+    # Removed by a patch of its own after the status write that acted on it: waited for.
+    resume = "sandboxworkspace.io/resume-requested"
+    kube_api.wait_for(
+        sbs_path(namespace, "sb-session-alice"),
+        lambda o: resume not in o["metadata"].get("annotations", {}),
+        timeout=TIMEOUT,
+        message="the resume request removed",
+    )
     resumed = runtime_of(kube_api, namespace, session)
     r = resumed.request("GET", "/v1/conversations/conv-1/uploads/data.csv")
     assert r.content == b"kept"
