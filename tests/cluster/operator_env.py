@@ -157,6 +157,21 @@ def wait_phase(api: KubeClient, path: str, phase: str, timeout: float = TIMEOUT)
     )
 
 
+def stop_when_idle(api: KubeClient, path: str, seconds: int = 2, then: int | None = 3600) -> dict:
+    """The session at ``path`` stopped for idleness; answers it Stopped.
+
+    A test's session keeps the default idle timeout (1800 s) while the test works with
+    it: made with a timeout of a second or two, it could stop between the phase Running
+    being read and the test's first request to it, or go Running → Stopped between two
+    polls of a loaded machine. Only here is the timeout cut to ``seconds``; once
+    Stopped it is set to ``then`` (None: left), so a resumed session stays Running."""
+    api.patch(path, {"spec": {"idleTimeoutSeconds": seconds}})
+    stopped = wait_phase(api, path, "Stopped")
+    if then is not None:
+        api.patch(path, {"spec": {"idleTimeoutSeconds": then}})
+    return stopped
+
+
 def wait_event(api: KubeClient, ns: str, reason: str) -> None:
     """Until an Event with ``reason`` is in ``ns``: kopf posts Events from a queue of its
     own, so one is waited for, never read once."""

@@ -24,6 +24,7 @@ from operator_env import (
     runtime_of,
     sbs_path,
     stats_count_as_activity,
+    stop_when_idle,
     wait_event,
     wait_phase,
 )
@@ -266,11 +267,11 @@ def test_finalizer_completes_after_the_runtime_crashed(
 def test_idle_session_stops_and_resumes_with_its_files(
     kube_api: KubeClient, namespace: str, operator, node_agent: NodeAgent
 ):
-    _, runtime = running_session(kube_api, namespace, idleTimeoutSeconds=2)
+    _, runtime = running_session(kube_api, namespace)
     if stats_count_as_activity(runtime):
         pytest.xfail("the runtime counts GET /v1/stats as activity, so no session is ever idle")
     runtime.upload("conv-1", "data.csv", b"kept")
-    session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Stopped", timeout=20)
+    session = stop_when_idle(kube_api, sbs_path(namespace, "sb-session-alice"))
     stopped = {c["type"]: c for c in session["status"]["conditions"]}["Stopped"]
     assert (stopped["status"], stopped["reason"]) == ("True", "IdleTimeout")
     assert session["status"].get("endpoint") is None
@@ -301,12 +302,12 @@ def test_idle_session_stops_and_resumes_with_its_files(
 def test_deleting_a_stopped_sessions_conversation_resumes_it(
     kube_api: KubeClient, namespace: str, operator, node_agent: NodeAgent
 ):
-    _, runtime = running_session(kube_api, namespace, idleTimeoutSeconds=2)
+    _, runtime = running_session(kube_api, namespace)
     if stats_count_as_activity(runtime):
         pytest.xfail("the runtime counts GET /v1/stats as activity, so no session is ever idle")
     make_workspace(kube_api, namespace, "conv-1")
     wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
-    wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Stopped", timeout=20)
+    stop_when_idle(kube_api, sbs_path(namespace, "sb-session-alice"))
     kube_api.delete(cws_path(namespace, "cws-conv-1"))
     kube_api.wait_gone(cws_path(namespace, "cws-conv-1"), timeout=TIMEOUT)
     session = kube_api.get(sbs_path(namespace, "sb-session-alice"))

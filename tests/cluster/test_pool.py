@@ -12,7 +12,7 @@ import pytest
 from hostile_code import connect_probe
 from kubeenv import ApiError, KubeClient, wait_until
 from kubeenv.client import ssl_context
-from operator_env import TIMEOUT, make_session, runtime_of, sbs_path, wait_phase
+from operator_env import TIMEOUT, make_session, runtime_of, sbs_path, stop_when_idle, wait_phase
 
 from sandbox_workspace.operator.pool import refill
 from sandbox_workspace.operator.pool.spec import POOL_SECRET, key_id
@@ -268,14 +268,14 @@ def test_a_resuming_session_claims_a_new_pod(kube_api: KubeClient, namespace, st
     op = start_operator(pool_size=1)
     wait_pool(kube_api, namespace, 1)
     wait_operator_pool(op, namespace, 1)
-    make_session(kube_api, namespace, idleTimeoutSeconds=1, **EPHEMERAL)
+    make_session(kube_api, namespace, **EPHEMERAL)  # idle 1800 s: Running while used
     first = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
     assert first["status"]["startedFrom"] == "pool"
     runtime = runtime_of(kube_api, namespace, first)
     stats = runtime.request("GET", "/v1/stats").json()["last_activity_at"]
     if runtime.request("GET", "/v1/stats").json()["last_activity_at"] != stats:
         pytest.xfail("the runtime counts GET /v1/stats as activity, so no session is ever idle")
-    wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Stopped", timeout=20)
+    stop_when_idle(kube_api, sbs_path(namespace, "sb-session-alice"), seconds=1)
     # A released pod is deleted, never returned to the pool.
     kube_api.wait_gone(pods_path(namespace, first["status"]["podName"]), timeout=TIMEOUT)
     wait_pool(kube_api, namespace, 1)
