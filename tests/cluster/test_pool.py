@@ -56,6 +56,17 @@ def wait_operator_pool(op, ns: str, size: int) -> None:
     )
 
 
+def short_starts(op, at_least: int) -> int:
+    """The operator's count of starts by the short path once it reached ``at_least``: it
+    counts after the status write returned, so a test can read Running first."""
+    wait_until(
+        lambda: op.ctx.pool.short_starts >= at_least,
+        timeout=TIMEOUT,
+        message=f"{at_least} starts by the short path counted",
+    )
+    return op.ctx.pool.short_starts
+
+
 def claim_key(api: KubeClient, ns: str) -> str:
     secret = api.get(f"/api/v1/namespaces/{ns}/secrets/{POOL_SECRET}")
     return base64.b64decode(secret["data"]["key"]).decode()
@@ -119,7 +130,7 @@ def test_a_session_claims_a_ready_pod_which_refills_and_goes_with_it(
     refilled = wait_pool(kube_api, namespace, 2)
     assert status["podName"] not in {p["metadata"]["name"] for p in refilled}
     assert op.ctx.pool is not None
-    assert op.ctx.pool.short_starts == 1  # by the short path (handlers/pool_start.py)
+    assert short_starts(op, 1) == 1  # by the short path (handlers/pool_start.py)
 
     kube_api.delete(sbs_path(namespace, "sb-session-alice"))
     # By the garbage collector, as a cold pod (whose discovery of a new CRD may lag ~30 s).
@@ -287,7 +298,7 @@ def test_a_resuming_session_claims_a_new_pod(kube_api: KubeClient, namespace, st
     resumed = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
     assert resumed["status"]["startedFrom"] == "pool"
     assert resumed["status"]["podName"] != first["status"]["podName"]
-    assert op.ctx.pool.short_starts == 2  # both by the short path (handlers/pool_start.py)
+    assert short_starts(op, 2) == 2  # both by the short path (handlers/pool_start.py)
     wait_until(  # the request is answered: its annotation goes
         lambda: (
             "sandboxworkspace.io/resume-requested"
