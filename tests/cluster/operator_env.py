@@ -102,7 +102,10 @@ def start_operator(
                 for path in (cws_path(namespace), sbs_path(namespace)):
                     wait_until(
                         lambda p=path: not api.list(p),
-                        timeout=TIMEOUT,
+                        # What the tests give a session's deletion: pod, claim, then
+                        # volume go one after the other, and the files' finalizer of a
+                        # workspace whose session goes waits for that storage.
+                        timeout=2 * TIMEOUT,
                         message=f"{path} to be empty at teardown",
                     )
     finally:
