@@ -134,7 +134,9 @@ def test_the_proxy_ends_on_sigterm_as_pid_1_in_its_container(
     started: list[subprocess.Popen] = []
     with egress_proxy(kube_control_plane.kubeconfig, namespace, tmp_path, started=started):
         started[0].terminate()
-        assert started[0].wait(timeout=10) == 0
+        # A deadline for a clean shutdown on a loaded machine; without the handler the
+        # proxy ignores SIGTERM and never exits, so no deadline lets that pass.
+        assert started[0].wait(timeout=30) == 0
 
 
 @pytest.fixture
