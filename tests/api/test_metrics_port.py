@@ -5,22 +5,16 @@ ends with the API (SIGTERM reaches the API's server, not the metrics listener)."
 from __future__ import annotations
 
 import signal
-import socket
 
 import httpx
 import pytest
+from ports import free_port
 
 pytestmark = pytest.mark.local_backend
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_metrics_move_to_their_own_port_and_end_with_the_api(start_server):
-    port = _free_port()
+    port = free_port()
     server = start_server("dev", SANDBOX_WORKSPACE_METRICS_PORT=str(port))
     metrics_url = f"http://127.0.0.1:{port}/metrics"
     assert httpx.get(server.url + "/metrics", timeout=10).status_code == 404

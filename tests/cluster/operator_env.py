@@ -102,7 +102,10 @@ def start_operator(
                 for path in (cws_path(namespace), sbs_path(namespace)):
                     wait_until(
                         lambda p=path: not api.list(p),
-                        timeout=TIMEOUT,
+                        # What the tests give a session's deletion: pod, claim, then
+                        # volume go one after the other, and the files' finalizer of a
+                        # workspace whose session goes waits for that storage.
+                        timeout=2 * TIMEOUT,
                         message=f"{path} to be empty at teardown",
                     )
     finally:
@@ -155,6 +158,21 @@ def wait_phase(api: KubeClient, path: str, phase: str, timeout: float = TIMEOUT)
         timeout=timeout,
         message=f"{path} to be {phase}",
     )
+
+
+def stop_when_idle(api: KubeClient, path: str, seconds: int = 2, then: int | None = 3600) -> dict:
+    """The session at ``path`` stopped for idleness; answers it Stopped.
+
+    A test's session keeps the default idle timeout (1800 s) while the test works with
+    it: made with a timeout of a second or two, it could stop between the phase Running
+    being read and the test's first request to it, or go Running → Stopped between two
+    polls of a loaded machine. Only here is the timeout cut to ``seconds``; once
+    Stopped it is set to ``then`` (None: left), so a resumed session stays Running."""
+    api.patch(path, {"spec": {"idleTimeoutSeconds": seconds}})
+    stopped = wait_phase(api, path, "Stopped")
+    if then is not None:
+        api.patch(path, {"spec": {"idleTimeoutSeconds": then}})
+    return stopped
 
 
 def wait_event(api: KubeClient, ns: str, reason: str) -> None:

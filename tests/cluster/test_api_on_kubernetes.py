@@ -153,8 +153,14 @@ def test_open_chat_run_awaiting_approval_counts_as_session_activity(
             f"/apis/sandboxworkspace.io/v1alpha1/namespaces/{namespace}"
             "/sandboxsessions/sb-session-dora"
         )
-        annotations = kube_api.get(path)["metadata"].get("annotations", {})
-        assert "sandboxworkspace.io/last-activity" in annotations
+        # Written by the API's own patch after the event was sent (and by the run's
+        # heartbeat, a task of its own): waited for, never read once.
+        kube_api.wait_for(
+            path,
+            lambda o: "sandboxworkspace.io/last-activity" in o["metadata"].get("annotations", {}),
+            timeout=30,
+            message="the pending approval recorded as session activity",
+        )
         approved = client.post(
             f"/api/v1/runs/{r.headers['x-run-id']}/approvals",
             json={"tool_call_id": "call_wait", "approved": True},

@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import re
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ from charttools import Tools, ToolsMissing, build_tools, render
 from kubeenv import ApiError, KubeClient, wait_until
 from kubeenv.client import delete_sandbox_resources, object_path
 from kubeenv.processes import clean_env, start_cli, stop
+from ports import free_port
 
 pytestmark = pytest.mark.cluster
 
@@ -51,12 +51,6 @@ def chart_tools() -> Tools:
         return build_tools()  # built after collection by tests/chart/conftest.py
     except ToolsMissing as exc:
         pytest.skip(f"the chart test needs helm, built with Go: {exc}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_side_apply(api: KubeClient, doc: dict[str, Any]) -> None:

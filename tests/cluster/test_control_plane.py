@@ -241,7 +241,7 @@ def test_runtime_pod_runs_on_loopback_address(
     assert pid is not None
     kube_api.delete(f"/api/v1/namespaces/{namespace}/pods/rt")
     kube_api.wait_gone(f"/api/v1/namespaces/{namespace}/pods/rt", timeout=30)
-    wait_until(lambda: not pid_alive(pid), timeout=10, message="runtime process to exit")
+    wait_until(lambda: not pid_alive(pid), timeout=30, message="runtime process to exit")
 
 
 def test_killed_runtime_pod_reports_failed(
@@ -385,4 +385,4 @@ def test_agent_restart_keeps_address_and_data(
         trust_env=False,
     )
     assert r.status_code == 200
-    wait_until(lambda: not pid_alive(old_pid), timeout=10, message="old process gone")
+    wait_until(lambda: not pid_alive(old_pid), timeout=30, message="old process gone")

@@ -96,7 +96,16 @@ def test_a_conversation_written_while_the_operator_is_down_is_deleted_once_it_is
         wait_until(lambda: "c1" not in _workspaces(kube_api, namespace), timeout=60)
         assert not on_disk.exists() and not on_disk.parents[2].exists()
 
-        again = _upload(client, user, "c1", "fresh.txt")
+        # Gone from the apiserver is not yet gone from the API's watched cache of the
+        # workspaces: until its DELETED event arrives the id answers "deleting" (409 with
+        # a Retry-After), and a client retries. Anything else fails at once.
+        def fresh_upload() -> httpx.Response | None:
+            r = _upload(client, user, "c1", "fresh.txt")
+            if r.status_code == 409 and r.json()["error"]["code"] == "conversation_deleting":
+                return None
+            return r
+
+        again = wait_until(fresh_upload, timeout=30, message="the API to see c1 gone")
         assert again.status_code == 201, again.text
         fresh = _workspaces(kube_api, namespace)["c1"]
         assert fresh["metadata"]["uid"] != old_uid

@@ -134,7 +134,9 @@ def test_the_proxy_ends_on_sigterm_as_pid_1_in_its_container(
     started: list[subprocess.Popen] = []
     with egress_proxy(kube_control_plane.kubeconfig, namespace, tmp_path, started=started):
         started[0].terminate()
-        assert started[0].wait(timeout=10) == 0
+        # A deadline for a clean shutdown on a loaded machine; without the handler the
+        # proxy ignores SIGTERM and never exits, so no deadline lets that pass.
+        assert started[0].wait(timeout=30) == 0
 
 
 @pytest.fixture
@@ -399,7 +401,7 @@ def test_bound_kubernetes_secret_reaches_the_host_and_never_the_pod(
             def call() -> str:
                 return call_bound_host(port, upstream_port, trust, f"Bearer {placeholder}")
 
-            wait_until(lambda: "upstream ok" in call(), timeout=20, message="policy seen")
+            wait_until(lambda: "upstream ok" in call(), timeout=30, message="policy seen")
             assert seen[-1] == f"Bearer {value}"
             # Another placeholder (or text around ours) is sent as written.
             call_bound_host(port, upstream_port, trust, f"Bearer {placeholder}x")
@@ -409,15 +411,15 @@ def test_bound_kubernetes_secret_reaches_the_host_and_never_the_pod(
             kube_api.patch(secret_path, {"stringData": {"token": rotated}})
             started = time.monotonic()
             wait_until(
-                lambda: call() and seen[-1] == f"Bearer {rotated}", timeout=10, message="rotated"
+                lambda: call() and seen[-1] == f"Bearer {rotated}", timeout=30, message="rotated"
             )
             assert time.monotonic() - started < 5
             # Key absent, then Secret gone (seen within the TTL, as a change is): refused,
             # nothing reaches the host.
             kube_api.patch(secret_path, {"data": {"token": None, "other": "eA=="}})
-            wait_until(lambda: "has no key 'token'" in call(), timeout=10, message="no key")
+            wait_until(lambda: "has no key 'token'" in call(), timeout=30, message="no key")
             before = len(seen)
             kube_api.delete(secret_path)
-            wait_until(lambda: "not found" in call(), timeout=10, message="no Secret")
+            wait_until(lambda: "not found" in call(), timeout=30, message="no Secret")
             assert call().startswith("HTTP/1.1 502 Egress refused: secret 'api'")
             assert len(seen) == before

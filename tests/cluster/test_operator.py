@@ -24,9 +24,11 @@ from operator_env import (
     runtime_of,
     sbs_path,
     stats_count_as_activity,
+    stop_when_idle,
     wait_event,
     wait_phase,
 )
+from ports import free_port
 
 from sandbox_workspace.operator.naming import runtime_secret_name, workspace_claim_name
 
@@ -68,8 +70,16 @@ def test_session_gets_a_locked_down_pod_and_runs(kube_api: KubeClient, namespace
     assert "kopf" not in session["status"]
     annotations = kube_api.get(sbs_path(namespace, "sb-session-alice"))["metadata"]["annotations"]
     assert not any(k.startswith("kopf.zalando.org") for k in annotations)
-    events = kube_api.list(f"/api/v1/namespaces/{namespace}/events")
-    assert any(e["involvedObject"]["uid"] == uid and e["reason"] == "RuntimeReady" for e in events)
+    # kopf posts Events from a queue of its own, after the status it reports on: waited
+    # for, never read once (the phase Running can be read before the Event is posted).
+    wait_until(
+        lambda: any(
+            e["involvedObject"]["uid"] == uid and e["reason"] == "RuntimeReady"
+            for e in kube_api.list(f"/api/v1/namespaces/{namespace}/events")
+        ),
+        timeout=TIMEOUT,
+        message="the session's Event RuntimeReady",
+    )
 
 
 def test_killed_runtime_pod_is_recreated(
@@ -257,11 +267,11 @@ def test_finalizer_completes_after_the_runtime_crashed(
 def test_idle_session_stops_and_resumes_with_its_files(
     kube_api: KubeClient, namespace: str, operator, node_agent: NodeAgent
 ):
-    _, runtime = running_session(kube_api, namespace, idleTimeoutSeconds=2)
+    _, runtime = running_session(kube_api, namespace)
     if stats_count_as_activity(runtime):
         pytest.xfail("the runtime counts GET /v1/stats as activity, so no session is ever idle")
     runtime.upload("conv-1", "data.csv", b"kept")
-    session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Stopped", timeout=20)
+    session = stop_when_idle(kube_api, sbs_path(namespace, "sb-session-alice"))
     stopped = {c["type"]: c for c in session["status"]["conditions"]}["Stopped"]
     assert (stopped["status"], stopped["reason"]) == ("True", "IdleTimeout")
     assert session["status"].get("endpoint") is None
@@ -276,7 +286,14 @@ def test_idle_session_stops_and_resumes_with_its_files(
         {"metadata": {"annotations": {"sandboxworkspace.io/resume-requested": "now"}}},
     )
     session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
-    assert "sandboxworkspace.io/resume-requested" not in session["metadata"].get("annotations", {})
+    # Removed by a patch of its own after the status write that acted on it: waited for.
+    resume = "sandboxworkspace.io/resume-requested"
+    kube_api.wait_for(
+        sbs_path(namespace, "sb-session-alice"),
+        lambda o: resume not in o["metadata"].get("annotations", {}),
+        timeout=TIMEOUT,
+        message="the resume request removed",
+    )
     resumed = runtime_of(kube_api, namespace, session)
     r = resumed.request("GET", "/v1/conversations/conv-1/uploads/data.csv")
     assert r.content == b"kept"
@@ -285,12 +302,12 @@ def test_idle_session_stops_and_resumes_with_its_files(
 def test_deleting_a_stopped_sessions_conversation_resumes_it(
     kube_api: KubeClient, namespace: str, operator, node_agent: NodeAgent
 ):
-    _, runtime = running_session(kube_api, namespace, idleTimeoutSeconds=2)
+    _, runtime = running_session(kube_api, namespace)
     if stats_count_as_activity(runtime):
         pytest.xfail("the runtime counts GET /v1/stats as activity, so no session is ever idle")
     make_workspace(kube_api, namespace, "conv-1")
     wait_phase(kube_api, cws_path(namespace, "cws-conv-1"), "Ready")
-    wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Stopped", timeout=20)
+    stop_when_idle(kube_api, sbs_path(namespace, "sb-session-alice"))
     kube_api.delete(cws_path(namespace, "cws-conv-1"))
     kube_api.wait_gone(cws_path(namespace, "cws-conv-1"), timeout=TIMEOUT)
     session = kube_api.get(sbs_path(namespace, "sb-session-alice"))
@@ -380,16 +397,8 @@ def test_a_workspace_made_as_its_session_is_deleted_goes_with_it(
     kube_api.wait_gone(cws, timeout=2 * TIMEOUT)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_liveness_and_metrics(kube_api: KubeClient, namespace: str, start_operator):
-    metrics, live = _free_port(), _free_port()
+    metrics, live = free_port(), free_port()
     start_operator(
         metrics_port=metrics,
         metrics_host="127.0.0.1",

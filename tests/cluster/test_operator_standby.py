@@ -170,21 +170,31 @@ def _kill_the_active_one(
     active.wait()
     api.delete(cws_path(namespace, f"cws-{cid}"))
     make_session(api, namespace, bob)
-    wait_phase(api, sbs_path(namespace, bob), "Pending", timeout=TIMEOUT)
+    # Reconciled: any phase at all. Pending alone is passed through: the standby may take
+    # bob's pod from Pending to Running between two polls, and Pending is never seen.
+    api.wait_for(
+        sbs_path(namespace, bob),
+        lambda o: (o.get("status") or {}).get("phase") in ("Pending", "Running"),
+        timeout=TIMEOUT,
+        message=f"{bob} reconciled by the standby",
+    )
     takeover = time.monotonic() - killed
 
-    # The conversation deleted in the gap: files gone first, then the finalizer.
-    gone_at: dict[str, float] = {}
+    # The conversation deleted in the gap: files gone first, then the finalizer. Each
+    # look reads the CR first and the files after: files seen after the CR was seen gone
+    # are a finalizer that went first. (Files first, CR after, could see both go in one
+    # look, the files' deletion between the two reads, and take it for the wrong order.)
+    early: list[str] = []
 
     def both_gone() -> bool:
-        if not directory.exists():
-            gone_at.setdefault("files", time.monotonic())
-        if api.get_or_none(cws_path(namespace, f"cws-{cid}")) is None:
-            gone_at.setdefault("cr", time.monotonic())
-        return len(gone_at) == 2
+        cr_gone = api.get_or_none(cws_path(namespace, f"cws-{cid}")) is None
+        files_gone = not directory.exists()
+        if cr_gone and not files_gone:
+            early.append("the finalizer went before the files")
+        return cr_gone and files_gone
 
     wait_until(both_gone, timeout=TIMEOUT, interval=0.01, message=f"{cid} files and CR gone")
-    assert gone_at["files"] <= gone_at["cr"], "the finalizer went before the files"
+    assert not early, early[0]
     wait_phase(api, sbs_path(namespace, bob), "Running")
     # Nothing started twice: alice keeps her pod, bob got exactly one.
     assert api.get(f"{pods}/sb-session-alice")["metadata"]["uid"] == alice_pod

@@ -12,7 +12,7 @@ import pytest
 from hostile_code import connect_probe
 from kubeenv import ApiError, KubeClient, wait_until
 from kubeenv.client import ssl_context
-from operator_env import TIMEOUT, make_session, runtime_of, sbs_path, wait_phase
+from operator_env import TIMEOUT, make_session, runtime_of, sbs_path, stop_when_idle, wait_phase
 
 from sandbox_workspace.operator.pool import refill
 from sandbox_workspace.operator.pool.spec import POOL_SECRET, key_id
@@ -54,6 +54,17 @@ def wait_operator_pool(op, ns: str, size: int) -> None:
         timeout=TIMEOUT,
         message=f"the operator sees {size} free ready pool pods in {ns}",
     )
+
+
+def short_starts(op, at_least: int) -> int:
+    """The operator's count of starts by the short path once it reached ``at_least``: it
+    counts after the status write returned, so a test can read Running first."""
+    wait_until(
+        lambda: op.ctx.pool.short_starts >= at_least,
+        timeout=TIMEOUT,
+        message=f"{at_least} starts by the short path counted",
+    )
+    return op.ctx.pool.short_starts
 
 
 def claim_key(api: KubeClient, ns: str) -> str:
@@ -123,7 +134,7 @@ def test_a_session_claims_a_ready_pod_which_refills_and_goes_with_it(
     refilled = wait_pool(kube_api, namespace, 2)
     assert status["podName"] not in {p["metadata"]["name"] for p in refilled}
     assert op.ctx.pool is not None
-    assert op.ctx.pool.short_starts == 1  # by the short path (handlers/pool_start.py)
+    assert short_starts(op, 1) == 1  # by the short path (handlers/pool_start.py)
 
     kube_api.delete(sbs_path(namespace, "sb-session-alice"))
     # By the garbage collector, as a cold pod (whose discovery of a new CRD may lag ~30 s).
@@ -283,14 +294,14 @@ def test_a_resuming_session_claims_a_new_pod(kube_api: KubeClient, namespace, st
     op = start_operator(pool_size=1)
     wait_pool(kube_api, namespace, 1)
     wait_operator_pool(op, namespace, 1)
-    make_session(kube_api, namespace, idleTimeoutSeconds=1, **EPHEMERAL)
+    make_session(kube_api, namespace, **EPHEMERAL)  # idle 1800 s: Running while used
     first = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
     assert first["status"]["startedFrom"] == "pool"
     runtime = runtime_of(kube_api, namespace, first)
     stats = runtime.request("GET", "/v1/stats").json()["last_activity_at"]
     if runtime.request("GET", "/v1/stats").json()["last_activity_at"] != stats:
         pytest.xfail("the runtime counts GET /v1/stats as activity, so no session is ever idle")
-    wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Stopped", timeout=20)
+    stop_when_idle(kube_api, sbs_path(namespace, "sb-session-alice"), seconds=1)
     # A released pod is deleted, never returned to the pool.
     kube_api.wait_gone(pods_path(namespace, first["status"]["podName"]), timeout=TIMEOUT)
     wait_pool(kube_api, namespace, 1)
@@ -302,7 +313,7 @@ def test_a_resuming_session_claims_a_new_pod(kube_api: KubeClient, namespace, st
     resumed = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
     assert resumed["status"]["startedFrom"] == "pool"
     assert resumed["status"]["podName"] != first["status"]["podName"]
-    assert op.ctx.pool.short_starts == 2  # both by the short path (handlers/pool_start.py)
+    assert short_starts(op, 2) == 2  # both by the short path (handlers/pool_start.py)
     wait_until(  # the request is answered: its annotation goes
         lambda: (
             "sandboxworkspace.io/resume-requested"

@@ -102,7 +102,10 @@ def test_a_dead_writers_announcement_is_outwaited_and_its_object_cleared(
     path = cws_path(namespace, "cws-c1")
     wait_phase(kube_api, path, "Ready")  # the operator's finalizer is on
     writer = f"{crd.ANNOTATION_WRITER_PREFIX}w-dead"
-    lease_end = time.time() + 8
+    # A lease long enough for any machine while the test lands the late object (a fixed
+    # 8 s could end first under load: the finalizer then never waited, or the object
+    # landed after the lease); cut short once it landed, to be outwaited from there.
+    lease_end = time.time() + 4 * TIMEOUT
     kube_api.patch(path, {"metadata": {"annotations": {writer: str(int(lease_end))}}})
     kube_api.delete(path)
     wait_until(
@@ -118,7 +121,11 @@ def test_a_dead_writers_announcement_is_outwaited_and_its_object_cleared(
 
     asyncio.run(land())
     assert kube_api.get(path) is not None and time.time() < lease_end, "the lease ran out"
+    assert _reason(kube_api, path) == "WritersInFlight"  # held all along
+    lease_end = time.time() + 2
+    kube_api.patch(path, {"metadata": {"annotations": {writer: str(int(lease_end))}}})
     kube_api.wait_gone(path, timeout=TIMEOUT)
+    assert time.time() >= int(lease_end), "let go before the lease ended"
     assert seaweedfs.list_keys(s3_bucket, PREFIX) == []
 
 

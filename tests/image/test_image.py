@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import time
 import uuid
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from ports import free_port
 
 # What every container here gets: the restrictions of a sandbox pod (and the ulimits
 # podman needs on these hosts).
@@ -102,19 +102,13 @@ class Sandbox:
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def sandbox(podman: list[str], image: str, tmp_path: Path) -> Iterator[Sandbox]:
     """The runtime as in a sandbox pod, on 127.0.0.1 (host network, loopback only)."""
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     os.chown(workspace, 10001, 10001)
-    token, port = secrets.token_urlsafe(24), _free_port()
+    token, port = secrets.token_urlsafe(24), free_port()
     name = f"sandbox-workspace-test-{uuid.uuid4().hex[:8]}"
     subprocess.run(
         [

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ports import free_port
+
 _START_TIMEOUT = 20.0
 
 
@@ -48,12 +50,6 @@ class RedisServer:
                 self.proc.wait()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
@@ -69,7 +65,7 @@ def start_redis(workdir: Path) -> RedisServer:
         raise RuntimeError(missing_reason())
     workdir.mkdir(parents=True, exist_ok=True)
     for _ in range(5):  # a free port can be taken between probe and bind: try another
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             [
                 binary,

@@ -15,7 +15,6 @@ import ipaddress
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from ports import free_port  # tests/support: outside the ephemeral range
 
 from .client import KubeClient, ssl_context, wait_until
 
@@ -274,12 +274,6 @@ def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> int | None
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
     return proc.returncode
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def rss_bytes(pid: int) -> int:
