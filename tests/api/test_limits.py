@@ -331,10 +331,12 @@ def test_a_python_interpreter_over_the_quota_writes_nothing_until_files_are_dele
     first cell once code deleted enough starts a fresh one, which can."""
     api, url = lim
     burst = "for i in range(9):\n  with open(f'{n}{i}', 'wb') as f: f.write(b'x' * 1024000)"
-    assert run(api, url, "state = 1", cid="p")["error"] is None
+    began = run(api, url, "import os\nstate = 1\nos.getpid()", cid="p")
+    assert began["error"] is None, began
+    interpreter = _process(int(began["results"][0]["data"]["text/plain"]))
     first = run(api, url, burst.replace("{n}", "h"), cid="p")
     assert first["error"] is None, first  # written and ended before any walk
-    time.sleep(1)  # the reaper's next walk kills that interpreter, between cells
+    _until_gone(interpreter)  # the reaper's next walk kills that interpreter, between cells
     for i in range(3):  # each cell: a fresh interpreter, frozen
         again = run(api, url, burst.replace("{n}", f"n{i}-"), cid="p")
         assert again["kernel_restarted"] is (i == 0), again
@@ -354,6 +356,26 @@ def test_a_python_interpreter_over_the_quota_writes_nothing_until_files_are_dele
     after = run(api, url, write, cid="p")
     assert after["error"] is None and after["kernel_restarted"] is True, after
     assert after["results"] == [{"data": {"text/plain": "'ok'"}}]
+
+
+def _process(pid: int) -> tuple[int, str]:
+    """A process named so that a later holder of its pid is not taken for it."""
+    return pid, Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+def _until_gone(process: tuple[int, str], timeout: float = 30.0) -> None:
+    """Until that process has ended (gone, a zombie, or its pid another's now)."""
+    pid, started = process
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            return
+        if fields[0] == "Z" or fields[19] != started:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the interpreter (pid {pid}) still runs after {timeout} s")
 
 
 def test_files_unlinked_and_held_open_count_in_the_quota(lim):
