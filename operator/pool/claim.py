@@ -124,6 +124,22 @@ async def deliver_token(
     return True
 
 
+async def serves(ctx: OperatorContext, pod: dict[str, Any], token: str) -> bool | None:
+    """Whether the pod's runtime answers ``token`` already (a claim of it was delivered):
+    True on 200, False when refused (401: not claimed, or claimed with another token),
+    None when not known (no address, no answer, another status)."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip or ctx.http is None:
+        return None
+    try:
+        response = await ctx.http.get(
+            f"http://{ip}:{RUNTIME_PORT}/v1/stats", headers={"Authorization": f"Bearer {token}"}
+        )
+    except httpx.HTTPError:
+        return None
+    return {200: True, 401: False}.get(response.status_code)
+
+
 def _answer_of(response: httpx.Response) -> dict[str, Any] | str:
     """The runtime's claim answer as a JSON object, or what is wrong with it (not JSON,
     not an object): a runtime's answer, never trusted to have our shape."""
