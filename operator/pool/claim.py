@@ -62,15 +62,30 @@ def claims_api(ctx: OperatorContext) -> Kube:
     return ctx.api
 
 
+# The shortest claim key used: every pool pod carries the key's unsalted digest
+# (``spec.key_id``), readable by anyone who may read pods (Kubernetes' own ``view`` role,
+# which reads no Secret) — a short hand-put key could be guessed from it offline. The
+# operator's own keys are 43 characters (``secrets.token_urlsafe(32)``: 256 random bits).
+MIN_KEY_CHARS = 32
+
+
 async def claim_key(ctx: OperatorContext, namespace: str, *, fresh: bool = False) -> str | None:
     """The namespace's claim key: as last read, or read now (``fresh``, or never read);
-    None when its Secret has none (deleted: the refiller makes a new key)."""
+    None when its Secret has none (deleted: the refiller makes a new key) or one shorter
+    than ``MIN_KEY_CHARS`` (refused: no pool pod carries its digest, sessions start cold)."""
     assert ctx.pool is not None
     if fresh or namespace not in ctx.pool.keys:
         secret = await ctx.api.get(core_path(namespace, "secrets", POOL_SECRET))
         data = (secret or {}).get("data") or {}
-        if CLAIM_KEY in data:
-            ctx.pool.keys[namespace] = base64.b64decode(data[CLAIM_KEY]).decode()
+        key = base64.b64decode(data[CLAIM_KEY]).decode() if CLAIM_KEY in data else None
+        if key is not None and len(key) < MIN_KEY_CHARS:
+            log.warning(
+                "claim key refused: too short",
+                extra={"namespace": namespace, "secret": POOL_SECRET, "min": MIN_KEY_CHARS},
+            )
+            key = None
+        if key is not None:
+            ctx.pool.keys[namespace] = key
         else:
             ctx.pool.keys.pop(namespace, None)
     return ctx.pool.keys.get(namespace)

@@ -57,7 +57,7 @@ from ..children import uid_of
 from ..context import OperatorContext
 from ..models import SandboxSession
 from ..status import observe_pod
-from .claim import claim_key, deliver_token, serves
+from .claim import MIN_KEY_CHARS, claim_key, deliver_token, serves
 from .resource import (
     POOL_NAME,
     POOL_PLURAL,
@@ -235,7 +235,12 @@ async def ensure_secret(ctx: OperatorContext, ns: str, *, fresh: bool = False) -
         # Read back: another replica's create (409, answered None) may have won.
         key = await claim_key(ctx, ns, fresh=True)
     if key is None:
-        raise KubeError(0, f"the Secret {POOL_SECRET} of {ns} has no `{CLAIM_KEY}`", "NoClaimKey")
+        raise KubeError(
+            0,
+            f"the Secret {POOL_SECRET} of {ns} has no `{CLAIM_KEY}` of at least "
+            f"{MIN_KEY_CHARS} characters",
+            "NoClaimKey",
+        )
     return key
 
 

@@ -14,6 +14,7 @@ import json
 
 import httpx
 import kopf
+import pytest
 from fake_kube import FakeKube
 from prometheus_client import CollectorRegistry
 
@@ -136,3 +137,27 @@ async def test_a_pod_of_the_current_key_is_delivered_again() -> None:
     _, delivered = await event_after_restart(kube, pod, state)
     assert state.token == TOKEN and pod["metadata"]["uid"] in delivered
     assert ("delete", core_path(NS, "pods", "pool-7")) not in kube.calls
+
+
+async def test_a_short_hand_put_key_is_refused_not_spread_as_a_digest() -> None:
+    """Every pool pod is annotated with sha256(key)[:16], readable with pods' read access
+    alone (Kubernetes' ``view`` role, no Secrets): a short key put in the Secret by hand
+    ("changeme") would be guessed offline from it. Refused: no pod is made with it, and
+    claims find no key (sessions start cold) until a long one is put in."""
+    from sandbox_workspace.kube import KubeError
+    from sandbox_workspace.operator.pool.claim import claim_key
+    from sandbox_workspace.operator.pool.refill import refill
+
+    kube = FakeKube()
+    weak = {"data": {CLAIM_KEY: base64.b64encode(b"changeme").decode()}}
+    kube.put(core_path(NS, "secrets", POOL_SECRET), weak)
+    ctx = OperatorContext(OperatorSettings(_env_file=None, pool_size=2), kube=kube)  # type: ignore[arg-type]
+    ctx.pool = PoolState((NS,), 2, PoolMetrics(CollectorRegistry()))
+    with pytest.raises(KubeError) as refused:
+        await refill(ctx, NS, relist=True)
+    assert refused.value.reason == "NoClaimKey"
+    assert not [p for p in kube.objects if p.startswith(core_path(NS, "pods") + "/")]
+    assert await claim_key(ctx, NS, fresh=True) is None
+    strong = {"data": {CLAIM_KEY: base64.b64encode(NEW_KEY.encode()).decode()}}
+    kube.put(core_path(NS, "secrets", POOL_SECRET), strong)
+    assert await claim_key(ctx, NS, fresh=True) == NEW_KEY
