@@ -135,7 +135,7 @@ async def deliver_token(
         ctx.pool.delivered.add(uid_of(pod))
         path = workspace_path_of(answer.get("workspace_path")) if isinstance(answer, dict) else None
         if path is not None:  # else (an older runtime, a bad answer): the stats tell
-            ctx.pool.workspace_paths[uid_of(pod)] = path
+            ctx.pool.keep_workspace_path(uid_of(pod), path)
     return True
 
 
