@@ -338,13 +338,19 @@ async def _redeliver(ctx: OperatorContext, namespace: str, pod: dict[str, Any]) 
     if observe_pod(pod).kind != "ready":
         return
     key = await claim_key(ctx, namespace)
-    token = await ctx.runtime_token(namespace, session, owners[0].get("uid"))
-    if key is None or token is None:
+    if key is None:
         return
     # The claim carries the code's network too (an egress policy): from the session now.
     body = await ctx.api.get(custom_path(namespace, SESSION_PLURAL, session))
     if body is None:
         return  # the session is gone: its pod goes with it (owner reference)
+    if uid_of(body) not in {o.get("uid") for o in owners}:
+        # A pod of an earlier incarnation of the name (its garbage collection removes
+        # it): the token Secret is the current one's, never to be handed to this pod.
+        return
+    token = await ctx.runtime_token(namespace, session, uid_of(body))
+    if token is None:
+        return
     if (meta.get("annotations") or {}).get(ANNOTATION_CLAIM_KEY_ID) != key_id(key):
         # Started with a key rotated away since: no claim of it can succeed now (its runtime
         # answers 401), and the current key is not handed to it. Claimed before the

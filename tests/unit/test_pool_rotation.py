@@ -161,3 +161,15 @@ async def test_a_short_hand_put_key_is_refused_not_spread_as_a_digest() -> None:
     strong = {"data": {CLAIM_KEY: base64.b64encode(NEW_KEY.encode()).decode()}}
     kube.put(core_path(NS, "secrets", POOL_SECRET), strong)
     assert await claim_key(ctx, NS, fresh=True) == NEW_KEY
+
+
+async def test_a_pod_of_an_earlier_incarnation_is_not_handed_the_current_token() -> None:
+    """Swapped to a session, then the operator went before the delivery; the session was
+    deleted and made again under its name (a new uid, a new token Secret of the same
+    name). The old pod's event must not deliver the new incarnation's token to a pod its
+    garbage collection is about to remove (and that the new one never uses)."""
+    kube, pod = cluster(NEW_KEY)
+    pod["metadata"]["ownerReferences"] = [{"uid": "an-earlier-uid", "name": SESSION}]
+    state = ClaimState(None, NEW_KEY)
+    sent, delivered = await event_after_restart(kube, pod, state)
+    assert state.token is None and not sent and not delivered
