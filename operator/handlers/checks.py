@@ -18,7 +18,8 @@ seen, the look is made afresh after a full reconcile):
 - The runtime is asked for its stats (``GET /v1/stats``). Its confinement report sets
   the ``Confined`` condition (True ``Landlock``; False ``LandlockUnavailable`` or
   ``ConfinementDisabled``, with the report's reason) and an Event when it changes; its
-  workspace path is recorded (``workspacePath``) when the status lacks it.
+  workspace path is recorded (``workspacePath``) when the status lacks it, by a look from
+  a watch event only (its write guarded by that version: the path of the start asked).
 - Idle stop: with no operation in flight and no activity for ``idleTimeoutSeconds`` —
   the runtime's own ``last_activity_at``, or the later ``sandboxworkspace.io/last-activity``
   annotation the API sets for activity the runtime cannot see (open chat runs, pending
@@ -164,8 +165,11 @@ async def _look(
         patch["lastActivityTime"] = last.isoformat().replace("+00:00", "Z")
     if confined is not None:
         patch["conditions"] = [c.model_dump(mode="json", by_alias=True) for c in confined]
-    if (path := workspace_path_change(status, stats)) is not None:
-        patch["workspacePath"] = path  # the first look did not get it (no answer in time)
+    if seen and (path := workspace_path_change(status, stats)) is not None:
+        # The first look did not get it (no answer in time). Only onto the version whose
+        # pod start was asked (a look afresh writes unguarded: a later start written
+        # meanwhile would keep this pod's path, and the API use it instead of asking).
+        patch["workspacePath"] = path
     if patch:
         # Its conditions are written whole: from a watch event, only onto that version.
         body_patch = status_patch(patch, body, guard=seen)

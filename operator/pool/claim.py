@@ -62,15 +62,30 @@ def claims_api(ctx: OperatorContext) -> Kube:
     return ctx.api
 
 
+# The shortest claim key used: every pool pod carries the key's unsalted digest
+# (``spec.key_id``), readable by anyone who may read pods (Kubernetes' own ``view`` role,
+# which reads no Secret) — a short hand-put key could be guessed from it offline. The
+# operator's own keys are 43 characters (``secrets.token_urlsafe(32)``: 256 random bits).
+MIN_KEY_CHARS = 32
+
+
 async def claim_key(ctx: OperatorContext, namespace: str, *, fresh: bool = False) -> str | None:
     """The namespace's claim key: as last read, or read now (``fresh``, or never read);
-    None when its Secret has none (deleted: the refiller makes a new key)."""
+    None when its Secret has none (deleted: the refiller makes a new key) or one shorter
+    than ``MIN_KEY_CHARS`` (refused: no pool pod carries its digest, sessions start cold)."""
     assert ctx.pool is not None
     if fresh or namespace not in ctx.pool.keys:
         secret = await ctx.api.get(core_path(namespace, "secrets", POOL_SECRET))
         data = (secret or {}).get("data") or {}
-        if CLAIM_KEY in data:
-            ctx.pool.keys[namespace] = base64.b64decode(data[CLAIM_KEY]).decode()
+        key = base64.b64decode(data[CLAIM_KEY]).decode() if CLAIM_KEY in data else None
+        if key is not None and len(key) < MIN_KEY_CHARS:
+            log.warning(
+                "claim key refused: too short",
+                extra={"namespace": namespace, "secret": POOL_SECRET, "min": MIN_KEY_CHARS},
+            )
+            key = None
+        if key is not None:
+            ctx.pool.keys[namespace] = key
         else:
             ctx.pool.keys.pop(namespace, None)
     return ctx.pool.keys.get(namespace)
@@ -120,8 +135,24 @@ async def deliver_token(
         ctx.pool.delivered.add(uid_of(pod))
         path = workspace_path_of(answer.get("workspace_path")) if isinstance(answer, dict) else None
         if path is not None:  # else (an older runtime, a bad answer): the stats tell
-            ctx.pool.workspace_paths[uid_of(pod)] = path
+            ctx.pool.keep_workspace_path(uid_of(pod), path)
     return True
+
+
+async def serves(ctx: OperatorContext, pod: dict[str, Any], token: str) -> bool | None:
+    """Whether the pod's runtime answers ``token`` already (a claim of it was delivered):
+    True on 200, False when refused (401: not claimed, or claimed with another token),
+    None when not known (no address, no answer, another status)."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip or ctx.http is None:
+        return None
+    try:
+        response = await ctx.http.get(
+            f"http://{ip}:{RUNTIME_PORT}/v1/stats", headers={"Authorization": f"Bearer {token}"}
+        )
+    except httpx.HTTPError:
+        return None
+    return {200: True, 401: False}.get(response.status_code)
 
 
 def _answer_of(response: httpx.Response) -> dict[str, Any] | str:

@@ -34,7 +34,9 @@ Contract:
   ready and leaves it on any other news; a claimed pod whose token this process has not
   delivered (an operator restarted between the swap and the delivery) gets it again,
   with its session's egress (read then) — delivery is idempotent for the same token,
-  and a pod that refuses is deleted.
+  and a pod that refuses is deleted; one started with a key rotated away since (its
+  ``claim-key-id`` is not the current key's) cannot take a claim: kept when its runtime
+  answers the session's token already, deleted when it refuses it.
 """
 
 from __future__ import annotations
@@ -48,14 +50,14 @@ from typing import Any
 
 import kopf
 
-from sandbox_workspace.contract.crd import LABEL_SESSION, SESSION_PLURAL
+from sandbox_workspace.contract.crd import ANNOTATION_CLAIM_KEY_ID, LABEL_SESSION, SESSION_PLURAL
 from sandbox_workspace.kube import Kube, KubeError, core_path, custom_path
 
 from ..children import uid_of
 from ..context import OperatorContext
 from ..models import SandboxSession
 from ..status import observe_pod
-from .claim import claim_key, deliver_token
+from .claim import MIN_KEY_CHARS, claim_key, deliver_token, serves
 from .resource import (
     POOL_NAME,
     POOL_PLURAL,
@@ -72,6 +74,7 @@ from .spec import (
     build_pool_secret,
     claim_egress,
     is_free,
+    key_id,
     template_hash,
 )
 from .state import PoolMetrics, PoolState
@@ -232,7 +235,12 @@ async def ensure_secret(ctx: OperatorContext, ns: str, *, fresh: bool = False) -
         # Read back: another replica's create (409, answered None) may have won.
         key = await claim_key(ctx, ns, fresh=True)
     if key is None:
-        raise KubeError(0, f"the Secret {POOL_SECRET} of {ns} has no `{CLAIM_KEY}`", "NoClaimKey")
+        raise KubeError(
+            0,
+            f"the Secret {POOL_SECRET} of {ns} has no `{CLAIM_KEY}` of at least "
+            f"{MIN_KEY_CHARS} characters",
+            "NoClaimKey",
+        )
     return key
 
 
@@ -330,13 +338,31 @@ async def _redeliver(ctx: OperatorContext, namespace: str, pod: dict[str, Any]) 
     if observe_pod(pod).kind != "ready":
         return
     key = await claim_key(ctx, namespace)
-    token = await ctx.runtime_token(namespace, session, owners[0].get("uid"))
-    if key is None or token is None:
+    if key is None:
         return
     # The claim carries the code's network too (an egress policy): from the session now.
     body = await ctx.api.get(custom_path(namespace, SESSION_PLURAL, session))
     if body is None:
         return  # the session is gone: its pod goes with it (owner reference)
+    if uid_of(body) not in {o.get("uid") for o in owners}:
+        # A pod of an earlier incarnation of the name (its garbage collection removes
+        # it): the token Secret is the current one's, never to be handed to this pod.
+        return
+    token = await ctx.runtime_token(namespace, session, uid_of(body))
+    if token is None:
+        return
+    if (meta.get("annotations") or {}).get(ANNOTATION_CLAIM_KEY_ID) != key_id(key):
+        # Started with a key rotated away since: no claim of it can succeed now (its runtime
+        # answers 401), and the current key is not handed to it. Claimed before the
+        # rotation, it serves its session: kept (else every pool-started session lost its
+        # pod at the first operator restart after a rotation); never given its token, it
+        # never can be: deleted. Not known (no answer): the next event asks again.
+        serving = await serves(ctx, pod, token)
+        if serving:
+            ctx.pool.delivered.add(meta.get("uid", ""))
+        elif serving is False:
+            await ctx.api.delete(core_path(namespace, "pods", meta["name"]), uid=uid_of(pod))
+        return
     egress = claim_egress(SandboxSession.from_body(body), ctx.settings)
     if not await deliver_token(ctx, pod, key, token, egress):
         await ctx.api.delete(core_path(namespace, "pods", meta["name"]), uid=uid_of(pod))

@@ -68,6 +68,12 @@ class PoolMetrics:
         )
 
 
+# Claims' workspace paths kept at once (``PoolState.keep_workspace_path``): each is taken
+# by its status write a moment after the claim; more are ones whose pod's deletion the
+# watch missed.
+WORKSPACE_PATHS_MAX = 1024
+
+
 @dataclass
 class PoolState:
     """Per namespace: free ready pods (name → pod as last seen) and claimed pod names."""
@@ -82,7 +88,7 @@ class PoolState:
     keys: dict[str, str] = field(default_factory=dict)  # namespace → claim key
     delivered: set[str] = field(default_factory=set)  # pod uids whose claim answered 200
     # Pod uid → the workspace path its claim's answer named, until the status records it
-    # (``take_workspace_path``) or the pod goes.
+    # (``take_workspace_path``) or the pod goes; at most ``WORKSPACE_PATHS_MAX``.
     workspace_paths: dict[str, str] = field(default_factory=dict)
     # Pod uid → set when this process's claim of it ends (swap sent, token on its way).
     claiming: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -97,6 +103,16 @@ class PoolState:
     started_new: set[str] = field(default_factory=set)
     posting: set[asyncio.Task] = field(default_factory=set)  # Events waiting for settle
     last_claim: float = 0.0  # time.monotonic() of the latest swap or status written
+
+    def keep_workspace_path(self, uid: str, path: str) -> None:
+        """The path the claim of pod ``uid`` was answered with, for its status write. An
+        entry leaves with that write or the pod's deletion event — not with a deletion
+        the watch missed (a re-list after a gap tells none): past the bound the oldest go
+        (their status long written; at worst the API asks the runtime itself)."""
+        self.workspace_paths.pop(uid, None)
+        while len(self.workspace_paths) >= WORKSPACE_PATHS_MAX:
+            del self.workspace_paths[next(iter(self.workspace_paths))]
+        self.workspace_paths[uid] = path
 
     def take_workspace_path(self, uid: str) -> str | None:
         """The workspace path the claim of pod ``uid`` was answered with, once."""

@@ -199,6 +199,48 @@ def test_a_rotated_claim_key_retires_the_free_pods_and_claims_go_on_with_the_new
     assert runtime_of(kube_api, namespace, session).request("GET", "/v1/stats").status_code == 200
 
 
+def test_a_session_claimed_before_a_key_rotation_keeps_its_pod_across_an_operator_restart(
+    kube_api: KubeClient, namespace, start_operator, monkeypatch
+):
+    """A session runs on a pool pod; the claim key is rotated; the operator restarts (an
+    upgrade, a crash, a standby taking over). The new operator has delivered nothing, so
+    each claimed pod's event re-delivers — with the new key, which that runtime never
+    had (401): the pod was deleted, every pool-started session lost its pod at once. Now
+    the runtime is asked whether it answers its session's token, and is kept."""
+    monkeypatch.setattr(refill, "RELIST_EVERY", 1.0)
+    first = start_operator(pool_size=1)
+    wait_pool(kube_api, namespace, 1)
+    wait_operator_pool(first, namespace, 1)
+    make_session(kube_api, namespace, **EPHEMERAL)
+    session = wait_phase(kube_api, sbs_path(namespace, "sb-session-alice"), "Running")
+    assert session["status"]["startedFrom"] == "pool"
+    pod = kube_api.get(pods_path(namespace, session["status"]["podName"]))
+    old_key = claim_key(kube_api, namespace)
+    kube_api.delete(f"/api/v1/namespaces/{namespace}/secrets/{POOL_SECRET}")
+
+    def rotated() -> bool:
+        try:
+            return claim_key(kube_api, namespace) != old_key
+        except ApiError:
+            return False  # not made again yet
+
+    wait_until(rotated, timeout=TIMEOUT, message="a new claim key")
+    first.stop()
+    second = start_operator(pool_size=1)
+    path, uid = pods_path(namespace, pod["metadata"]["name"]), pod["metadata"]["uid"]
+
+    def settled() -> bool:
+        live = kube_api.get(path)
+        gone = live is None or bool(live["metadata"].get("deletionTimestamp"))
+        return gone or uid in second.ctx.pool.delivered
+
+    wait_until(settled, timeout=TIMEOUT, message="the new operator saw the claimed pod")
+    live = kube_api.get(path)
+    assert live is not None and live["metadata"]["uid"] == uid
+    assert not live["metadata"].get("deletionTimestamp")
+    assert runtime_of(kube_api, namespace, session).request("GET", "/v1/stats").status_code == 200
+
+
 def test_a_spec_a_pool_pod_cannot_give_starts_cold(kube_api: KubeClient, namespace, start_operator):
     start_operator(pool_size=1)
     wait_pool(kube_api, namespace, 1)

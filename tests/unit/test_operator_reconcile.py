@@ -369,10 +369,8 @@ async def test_a_runtimes_workspace_path_of_another_shape_is_not_recorded(world,
     assert status["phase"] == "Running" and status.get("workspacePath") is None
 
 
-async def test_a_path_the_first_look_missed_is_recorded_by_the_next_look(world) -> None:
-    """No answer when the session turned Running (its runtime slow): the status has no
-    path then; the look due at once asks and records it, and a later status of the same
-    pod start keeps it."""
+async def running_without_path(world) -> tuple[OperatorContext, FakeKube, Stats]:
+    """A session turned Running when its runtime did not answer: no path in the status."""
     ctx, kube, stats = world
     put_session(kube)
     await reconcile_session(ctx, NS, NAME)
@@ -381,6 +379,14 @@ async def test_a_path_the_first_look_missed_is_recorded_by_the_next_look(world) 
     await reconcile_session(ctx, NS, NAME)
     assert kube.objects[SESSION_PATH]["status"].get("workspacePath") is None
     stats.down = False
+    return ctx, kube, stats
+
+
+async def test_a_path_the_first_look_missed_is_recorded_by_the_next_look(world) -> None:
+    """No answer when the session turned Running (its runtime slow): the status has no
+    path then; the look due at once asks and records it, and a later status of the same
+    pod start keeps it."""
+    ctx, kube, _ = await running_without_path(world)
     ctx.sessions_seen[(NS, NAME)] = copy.deepcopy(kube.objects[SESSION_PATH])  # its event
     kube.calls.clear()
     await check_session(ctx, NS, NAME, logging.getLogger("t"))  # from the event: no reconcile
@@ -388,6 +394,34 @@ async def test_a_path_the_first_look_missed_is_recorded_by_the_next_look(world) 
     assert kube.verbs("patch") == [f"{SESSION_PATH}/status"]
     await reconcile_session(ctx, NS, NAME)  # e.g. a pod event: the path stays
     assert kube.objects[SESSION_PATH]["status"]["workspacePath"] == "/srv/node/ws"
+
+
+async def test_a_look_afresh_records_no_path_for_a_later_pod_start(world) -> None:
+    """A look made afresh (no watch event to write onto) asks the runtime the status it
+    read names; while the answer is on its way the pod is replaced and a reconcile writes
+    the new start. The look's write is not guarded: had it carried the old pod's path,
+    the new start's status named it (kept while the same start) and the API used it
+    instead of asking the new runtime. Only a look from a watch event (its write guarded
+    by that version) records a path."""
+    ctx, kube, stats = await running_without_path(world)
+    asked = []
+
+    def racing(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        if len(asked) == 1:  # the reconcile's first look: no answer in time
+            return httpx.Response(503, json={"error": {"code": "unavailable"}})
+        session = kube.objects[SESSION_PATH]  # meanwhile: a new pod start is written
+        session["status"]["startedAt"] = "2030-01-01T00:00:00Z"
+        kube._bump(session)
+        return stats.handle(request)  # the old pod's answer
+
+    await ctx.http.aclose()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(racing)) as ctx.http:
+        await check_session(ctx, NS, NAME, logging.getLogger("t"))  # no event seen: afresh
+    assert len(asked) == 2
+    status = kube.objects[SESSION_PATH]["status"]
+    assert status["startedAt"] == "2030-01-01T00:00:00Z"
+    assert status.get("workspacePath") is None
 
 
 async def test_a_lost_claim_is_reported_not_replaced(world, events) -> None:

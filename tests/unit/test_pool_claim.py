@@ -384,3 +384,22 @@ async def test_the_short_paths_status_write_names_the_claims_workspace_path() ->
     assert status["workspacePath"] == "/srv/node/ws"
     assert kube.verbs("patch").count(path + "/status") == 1
     assert ctx.pool.workspace_paths == {}
+
+
+async def test_the_kept_paths_are_bounded_when_pods_go_unseen() -> None:
+    """A path leaves with its status write or its pod's deletion event; pods whose
+    deletion the watch missed (a re-list after a gap reports none) leave theirs behind —
+    a pool that churns for weeks must not grow the map without end: the oldest go."""
+    from sandbox_workspace.operator.pool.state import WORKSPACE_PATHS_MAX
+
+    state = PoolState((NS,), 1, PoolMetrics(CollectorRegistry()))
+    answer = {"claimed": True, "network": "deny", "workspace_path": "/workspace"}
+    reply = httpx.MockTransport(lambda request: httpx.Response(200, json=answer))
+    async with httpx.AsyncClient(transport=reply) as http:
+        ctx = SimpleNamespace(http=http, pool=state)
+        for n in range(WORKSPACE_PATHS_MAX + 50):
+            pod = {**POD, "metadata": {"name": f"pool-{n}", "uid": f"u{n}"}}
+            assert await deliver_token(ctx, pod, "key", "token")  # type: ignore[arg-type]
+    assert len(state.workspace_paths) == WORKSPACE_PATHS_MAX
+    assert "u0" not in state.workspace_paths  # the oldest went
+    assert state.take_workspace_path(f"u{WORKSPACE_PATHS_MAX + 49}") == "/workspace"
