@@ -187,7 +187,8 @@ def test_timeouts_are_numbers_and_idempotency_is_bounded():
 
     assert timeout_of(None) == timeout_of({}) == DEFAULT_TIMEOUT
     assert timeout_of({"timeout": 2}) == 2
-    for bad in ("10", True, -1, [1]):
+    assert timeout_of({"timeout": 1e300}) == timeout_of({"timeout": 10**30}) == 86_400
+    for bad in ("10", True, -1, [1], float("nan"), float("inf"), float("-inf")):
         with pytest.raises(BadRequest):
             timeout_of({"timeout": bad})
 
