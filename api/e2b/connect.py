@@ -117,16 +117,17 @@ def _constant(name: str) -> Any:
     raise BadRequest(f"{name} is not JSON: send finite numbers")
 
 
-def message_of(raw: bytes) -> dict:
-    """A request message: one JSON object (an empty body is the empty message)."""
+def message_of(raw: bytes, what: str = "the message") -> dict:
+    """A request message (``what``: its name in errors): one JSON object; an empty body
+    is the empty message."""
     try:
         message = json.loads(raw or b"{}", parse_float=_finite, parse_constant=_constant)
     except RecursionError:  # the C decoder's nesting bound
-        raise BadRequest("the message nests too deep to be a request") from None
+        raise BadRequest(f"{what} nests too deep to be a request") from None
     except ValueError as e:  # not JSON, not UTF-8
-        raise BadRequest(f"the message is not JSON: {e}") from None
+        raise BadRequest(f"{what} is not JSON: {e}") from None
     if not isinstance(message, dict):
-        raise BadRequest(f"the message must be a JSON object, not {type(message).__name__}")
+        raise BadRequest(f"{what} must be a JSON object, not {type(message).__name__}")
     return message
 
 

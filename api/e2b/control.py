@@ -18,9 +18,9 @@ import contextlib
 import json
 import math
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from sandbox_workspace.contract.errors import ApiError, BadRequest
@@ -28,7 +28,7 @@ from sandbox_workspace.contract.errors import ApiError, BadRequest
 from ..backends.base import Session
 from ..deps import Services, ServicesDep
 from ..identity import Caller
-from . import processes
+from . import connect, processes
 from .conversation import EXECUTIONS, Sandbox, client
 from .ids import (
     AccessTokens,
@@ -140,8 +140,15 @@ def _reap(services: Services, timers) -> None:
     timers.start(services.spawn, lambda sid, who: _end(services, sid, who))
 
 
-async def _create(request: Request, services: Services, body: dict) -> JSONResponse:
+async def body_of(request: Request) -> dict:
+    """The request's JSON object (no body: ``{}``); a 400 naming what is wrong — not
+    FastAPI's "There was an error parsing the body", nor a 500 for ``NaN``."""
+    return connect.message_of(await request.body(), "the body")
+
+
+async def _create(request: Request, services: Services) -> JSONResponse:
     caller = await _caller(request, services)
+    body = await body_of(request)
     template = body.get("templateID") or "base"
     if not isinstance(template, str) or template not in TEMPLATES:
         raise BadRequest(
@@ -230,11 +237,9 @@ class NotSupported(ApiError):
 
 @router.post("/sandboxes")
 @router.post("/v2/sandboxes")
-async def create_sandbox(
-    request: Request, services: ServicesDep, body: Annotated[dict, Body()]
-) -> Response:
+async def create_sandbox(request: Request, services: ServicesDep) -> Response:
     try:
-        return await _create(request, services, body)
+        return await _create(request, services)
     except ApiError as e:
         return e2b_error(e)
 
@@ -287,13 +292,12 @@ async def set_timeout(
     sandbox_id: str,
     request: Request,
     services: ServicesDep,
-    body: Annotated[dict | None, Body()] = None,
 ) -> Response:
     try:
         caller = await _caller(request, services)
         sid = check_sandbox_id(sandbox_id)
         await Sandbox.open(services, caller, sid)
-        await _keep(services, sid, caller, timeout_of(body))
+        await _keep(services, sid, caller, timeout_of(await body_of(request)))
         return Response(status_code=204)
     except ApiError as e:
         return e2b_error(e)
@@ -305,14 +309,13 @@ async def connect_sandbox(
     sandbox_id: str,
     request: Request,
     services: ServicesDep,
-    body: Annotated[dict | None, Body()] = None,
 ) -> Response:
     """Resume the session if it stopped (``ensure_running``) and answer the sandbox."""
     try:
         caller = await _caller(request, services)
         sid = check_sandbox_id(sandbox_id)
         await Sandbox.open(services, caller, sid)
-        timeout = timeout_of(body)
+        timeout = timeout_of(await body_of(request))
         await _keep(services, sid, caller, timeout, extend_only=True)
         left = await lifetimes(services).remaining(caller, sid)
         answer = _describe(sid, "base", int(left or timeout))
