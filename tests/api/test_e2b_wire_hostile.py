@@ -398,6 +398,42 @@ def test_another_users_sandbox_is_a_missing_one(server, sandbox):
         )
 
 
+def test_another_sandboxs_processes_and_watchers_are_not_found(server, sandbox):
+    """A second sandbox of the same user names the first one's pid and watcher id: the
+    same 404 as a pid or id nobody has, and the first one's process lives on."""
+    pid = _start(server, sandbox, "echo up; sleep 30")
+    watcher = _envd(server, sandbox, WATCHER, b'{"path": ""}').json()["watcherId"]
+    made = _create(server).json()
+    sid = made["sandboxID"]
+    other = (sid, {"X-Access-Token": made["envdAccessToken"], "E2b-Sandbox-Id": sid})
+
+    def signal(target: int) -> httpx.Response:
+        message = {"process": {"pid": target}, "signal": "SIGNAL_SIGKILL"}
+        return _envd(server, other, SIGNAL, json.dumps(message).encode())
+
+    def events(target: str) -> httpx.Response:
+        message = json.dumps({"watcherId": target}).encode()
+        return _envd(server, other, "filesystem.Filesystem/GetWatcherEvents", message)
+
+    try:
+        for call, victim, nobody in [(signal, pid, 4_000_000), (events, watcher, "x" * 16)]:
+            texts = []
+            for target in (victim, nobody):
+                answer = call(target)
+                assert answer.status_code == 404, answer.text
+                texts.append(answer.json()["message"].replace(str(target), "ID"))
+            assert texts[0] == texts[1], texts
+        follow = frame(json.dumps({"process": {"pid": pid}}).encode())
+        assert _stream_error(_envd(server, other, CONNECT, follow, STREAM))["code"] == "not_found"
+        listed = _envd(server, sandbox, "process.Process/List", b"{}").json()["processes"]
+        assert pid in [p["pid"] for p in listed]  # untouched
+    finally:
+        _kill(server, sandbox, pid)
+        remove = json.dumps({"watcherId": watcher}).encode()
+        _envd(server, sandbox, "filesystem.Filesystem/RemoveWatcher", remove)
+        httpx.delete(f"{server.url}/e2b/sandboxes/{sid}", headers={"X-API-Key": KEY}, timeout=60)
+
+
 @pytest.mark.parametrize(
     "sandbox_id",
     [
