@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import math
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from sandbox_workspace.contract.errors import ApiError, BadRequest
@@ -26,7 +28,7 @@ from sandbox_workspace.contract.errors import ApiError, BadRequest
 from ..backends.base import Session
 from ..deps import Services, ServicesDep
 from ..identity import Caller
-from . import processes
+from . import connect, processes
 from .conversation import EXECUTIONS, Sandbox, client
 from .ids import (
     AccessTokens,
@@ -42,6 +44,7 @@ from .ids import (
 )
 from .keys import owner_of, records_of
 from .keys import router as keys_router
+from .lifetimes import MAX_TIMEOUT
 from .state import idempotency, lifetimes
 
 router = APIRouter(prefix="/e2b", tags=["e2b"], include_in_schema=False)
@@ -50,16 +53,38 @@ router.include_router(keys_router)  # before the catch-all "not supported"
 ENVD_VERSION = "0.5.7"  # what the SDK's feature checks see (octet-stream uploads: ≥0.5.7)
 TEMPLATES = {"base": "base", "code-interpreter-v1": "code-interpreter-v1"}
 DEFAULT_TIMEOUT = 300
+MAX_METADATA_BYTES = 64 * 1024
 
 
 def timeout_of(body: dict | None) -> int:
-    """The body's ``timeout`` in seconds (E2B's default when absent); 400 if not a number."""
+    """The body's ``timeout`` in seconds (E2B's default when absent, at most E2B's cap,
+    ``MAX_TIMEOUT``); 400 if not a finite number >= 0."""
     value = (body or {}).get("timeout")
     if value is None:
         return DEFAULT_TIMEOUT
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
         raise BadRequest("timeout must be a number of seconds >= 0", code="invalid_timeout")
-    return int(value) or DEFAULT_TIMEOUT
+    return int(min(value, MAX_TIMEOUT)) or DEFAULT_TIMEOUT
+
+
+def metadata_of(body: dict) -> dict[str, str]:
+    """The body's ``metadata``: E2B's string → string map, at most ``MAX_METADATA_BYTES``
+    (it is answered back, and remembered with an ``Idempotency-Key``'s answer)."""
+    metadata = body.get("metadata") or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise BadRequest("metadata must be an object of string values", code="invalid_metadata")
+    size = len(json.dumps(metadata))
+    if size > MAX_METADATA_BYTES:
+        raise BadRequest(
+            f"metadata of {size} bytes: at most {MAX_METADATA_BYTES} (as JSON)",
+            code="invalid_metadata",
+        )
+    return metadata
 
 
 def e2b_error(e: ApiError) -> JSONResponse:
@@ -115,18 +140,27 @@ def _reap(services: Services, timers) -> None:
     timers.start(services.spawn, lambda sid, who: _end(services, sid, who))
 
 
-async def _create(request: Request, services: Services, body: dict) -> JSONResponse:
+async def body_of(request: Request) -> dict:
+    """The request's JSON object (no body: ``{}``); a 400 naming what is wrong — not
+    FastAPI's "There was an error parsing the body", nor a 500 for ``NaN``."""
+    return connect.message_of(await request.body(), "the body")
+
+
+async def _create(request: Request, services: Services) -> JSONResponse:
     caller = await _caller(request, services)
+    body = await body_of(request)
     template = body.get("templateID") or "base"
-    if template not in TEMPLATES:
+    if not isinstance(template, str) or template not in TEMPLATES:
         raise BadRequest(
-            f"template '{template}' is not available: use 'base' or 'code-interpreter-v1'",
+            f"template {str(template)[:100]!r} is not available: use 'base' or "
+            "'code-interpreter-v1'",
             code="template_not_found",
         )
     if body.get("autoPause") or body.get("volumeMounts") or body.get("mcp"):
         raise NotSupported("autoPause, volumeMounts and mcp are not supported")
     timeout = timeout_of(body)
-    attach = (body.get("metadata") or {}).get(ATTACH_KEY)
+    metadata = metadata_of(body)
+    attach = metadata.get(ATTACH_KEY)
 
     async def make() -> dict[str, Any]:
         if attach:
@@ -144,7 +178,7 @@ async def _create(request: Request, services: Services, body: dict) -> JSONRespo
             await _made(services, session, sandbox.cid)
         await _keep(services, sandbox_id, caller, timeout)
         answer = _describe(sandbox_id, template, timeout)
-        answer["metadata"] = body.get("metadata") or {}
+        answer["metadata"] = metadata
         answer["envdAccessToken"] = tokens(services).issue(caller, sandbox_id)
         return answer
 
@@ -203,11 +237,9 @@ class NotSupported(ApiError):
 
 @router.post("/sandboxes")
 @router.post("/v2/sandboxes")
-async def create_sandbox(
-    request: Request, services: ServicesDep, body: Annotated[dict, Body()]
-) -> Response:
+async def create_sandbox(request: Request, services: ServicesDep) -> Response:
     try:
-        return await _create(request, services, body)
+        return await _create(request, services)
     except ApiError as e:
         return e2b_error(e)
 
@@ -260,13 +292,12 @@ async def set_timeout(
     sandbox_id: str,
     request: Request,
     services: ServicesDep,
-    body: Annotated[dict | None, Body()] = None,
 ) -> Response:
     try:
         caller = await _caller(request, services)
         sid = check_sandbox_id(sandbox_id)
         await Sandbox.open(services, caller, sid)
-        await _keep(services, sid, caller, timeout_of(body))
+        await _keep(services, sid, caller, timeout_of(await body_of(request)))
         return Response(status_code=204)
     except ApiError as e:
         return e2b_error(e)
@@ -278,14 +309,13 @@ async def connect_sandbox(
     sandbox_id: str,
     request: Request,
     services: ServicesDep,
-    body: Annotated[dict | None, Body()] = None,
 ) -> Response:
     """Resume the session if it stopped (``ensure_running``) and answer the sandbox."""
     try:
         caller = await _caller(request, services)
         sid = check_sandbox_id(sandbox_id)
         await Sandbox.open(services, caller, sid)
-        timeout = timeout_of(body)
+        timeout = timeout_of(await body_of(request))
         await _keep(services, sid, caller, timeout, extend_only=True)
         left = await lifetimes(services).remaining(caller, sid)
         answer = _describe(sid, "base", int(left or timeout))

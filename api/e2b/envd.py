@@ -128,7 +128,7 @@ async def _fs_call(method: str, sandbox: Sandbox, body: dict) -> dict:
     if method == "Stat":
         return {"entry": _entry(await sandbox.fs("stat", rel))}
     if method == "ListDir":
-        depth = max(1, int(body.get("depth") or 1))
+        depth = max(1, connect.whole(body, "depth", 1, 0, 2**32 - 1))
         return {"entries": [_entry(i) for i in await sandbox.fs("list", rel, depth=depth)]}
     if method == "MakeDir":
         return {"entry": _entry(await sandbox.fs("mkdir", rel))}
@@ -142,10 +142,17 @@ async def _fs_call(method: str, sandbox: Sandbox, body: dict) -> dict:
     raise NotImplementedError(method)
 
 
-def _connect_error(code: str, message: str) -> JSONResponse:
+def _connect_error(code: str, message: str, status: int | None = None) -> JSONResponse:
     return JSONResponse(
-        {"code": code, "message": message}, status_code=connect.HTTP_STATUS.get(code, 500)
+        {"code": code, "message": message},
+        status_code=status or connect.HTTP_STATUS.get(code, 500),
     )
+
+
+def _json_media(request: Request, streams: bool = False) -> bool:
+    """Whether the body is in a JSON codec of Connect (none named: taken as JSON)."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return media in ("", "application/json") or (streams and media == connect.STREAM_MEDIA_TYPE)
 
 
 @router.post("/filesystem.Filesystem/{method}")
@@ -162,9 +169,11 @@ async def filesystem(method: str, request: Request, services: ServicesDep) -> Re
 async def _unary(request: Request, services, call) -> Response:
     """One unary Connect-JSON call on the request's sandbox: ``call(sandbox, body)``'s
     answer, or the Connect error that says what went wrong."""
+    if not _json_media(request):  # Connect's answer to a codec it does not speak: 415
+        return _connect_error("unimplemented", connect.JSON_ONLY, 415)
     try:
         sandbox = await _sandbox(request, services)
-        return JSONResponse(await call(sandbox, await request.json()))
+        return JSONResponse(await call(sandbox, connect.message_of(await request.body())))
     except ApiError as e:
         return _connect_error(connect.code_for_status(e.status), e.message)
     except (ValueError, TypeError) as e:
@@ -184,8 +193,7 @@ async def process(method: str, request: Request, services: ServicesDep) -> Respo
         message = await _stream_message(request)
         sandbox = await _sandbox(request, services)
         if method == "Start":
-            timeout_ms = request.headers.get("connect-timeout-ms")
-            timeout = int(timeout_ms) / 1000 if timeout_ms and int(timeout_ms) > 0 else None
+            timeout = connect.timeout_seconds(request.headers.get("connect-timeout-ms"))
             events = processes.start_events(sandbox, message, timeout)
         else:
             events = sandbox.client.process_events(sandbox.cid, processes.pid_of(message))
@@ -205,9 +213,12 @@ async def process(method: str, request: Request, services: ServicesDep) -> Respo
 
 async def _stream_message(request: Request) -> dict:
     """The one message of a Connect server-stream request (enveloped, or plain JSON)."""
+    if not _json_media(request, streams=True):
+        raise connect.Unimplemented(connect.JSON_ONLY)
     if request.headers.get("content-type", "").startswith(connect.STREAM_MEDIA_TYPE):
-        return connect.read_envelopes(await request.body())[0][1]
-    return await request.json()
+        encoding = request.headers.get("connect-content-encoding")
+        return connect.request_message(await request.body(), encoding)
+    return connect.message_of(await request.body())
 
 
 async def _watch_dir(request: Request, services: ServicesDep) -> Response:
@@ -316,13 +327,14 @@ async def _execution_lines(sandbox: Sandbox, request: ExecuteRequest) -> AsyncIt
 async def execute(request: Request, services: ServicesDep) -> Response:
     try:
         sandbox = await _sandbox(request, services)
-        body = await request.json()
-        language = (body.get("language") or "python").lower()
+        body = connect.message_of(await request.body())
+        language = (connect.field(body, "language", str) or "python").lower()
         if body.get("context_id") or language not in ("python", "bash"):
             raise NotSupported("contexts and languages other than python/bash are not supported")
         if body.get("env_vars"):
             raise NotSupported("env_vars on run_code are not supported")
-        execute = ExecuteRequest(language=language, code=body.get("code") or "", timeout=300)
+        code = connect.field(body, "code", str) or ""
+        execute = ExecuteRequest(language=language, code=code, timeout=300)
         release = caps(services).streams.take(sandbox.caller)  # E2B's 429 shape
     except ApiError as e:
         return _file_error(e)
@@ -337,5 +349,14 @@ async def execute(request: Request, services: ServicesDep) -> Response:
 
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
-async def unsupported(rest: str) -> Response:
+async def unsupported(rest: str, request: Request) -> Response:
+    if request.method != "POST" and rest.startswith(("process.Process/", "filesystem.Filesystem/")):
+        return JSONResponse(
+            {
+                "code": "unimplemented",
+                "message": f"{request.method} /{rest}: Connect RPCs take POST",
+            },
+            status_code=405,
+            headers={"Allow": "POST"},
+        )
     return _file_error(NotSupported(f"/{rest} is not supported by Sandbox Workspace's envd"))

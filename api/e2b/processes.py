@@ -17,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import re
 import shlex
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sandbox_workspace.contract.errors import ApiError
+from sandbox_workspace.contract.errors import ApiError, BadRequest
 from sandbox_workspace.runtime.client import RuntimeClientError
 from sandbox_workspace.runtime.schemas import ExecuteRequest
 
@@ -35,14 +36,27 @@ UNARY = ("List", "SendSignal", "SendInput", "CloseStdin")
 STREAMS = ("Start", "Connect")
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def command_of(process: dict) -> str:
     """The bash source for envd's ProcessConfig (``/bin/bash -l -c CMD`` is the SDK's)."""
-    cmd, args = process.get("cmd", ""), list(process.get("args") or [])
+    cmd = connect.field(process, "cmd", str, "")
+    args = connect.field(process, "args", list, [])
+    envs = connect.field(process, "envs", dict, {})
+    if not all(isinstance(a, str) for a in args):
+        raise BadRequest("'args' must be a list of strings")
+    for name, value in envs.items():
+        if not (_ENV_NAME.fullmatch(name) and isinstance(value, str)):
+            raise BadRequest(
+                f"'envs' maps variable names ([A-Za-z_][A-Za-z0-9_]*) to strings: "
+                f"{name[:40]!r} does not"
+            )
     if cmd in ("/bin/bash", "bash", "/bin/sh", "sh") and len(args) >= 2 and args[-2] == "-c":
         source = args[-1]
     else:
         source = shlex.join([cmd, *args])
-    prefix = [f"export {k}={shlex.quote(v)}" for k, v in (process.get("envs") or {}).items()]
+    prefix = [f"export {k}={shlex.quote(v)}" for k, v in envs.items()]
     cwd = to_relative(process.get("cwd"))
     if cwd:
         prefix.append(f"cd {shlex.quote(cwd)}")
@@ -50,10 +64,10 @@ def command_of(process: dict) -> str:
 
 
 def pid_of(message: dict) -> int:
-    selector = message.get("process") or {}
+    selector = connect.field(message, "process", dict, {})
     if "pid" not in selector:
-        raise ValueError("select the process by pid (tags are not supported)")
-    return int(selector["pid"])
+        raise BadRequest("select the process by pid (tags are not supported)")
+    return connect.whole(selector, "pid", 0, 1, 2**32 - 1)
 
 
 def _info(process: dict) -> dict[str, Any]:
@@ -69,15 +83,16 @@ async def unary(method: str, sandbox: Sandbox, message: dict) -> dict:
         listed = await client.list_processes(sandbox.cid)
         return {"processes": [_info(p) for p in listed if p["running"]]}
     if method == "SendSignal":
-        signal = _SIGNALS.get(message.get("signal"))
+        given = message.get("signal")
+        signal = _SIGNALS.get(given) if isinstance(given, str | int) else None
         if signal is None:
-            raise ValueError(f"signal {message.get('signal')!r} is not supported")
+            raise BadRequest(f"signal {str(given)[:40]!r} is not supported: SIGTERM or SIGKILL")
         await client.process_signal(sandbox.cid, pid_of(message), signal)
         return {}
     if method == "SendInput":
-        data = (message.get("input") or {}).get("stdin")
+        data = connect.field(connect.field(message, "input", dict, {}), "stdin", str)
         if data is None:
-            raise ValueError("only stdin input is supported (no PTY)")
+            raise BadRequest("only stdin input is supported (no PTY)")
         await client.process_input(sandbox.cid, pid_of(message), base64.b64decode(data))
         return {}
     if method == "CloseStdin":
@@ -122,8 +137,7 @@ async def _ended(sandbox: Sandbox, pid: int) -> None:
 def start_events(sandbox: Sandbox, message: dict, timeout: float | None) -> AsyncIterator[dict]:
     if message.get("pty"):
         raise _PtyUnsupported("a PTY is not supported")
-    process = message.get("process") or {}
-    label = command_of(process)
+    label = command_of(connect.field(message, "process", dict, {}))
     code = sandbox._at_home(ExecuteRequest(language="bash", code=label, timeout=1)).code
     stdin = bool(message.get("stdin", False))
     return sandbox.client.start_process(sandbox.cid, code, timeout=timeout, stdin=stdin)

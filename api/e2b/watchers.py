@@ -150,9 +150,9 @@ UNARY = ("CreateWatcher", "GetWatcherEvents", "RemoveWatcher")
 
 async def watch_stream(sandbox: Sandbox, message: dict) -> AsyncIterator[bytes]:
     """``WatchDir``: ``start``, then each change as it is seen (one watcher's slot)."""
-    rel, depth = _watched(message)
     wid = secrets.token_urlsafe(12)
     try:
+        rel, depth = _watched(message)  # in the try: a bad path ends the stream with it
         watcher = _WATCHERS[wid] = Watcher(owner(sandbox), rel, depth, EMPTY, _admit(sandbox))
         watcher.seen = Snapshot.of(await listing(sandbox, rel, depth))
         yield connect.envelope({"start": {}})

@@ -16,7 +16,7 @@ from sandbox_workspace.api.e2b.ids import (
 from sandbox_workspace.api.e2b.paths import to_e2b, to_relative
 from sandbox_workspace.api.e2b.processes import command_of
 from sandbox_workspace.api.identity import Caller
-from sandbox_workspace.contract.errors import BadRequest
+from sandbox_workspace.contract.errors import ApiError, BadRequest
 
 
 def test_connect_envelopes_round_trip_and_end_the_stream():
@@ -27,8 +27,65 @@ def test_connect_envelopes_round_trip_and_end_the_stream():
         (connect.END_STREAM, {"error": {"code": "not_found", "message": "gone"}}),
     ]
     assert connect.read_envelopes(connect.end_stream()) == [(2, {})]
-    with pytest.raises(ValueError):
+    with pytest.raises(BadRequest, match="declares 47 bytes, 46 follow"):
         connect.read_envelopes(body[:-1])
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        pytest.param(b"\x00\xff\xff\xff\xff", "declares 4294967295 bytes, 0 follow", id="2^32-1"),
+        pytest.param(b"\x00\x00", "envelope header", id="short-header"),
+        pytest.param(b"", "has 0", id="none"),
+        pytest.param(connect.envelope({}) * 2, "has 2", id="two"),
+        pytest.param(connect.envelope({}, 0x02), "flags 0x02", id="end-stream"),
+        pytest.param(connect.envelope({}, 0x01), "compressed", id="compressed"),
+        pytest.param(connect.envelope([]), "JSON object", id="array"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_stream_request_is_one_plain_envelope_of_one_object(body, says):
+    with pytest.raises(ApiError, match=says):
+        connect.request_message(body)
+
+
+def test_a_stream_request_message():
+    assert connect.request_message(connect.envelope({"a": 1})) == {"a": 1}
+    assert connect.request_message(b"\x00\x00\x00\x00\x00") == {}  # the empty message
+    with pytest.raises(connect.Unimplemented, match="br"):
+        connect.request_message(connect.envelope({}), "br")
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nests too deep"),
+        (b'{"a": NaN}', "NaN is not JSON"),
+        (b'{"a": -Infinity}', "-Infinity is not JSON"),
+        (b'{"a": 1e999}', "out of range"),
+        (b'"x"', "not str"),
+        (b"\xff", "not JSON"),
+    ],
+)
+def test_a_message_is_one_json_object_of_finite_numbers(raw, says):
+    with pytest.raises(BadRequest, match=says):
+        connect.message_of(raw)
+
+
+def test_fields_name_what_is_wrong():
+    assert connect.field({"a": None}, "a", str, "d") == "d"
+    with pytest.raises(BadRequest, match="'a' must be a string"):
+        connect.field({"a": 1}, "a", str)
+    with pytest.raises(BadRequest, match="'n' must be a whole number"):
+        connect.field({"n": True}, "n", int)
+    assert connect.whole({"n": "7"}, "n", 0, 1, 9) == 7
+    for bad in (0, 10, 1.5, "x", True, "9" * 30):
+        with pytest.raises(BadRequest, match="from 1 to 9"):
+            connect.whole({"n": bad}, "n", 0, 1, 9)
+    assert connect.timeout_seconds(None) is None and connect.timeout_seconds("0") is None
+    assert connect.timeout_seconds("1500") == 1.5
+    for bad in ("-1", "1e3", "9" * 11, "１"):
+        with pytest.raises(BadRequest, match="Connect-Timeout-Ms"):
+            connect.timeout_seconds(bad)
 
 
 def test_connect_codes_for_statuses():
@@ -52,10 +109,28 @@ def test_home_and_relative_paths_name_the_conversation(given, relative):
     assert to_e2b(relative) == ("/home/user/" + relative if relative else "/home/user")
 
 
-@pytest.mark.parametrize("given", ["/etc/passwd", "/home/userx", "a/../../b", "/home/user/.."])
-def test_other_paths_are_refused(given):
-    with pytest.raises(BadRequest):
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ("/etc/passwd", "outside"),
+        ("/home/userx", "outside"),
+        ("a/../../b", "'..'"),
+        ("/home/user/..", "'..'"),
+        ("a\x00b", "NUL"),
+        ("a\ud800", "valid Unicode"),
+        (5, "must be a string"),
+        (["a"], "must be a string"),
+        ("n" * 4097, "File name too long"),
+        ("/".join(["d"] * 10_000), "File name too long"),
+    ],
+)
+def test_other_paths_are_refused(given, says):
+    with pytest.raises(BadRequest, match=says):
         to_relative(given)
+
+
+def test_a_path_of_path_max_is_passed_on():
+    assert to_relative("n" * 4096) == "n" * 4096
 
 
 def test_access_tokens_name_their_caller_and_sandbox_only():
@@ -112,7 +187,8 @@ def test_timeouts_are_numbers_and_idempotency_is_bounded():
 
     assert timeout_of(None) == timeout_of({}) == DEFAULT_TIMEOUT
     assert timeout_of({"timeout": 2}) == 2
-    for bad in ("10", True, -1, [1]):
+    assert timeout_of({"timeout": 1e300}) == timeout_of({"timeout": 10**30}) == 86_400
+    for bad in ("10", True, -1, [1], float("nan"), float("inf"), float("-inf")):
         with pytest.raises(BadRequest):
             timeout_of({"timeout": bad})
 
