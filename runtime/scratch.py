@@ -198,28 +198,33 @@ class ScratchRecords:
             write_atomically(fd, RECORD, data)
 
 
-def remove_recorded(root: str | os.PathLike[str]) -> None:
-    """Remove every scratch root recorded under ``root`` (a workspace no runtime runs on,
-    about to be deleted whole); nothing to do when it has no state. Never repairs or
-    creates anything there. Raises ``ScratchLeft`` when a root stays."""
+def recorded(root: str | os.PathLike[str]) -> list[Root]:
+    """The scratch roots recorded under the workspace ``root`` (none when it has no
+    state). Reads only: never repairs or creates anything, follows no link."""
     try:
         rfd = os.open(Path(root), tree.DIR_FLAGS)
     except OSError as e:
         if e.errno in _NOTHING_THERE:
-            return
+            return []
         raise
     try:
         try:
             sfd = os.open(STATE, tree.DIR_FLAGS, dir_fd=rfd)
         except OSError as e:
             if e.errno in _NOTHING_THERE:  # a link in its place is never followed
-                return
+                return []
             raise
         try:
-            left = _remove_all(_read(sfd))
+            return _read(sfd)
         finally:
             os.close(sfd)
     finally:
         os.close(rfd)
+
+
+def remove_recorded(root: str | os.PathLike[str]) -> None:
+    """Remove every scratch root recorded under ``root`` (a workspace no runtime runs on,
+    about to be deleted whole). Raises ``ScratchLeft`` when a root stays."""
+    left = _remove_all(recorded(root))
     if left:
         raise ScratchLeft(f"{len(left)} scratch root(s) could not be removed")
