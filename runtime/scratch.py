@@ -75,6 +75,10 @@ def make_root() -> Root:
     """A new scratch root in the temporary directory (mode 0700, a name nobody had)."""
     path = tempfile.mkdtemp(prefix=PREFIX)
     st = os.stat(path, follow_symlinks=False)
+    # mkdtemp made it; what is there now is still ours unless the temporary directory lets
+    # others swap entries (not sticky): then code would write into a stranger's directory.
+    if not (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077):
+        raise OSError(f"scratch root {path} is not the private directory just made")
     return Root(path, st.st_dev, st.st_ino)
 
 

@@ -240,3 +240,15 @@ def test_a_root_that_could_not_be_removed_stays_recorded(temp, workspace, monkey
     monkeypatch.undo()
     remove_recorded(workspace)
     assert not root.exists() and not second.exists()
+
+
+def test_a_root_that_is_not_the_private_directory_just_made_is_refused(
+    temp, workspace, monkeypatch
+):
+    """mkdtemp's directory swapped before it was looked at (a temporary directory that is
+    not sticky): code would write into a stranger's directory — the start fails instead."""
+    swapped = temp / f"{scratch.PREFIX}swapped"
+    swapped.mkdir(mode=0o755)
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda prefix: str(swapped))
+    with pytest.raises(OSError, match="not the private directory"):
+        _records(workspace).create()
