@@ -11,6 +11,8 @@ Contract:
 - Every code process is started by the spawner (``runtime/spawner.py``): confined with
   Landlock to its conversation directory and a private scratch directory (its ``HOME``,
   ``TMPDIR``, ``MPLCONFIGDIR``, outside the workspace), tracked with everything it starts.
+  The scratch root is recorded in the runtime's state (``runtime/scratch.py``): one left
+  by a runtime that was killed is removed by the next start or the deletion.
 - POSIX shared memory and named semaphores of code (multiprocessing, joblib) live in
   that scratch directory (``runtime/shm.py``'s preload library), not in /dev/shm.
 - With ``limits`` (``runtime/limits.py``) every execution is held to them; one that
@@ -28,7 +30,6 @@ import asyncio
 import contextlib
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 
@@ -92,7 +93,9 @@ class Executor:
         self._reaped: set[str] = set()
         # Bumped by stop_conversation: executions that started before it report the stop.
         self._generation: dict[str, int] = {}
-        self.scratch_root = tempfile.mkdtemp(prefix="sbw-scratch-")  # mode 0700
+        # Recorded in the state directory before any code runs: a runtime killed before its
+        # aclose leaves it to the next runtime, or the deletion, to remove (runtime/scratch.py).
+        self.scratch_root = workspace.scratch.create()
         self.shm_shim = shm.library()  # private POSIX shared memory for parallel code
         protected = [os.path.realpath(workspace.root.path), os.path.realpath(self.scratch_root)]
         self.cpu_groups = CpuGroups.create()  # a CPU share per conversation (root only)
@@ -344,12 +347,7 @@ class Executor:
         self.confinement.close()
         if self.cpu_groups is not None:
             self.cpu_groups.close()
-        parent, name = os.path.split(self.scratch_root)
-        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            pathsafe.remove_tree(fd, name)
-        finally:
-            os.close(fd)
+        self.workspace.scratch.release(self.scratch_root)
 
 
 def _timed_usage(spawner: int) -> tuple[dict[int, int], float]:

@@ -8,6 +8,7 @@ Layout beneath the root (``/workspace`` in a pod)::
         staging/                                 partial uploads, renamed into place whole
         meta/{conversation_id}/{hash}.json       upload metadata (``metastore``)
         marks/{conversation_id}.json             what runs modified/presented (``marks``)
+        scratch                                  the runtimes' scratch roots (``scratch``)
 
 Contract: every access goes through ``pathsafe.SafeRoot`` (no symlink is ever followed);
 conversation ids starting with "." are refused (the runtime's state lives there).
@@ -42,6 +43,7 @@ from .schemas import (
     Marks,
     MarksReport,
 )
+from .scratch import ScratchLeft, ScratchRecords
 from .staging import Staging
 from .state import StateDir
 from .upload_files import UploadFiles
@@ -68,6 +70,7 @@ class Workspace(UploadFiles):
         self.state = StateDir(self.root)
         self.meta = MetaStore(self.state)
         self.marks = MarksStore(self.state)
+        self.scratch = ScratchRecords(self.state)
         self.state.on_rebuilt = self._restore_state
         self.staging = Staging(self.state)
         self.gate = DeletionGate()
@@ -83,6 +86,7 @@ class Workspace(UploadFiles):
         """``.runtime`` was rebuilt: write back what memory holds."""
         self.meta.rewrite_all()
         self.marks.rewrite_all()
+        self.scratch.rewrite_all()
 
     # -- names ------------------------------------------------------------------------
 
@@ -204,6 +208,14 @@ class Workspace(UploadFiles):
             raise DeletionIncomplete(f"conversation '{cid}': {what} is still on disk; retry")
         log.info("conversation deleted", extra={"conversation_id": cid, "existed": existed})
         return ConversationDeleted(conversation_id=cid, deleted=existed, exists=False)
+
+    def remove_scratch_leftovers(self) -> None:
+        """Every recorded scratch root goes (``scratch``): call it only while no runtime
+        runs on this workspace (the local backend, deleting with the session down)."""
+        try:
+            self.scratch.remove_leftovers()
+        except (ScratchLeft, OSError) as e:
+            raise DeletionIncomplete(f"scratch space could not be deleted ({e}); retry") from e
 
     @contextlib.contextmanager
     def walk(self, parts: list[str], *, max_entries: int) -> Iterator[tree.Walk]:

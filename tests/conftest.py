@@ -29,6 +29,8 @@ from redis_server import missing_reason, start_redis
 from seaweedfs import SeaweedFS, start_seaweedfs
 from seaweedfs import missing_reason as seaweedfs_missing
 
+from sandbox_workspace.runtime.scratch import remove_recorded
+
 PYTHON = sys.executable
 START_TIMEOUT = 30.0
 
@@ -174,10 +176,11 @@ def runtime(
     # its shutdown (graceful: the spawner and its calls end first) overlaps the next test's setup
     # instead of adding to each of the ~220 tests that take a runtime of their own.
     server.interrupt(signal.SIGTERM)
-    _runtimes_stopping.append(server)
+    _runtimes_stopping.append((server, root))
 
 
-_runtimes_stopping: list[ServerProcess] = []
+# With their roots: what a runtime the test killed left in /tmp is removed at the end.
+_runtimes_stopping: list[tuple[ServerProcess, Path]] = []
 
 
 @dataclass
@@ -232,6 +235,11 @@ def _stop_all(servers: list[ServerProcess]) -> None:
     leftover = [pid for server in servers for pid in runtime_pids_under(server.workdir)]
     for pid in leftover:
         os.kill(pid, signal.SIGKILL)
+    # The scratch roots of sessions' runtimes that were killed (by a test, or just now)
+    # and whose sessions were not deleted: their records say where (runtime/scratch.py).
+    for server in servers:
+        for workspace in server.workdir.glob("*/sessions/*/workspace"):
+            remove_recorded(workspace)
     assert not leftover, f"runtime processes outlived their API: {leftover}"
 
 
@@ -242,8 +250,11 @@ def _servers_end_with_their_module(start_server) -> Iterator[None]:
     yield
     start_server.stop_module_servers()
     stopping, _runtimes_stopping[:] = list(_runtimes_stopping), []
-    for server in stopping:
+    for server, root in stopping:
         server.stop(signal.SIGTERM)  # asked already: waits (SIGKILL past 20 s)
+        # A runtime killed (by its test, or past those 20 s) could not remove its scratch
+        # root; the next start would have. Its record says where (runtime/scratch.py).
+        remove_recorded(root)
 
 
 EXTERNAL_API = os.environ.get("SANDBOX_TEST_API_URL")

@@ -21,7 +21,9 @@ Contract:
   directory is made (``fork_opened``, ``local_forks``), forgotten with its deletion.
 - ``delete_conversation`` never starts a runtime: a session that is down has its
   conversation deleted in this process (the runtime's own ``Workspace`` deletion), under
-  the session's lock so that no runtime starts on the directory meanwhile.
+  the session's lock so that no runtime starts on the directory meanwhile — and with it
+  the scratch a runtime killed before its clean stop left (``runtime/scratch.py``), as
+  ``delete_session`` removes that before the session's directory.
 - Idle stop, as the operator's: a running runtime idle for the session idle timeout
   (``idle_timeout_seconds``; unset: the custom resource's default; 0 never) by the
   runtime's rule (``runtime/idleness.py``: its own activity, or the API's
@@ -66,8 +68,9 @@ from sandbox_workspace.operator.naming import dns_name
 from sandbox_workspace.runtime import idleness
 from sandbox_workspace.runtime.gate import DeletionGate
 from sandbox_workspace.runtime.schemas import ConversationDeleted
+from sandbox_workspace.runtime.scratch import ScratchLeft, remove_recorded
 from sandbox_workspace.runtime.settings import RuntimeSettings
-from sandbox_workspace.runtime.workspace import Workspace
+from sandbox_workspace.runtime.workspace import DeletionIncomplete, Workspace
 
 from ..quotas import QuotaExceeded
 from ..runtime_client import RuntimeClient
@@ -327,6 +330,14 @@ class LocalBackend:
             if session_id not in self._records:
                 return False
             await self._stop(session_id)
+            # What a runtime killed before its clean stop left in the temporary directory
+            # (its record is in the workspace, about to go): the session stays until it is gone.
+            try:
+                await asyncio.to_thread(remove_recorded, self.workspace_dir(session_id))
+            except (ScratchLeft, OSError) as e:
+                raise DeletionIncomplete(
+                    f"session '{session_id}': scratch space could not be deleted ({e}); retry"
+                ) from e
             del self._records[session_id]
             self._api_activity.pop(session_id, None)
             if self.egress is not None:
@@ -640,9 +651,11 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def _delete_offline(root: Path, conversation_id: str) -> ConversationDeleted:
-    """What the runtime's deletion does (directory and state, verified), with no runtime."""
+    """What the runtime's deletion does (directory and state, verified), with no runtime;
+    the scratch roots its runtimes left go whole (no runtime runs: all are dead ones')."""
     workspace = Workspace(root, str(root))
     try:
+        workspace.remove_scratch_leftovers()
         return workspace.delete_conversation(conversation_id)
     finally:
         workspace.close()

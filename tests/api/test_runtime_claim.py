@@ -6,6 +6,7 @@ starts it (``SANDBOX_RUNTIME_CLAIM_KEY`` and no ``SANDBOX_RUNTIME_TOKEN``).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import socket
 from concurrent.futures import ThreadPoolExecutor
@@ -96,6 +97,7 @@ def test_a_runtime_with_a_token_takes_no_claim(tmp_path):
 
     settings = RuntimeSettings(token="t" * 20, claim_key=KEY, root=tmp_path)
     state = create_app(settings).state.runtime
+    asyncio.run(state.executor.aclose())  # no lifespan ran: its scratch root goes here
     assert not settings.pooled and state.claim.token == "t" * 20
     assert state.claim.claim_key is None
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from runtime_ops import assert_healthy, execute, listed, make_unprivileged, restart
 
+from sandbox_workspace.runtime import scratch
 from sandbox_workspace.runtime.metastore import UploadMeta, meta_file_name
 
 CANARY = b"CANARY-outside-7c1e"
@@ -211,12 +212,18 @@ def _meta_to_outside(rt, outside: Path) -> None:
         pytest.param(_staging_fifo, ["a.csv"], id="staging-is-a-fifo"),
     ],
 )
-def test_restart_on_damaged_state_starts_and_heals(runtime, outside: Path, damage, kept) -> None:
+def test_restart_on_damaged_state_starts_and_heals(
+    runtime, outside: Path, damage, kept, request
+) -> None:
     """Today a restart on a PVC whose .runtime is a symlink refuses to start (a crash
     loop). Now every start succeeds, repairs, and follows no link."""
     make_unprivileged(runtime)  # mode 000 must mean something
     assert runtime.upload("c1", "a.csv", b"a").status_code == 201
     runtime.server.stop(signal.SIGKILL)
+    # The damage may take the record of the killed runtime's scratch root with it: then
+    # nothing knows the root any more but this test, which removes it.
+    killed = scratch.recorded(runtime.root)
+    request.addfinalizer(lambda: [scratch.remove_root(r) for r in killed])
     damage(runtime, outside)
     c1_before, outside_before = tree_of(runtime.root / "c1"), tree_of(outside)
 

@@ -21,6 +21,7 @@ from sandbox_workspace.api.identity import Caller
 from sandbox_workspace.api.sessions import SessionService
 from sandbox_workspace.contract.errors import Unavailable
 from sandbox_workspace.operator.models import FileUploadConfig
+from sandbox_workspace.runtime.scratch import remove_recorded
 
 pytestmark = pytest.mark.local_backend
 
@@ -62,7 +63,9 @@ def test_runtime_that_cannot_start_is_session_failed(
     [pid] = runtime_pids(workspace.parent)
     os.kill(pid, signal.SIGKILL)
     wait_status(api, session_url, "error")
-    # The next runtime finds no directory to serve: it exits during start-up.
+    # The next runtime finds no directory to serve: it exits during start-up. The killed
+    # one's scratch root goes first (its record is in the workspace, removed next).
+    remove_recorded(workspace)
     shutil.rmtree(workspace)
     workspace.write_text("not a directory")
     r = _upload(api, user)

@@ -5,8 +5,11 @@ node tier (bench e2b)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+
 import httpx
-from fastapi import routing
+import pytest
+from fastapi import FastAPI, routing
 
 from sandbox_workspace.runtime.app import create_app
 from sandbox_workspace.runtime.settings import RuntimeSettings
@@ -14,8 +17,18 @@ from sandbox_workspace.runtime.settings import RuntimeSettings
 TOKEN = "t" * 24
 
 
-async def test_the_first_authenticated_call_builds_no_route(tmp_path, monkeypatch) -> None:
-    app = create_app(RuntimeSettings(token=TOKEN, root=tmp_path, confinement="none"))
+@pytest.fixture
+async def closing() -> AsyncIterator[Callable[[FastAPI], FastAPI]]:
+    """``closing(app)``: a runtime app used without its lifespan, whose executor (and so
+    its scratch root, made with it) is closed after the test, as the lifespan would."""
+    apps: list[FastAPI] = []
+    yield lambda app: apps.append(app) or app
+    for app in apps:
+        await app.state.runtime.executor.aclose()
+
+
+async def test_the_first_authenticated_call_builds_no_route(tmp_path, monkeypatch, closing) -> None:
+    app = closing(create_app(RuntimeSettings(token=TOKEN, root=tmp_path, confinement="none")))
     built: list[str] = []
     original = routing.get_dependant
 
@@ -33,14 +46,16 @@ async def test_the_first_authenticated_call_builds_no_route(tmp_path, monkeypatc
     assert built == []
 
 
-async def test_a_conversations_files_are_counted_off_the_event_loop(tmp_path, monkeypatch) -> None:
+async def test_a_conversations_files_are_counted_off_the_event_loop(
+    tmp_path, monkeypatch, closing
+) -> None:
     """``PUT /v1/conversations/{id}`` answers the conversation's file count: a walk as long
     as the conversation is big, which on the loop stalled every other request."""
     import threading
 
     from sandbox_workspace.runtime.workspace import Workspace
 
-    app = create_app(RuntimeSettings(token=TOKEN, root=tmp_path, confinement="none"))
+    app = closing(create_app(RuntimeSettings(token=TOKEN, root=tmp_path, confinement="none")))
     counted_on: list[threading.Thread] = []
     original = Workspace.conversation_info
 
