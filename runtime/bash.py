@@ -1,6 +1,7 @@
 """``language: bash``: a fresh process per call, in the conversation's directory.
 
-Contract: the script runs as ``bash --noprofile --norc -c CODE``, started through the
+Contract: the script runs as ``bash --noprofile --norc -c CODE`` (a large one from a file:
+``bash_script``), started through the
 spawner (confined, in its own session, stdin ``/dev/null``, a scrubbed environment);
 stdout and stderr are read concurrently into the collector as they come. At the deadline
 the call's whole process tree is killed — whatever it started, daemons included. When the
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from .bash_script import bash_command
 from .limits import Limits, frozen_outcome, limit_error
 from .output import OutputCollector
 from .pipes import CodePipes
@@ -43,11 +45,11 @@ async def run_bash(
     pipes = CodePipes()
     try:
         try:
-            call = await spawner.spawn(
-                cid, ["bash", "--noprofile", "--norc", "-c", code], env=env, cwd=cwd,
-                read_write=read_write, fds=pipes.child_fds, guard=guard, limits=limits,
-                cpu_rlimit=True, read_only=read_only,
-            )  # fmt: skip
+            with bash_command(code, pipes.child_fds) as (argv, fds):
+                call = await spawner.spawn(
+                    cid, argv, env=env, cwd=cwd, read_write=read_write, fds=fds, guard=guard,
+                    limits=limits, cpu_rlimit=True, read_only=read_only,
+                )  # fmt: skip
         finally:
             pipes.close_child_ends()
         readers = [

@@ -38,6 +38,7 @@ from sandbox_workspace.contract.errors import ApiError, ConversationDeleting
 from . import pathsafe, readonly, shm
 from .activity import Activity
 from .bash import run_bash
+from .bash_script import bash_command
 from .confinement import Confinement
 from .cpu_cgroup import CpuGroups
 from .kernel import PythonKernel
@@ -253,11 +254,12 @@ class Executor:
         cwd = self.workspace.real_path(cid)
         os.makedirs(self.scratch(cid), mode=0o700, exist_ok=True)
         try:
-            return await self.spawner.spawn(
-                cid, ["bash", "--noprofile", "--norc", "-c", code], env=self.environment(cid, cwd),
-                cwd=cwd, read_write=[cwd, self.scratch(cid)], fds=pipes.child_fds,
-                guard=self._guard(cid), limits=self.limits, cpu_rlimit=True,
-            )  # fmt: skip
+            with bash_command(code, pipes.child_fds) as (argv, fds):
+                return await self.spawner.spawn(
+                    cid, argv, env=self.environment(cid, cwd), cwd=cwd,
+                    read_write=[cwd, self.scratch(cid)], fds=fds, guard=self._guard(cid),
+                    limits=self.limits, cpu_rlimit=True,
+                )  # fmt: skip
         finally:
             pipes.close_child_ends()
 

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from e2b.exceptions import InvalidArgumentException, RateLimitException, SandboxException
 from e2b_code_interpreter import CommandExitException, Sandbox
+from e2b_sandboxes import e2b_sandbox
 from hostile_code import ATTACKS, HOLD_THE_CEILING, play
 from hostile_ids import API_HOSTILE_CONVERSATION_IDS
 
@@ -30,18 +31,8 @@ FORK_LIMIT_AVAILABLE = os.geteuid() != 0 or os.access("/sys/fs/cgroup/pids", os.
 
 @pytest.fixture
 def sandbox(dev_server):
-    sbx = Sandbox.create(
-        api_url=f"{dev_server.url}/e2b", sandbox_url=f"{dev_server.url}/e2b/envd", api_key=KEY
-    )
-    yield sbx
-    try:
-        sbx.kill()
-    finally:
-        httpx.delete(
-            f"{dev_server.url}/api/v1/sessions/sb-session-{KEY_USER}",
-            headers={"X-User-Id": KEY_USER},
-            timeout=60,
-        )
+    with e2b_sandbox(dev_server.url, KEY) as sbx:
+        yield sbx
 
 
 def _stdout(sbx: Sandbox, code: str) -> str:

@@ -1,0 +1,73 @@
+"""Bash scripts up to the 256 KiB an execution may have run whole, through ``/execute``
+and E2B's ``commands.run`` (a process that outlives the request), where one past 128 KiB
+failed to start ("Argument list too long": one execve argument's bound) and one past
+~208 KB could not reach the spawner ("Message too long"): ``runtime/bash_script.py``."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+import httpx
+import pytest
+from e2b_sandboxes import e2b_sandbox
+
+
+@pytest.fixture
+def api(dev_server):
+    user = f"big-{uuid.uuid4().hex[:8]}"
+    with httpx.Client(base_url=dev_server.url, headers={"X-User-Id": user}, timeout=60) as c:
+        c.base_url = f"{dev_server.url}/api/v1/sessions/sb-session-{user}"
+        yield c
+        c.delete("")
+
+
+def _script(size: int) -> str:
+    """A script of ``size`` bytes whose output proves every byte of it was run: a long
+    variable, a quote and a newline inside it, and a last command after it."""
+    head, tail = "x='a\"b\nc", '\'\necho ${#x} $(printf %s "$x" | sha256sum | cut -c1-16)\nexit 7'
+    return head + "y" * (size - len(head) - len(tail)) + tail
+
+
+def _expected(script: str) -> str:
+    value = script[3 : script.rindex("'")]
+    return f"{len(value)} {hashlib.sha256(value.encode()).hexdigest()[:16]}\n"
+
+
+@pytest.mark.parametrize("size", [90_000, 140_000, 262_000])
+def test_a_large_script_runs_whole_through_execute(api, size):
+    script = _script(size)
+    r = api.post("/execute", json={"conversation_id": "c", "language": "bash", "code": script})
+    assert r.status_code == 200, r.text
+    result = r.json()
+    assert result["error"] is None, result
+    assert (result["stdout"], result["exit_code"]) == (_expected(script), 7), result
+    # The script's own variable is all it sees: none of the reader's.
+    r = api.post(
+        "/execute",
+        json={"conversation_id": "c", "language": "bash", "code": script.replace(
+            "exit 7", 'echo "[${__sbw_script-unset}]"')},
+    )  # fmt: skip
+    assert r.json()["stdout"].endswith("[unset]\n"), r.text
+
+
+def test_a_large_script_with_a_syntax_error_says_so_and_runs_nothing_after(api):
+    script = "echo before\n" + "#" * 150_000 + "\nif then\necho after\n"
+    r = api.post("/execute", json={"conversation_id": "c", "language": "bash", "code": script})
+    result = r.json()
+    assert result["stdout"] == "before\n" and result["exit_code"] == 2, result
+    assert "syntax error" in result["stderr"], result
+
+
+def test_a_large_script_holding_nul_is_refused_before_it_runs(api):
+    script = "echo ran-the-prefix\n" + "#" * 150_000 + "\0\necho after\n"
+    r = api.post("/execute", json={"conversation_id": "c", "language": "bash", "code": script})
+    assert r.status_code == 422 and "NUL" in r.text, r.text
+
+
+def test_a_large_command_runs_whole_through_e2b(dev_server):
+    with e2b_sandbox(dev_server.url, "e2b_" + "3c" * 16) as sbx:
+        script = _script(200_000).replace("\nexit 7", "")
+        assert sbx.commands.run(script).stdout == _expected(script)
+        big = sbx.commands.run(script, background=True)
+        assert big.wait().stdout == _expected(script)
