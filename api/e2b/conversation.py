@@ -55,11 +55,16 @@ def count_execution(key: tuple[str, str, str]) -> int:
     return count
 
 
-# One operation per call: argv[1] is {"op", "path", …} with paths relative to the cwd
-# (the conversation's directory); prints one JSON line: {"ok": …} or {"error", "kind"}.
+# One operation per call: its argv, joined, is {"op", "path", …} (in pieces of at most
+# ``_ARG_PIECE``: one argument of execve holds at most 128 KiB, and a 120 KB file's base64
+# failed "Argument list too long") with paths relative to the cwd (the conversation's
+# directory); prints one JSON line: {"ok": …} or {"error", "kind"}.
+# ``write_many`` writes {"files": [{"path", "data"}, …]} in order, stopping at the first
+# that fails (its path in the error): a multipart upload of many files is one program,
+# not one per file (~80 ms each: 200 files took 15 s).
 FS_PROGRAM = r"""
 import base64, json, os, shutil, stat, sys, datetime
-a = json.loads(sys.argv[1])
+a = json.loads("".join(sys.argv[1:]))
 def info(rel):
     p = rel or "."
     st = os.lstat(p)
@@ -113,6 +118,17 @@ def run():
         with open(p, "wb") as f:
             f.write(base64.b64decode(a["data"]))
         return info(rel)
+    if op == "write_many":
+        out = []
+        for w in a["files"]:
+            a["path"] = w["path"]  # an error names the file it stopped at
+            d = os.path.dirname(w["path"])
+            if d:
+                os.makedirs(d, exist_ok=True)
+            with open(w["path"], "wb") as f:
+                f.write(base64.b64decode(w["data"]))
+            out.append(info(w["path"]))
+        return out
 try:
     print(json.dumps({"ok": run()}))
 except FileNotFoundError as e:
@@ -148,6 +164,36 @@ _COMPOUND = (
 )  # fmt: skip
 if hasattr(ast, "TryStar"):
     _COMPOUND += (ast.TryStar,)
+
+
+_ARG_PIECE = 64 * 1024
+_PIECES_MARGIN = 256  # the quotes and spaces between a batch's pieces
+
+
+def fs_code(argument: dict) -> str:
+    """The bash code of one ``FS_PROGRAM`` call (before ``in_home``'s prefix)."""
+    text = json.dumps(argument)
+    pieces = [text[at : at + _ARG_PIECE] for at in range(0, len(text), _ARG_PIECE)]
+    return f"python3 -c {shlex.quote(FS_PROGRAM)} " + " ".join(map(shlex.quote, pieces))
+
+
+def write_batches(files: list[tuple[str, str]], budget: int) -> list[list[tuple[str, str]]]:
+    """``files`` ((path, base64 data), in order) in consecutive batches whose
+    ``write_many`` code fits ``budget`` bytes each; a file alone past it is a batch of its
+    own (the caller bounds a file's size). Quoting is per character, so a batch's code is
+    its empty call plus each file's own quoted entry and separator (and a few bytes a
+    piece: ``_PIECES_MARGIN``)."""
+    base = len(fs_code({"op": "write_many", "path": "", "files": []}).encode()) + _PIECES_MARGIN
+    batches: list[list[tuple[str, str]]] = []
+    size = budget  # no batch open yet
+    for path, data in files:
+        cost = len(shlex.quote(json.dumps({"path": path, "data": data})).encode()) + 2
+        if size + cost > budget:
+            batches.append([])
+            size = base
+        batches[-1].append((path, data))
+        size += cost
+    return batches
 
 
 def python_in_home(code: str) -> str:
@@ -275,8 +321,7 @@ class Sandbox:
 
     async def fs(self, op: str, path: str, **args):
         """One file operation (``FS_PROGRAM``); its answer, or the matching API error."""
-        argument = json.dumps({"op": op, "path": path, **args})
-        code = f"python3 -c {shlex.quote(FS_PROGRAM)} {shlex.quote(argument)}"
+        code = fs_code({"op": op, "path": path, **args})
         result = await self.run(ExecuteRequest(language="bash", code=code, timeout=60))
         try:
             answer = json.loads(result.stdout.strip().splitlines()[-1])
