@@ -4,14 +4,30 @@ has something mounted in it."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.harness import WORKDIRS_ENV, namespaced_scratch, removable
+HARNESS = Path(__file__).resolve().parents[2] / "bench" / "harness.py"
 
-ROOT = Path(__file__).resolve().parents[2]
+
+def _load_harness():
+    """bench/harness.py by its path: the repository's root is not importable from the
+    tests (its ``operator/`` would shadow the standard library's)."""
+    spec = importlib.util.spec_from_file_location("bench_harness", HARNESS)
+    module = sys.modules["bench_harness"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # registered first: its dataclasses look it up
+    return module
+
+
+harness = _load_harness()
+WORKDIRS_ENV, namespaced_scratch, removable = (
+    harness.WORKDIRS_ENV,
+    harness.namespaced_scratch,
+    harness.removable,
+)
 
 
 def test_the_work_directories_a_namespaced_run_names_are_removed_after_it(tmp_path) -> None:
@@ -20,8 +36,8 @@ def test_the_work_directories_a_namespaced_run_names_are_removed_after_it(tmp_pa
     with namespaced_scratch("sbw-bench-test-") as (top, env):
         # The inner run is another process: it makes and names its directory itself.
         made = subprocess.run(
-            [sys.executable, "-c", INNER, str(kept)],
-            cwd=ROOT,
+            [sys.executable, "-c", INNER, str(HARNESS), str(kept)],
+            cwd=tmp_path,
             env={**env, "PATH": "/usr/bin:/bin"},
             capture_output=True,
             text=True,
@@ -35,14 +51,16 @@ def test_the_work_directories_a_namespaced_run_names_are_removed_after_it(tmp_pa
 
 
 INNER = """
-import sys, tempfile
+import importlib.util, sys, tempfile
 from pathlib import Path
-from bench.harness import note_workdir
+spec = importlib.util.spec_from_file_location("bench_harness", sys.argv[1])
+harness = sys.modules["bench_harness"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(harness)
 work = Path(tempfile.mkdtemp(prefix="sbw-bench-inner-"))
 (work / "node").mkdir()
 (work / "node" / "data").write_text("x")
-note_workdir(work)
-note_workdir(Path(sys.argv[1]))
+harness.note_workdir(work)
+harness.note_workdir(Path(sys.argv[2]))
 print(work)
 """
 
@@ -60,8 +78,6 @@ def test_only_a_bench_directory_with_nothing_mounted_in_it_is_removable() -> Non
 
 
 def test_a_run_outside_a_namespaced_scratch_names_nothing(monkeypatch, tmp_path) -> None:
-    from bench.harness import note_workdir
-
     monkeypatch.delenv(WORKDIRS_ENV, raising=False)
-    note_workdir(tmp_path)  # no listing: nothing written anywhere, no error
+    harness.note_workdir(tmp_path)  # no listing: nothing written anywhere, no error
     assert list(tmp_path.iterdir()) == []
