@@ -1,0 +1,83 @@
+"""E2B ``write_files`` under hostile names and bytes (``write_many``: the JSON argument
+in shell-quoted pieces, batches packed to the code bound): every name and byte lands as
+given, nothing of them runs, the largest file under the longest path is a clear 4xx,
+and a symlink code left in the way reaches nothing outside the conversation."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+from e2b.exceptions import SandboxException
+from e2b_sandboxes import e2b_sandbox
+
+from sandbox_workspace.api.e2b.envd import MAX_WRITE_BYTES
+
+KEY = "e2b_" + "5d" * 16
+
+HOSTILE = [
+    "q'uote.txt",
+    "$(touch pwned-subst).txt",
+    "`touch pwned-tick`.txt",
+    "-leading-dash.txt",
+    "--help",
+    "back\\slash.txt",
+    "sp ace; touch pwned-semi.txt",
+    "uni-é✓𝄞.txt",
+    "'$'\\n'; exit 3 #",
+    "a" * 255,
+]
+
+
+@pytest.fixture
+def sandbox(dev_server):
+    with e2b_sandbox(dev_server.url, KEY) as sbx:
+        yield sbx
+
+
+def test_hostile_names_and_bytes_land_verbatim_and_nothing_runs(sandbox):
+    head = b"'$(touch pwned-data)`id`\"\\\n"
+    data = [head + bytes(range(256)) + bytes([i]) for i in range(len(HOSTILE))]
+    entries = [{"path": f"h/{name}", "data": d} for name, d in zip(HOSTILE, data, strict=True)]
+    written = sandbox.files.write_files(entries)
+    assert [w.path for w in written] == [f"/home/user/h/{name}" for name in HOSTILE]
+    for name, d in zip(HOSTILE, data, strict=True):
+        assert sandbox.files.read(f"h/{name}", format="bytes") == d, name
+    listing = sandbox.commands.run("find . -name 'pwned*' | wc -l").stdout.strip()
+    assert listing == "0"
+    # A multipart file name carries no '"' nor newline as such (the form encoding
+    # escapes them): one file at a time, its path in the query, gets them through.
+    for name in ('dq"uote\n$(touch pwned-q)', "nl\n`touch pwned-nl`"):
+        sandbox.files.write(f"h/{name}", data[0])
+        assert sandbox.files.read(f"h/{name}", format="bytes") == data[0], name
+    assert sandbox.commands.run("find . -name 'pwned*' | wc -l").stdout.strip() == "0"
+
+
+def test_the_largest_file_under_the_longest_quoted_path_is_a_clear_4xx(sandbox):
+    # 4095 bytes of quotes and slashes: each quote is five bytes of shell quoting, so
+    # the program's code outgrows the 256 KiB an execution may have.
+    path = "/".join(["'" * 255] * 16)[:4095]
+    data = b"x" * MAX_WRITE_BYTES
+    with pytest.raises(SandboxException, match="its path exceed") as raised:
+        sandbox.files.write_files(
+            [{"path": "before.txt", "data": b"1"}, {"path": path, "data": data}]
+        )
+    assert str(raised.value).startswith("413"), raised.value
+    assert not sandbox.files.exists("before.txt")  # refused before anything was written
+    # The same file under a short path is written.
+    sandbox.files.write("short.bin", data)
+    assert sandbox.files.read("short.bin", format="bytes") == data
+
+
+def test_a_symlink_code_left_reaches_nothing_outside(sandbox):
+    outside = tempfile.mkdtemp(prefix="sbw-outside-")
+    os.chmod(outside, 0o777)
+    target = os.path.join(outside, "planted")
+    sandbox.commands.run(f"ln -s {outside} esc && ln -s {target} file-link")
+    with pytest.raises(SandboxException):
+        sandbox.files.write_files([{"path": "esc/planted", "data": b"escaped"}])
+    with pytest.raises(SandboxException):
+        sandbox.files.write_files([{"path": "file-link", "data": b"escaped"}])
+    assert not os.path.exists(target)
+    assert os.listdir(outside) == []
