@@ -138,7 +138,11 @@ except FileExistsError as e:
 except (NotADirectoryError, IsADirectoryError) as e:
     print(json.dumps({"error": f"{e.__class__.__name__}: {e}", "kind": "invalid"}))
 except OSError as e:
-    print(json.dumps({"error": f"{e.__class__.__name__}: {e.strerror}", "kind": "invalid"}))
+    print(json.dumps({"error": f"{a.get('path')}: {e.__class__.__name__}: {e.strerror}",
+                      "kind": "invalid"}))
+else:
+    sys.exit(0)
+sys.exit(1)  # failed: a frozen conversation's call says why (``frozen_outcome``)
 """
 
 
@@ -226,6 +230,12 @@ def in_home(request: ExecuteRequest) -> ExecuteRequest:
 
 class PathNotFound(NotFoundError):
     code = "path_not_found"
+
+
+class QuotaFull(ApiError):
+    """A write refused because the conversation is over its quota (a frozen call)."""
+
+    status, code = 413, "conversation_quota_exceeded"
 
 
 class PathExists(ApiError):
@@ -334,6 +344,9 @@ class Sandbox:
                 await self._drop_stored(path)
             return answer["ok"]
         kind, message = answer.get("kind"), answer.get("error", "failed")
+        quota = result.error is not None and result.error.code == "conversation_quota_exceeded"
+        if kind == "invalid" and quota:  # refused for the quota, not for the path
+            raise QuotaFull(f"{message}: {result.error.value}")
         if kind == "not_found":
             raise PathNotFound(message)
         if kind == "exists":

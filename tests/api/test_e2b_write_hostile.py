@@ -9,7 +9,7 @@ import os
 import tempfile
 
 import pytest
-from e2b.exceptions import SandboxException
+from e2b.exceptions import InvalidArgumentException, SandboxException
 from e2b_sandboxes import e2b_sandbox
 
 from sandbox_workspace.api.e2b.envd import MAX_WRITE_BYTES
@@ -70,14 +70,51 @@ def test_the_largest_file_under_the_longest_quoted_path_is_a_clear_4xx(sandbox):
     assert sandbox.files.read("short.bin", format="bytes") == data
 
 
-def test_a_symlink_code_left_reaches_nothing_outside(sandbox):
+def test_a_symlink_code_left_reaches_nothing_outside(sandbox, dev_server):
     outside = tempfile.mkdtemp(prefix="sbw-outside-")
     os.chmod(outside, 0o777)
     target = os.path.join(outside, "planted")
-    sandbox.commands.run(f"ln -s {outside} esc && ln -s {target} file-link")
-    with pytest.raises(SandboxException):
-        sandbox.files.write_files([{"path": "esc/planted", "data": b"escaped"}])
-    with pytest.raises(SandboxException):
-        sandbox.files.write_files([{"path": "file-link", "data": b"escaped"}])
-    assert not os.path.exists(target)
+    # Another sandbox of the same key: another conversation of the same session (its
+    # end deletes the session, this sandbox's too: every check is made before).
+    with e2b_sandbox(dev_server.url, KEY) as other:
+        other.files.write("mine.txt", b"mine")
+        theirs = other.commands.run("pwd").stdout.strip()
+        sandbox.commands.run(
+            f"ln -s {outside} esc && ln -s {target} file-link && ln -s {theirs} sibling"
+        )
+        entries = [("esc/planted", b"escaped"), ("file-link", b"escaped"),
+                   ("sibling/mine.txt", b"overwritten"), ("sibling/new.txt", b"new")]  # fmt: skip
+        for path, data in entries:
+            # A 400 naming the file it stopped at (an OSError's message named none).
+            with pytest.raises(InvalidArgumentException, match=f"^{path}: PermissionError"):
+                sandbox.files.write_files([{"path": "ok.txt", "data": b"ok"},
+                                           {"path": path, "data": data}])  # fmt: skip
+        assert other.files.read("mine.txt") == "mine"
+        assert not other.files.exists("new.txt")
+        assert sandbox.files.read("ok.txt") == "ok"  # the files before it were written
     assert os.listdir(outside) == []
+
+
+@pytest.fixture(scope="module")
+def capped_server(start_server):
+    return start_server(
+        "dev", "--data-dir", "data", SANDBOX_WORKSPACE_SANDBOX_MOUNT="none",
+        SANDBOX_WORKSPACE_LIMITS__CONVERSATION_SIZE="4Mi",
+    )  # fmt: skip
+
+
+def test_a_write_into_a_conversation_over_its_quota_is_a_clear_4xx(capped_server):
+    with e2b_sandbox(capped_server.url, "e2b_" + "6e" * 16) as sandbox:
+        sandbox.files.write("kept.txt", b"kept")
+        sandbox.commands.run("head -c 6M /dev/zero > fill.bin || true")
+        entries = [{"path": "a.txt", "data": b"a"}, {"path": "b.txt", "data": b"b"}]
+        with pytest.raises(SandboxException) as raised:
+            sandbox.files.write_files(entries)
+        # A 413 naming the quota (it was a 400 "PermissionError: Permission denied").
+        assert str(raised.value).startswith("413: a.txt: ") and "quota of 4 MiB" in str(
+            raised.value
+        ), raised.value
+        sandbox.commands.run("rm fill.bin")  # deleting still works; then writes do
+        sandbox.files.write_files(entries)
+        assert sandbox.files.read("b.txt") == "b"
+        assert sandbox.files.read("kept.txt") == "kept"
