@@ -11,6 +11,7 @@ import tempfile
 import pytest
 from e2b.exceptions import InvalidArgumentException, SandboxException
 from e2b_sandboxes import e2b_sandbox
+from script_files import script_files
 
 from sandbox_workspace.api.e2b.envd import MAX_WRITE_BYTES
 
@@ -114,6 +115,10 @@ def test_a_write_into_a_conversation_over_its_quota_is_a_clear_4xx(capped_server
         assert str(raised.value).startswith("413: a.txt: ") and "quota of 4 MiB" in str(
             raised.value
         ), raised.value
+        # A large command runs frozen (its file refused) and leaves no script file open.
+        big = sandbox.commands.run("#" * 120_000 + "\necho x > new.txt || echo refused")
+        assert big.stdout == "refused\n"
+        assert script_files(capped_server.proc.pid) == []
         sandbox.commands.run("rm fill.bin")  # deleting still works; then writes do
         sandbox.files.write_files(entries)
         assert sandbox.files.read("b.txt") == "b"

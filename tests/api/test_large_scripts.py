@@ -5,17 +5,15 @@ failed to start ("Argument list too long": one execve argument's bound) and one 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 from e2b_sandboxes import e2b_sandbox
+from script_files import script_files
 
 
 @pytest.fixture
@@ -78,26 +76,6 @@ def test_a_large_command_runs_whole_through_e2b(dev_server):
         assert big.wait().stdout == _expected(script)
 
 
-def _script_files(root_pid: int) -> list[str]:
-    """The large-script memfds open in ``root_pid``'s process tree (the server, its
-    runtimes, their spawners, reapers and code)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = (entry / "stat").read_text()
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
-    found, todo = [], [root_pid]
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        with contextlib.suppress(OSError):
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                with contextlib.suppress(OSError):
-                    if "sbw-script" in os.readlink(fd):
-                        found.append(f"{pid}:{fd.name}")
-    return found
-
-
 @pytest.mark.local_backend
 def test_no_script_file_stays_open_in_the_code_or_the_runtime(api, dev_server):
     """The code never holds its script's memfd (the reader closes it before the script
@@ -113,7 +91,7 @@ def test_no_script_file_stays_open_in_the_code_or_the_runtime(api, dev_server):
             "conversation_id": "c", "language": "bash",
             "code": pad + "ls -l /proc/$$/fd | grep -c memfd; sleep 2"})  # fmt: skip
         time.sleep(1)
-        assert _script_files(root) == []
+        assert script_files(root) == []
         assert held.result().json()["stdout"] == "0\n", held.result().text
     codes = [pad + "sleep 1", pad + "if then", pad + "exit 3"]
 
@@ -130,6 +108,6 @@ def test_no_script_file_stays_open_in_the_code_or_the_runtime(api, dev_server):
         statuses = list(pool.map(one, range(24)))
     assert set(statuses) <= {0, 200, 429}, statuses
     deadline = time.monotonic() + 10
-    while _script_files(root) and time.monotonic() < deadline:
+    while script_files(root) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _script_files(root) == []
+    assert script_files(root) == []
