@@ -61,7 +61,9 @@ def count_execution(key: tuple[str, str, str]) -> int:
 # directory); prints one JSON line: {"ok": …} or {"error", "kind"}.
 # ``write_many`` writes {"files": [{"path", "data"}, …]} in order, stopping at the first
 # that fails (its path in the error): a multipart upload of many files is one program,
-# not one per file (~80 ms each: 200 files took 15 s).
+# not one per file (~80 ms each: 200 files took 15 s). Python runs isolated (``-I``): by
+# ``-c`` from home, the cwd came first on ``sys.path``, so a ``json.py`` or
+# ``datetime.py`` there (code's, or the user's own) ran inside every file call.
 FS_PROGRAM = r"""
 import base64, json, os, shutil, stat, sys, datetime
 a = json.loads("".join(sys.argv[1:]))
@@ -178,7 +180,7 @@ def fs_code(argument: dict) -> str:
     """The bash code of one ``FS_PROGRAM`` call (before ``in_home``'s prefix)."""
     text = json.dumps(argument)
     pieces = [text[at : at + _ARG_PIECE] for at in range(0, len(text), _ARG_PIECE)]
-    return f"python3 -c {shlex.quote(FS_PROGRAM)} " + " ".join(map(shlex.quote, pieces))
+    return f"python3 -I -c {shlex.quote(FS_PROGRAM)} " + " ".join(map(shlex.quote, pieces))
 
 
 def write_batches(files: list[tuple[str, str]], budget: int) -> list[list[tuple[str, str]]]:
@@ -335,6 +337,8 @@ class Sandbox:
         result = await self.run(ExecuteRequest(language="bash", code=code, timeout=60))
         try:
             answer = json.loads(result.stdout.strip().splitlines()[-1])
+            if not isinstance(answer, dict):  # not the program's: the code's forgery
+                raise ValueError(answer)
         except (ValueError, IndexError):
             if result.error is not None and result.error.code:
                 raise BadRequest(result.error.value, code=result.error.code) from None

@@ -28,7 +28,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from sandbox_workspace.contract.errors import ApiError, BadRequest, TooLarge
+from sandbox_workspace.contract.errors import ApiError, BadGateway, BadRequest, TooLarge
 from sandbox_workspace.runtime.schemas import MAX_CODE_BYTES, ExecuteRequest
 
 from ..deps import Services, ServicesDep
@@ -130,6 +130,10 @@ async def write_files(request: Request, services: ServicesDep, path: str = "") -
         answer = []
         for files in batches:
             infos = await sandbox.fs("write_many", "", files=files)
+            if not (isinstance(infos, list) and len(infos) == len(files)
+                    and all(isinstance(i, dict) and isinstance(i.get("name"), str)
+                            for i in infos)):  # fmt: skip
+                raise BadGateway("file operation failed: the file program's answer is malformed")
             for file, info in zip(files, infos, strict=True):
                 answer.append({"name": info["name"], "type": "file", "path": to_e2b(file["path"])})
         return JSONResponse(answer)

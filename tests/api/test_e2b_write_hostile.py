@@ -123,3 +123,22 @@ def test_a_write_into_a_conversation_over_its_quota_is_a_clear_4xx(capped_server
         sandbox.files.write_files(entries)
         assert sandbox.files.read("b.txt") == "b"
         assert sandbox.files.read("kept.txt") == "kept"
+
+
+def test_modules_code_left_in_home_take_no_part_in_file_calls(sandbox):
+    """The file program ran ``python3 -c`` from home: the cwd first on ``sys.path``, so
+    a ``datetime.py`` (or ``json.py``, ``base64.py``…) there — code's, or just the user's
+    own file of that name — ran inside every file call: it could forge the answer (500s:
+    "'int' object is not iterable") or break every read, write and listing."""
+    forged = "import pathlib; pathlib.Path('ran-{0}').touch(); print('{{\"ok\": 5}}')\n"
+    modules = ["datetime", "json", "base64", "shutil", "stat"]
+    sandbox.files.write_files(
+        [{"path": f"{m}.py", "data": forged.format(m)} for m in modules]
+        + [{"path": "sitecustomize.py", "data": forged.format("site")}]
+    )
+    assert sandbox.files.write("x.txt", "x").path == "/home/user/x.txt"
+    written = sandbox.files.write_files([{"path": "a", "data": b"a"}, {"path": "b", "data": b"b"}])
+    assert [w.name for w in written] == ["a", "b"]
+    assert sandbox.files.read("x.txt") == "x"
+    assert {e.name for e in sandbox.files.list(".")} >= {"x.txt", "a", "b", "json.py"}
+    assert sandbox.commands.run("ls ran-* 2>/dev/null | wc -l").stdout.strip() == "0"
