@@ -15,6 +15,8 @@ import pytest
 from e2b_sandboxes import e2b_sandbox
 from script_files import script_files
 
+from sandbox_workspace.runtime.bash_script import ARGV_CODE_BYTES
+
 
 @pytest.fixture
 def api(dev_server):
@@ -52,6 +54,25 @@ def test_a_large_script_runs_whole_through_execute(api, size):
             "exit 7", 'echo "[${__sbw_script-unset}]"')},
     )  # fmt: skip
     assert r.json()["stdout"].endswith("[unset]\n"), r.text
+
+
+def test_a_script_either_side_of_the_bound_behaves_the_same(api):
+    """One byte under ``ARGV_CODE_BYTES`` goes by argument, one over from the memfd:
+    same output, status, ``$0``, ``$LINENO``, trap, stdin and fds."""
+    probe = (
+        "trap 'echo trap $?' EXIT\n"
+        'echo "$0 $LINENO $# $-" $(ls /proc/$$/fd | wc -l); cat; f() { return 4; }\n'
+        "set -e; f || echo f=$?; false\n#"
+    )
+    answers = []
+    for size in (ARGV_CODE_BYTES, ARGV_CODE_BYTES + 1):
+        code = probe + "x" * (size - len(probe))
+        r = api.post("/execute", json={"conversation_id": "c", "language": "bash", "code": code})
+        result = r.json()
+        answers.append((result["stdout"], result["stderr"], result["exit_code"]))
+    assert answers[0] == answers[1], answers
+    assert answers[0][0].startswith("bash 2 0 hB") and answers[0][0].endswith("f=4\ntrap 1\n")
+    assert answers[0][2] == 1
 
 
 def test_a_large_script_with_a_syntax_error_says_so_and_runs_nothing_after(api):
