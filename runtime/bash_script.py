@@ -9,8 +9,14 @@ buffer takes (~208 KB unprivileged) — 140 KB of code failed "Argument list too
 a sealed memfd handed to the code as the fd after ``fds``, which a short ``-c`` reader
 takes whole (``read -d ''`` from a seekable file: no path opened, so Landlock has nothing
 to refuse) and ``eval``s: the script then runs in the same shell, with the same
-environment, working directory, exit status and ``exit``; only bash's own error prefix
-differs ("bash: eval: line N" for "bash: -c: line N"). The memfd is closed on leaving
+environment, working directory, exit status and ``exit`` (tests/unit/test_bash_script.py
+pins what a script may lean on: ``$0``, ``$LINENO``, ``set -e``, traps, ``return`` at top
+level, ``shopt``, aliases, stdin…). What differs, all harmless: bash's error prefix
+("bash: eval: line N" for "bash: -c: line N"; a syntax error on the first line quotes
+the reader's ``unset __sbw_script;`` before it), ``$BASH_EXECUTION_STRING`` and
+``/proc/self/cmdline`` (the reader), ``set -x``'s depth ("++ "), ``$_`` before the first
+command, and the last command runs as bash's child where ``-c`` would exec into it (as
+with any script whose last command is not simple). The memfd is closed on leaving
 (the spawner holds its own copy by then). A script holding NUL, or a lone surrogate no
 argument could carry, goes by argument and fails to start there as it always did (read
 would stop at the NUL and run a prefix).

@@ -100,7 +100,10 @@ class PythonKernel:
         pipes = self._pipes = CodePipes(to_child=1, from_child=1)
         # The command and event pipes are the code process's fds 3 and 4.
         env = {**self.env, "SBW_KERNEL_CMD_FD": "3", "SBW_KERNEL_EVT_FD": "4"}
-        argv = [sys.executable, "-u", "-m", "sandbox_workspace.runtime.kernel_main"]
+        # -P: ``-m`` put the cwd (the conversation's directory) first on ``sys.path``
+        # before kernel_main's own imports — a ``json.py`` there killed every start;
+        # kernel_main adds the cwd itself once it has what it needs.
+        argv = [sys.executable, "-u", "-P", "-m", "sandbox_workspace.runtime.kernel_main"]
         try:
             self.call = await self.spawner.spawn(
                 self.cid, argv, env=env, cwd=self.cwd, read_write=self.read_write,

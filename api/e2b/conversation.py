@@ -61,7 +61,9 @@ def count_execution(key: tuple[str, str, str]) -> int:
 # directory); prints one JSON line: {"ok": …} or {"error", "kind"}.
 # ``write_many`` writes {"files": [{"path", "data"}, …]} in order, stopping at the first
 # that fails (its path in the error): a multipart upload of many files is one program,
-# not one per file (~80 ms each: 200 files took 15 s).
+# not one per file (~80 ms each: 200 files took 15 s). Python runs isolated (``-I``): by
+# ``-c`` from home, the cwd came first on ``sys.path``, so a ``json.py`` or
+# ``datetime.py`` there (code's, or the user's own) ran inside every file call.
 FS_PROGRAM = r"""
 import base64, json, os, shutil, stat, sys, datetime
 a = json.loads("".join(sys.argv[1:]))
@@ -138,7 +140,11 @@ except FileExistsError as e:
 except (NotADirectoryError, IsADirectoryError) as e:
     print(json.dumps({"error": f"{e.__class__.__name__}: {e}", "kind": "invalid"}))
 except OSError as e:
-    print(json.dumps({"error": f"{e.__class__.__name__}: {e.strerror}", "kind": "invalid"}))
+    print(json.dumps({"error": f"{a.get('path')}: {e.__class__.__name__}: {e.strerror}",
+                      "kind": "invalid"}))
+else:
+    sys.exit(0)
+sys.exit(1)  # failed: a frozen conversation's call says why (``frozen_outcome``)
 """
 
 
@@ -174,7 +180,7 @@ def fs_code(argument: dict) -> str:
     """The bash code of one ``FS_PROGRAM`` call (before ``in_home``'s prefix)."""
     text = json.dumps(argument)
     pieces = [text[at : at + _ARG_PIECE] for at in range(0, len(text), _ARG_PIECE)]
-    return f"python3 -c {shlex.quote(FS_PROGRAM)} " + " ".join(map(shlex.quote, pieces))
+    return f"python3 -I -c {shlex.quote(FS_PROGRAM)} " + " ".join(map(shlex.quote, pieces))
 
 
 def write_batches(files: list[tuple[str, str]], budget: int) -> list[list[tuple[str, str]]]:
@@ -226,6 +232,12 @@ def in_home(request: ExecuteRequest) -> ExecuteRequest:
 
 class PathNotFound(NotFoundError):
     code = "path_not_found"
+
+
+class QuotaFull(ApiError):
+    """A write refused because the conversation is over its quota (a frozen call)."""
+
+    status, code = 413, "conversation_quota_exceeded"
 
 
 class PathExists(ApiError):
@@ -325,6 +337,8 @@ class Sandbox:
         result = await self.run(ExecuteRequest(language="bash", code=code, timeout=60))
         try:
             answer = json.loads(result.stdout.strip().splitlines()[-1])
+            if not isinstance(answer, dict):  # not the program's: the code's forgery
+                raise ValueError(answer)
         except (ValueError, IndexError):
             if result.error is not None and result.error.code:
                 raise BadRequest(result.error.value, code=result.error.code) from None
@@ -334,6 +348,9 @@ class Sandbox:
                 await self._drop_stored(path)
             return answer["ok"]
         kind, message = answer.get("kind"), answer.get("error", "failed")
+        quota = result.error is not None and result.error.code == "conversation_quota_exceeded"
+        if kind == "invalid" and quota:  # refused for the quota, not for the path
+            raise QuotaFull(f"{message}: {result.error.value}")
         if kind == "not_found":
             raise PathNotFound(message)
         if kind == "exists":

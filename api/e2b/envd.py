@@ -28,7 +28,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from sandbox_workspace.contract.errors import ApiError, BadRequest, TooLarge
+from sandbox_workspace.contract.errors import ApiError, BadGateway, BadRequest, TooLarge
 from sandbox_workspace.runtime.schemas import MAX_CODE_BYTES, ExecuteRequest
 
 from ..deps import Services, ServicesDep
@@ -36,7 +36,7 @@ from ..sse import with_keepalive
 from . import connect, processes, watchers
 from .admission import HeldStream, caps
 from .control import NotSupported, tokens
-from .conversation import Sandbox, count_execution, write_batches
+from .conversation import Sandbox, count_execution, fs_code, write_batches
 from .paths import to_e2b, to_relative
 
 router = APIRouter(prefix="/e2b/envd", tags=["e2b"], include_in_schema=False)
@@ -115,13 +115,27 @@ async def write_files(request: Request, services: ServicesDep, path: str = "") -
             if len(data) > MAX_WRITE_BYTES:  # the file travels base64-encoded inside code
                 raise TooLarge(f"files over {MAX_WRITE_BYTES} bytes are not supported yet")
         encoded = [(rel, base64.b64encode(data).decode()) for rel, data in written]
-        answer = []
         # As few programs as the code's size allows (one per file took ~80 ms each).
-        for batch in write_batches(encoded, WRITE_BATCH_BYTES):
-            files = [{"path": rel, "data": data} for rel, data in batch]
+        batches = [[{"path": rel, "data": data} for rel, data in batch]
+                   for batch in write_batches(encoded, WRITE_BATCH_BYTES)]  # fmt: skip
+        for files in batches:  # before any is written: a lone file past the budget
+            code = fs_code({"op": "write_many", "path": "", "files": files})
+            if len(code.encode()) > WRITE_BATCH_BYTES:
+                # Its path's quoting on top of its base64: a 4 KB path of quotes is ~20 KB.
+                raise TooLarge(
+                    f"file {to_e2b(files[0]['path'])[:200]!r}: its data and its path "
+                    f"exceed the {MAX_CODE_BYTES} bytes a file write may take: "
+                    "a shorter path or a smaller file; files this large are not supported yet"
+                )
+        answer = []
+        for files in batches:
             infos = await sandbox.fs("write_many", "", files=files)
-            for (rel, _), info in zip(batch, infos, strict=True):
-                answer.append({"name": info["name"], "type": "file", "path": to_e2b(rel)})
+            if not (isinstance(infos, list) and len(infos) == len(files)
+                    and all(isinstance(i, dict) and isinstance(i.get("name"), str)
+                            for i in infos)):  # fmt: skip
+                raise BadGateway("file operation failed: the file program's answer is malformed")
+            for file, info in zip(files, infos, strict=True):
+                answer.append({"name": info["name"], "type": "file", "path": to_e2b(file["path"])})
         return JSONResponse(answer)
     except ApiError as e:
         return _file_error(e)

@@ -23,6 +23,7 @@ from e2b_code_interpreter import CommandExitException, Sandbox
 from e2b_sandboxes import e2b_sandbox
 from hostile_code import ATTACKS, HOLD_THE_CEILING, play
 from hostile_ids import API_HOSTILE_CONVERSATION_IDS
+from script_files import script_files
 
 KEY = "e2b_" + "5e" * 16
 KEY_USER = "e2b-" + hashlib.sha256(KEY.encode()).hexdigest()[:16]  # docs/e2b.md
@@ -133,7 +134,9 @@ def test_a_fork_bomb_through_commands_hits_the_ceiling(sandbox):
     not FORK_LIMIT_AVAILABLE,
     reason="root without a writable pids cgroup: the runtime has no process limit here",
 )
-def test_a_command_at_a_full_ceiling_is_told_to_wait_not_that_the_sandbox_is_gone(sandbox):
+def test_a_command_at_a_full_ceiling_is_told_to_wait_not_that_the_sandbox_is_gone(
+    sandbox, dev_server
+):
     """Code holding every process it may have is the code's doing: a new command answers
     429 (the SDK's RateLimitException, "try again later"), naming what to do — not 503,
     which the SDK reports as the sandbox being unreachable, maybe killed."""
@@ -148,12 +151,17 @@ def test_a_command_at_a_full_ceiling_is_told_to_wait_not_that_the_sandbox_is_gon
         except RateLimitException as e:
             refused = str(e)
     assert "commands.kill" in refused, refused
+    # A large command refused there (the spawner's fork failed) leaves no script file.
+    with pytest.raises(RateLimitException):
+        sandbox.commands.run("#" * 120_000 + "\ntrue")
     assert filler.kill() is True
     deadline = time.monotonic() + 60
     while sandbox.commands.list():
         assert time.monotonic() < deadline, "the filler's tree outlived its kill by 60 s"
         time.sleep(0.2)
     assert sandbox.commands.run("echo recovered").stdout == "recovered\n"
+    if dev_server.proc is not None:
+        assert script_files(dev_server.proc.pid) == []
 
 
 @pytest.mark.parametrize("cid", API_HOSTILE_CONVERSATION_IDS)

@@ -65,7 +65,7 @@ def test_batches_keep_the_order_and_each_fits_its_budget():
         argument = {"op": "write_many", "path": "", "files": [
             {"path": p, "data": d} for p, d in batch]}  # fmt: skip
         assert len(fs_code(argument).encode()) <= WRITE_BATCH_BYTES
-        assert fs_code(argument).startswith(f"python3 -c {shlex.quote(FS_PROGRAM)} ")
+        assert fs_code(argument).startswith(f"python3 -I -c {shlex.quote(FS_PROGRAM)} ")
     # A file alone past the budget is a batch of its own (its size is bounded before).
     huge = [("a", "B" * 10), ("h", "H" * WRITE_BATCH_BYTES), ("z", "C" * 10)]
     assert write_batches(huge, WRITE_BATCH_BYTES) == [[huge[0]], [huge[1]], [huge[2]]]

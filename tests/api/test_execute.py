@@ -265,3 +265,16 @@ def test_fork_bomb_hits_the_process_ceiling_not_the_machine(api, session_url):
     assert bomb["exit_code"] in (0, 124)
     assert run(api, session_url, "echo recovered", language="bash")["stdout"] == "recovered\n"
     assert run(api, session_url, "print('python too')")["stdout"] == "python too\n"
+
+
+def test_files_named_as_stdlib_modules_do_not_break_the_interpreter(api, session_url):
+    """``python -m kernel_main`` put the conversation's directory first on ``sys.path``
+    before the kernel's own imports: a ``json.py`` or ``ast.py`` there (code's, or a
+    user's file of that name) made every Python call "KernelDied: the interpreter exited
+    while it was starting". The kernel starts with ``-P``; cells still import from the
+    conversation's directory."""
+    made = run(api, session_url, "printf 'raise SystemExit(3)\\n' > json.py; cp json.py ast.py; "
+               "printf 'VALUE = 42\\n' > mine.py", language="bash")  # fmt: skip
+    assert made["exit_code"] == 0, made
+    result = run(api, session_url, "import mine; print(mine.VALUE)")
+    assert (result["error"], result["stdout"]) == (None, "42\n"), result
