@@ -317,7 +317,6 @@ def _s3_secret(store) -> dict:
     }
 
 
-@contextlib.contextmanager
 def run_inside(module: str, out_env: str, env: dict[str, str], what: str) -> dict:
     """``python -m module`` inside the node's private namespaces, its JSON result (the
     file named by ``out_env``); its work directories are removed after it ends."""
@@ -332,6 +331,7 @@ def run_inside(module: str, out_env: str, env: dict[str, str], what: str) -> dic
         return json.loads(out.read_text())
 
 
+@contextlib.contextmanager
 def s3_release(prefix: str) -> Iterator[tuple[object, object, KubeClient]]:
     """A started node with the chart installed in store mode s3 (``_install_values``),
     SeaweedFS on the node's address: ``(cluster, release, kube)``, all stopped after."""
