@@ -86,7 +86,8 @@ SAME = {
     "BASH_ARGV": "shopt -s extdebug\necho ${#BASH_ARGV[@]} ${BASH_ARGC[@]} ${FUNCNAME[@]}",
     "positional": 'echo $# "$@"; shift; echo $?',
     "stdin": "read x; echo got $x; cat",
-    "no fd of ours": "ls /proc/$$/fd | sort | tr '\\n' ' '",
+    # Listed by bash's own glob: a pipeline (`ls | sort`) raced bash's pipe fds.
+    "no fd of ours": 'for f in /proc/$$/fd/*; do printf "%s " "${f##*/}"; done',
     "no variable of ours": "declare -p __sbw_script 2>/dev/null; echo ${#__sbw_script}",
     "bytes": "printf %s $'\\x01\\x7f' '\x01\x7f\udcff\x01' 'é✓' | od -An -tx1",
     "here doc unterminated": "cat <<EOF\nhello $((1+1))\n",
