@@ -5,8 +5,8 @@ execution), so a limit that failed would still be bounded by the test's own size
 
 from __future__ import annotations
 
+import contextlib
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 from api_calls import execute as run
+from polling import wait_for
 from scripted_llm import Reply, text_reply, tool_reply, tool_results
 from sse_stream import Stream
+
+from sandbox_workspace.runtime.pids import start_time
 
 pytestmark = pytest.mark.local_backend
 
@@ -358,24 +361,22 @@ def test_a_python_interpreter_over_the_quota_writes_nothing_until_files_are_dele
     assert after["results"] == [{"data": {"text/plain": "'ok'"}}]
 
 
-def _process(pid: int) -> tuple[int, str]:
+def _process(pid: int) -> tuple[int, int | None]:
     """A process named so that a later holder of its pid is not taken for it."""
-    return pid, Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    return pid, start_time(pid)
 
 
-def _until_gone(process: tuple[int, str], timeout: float = 30.0) -> None:
+def _until_gone(process: tuple[int, int | None], timeout: float = 30.0) -> None:
     """Until that process has ended (gone, a zombie, or its pid another's now)."""
     pid, started = process
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            return
-        if fields[0] == "Z" or fields[19] != started:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"the interpreter (pid {pid}) still runs after {timeout} s")
+
+    def gone() -> bool:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        return start_time(pid) != started
+
+    wait_for(gone, f"the interpreter (pid {pid}) to end", timeout)
 
 
 def test_files_unlinked_and_held_open_count_in_the_quota(lim):
